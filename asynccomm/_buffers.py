@@ -1,0 +1,237 @@
+"""User buffers as flat byte views, their checks, copies, and the eager staging pool.
+
+Every check that can fail on a user buffer lives here and raises ``TypeError`` or
+``ValueError`` with an exact message, before anything is posted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._types import DataType
+
+__all__ = [
+    "BufferView",
+    "PoolStatistics",
+    "StagingPool",
+    "as_recv_buffer",
+    "as_send_buffer",
+    "resolve_dtype",
+]
+
+_UINT8 = np.dtype(np.uint8)
+_UINT8_NAME = _UINT8.str
+
+
+class BufferView:
+    """A checked buffer: a flat, C-contiguous byte view plus what its elements are.
+
+    Attributes:
+        mv: the first ``nbytes`` bytes as a 1-D ``memoryview`` of format ``B``.
+        dtype: the element type's name (``numpy.dtype.str``, for example ``"<f4"``).
+        count: the number of elements.
+        nbytes: ``count`` times the item size.
+    """
+
+    __slots__ = ("count", "dtype", "mv", "nbytes")
+
+    def __init__(self, mv: memoryview, dtype: str, count: int, nbytes: int) -> None:
+        self.mv = mv
+        self.dtype = dtype
+        self.count = count
+        self.nbytes = nbytes
+
+
+def resolve_dtype(dtype: object) -> np.dtype[Any]:
+    """The numpy dtype for a ``dtype=`` argument (a ``DataType`` or anything numpy takes).
+
+    Raises:
+        TypeError: if numpy does not know it.
+    """
+    if isinstance(dtype, DataType):
+        return np.dtype(dtype.value)
+    try:
+        return np.dtype(dtype)  # type: ignore[call-overload, no-any-return]
+    except TypeError:
+        raise TypeError(f"dtype={dtype!r} is not a data type") from None
+
+
+def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
+    """A flat byte view of ``buf`` and its element dtype (uint8 for non-numpy buffers)."""
+    if type(buf) is np.ndarray or isinstance(buf, np.ndarray):
+        dt = buf.dtype
+        if dt.hasobject:
+            raise TypeError(f"{what} buffer has dtype {dt}, which holds Python objects; "
+                            "only numeric, bool and fixed-size dtypes can be sent")
+        if not buf.flags.c_contiguous:
+            raise ValueError(f"{what} buffer must be C-contiguous (use numpy.ascontiguousarray)")
+        try:
+            mv = buf.data
+        except ValueError:
+            raise TypeError(f"{what} buffer has dtype {dt}, "
+                            "which has no buffer protocol support") from None
+        return (mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv), dt
+    try:
+        mv = memoryview(buf)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} buffer must be a numpy array or a buffer-protocol object "
+                        f"(bytes, bytearray, memoryview), got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise ValueError(f"{what} buffer must be C-contiguous")
+    return (mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv), _UINT8
+
+
+def _element_range(mv: memoryview, dt: np.dtype[Any], count: object, dtype: object,
+                   what: str) -> BufferView:
+    if dtype is not None:
+        want = resolve_dtype(dtype)
+        if want != dt:
+            raise TypeError(f"dtype={want} disagrees with the {what} buffer's dtype {dt}")
+    itemsize = dt.itemsize
+    capacity = mv.nbytes // itemsize if itemsize else 0
+    if count is None:
+        n = capacity
+    else:
+        if type(count) is bool or not isinstance(count, int | np.integer):
+            raise TypeError(f"count must be an int, got {type(count).__name__}")
+        n = int(count)
+        if n < 0:
+            raise ValueError(f"count must be >= 0, got {n}")
+        if n > capacity:
+            raise ValueError(f"count={n} is larger than the {what} buffer ({capacity} elements)")
+    nbytes = n * itemsize
+    return BufferView(mv if nbytes == mv.nbytes else mv[:nbytes], dt.str, n, nbytes)
+
+
+def as_send_buffer(buf: object, count: object = None, dtype: object = None) -> BufferView:
+    """Check a send buffer (any readable buffer; numpy arrays keep their dtype).
+
+    Raises:
+        TypeError: not a buffer, an object dtype, a bad ``count`` type, a ``dtype=`` that
+            disagrees with the buffer.
+        ValueError: not C-contiguous, ``count`` negative or larger than the buffer.
+    """
+    if type(buf) is np.ndarray and count is None and dtype is None:
+        # The common case, kept short: it runs once per message.
+        dt = buf.dtype
+        if not dt.hasobject and buf.flags.c_contiguous:
+            mv = buf.data
+            if mv.ndim != 1 or mv.format != "B":
+                mv = mv.cast("B")
+            return BufferView(mv, dt.str, buf.size, mv.nbytes)
+    mv, dt = _view(buf, "send")
+    return _element_range(mv, dt, count, dtype, "send")
+
+
+def as_recv_buffer(buf: object, count: object = None, dtype: object = None) -> BufferView:
+    """Check a recv buffer: as ``as_send_buffer``, and it must be writable.
+
+    Raises:
+        TypeError, ValueError: as ``as_send_buffer``; ValueError if it is read-only.
+    """
+    if type(buf) is np.ndarray and count is None and dtype is None:
+        dt = buf.dtype
+        flags = buf.flags
+        if not dt.hasobject and flags.c_contiguous and flags.writeable:
+            mv = buf.data
+            if mv.ndim != 1 or mv.format != "B":
+                mv = mv.cast("B")
+            return BufferView(mv, dt.str, buf.size, mv.nbytes)
+    mv, dt = _view(buf, "recv")
+    if mv.readonly:
+        raise ValueError("recv buffer is read-only")
+    return _element_range(mv, dt, count, dtype, "recv")
+
+
+def as_array(mv: memoryview) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A uint8 numpy view of a byte view (no copy), for copies that release the GIL."""
+    return np.frombuffer(mv, dtype=np.uint8)
+
+
+def new_array(dtype: str, count: int) -> np.ndarray[Any, Any]:
+    """A fresh 1-D array for ``recv_new``."""
+    return np.empty(count, dtype=np.dtype(dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatistics:
+    """A snapshot of a staging pool."""
+
+    capacity_bytes: int
+    """The cap on bytes held by staged messages at once."""
+    in_use_bytes: int
+    """Bytes of buffers holding staged messages now."""
+    peak_bytes: int
+    """The most ``in_use_bytes`` has been."""
+    cached_bytes: int
+    """Bytes of free buffers kept for reuse."""
+    acquired: int
+    """Buffers handed out."""
+    reused: int
+    """Of those, how many came from the free lists."""
+    refused: int
+    """Requests refused because the cap was reached (those messages went rendezvous)."""
+
+
+class StagingPool:
+    """Size-bucketed, capped pool of staging buffers for eager messages.
+
+    Buckets are powers of two from ``min_bucket`` up; a message takes the smallest bucket
+    that holds it.  When holding one more buffer would pass ``capacity_bytes``, ``acquire``
+    returns None and the caller falls back to rendezvous: the sender then waits for its recv
+    instead of memory growing without bound.  Free buffers are cached per bucket up to
+    ``capacity_bytes`` in all.
+    """
+
+    def __init__(self, capacity_bytes: int, *, min_bucket: int = 64) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._min_bucket = min_bucket
+        self._free: dict[int, list[memoryview]] = {}
+        self._in_use = 0
+        self._peak = 0
+        self._cached = 0
+        self._acquired = 0
+        self._reused = 0
+        self._refused = 0
+
+    def _bucket(self, nbytes: int) -> int:
+        return max(self._min_bucket, 1 << (nbytes - 1).bit_length()) if nbytes else 0
+
+    def acquire(self, nbytes: int) -> memoryview | None:
+        """A buffer of at least ``nbytes`` bytes, or None if the cap is reached."""
+        size = self._bucket(nbytes)
+        if self._in_use + size > self.capacity_bytes:
+            self._refused += 1
+            return None
+        self._acquired += 1
+        self._in_use += size
+        if self._in_use > self._peak:
+            self._peak = self._in_use
+        free = self._free.get(size)
+        if free:
+            self._reused += 1
+            self._cached -= size
+            return free.pop()
+        return memoryview(bytearray(size))
+
+    def release(self, buf: memoryview) -> None:
+        """Give a buffer from ``acquire`` back."""
+        size = buf.nbytes
+        self._in_use -= size
+        if self._cached + size <= self.capacity_bytes:
+            self._free.setdefault(size, []).append(buf)
+            self._cached += size
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            capacity_bytes=self.capacity_bytes,
+            in_use_bytes=self._in_use,
+            peak_bytes=self._peak,
+            cached_bytes=self._cached,
+            acquired=self._acquired,
+            reused=self._reused,
+            refused=self._refused,
+        )

@@ -1,0 +1,357 @@
+"""The public communicator: argument checks, then requests handed to the engine.
+
+Every check runs before anything is posted, so a bad call raises ``TypeError`` or
+``ValueError`` (or ``RuntimeError`` for the wrong thread or loop, ``CommClosedError`` for a
+closed communicator) and leaves the communicator exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, final
+
+import numpy as np
+
+from ._buffers import BufferView, as_recv_buffer, as_send_buffer
+from ._exceptions import CommClosedError
+from ._request import Request, settle, wait_all
+from ._stream import Stream
+from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
+
+if TYPE_CHECKING:
+    from ._engine import DeviceEngine, EngineStatistics
+
+__all__ = ["Communicator", "Device", "RecvOp", "SendOp"]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """The (simulated) device a rank runs on."""
+
+    index: int
+    """The device's index in the world (equal to the rank in-process)."""
+    name: str
+    """A readable name, for example ``"sim:3"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendOp:
+    """A send in ``Communicator.batch`` (like one entry of HcclBatchSendRecv)."""
+
+    buf: Any
+    dst: int
+    tag: int = 0
+    count: int | None = None
+    dtype: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecvOp:
+    """A recv in ``Communicator.batch``."""
+
+    buf: Any
+    src: int = ANY_SOURCE
+    tag: int = ANY_TAG
+    count: int | None = None
+    dtype: Any = None
+
+
+def _check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    if type(timeout) is bool or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds or None, "
+                        f"got {type(timeout).__name__}")
+    if not timeout >= 0 or math.isinf(timeout):
+        raise ValueError(f"timeout must be a finite number >= 0, got {timeout}")
+    return float(timeout)
+
+
+@final
+class Communicator:
+    """One rank's endpoint: point-to-point operations with the other ranks of its world.
+
+    Instances are created by ``open_world``/``run`` and cannot be created directly.
+    """
+
+    def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,
+                 device: Device) -> None:
+        self._engine = engine
+        self._loop = engine.loop
+        self._default_timeout = default_timeout
+        self.rank: int = engine.rank
+        self.size: int = engine.size
+        self.device = device
+
+    def __repr__(self) -> str:
+        return f"<Communicator rank={self.rank} size={self.size}>"
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(f"rank {self.rank}'s communicator was called outside its event "
+                               "loop (from another thread?); call it from the loop that "
+                               "opened its world") from None
+        if loop is not self._loop:
+            raise RuntimeError(f"rank {self.rank}'s communicator belongs to another event loop")
+        if self._engine.closed:
+            raise CommClosedError(f"rank {self.rank}'s communicator is closed", rank=self.rank)
+
+    def _check_rank(self, peer: object, what: str, *, wildcard: bool) -> int:
+        if type(peer) is int and 0 <= peer < self.size:
+            return peer
+        if type(peer) is bool or not isinstance(peer, int | np.integer):
+            raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
+        p = int(peer)
+        if wildcard and p == ANY_SOURCE:
+            return p
+        if p == ANY_SOURCE:
+            raise ValueError(f"{what}=ANY_SOURCE is only allowed on receives")
+        raise ValueError(f"{what}={p} is out of range for a world of size {self.size}")
+
+    def _check_tag(self, tag: object, *, wildcard: bool) -> int:
+        if type(tag) is int and 0 <= tag <= TAG_UB:
+            return tag
+        if type(tag) is bool or not isinstance(tag, int | np.integer):
+            raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+        t = int(tag)
+        if wildcard and t == ANY_TAG:
+            return t
+        if t == ANY_TAG:
+            raise ValueError("tag=ANY_TAG is only allowed on receives")
+        raise ValueError(f"tag={t} is out of range 0..{TAG_UB}")
+
+    def _check_stream(self, stream: object) -> Stream:
+        if stream is None:
+            return self._engine.default_stream
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a Stream or None, got {type(stream).__name__}")
+        if stream._engine is not self._engine:
+            raise ValueError("the stream belongs to another communicator")
+        return stream
+
+    def _timeout(self, timeout: object) -> float | None:
+        return self._default_timeout if timeout is None else _check_timeout(timeout)
+
+    def _make(self, kind: str, buf: BufferView | None, peer: object, tag: object,
+              stream: object, timeout: object) -> Request:
+        if kind == "send":
+            p = self._check_rank(peer, "dst", wildcard=False)
+            t = self._check_tag(tag, wildcard=False)
+        else:
+            p = self._check_rank(peer, "src", wildcard=True)
+            t = self._check_tag(tag, wildcard=True)
+        return Request(self._engine, kind, p, t, buf, self._check_stream(stream),
+                       self._timeout(timeout))
+
+    # -- point to point -------------------------------------------------------------------
+
+    def isend(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
+              timeout: float | None = None, count: int | None = None,
+              dtype: Any = None) -> Request:
+        """Post a send and return its request at once.
+
+        The buffer must not change until the request is done.  Messages up to the eager
+        limit complete as soon as they are posted; larger ones when a recv has taken them.
+
+        Raises:
+            TypeError, ValueError: bad arguments (nothing is posted).
+            RuntimeError: called from another thread or event loop.
+            CommClosedError: this communicator is closed.
+        """
+        self._check_ready()
+        req = self._make("send", as_send_buffer(buf, count, dtype), dst, tag, stream, timeout)
+        self._engine.submit(req)
+        return req
+
+    def irecv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+              stream: Stream | None = None, timeout: float | None = None,
+              count: int | None = None, dtype: Any = None) -> Request:
+        """Post a recv into ``buf`` and return its request at once; awaiting it gives the
+        ``Status``.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+        """
+        self._check_ready()
+        req = self._make("recv", as_recv_buffer(buf, count, dtype), src, tag, stream, timeout)
+        self._engine.submit(req)
+        return req
+
+    async def send(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
+                   timeout: float | None = None, count: int | None = None,
+                   dtype: Any = None) -> None:
+        """Send ``buf`` to rank ``dst`` with ``tag``; return when the buffer may be reused.
+
+        Raises:
+            TypeError, ValueError: bad arguments (nothing is posted).
+            RuntimeError: called from another thread or event loop.
+            CommClosedError: this communicator is closed.
+            CommBrokenError: ``dst`` closed or failed.
+            CommTimeoutError: no recv took the message within ``timeout`` (withdrawn).
+        """
+        req = self.isend(buf, dst, tag, stream=stream, timeout=timeout, count=count,
+                         dtype=dtype)
+        if not req.done():
+            await req
+        else:
+            req._outcome()
+
+    async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                   stream: Stream | None = None, timeout: float | None = None,
+                   count: int | None = None, dtype: Any = None) -> Status:
+        """Receive a message from ``src`` with ``tag`` (wildcards allowed) into ``buf``.
+
+        A shorter message is fine (``Status.count`` says how much arrived).
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+            TruncationError: the message is larger than ``buf`` (buffer untouched, message
+                kept for the next recv).
+            DTypeMismatchError: the message has another dtype (likewise).
+            CommBrokenError: ``src`` closed or failed.
+            CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
+        """
+        req = self.irecv(buf, src, tag, stream=stream, timeout=timeout, count=count,
+                         dtype=dtype)
+        result: Status = await req if not req.done() else req._outcome()
+        return result
+
+    async def recv_new(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                       stream: Stream | None = None,
+                       timeout: float | None = None) -> tuple[np.ndarray[Any, Any], Status]:
+        """Receive a message of unknown size into a new 1-D array of the sender's dtype.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError, CommBrokenError,
+            CommTimeoutError: as ``recv``.
+        """
+        self._check_ready()
+        req = self._make("recv", None, src, tag, stream, timeout)
+        self._engine.submit(req)
+        result: tuple[np.ndarray[Any, Any], Status] = await req
+        return result
+
+    async def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any, src: int = ANY_SOURCE, *,
+                       sendtag: int = 0, recvtag: int = ANY_TAG,
+                       stream: Stream | None = None, timeout: float | None = None) -> Status:
+        """Send to ``dst`` and receive from ``src`` at once, without deadlock.
+
+        Returns:
+            The recv's Status.
+
+        Raises:
+            As ``batch``.
+        """
+        results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
+                                   stream=stream, timeout=timeout)
+        status: Status = results[1]
+        return status
+
+    async def batch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
+                    timeout: float | None = None) -> list[Status | None]:
+        """Post every op at once (HcclBatchSendRecv) and wait for all: exchanges that cannot
+        deadlock.  Every op is checked before any is posted.
+
+        Returns:
+            One result per op, in order: ``None`` for a send, a ``Status`` for a recv.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+            Exception: the error of the one op that failed, once all are done, or an
+                ``ExceptionGroup`` if several failed.
+        """
+        self._check_ready()
+        reqs = [self._batch_op(op, stream, timeout) for op in ops]
+        if not reqs:
+            return []
+        self._engine.submit(reqs)
+        try:
+            await settle(reqs)
+        except asyncio.CancelledError:
+            for r in reqs:
+                r.cancel()
+            await settle(reqs, shield=True)
+            raise
+        failed = [r.exception() for r in reqs if r.exception() is not None]
+        if len(failed) == 1:
+            raise failed[0]  # type: ignore[misc]
+        if failed:
+            raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
+                                 failed)  # type: ignore[type-var]
+        return await wait_all(reqs)
+
+    def _batch_op(self, op: object, stream: object, timeout: object) -> Request:
+        if isinstance(op, SendOp):
+            return self._make("send", as_send_buffer(op.buf, op.count, op.dtype), op.dst,
+                              op.tag, stream, timeout)
+        if isinstance(op, RecvOp):
+            return self._make("recv", as_recv_buffer(op.buf, op.count, op.dtype), op.src,
+                              op.tag, stream, timeout)
+        raise TypeError(f"batch takes SendOp and RecvOp items, got {type(op).__name__}")
+
+    # -- probes ---------------------------------------------------------------------------
+
+    def iprobe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG) -> Status | None:
+        """The Status of the message a recv(src, tag) would take now, or None; nothing is
+        received.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+        """
+        self._check_ready()
+        s = self._check_rank(src, "src", wildcard=True)
+        t = self._check_tag(tag, wildcard=True)
+        return self._engine.probe_now(s, t)
+
+    async def probe(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                    timeout: float | None = None) -> Status:
+        """Wait for a message that a recv(src, tag) would take; nothing is received.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+            CommBrokenError: ``src`` closed or failed.
+            CommTimeoutError: nothing arrived within ``timeout``.
+        """
+        self._check_ready()
+        req = self._make("probe", None, src, tag, None, timeout)
+        self._engine.post_probe(req)
+        status: Status = await req
+        return status
+
+    # -- streams and lifetime -------------------------------------------------------------
+
+    def stream(self) -> Stream:
+        """A new stream: its operations are posted strictly in order (HCCL semantics).
+
+        Raises:
+            RuntimeError, CommClosedError: as ``isend``.
+        """
+        self._check_ready()
+        return self._engine.new_stream()
+
+    @property
+    def default_stream(self) -> Stream:
+        """The stream used when ``stream=None``: ops are posted as soon as they are made."""
+        return self._engine.default_stream
+
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of this rank's engine: pending ops, matcher queues, staging pool."""
+        return self._engine.statistics()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    async def aclose(self) -> None:
+        """Close this rank's communicator: unmatched ops fail with ``CommClosedError``,
+        matched transfers finish, peers waiting for this rank get ``CommBrokenError``.
+        Idempotent."""
+        await self._engine.aclose()
+

@@ -1,0 +1,328 @@
+"""The matcher: MPI's matching rules as a synchronous state machine, one per receiving rank.
+
+How it works
+------------
+A matcher holds two queues for one destination rank: *posted recvs* that have no message
+yet, and *unexpected messages* (envelopes) that have no recv yet.  Every posted recv,
+arriving envelope and blocking probe gets a sequence number (its posting order).
+
+Rule 1 (a message takes the earliest posted recv that fits it).  When an envelope
+arrives, it matches the posted recv with the smallest sequence number whose source and tag
+are equal to the envelope's or wildcards (``ANY_SOURCE``, ``ANY_TAG``).  Envelopes never
+carry wildcards.
+
+Rule 2 (a recv takes the earliest arrived message that fits it).  When a recv is posted,
+it matches the unexpected message with the smallest sequence number that fits it.
+
+Rule 3 (non-overtaking).  Messages from one source with one tag are matched in the order
+they arrived, because a bucket per exact (source, tag) is FIFO.  Transports deliver one
+sender's envelopes in posting order, which makes this MPI's non-overtaking guarantee.
+
+Rule 4 (a match that cannot complete loses nothing).  When a recv matches a message by
+envelope but its dtype differs or its buffer is too small, the *recv* fails
+(``RecvRejected``) and the message stays where it was: first in line for the next recv that
+fits.  An arriving envelope whose earliest recv rejects it tries the next posted recv, and
+is queued as unexpected if none is left.  The sender is never failed by a rejection.
+
+Rule 5 (withdrawal is atomic).  ``cancel`` removes a posted recv or probe, ``withdraw``
+removes an unexpected message; each returns False when the item has already matched, so
+the caller knows whether a late match can still touch the buffer.
+
+Cost: exact (source, tag) matching is O(1) (one bucket lookup).  A wildcard recv looks at
+four bucket heads for an arriving envelope and at one index head for unexpected messages;
+the per-source, per-tag and global indexes of unexpected messages are only built (once) when
+the first wildcard recv or probe is posted, so programs without wildcards never pay for
+them.  Nothing scans the queues except blocking probes, which are rare.
+
+Events (``RecvRejected``, ``ProbeMatched``) are queued and drained with ``next_event()``,
+as in h11 and aioquic; successful matches are returned directly because they are the hot
+path.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from .._types import ANY_SOURCE, ANY_TAG
+from .descriptors import Envelope, ProbeDescriptor, RecvDescriptor
+
+__all__ = [
+    "MatchEvent",
+    "Matcher",
+    "MatcherStatistics",
+    "ProbeMatched",
+    "RecvRejected",
+    "misfit",
+]
+
+Reason = Literal["dtype", "truncated"]
+
+
+class RecvRejected(NamedTuple):
+    """A recv matched ``envelope`` by (source, tag) but cannot take it; the recv is removed,
+    the message is kept (Rule 4)."""
+
+    recv: RecvDescriptor
+    envelope: Envelope
+    reason: Reason
+
+
+class ProbeMatched(NamedTuple):
+    """A blocking probe found a message; the probe is removed, the message is kept."""
+
+    probe: ProbeDescriptor
+    envelope: Envelope
+
+
+MatchEvent = RecvRejected | ProbeMatched
+
+
+@dataclass(frozen=True, slots=True)
+class MatcherStatistics:
+    """A snapshot of a matcher's queues."""
+
+    posted_recvs: int
+    """Recvs posted and not yet matched."""
+    unexpected_messages: int
+    """Messages arrived (or announced) with no recv yet."""
+    unexpected_bytes: int
+    """Total size of the unexpected messages."""
+    probes: int
+    """Blocking probes still waiting."""
+    matched: int
+    """Successful matches so far."""
+
+
+def misfit(recv: RecvDescriptor, env: Envelope) -> Reason | None:
+    """Why ``recv`` cannot take ``env`` although their envelopes match, or None if it can."""
+    if recv.dtype is not None and recv.dtype != env.dtype:
+        return "dtype"
+    if recv.capacity is not None and env.nbytes > recv.capacity:
+        return "truncated"
+    return None
+
+
+def _fits(source: int, tag: int, env: Envelope) -> bool:
+    return (source == ANY_SOURCE or source == env.source) and (tag == ANY_TAG or tag == env.tag)
+
+
+def _first(bucket: OrderedDict[int, Envelope] | None) -> Envelope | None:
+    return next(iter(bucket.values())) if bucket else None
+
+
+_Queue = OrderedDict[int, Envelope]
+
+
+class Matcher:
+    """Posted recvs and unexpected messages of one destination rank (see module docs)."""
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._events: deque[MatchEvent] = deque()
+        self._matched = 0
+        # Posted recvs, one FIFO bucket per (source, tag) as posted (wildcards included).
+        self._posted: dict[tuple[int, int], OrderedDict[int, RecvDescriptor]] = {}
+        self._n_posted = 0
+        self._n_wild_posted = 0
+        # Unexpected messages, one FIFO bucket per exact (source, tag).
+        self._unexp: dict[tuple[int, int], _Queue] = {}
+        self._n_unexp = 0
+        self._unexp_bytes = 0
+        # Wildcard indexes over the same messages; None until a wildcard first asks.
+        self._by_source: dict[int, _Queue] | None = None
+        self._by_tag: dict[int, _Queue] = {}
+        self._all: _Queue = OrderedDict()
+        self._probes: OrderedDict[int, ProbeDescriptor] = OrderedDict()
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def deliver(self, env: Envelope) -> RecvDescriptor | None:
+        """An envelope arrived: return the posted recv it matched, or None if it was queued
+        as unexpected.  Recvs that rejected it on the way are reported as events."""
+        self._seq += 1
+        env.seq = self._seq
+        while self._n_posted:
+            recv = self._earliest_posted(env.source, env.tag)
+            if recv is None:
+                break
+            self._remove_posted(recv)
+            reason = misfit(recv, env)
+            if reason is None:
+                self._matched += 1
+                return recv
+            self._events.append(RecvRejected(recv, env, reason))
+        self._enqueue(env)
+        return None
+
+    def post_recv(self, recv: RecvDescriptor) -> Envelope | None:
+        """Post a recv: return the unexpected message it matched (now removed), or None.
+        None means the recv was queued, or rejected with a ``RecvRejected`` event."""
+        self._seq += 1
+        recv.seq = self._seq
+        env = self._earliest_unexpected(recv.source, recv.tag)
+        if env is not None:
+            reason = misfit(recv, env)
+            if reason is not None:
+                self._events.append(RecvRejected(recv, env, reason))
+                return None
+            self._remove_unexpected(env)
+            self._matched += 1
+            return env
+        key = (recv.source, recv.tag)
+        bucket = self._posted.get(key)
+        if bucket is None:
+            bucket = self._posted[key] = OrderedDict()
+        bucket[recv.seq] = recv
+        self._n_posted += 1
+        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+            self._n_wild_posted += 1
+        return None
+
+    def probe(self, source: int, tag: int) -> Envelope | None:
+        """The earliest unexpected message that a recv (source, tag) would match, if any;
+        nothing is removed."""
+        return self._earliest_unexpected(source, tag)
+
+    def post_probe(self, probe: ProbeDescriptor) -> Envelope | None:
+        """Post a blocking probe: return the message it finds now, or queue the probe and
+        report a ``ProbeMatched`` event when a fitting message arrives."""
+        env = self._earliest_unexpected(probe.source, probe.tag)
+        if env is None:
+            self._seq += 1
+            probe.seq = self._seq
+            self._probes[probe.seq] = probe
+        return env
+
+    def cancel(self, desc: RecvDescriptor | ProbeDescriptor) -> bool:
+        """Withdraw a posted recv or probe; False if it already matched or was rejected."""
+        if isinstance(desc, ProbeDescriptor):
+            return self._probes.pop(desc.seq, None) is not None
+        bucket = self._posted.get((desc.source, desc.tag))
+        if bucket is None or bucket.get(desc.seq) is not desc:
+            return False
+        self._remove_posted(desc)
+        return True
+
+    def withdraw(self, env: Envelope) -> bool:
+        """Withdraw an unexpected message; False if a recv already took it."""
+        bucket = self._unexp.get((env.source, env.tag))
+        if bucket is None or bucket.get(env.seq) is not env:
+            return False
+        self._remove_unexpected(env)
+        return True
+
+    # -- outputs --------------------------------------------------------------------------
+
+    def next_event(self) -> MatchEvent | None:
+        """The next queued event, or None."""
+        return self._events.popleft() if self._events else None
+
+    def statistics(self) -> MatcherStatistics:
+        return MatcherStatistics(
+            posted_recvs=self._n_posted,
+            unexpected_messages=self._n_unexp,
+            unexpected_bytes=self._unexp_bytes,
+            probes=len(self._probes),
+            matched=self._matched,
+        )
+
+    def posted_recvs(self) -> list[RecvDescriptor]:
+        """Every posted recv, in posting order."""
+        out = [r for bucket in self._posted.values() for r in bucket.values()]
+        return sorted(out, key=lambda r: r.seq)
+
+    def unexpected(self) -> list[Envelope]:
+        """Every unexpected message, in arrival order."""
+        out = [e for bucket in self._unexp.values() for e in bucket.values()]
+        return sorted(out, key=lambda e: e.seq)
+
+    def probes(self) -> list[ProbeDescriptor]:
+        """Every waiting probe, in posting order."""
+        return list(self._probes.values())
+
+    # -- posted recvs ---------------------------------------------------------------------
+
+    def _earliest_posted(self, source: int, tag: int) -> RecvDescriptor | None:
+        posted = self._posted
+        if not self._n_wild_posted:
+            bucket = posted.get((source, tag))
+            return next(iter(bucket.values())) if bucket else None
+        best: RecvDescriptor | None = None
+        for key in ((source, tag), (source, ANY_TAG), (ANY_SOURCE, tag), (ANY_SOURCE, ANY_TAG)):
+            bucket = posted.get(key)
+            if bucket:
+                recv = next(iter(bucket.values()))
+                if best is None or recv.seq < best.seq:
+                    best = recv
+        return best
+
+    def _remove_posted(self, recv: RecvDescriptor) -> None:
+        key = (recv.source, recv.tag)
+        bucket = self._posted[key]
+        del bucket[recv.seq]
+        if not bucket:
+            del self._posted[key]
+        self._n_posted -= 1
+        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+            self._n_wild_posted -= 1
+
+    # -- unexpected messages --------------------------------------------------------------
+
+    def _enqueue(self, env: Envelope) -> None:
+        key = (env.source, env.tag)
+        bucket = self._unexp.get(key)
+        if bucket is None:
+            bucket = self._unexp[key] = OrderedDict()
+        bucket[env.seq] = env
+        self._n_unexp += 1
+        self._unexp_bytes += env.nbytes
+        if self._by_source is not None:
+            self._index_add(self._by_source, env)
+        if self._probes:
+            self._fire_probes(env)
+
+    def _earliest_unexpected(self, source: int, tag: int) -> Envelope | None:
+        if source != ANY_SOURCE and tag != ANY_TAG:
+            return _first(self._unexp.get((source, tag)))
+        by_source = self._wild_index()
+        if source == ANY_SOURCE and tag == ANY_TAG:
+            return _first(self._all)
+        if source == ANY_SOURCE:
+            return _first(self._by_tag.get(tag))
+        return _first(by_source.get(source))
+
+    def _remove_unexpected(self, env: Envelope) -> None:
+        key = (env.source, env.tag)
+        bucket = self._unexp[key]
+        del bucket[env.seq]
+        if not bucket:
+            del self._unexp[key]
+        self._n_unexp -= 1
+        self._unexp_bytes -= env.nbytes
+        if self._by_source is not None:
+            for index, k in ((self._by_source, env.source), (self._by_tag, env.tag)):
+                queue = index[k]
+                del queue[env.seq]
+                if not queue:
+                    del index[k]
+            del self._all[env.seq]
+
+    def _wild_index(self) -> dict[int, _Queue]:
+        """Build the wildcard indexes on first use (in arrival order), then keep them."""
+        if self._by_source is None:
+            self._by_source = {}
+            for env in self.unexpected():
+                self._index_add(self._by_source, env)
+        return self._by_source
+
+    def _index_add(self, by_source: dict[int, _Queue], env: Envelope) -> None:
+        by_source.setdefault(env.source, OrderedDict())[env.seq] = env
+        self._by_tag.setdefault(env.tag, OrderedDict())[env.seq] = env
+        self._all[env.seq] = env
+
+    def _fire_probes(self, env: Envelope) -> None:
+        for probe in [p for p in self._probes.values() if _fits(p.source, p.tag, env)]:
+            del self._probes[probe.seq]
+            self._events.append(ProbeMatched(probe, env))

@@ -1,0 +1,390 @@
+"""The device engine: the asyncio shell around the matcher, one per rank.
+
+It turns core events into copies and request outcomes and nothing else (the aioquic
+``_process_events`` pattern): the matcher decides who matches whom, the transport moves
+envelopes and payloads, streams decide when an op is posted, and the engine wires them
+together.  Copies of large payloads run in chunks on a small thread pool (numpy releases
+the GIL while copying) so the loop keeps running; everything else runs inline on the loop.
+
+Closing the engine withdraws every op that has not matched (failing it with
+``CommClosedError``), lets matched transfers finish, and tells the transport, which fails
+what peers were waiting for from this rank with ``CommBrokenError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _logging
+from ._buffers import PoolStatistics, StagingPool, new_array
+from ._core.chunking import ChunkSender
+from ._core.descriptors import Envelope, ProbeDescriptor, RecvDescriptor
+from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
+from ._exceptions import (
+    CommBrokenError,
+    CommClosedError,
+    CommTimeoutError,
+    DTypeMismatchError,
+    TruncationError,
+)
+from ._request import ACTIVE, CANCELLED, DONE, POSTED, QUEUED, Request
+from ._stream import Event, Stream
+from ._types import ANY_SOURCE, Status
+
+if TYPE_CHECKING:
+    from .transports.base import Transport
+
+__all__ = ["DeviceEngine", "EngineStatistics"]
+
+#: Payloads at least this large are copied on worker threads, in chunks.
+THREAD_COPY_MIN = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStatistics:
+    """A snapshot of one rank's engine."""
+
+    pending_ops: int
+    """Operations submitted and not finished."""
+    active_copies: int
+    """Payload copies running on worker threads."""
+    streams: int
+    """Streams of this rank, the default one included."""
+    matcher: MatcherStatistics
+    pool: PoolStatistics
+
+
+def _describe(req: Request) -> str:
+    if req.kind == "send":
+        buf = req.buf
+        size = f", {buf.nbytes} B {buf.dtype}" if buf is not None else ""
+        return f"send(dst={req.peer}, tag={req.tag}{size})"
+    src = "ANY_SOURCE" if req.peer == ANY_SOURCE else str(req.peer)
+    tag = "ANY_TAG" if req.tag < 0 else str(req.tag)
+    return f"{req.kind}(src={src}, tag={tag})"
+
+
+class DeviceEngine:
+    """One rank's engine (see module docs).  Created by the world, not by users."""
+
+    def __init__(self, rank: int, size: int, transport: Transport, *,
+                 loop: asyncio.AbstractEventLoop, eager_limit: int, pool_bytes: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.loop = loop
+        self.transport = transport
+        self.eager_limit = eager_limit
+        self.matcher = Matcher()
+        self.pool = StagingPool(pool_bytes)
+        self.closed = False
+        self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
+        self.default_stream = Stream(self, 0, in_order=False)
+        self._streams = [self.default_stream]
+        self._live: dict[Request, None] = {}
+        self._copies = 0
+        self._idle: asyncio.Future[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- submission -----------------------------------------------------------------------
+
+    def new_stream(self) -> Stream:
+        stream = Stream(self, len(self._streams), in_order=True)
+        self._streams.append(stream)
+        return stream
+
+    def submit(self, item: Request | list[Request]) -> None:
+        """Hand a request (or a batch's group) to its stream and arm timeouts."""
+        reqs = item if isinstance(item, list) else (item,)
+        live = self._live
+        for req in reqs:
+            live[req] = None
+        reqs[0].stream.submit(item)
+        for req in reqs:
+            if req.timeout is not None and req._state < DONE:
+                req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+
+    def start(self, req: Request) -> None:
+        """Post a request that reached its turn on its stream (stream only)."""
+        req._state = POSTED
+        if req.kind == "send":
+            if self.trace:
+                self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag,
+                               nbytes=req.buf.nbytes)  # type: ignore[union-attr]
+            self.transport.post_send(self, req)
+            return
+        if self.trace:
+            self.log.debug("p2p.recv.posted", peer=req.peer, tag=req.tag)
+        buf = req.buf
+        if buf is None:
+            req.desc = RecvDescriptor(req.peer, req.tag, None, None, req)
+        else:
+            req.desc = RecvDescriptor(req.peer, req.tag, buf.nbytes, buf.dtype, req)
+        if req.peer != ANY_SOURCE and self.transport.peer_closed(self, req.peer):
+            self._fail_broken(req, req.peer)
+            return
+        env = self.matcher.post_recv(req.desc)
+        if env is not None:
+            self._receive(req, env)
+        else:
+            self._drain()
+
+    def envelope(self, req: Request) -> Envelope:
+        """The envelope of a send (transports only)."""
+        buf = req.buf
+        env = Envelope(self.rank, req.tag, buf.nbytes, buf.count, buf.dtype,  # type: ignore[union-attr]
+                       req)
+        req.desc = env
+        return env
+
+    def probe_now(self, source: int, tag: int) -> Status | None:
+        env = self.matcher.probe(source, tag)
+        return None if env is None else Status(env.source, env.tag, env.nbytes, env.count)
+
+    def post_probe(self, req: Request) -> None:
+        """Post a blocking probe; it finishes with the Status of a fitting message."""
+        self._live[req] = None
+        req._state = POSTED
+        req.desc = ProbeDescriptor(req.peer, req.tag, req)
+        if req.peer != ANY_SOURCE and self.transport.peer_closed(self, req.peer):
+            self._fail_broken(req, req.peer)
+            return
+        env = self.matcher.post_probe(req.desc)
+        if env is not None:
+            self._finish(req, DONE, Status(env.source, env.tag, env.nbytes, env.count), None)
+        elif req.timeout is not None:
+            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+
+    # -- arrival and matching -------------------------------------------------------------
+
+    def deliver(self, env: Envelope) -> None:
+        """An envelope arrived for this rank (transports only)."""
+        recv = self.matcher.deliver(env)
+        if recv is not None:
+            self._receive(recv.handle, env)  # type: ignore[arg-type]
+        else:
+            self.transport.unexpected(self, env)
+        self._drain()
+
+    def _receive(self, req: Request, env: Envelope) -> None:
+        req._state = ACTIVE
+        if self.trace:
+            self.log.debug("p2p.matched", peer=env.source, tag=env.tag, nbytes=env.nbytes)
+        buf = req.buf
+        if buf is None:  # recv_new: the buffer is made to the message's measure
+            arr = new_array(env.dtype, env.count)
+            req._result = arr
+            dst = arr.data.cast("B")
+        else:
+            dst = buf.mv
+        handle = env.handle
+        if type(handle) is memoryview:  # eager: staged here on arrival
+            n = env.nbytes
+            dst[:n] = handle[:n]
+            self.pool.release(handle)
+            self.recv_done(req, env)
+        else:
+            self.transport.pull(self, env, req, dst)
+
+    def _drain(self) -> None:
+        matcher = self.matcher
+        while (event := matcher.next_event()) is not None:
+            if isinstance(event, RecvRejected):
+                self._reject(event)
+            elif isinstance(event, ProbeMatched):
+                env = event.envelope
+                status = Status(env.source, env.tag, env.nbytes, env.count)
+                self._finish(event.probe.handle, DONE, status, None)  # type: ignore[arg-type]
+
+    def _reject(self, event: RecvRejected) -> None:
+        recv, env = event.recv, event.envelope
+        cls = DTypeMismatchError if event.reason == "dtype" else TruncationError
+        what = (f"message dtype {env.dtype} differs from the recv buffer's {recv.dtype}"
+                if event.reason == "dtype" else
+                f"message of {env.nbytes} B does not fit the recv buffer of {recv.capacity} B")
+        exc = cls(f"rank {self.rank}: recv from rank {env.source} tag {env.tag}: {what}; "
+                  "the buffer is untouched and the message waits for the next recv that fits",
+                  rank=self.rank, source=env.source, tag=env.tag, nbytes=env.nbytes,
+                  capacity=recv.capacity or 0, send_dtype=env.dtype, recv_dtype=recv.dtype or "")
+        self._finish(recv.handle, DONE, None, exc)  # type: ignore[arg-type]
+
+    # -- completion -----------------------------------------------------------------------
+
+    def recv_done(self, req: Request, env: Envelope) -> None:
+        """The payload is in the recv buffer (transports only)."""
+        status = Status(env.source, env.tag, env.nbytes, env.count)
+        result = status if req.buf is not None else (req._result, status)
+        self._finish(req, DONE, result, None)
+
+    def send_done(self, req: Request) -> None:
+        """The send buffer may be reused (transports only)."""
+        self._finish(req, DONE, None, None)
+
+    def fail(self, req: Request, exc: BaseException) -> None:
+        """Fail a request that has not matched (transports only)."""
+        self._finish(req, DONE, None, exc)
+
+    def _finish(self, req: Request, state: int, result: Any, exc: BaseException | None) -> None:
+        started = req._state != QUEUED
+        req._settle(state, result, exc)
+        del self._live[req]
+        if req.kind != "probe":
+            req.stream.finished(req, started=started)
+        if self._idle is not None and not self._live:
+            self._idle.set_result(None)
+            self._idle = None
+
+    def withdraw(self, req: Request, exc: BaseException | None) -> bool:
+        """Withdraw a request that has not matched: cancel it (``exc`` None) or fail it."""
+        state = req._state
+        if state == QUEUED:
+            req.stream.withdraw_queued(req)
+        elif state != POSTED:
+            return False
+        elif req.kind == "send":
+            if not self.transport.withdraw_send(self, req):
+                return False
+        elif not self.matcher.cancel(req.desc):
+            return False
+        self._finish(req, CANCELLED if exc is None else DONE, None, exc)
+        return True
+
+    def _on_timeout(self, req: Request) -> None:
+        req._timer = None
+        if req._state < ACTIVE:
+            self.withdraw(req, self._timeout_error(req))
+
+    def _timeout_error(self, req: Request) -> CommTimeoutError:
+        """The error for a timed-out op, naming what its peer(s) had posted for this rank."""
+        wild = req.kind != "send" and req.peer == ANY_SOURCE
+        peers = [r for r in range(self.size) if r != self.rank] if wild else [req.peer]
+        parts = []
+        for peer in peers:
+            posted = self.transport.describe_peer(self, peer) + [
+                f"send(dst={self.rank}, tag={e.tag}, {e.nbytes} B {e.dtype}) unmatched here"
+                for e in self.matcher.unexpected() if e.source == peer]
+            if posted:
+                parts.append(f"rank {peer} had posted {', '.join(posted)}")
+            elif not wild:
+                parts.append(f"rank {peer} had posted nothing for rank {self.rank}")
+        timeout = req.timeout or 0.0
+        if self.trace:
+            self.log.debug("p2p.timeout", peer=req.peer, tag=req.tag, timeout=timeout)
+        return CommTimeoutError(
+            f"rank {self.rank}: {_describe(req)} timed out after {timeout:g} s; "
+            + ("; ".join(parts) or "no rank had posted anything for it"),
+            rank=self.rank, op=req.kind, peer=req.peer, tag=req.tag, timeout=timeout)
+
+    # -- copies ---------------------------------------------------------------------------
+
+    def copy(self, dst: memoryview, src: memoryview, nbytes: int,
+             on_done: Callable[[], None]) -> None:
+        """Copy ``nbytes`` from ``src`` to ``dst`` and call ``on_done`` (maybe inline).
+
+        Large copies run as chunks on worker threads, two at a time, so the loop keeps
+        running while they move.
+        """
+        if nbytes < THREAD_COPY_MIN:
+            dst[:nbytes] = src[:nbytes]
+            on_done()
+            return
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2, thread_name_prefix=f"asynccomm-copy-{self.rank}")
+        self._copies += 1
+        d = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
+        s = np.frombuffer(src, dtype=np.uint8, count=nbytes)
+        chunk_bytes = min(max(nbytes // 4, 4 << 20), 64 << 20)
+        sender = ChunkSender(nbytes, chunk_bytes=chunk_bytes, max_inflight=2)
+        self._copy_next(sender, d, s, on_done)
+
+    def _copy_next(self, sender: ChunkSender, d: np.ndarray[Any, Any],
+                   s: np.ndarray[Any, Any], on_done: Callable[[], None]) -> None:
+        if sender.done:
+            self._copies -= 1
+            on_done()
+            return
+        executor = self._executor
+        assert executor is not None
+        while (chunk := sender.next_chunk()) is not None:
+            end = chunk.offset + chunk.nbytes
+            fut = self.loop.run_in_executor(executor, np.copyto, d[chunk.offset:end],
+                                            s[chunk.offset:end])
+
+            def chunk_done(f: asyncio.Future[None], chunk: Any = chunk) -> None:
+                f.result()
+                sender.chunk_done(chunk)
+                if self.trace:
+                    self.log.debug("chunk.copied", offset=chunk.offset, nbytes=chunk.nbytes)
+                self._copy_next(sender, d, s, on_done)
+
+            fut.add_done_callback(chunk_done)
+
+    # -- peers, diagnostics, closing ------------------------------------------------------
+
+    def peer_gone(self, peer: int, exc: BaseException) -> None:
+        """``peer`` closed: fail recvs and probes that only it could have matched."""
+        for req in list(self._live):
+            if req.kind != "send" and req.peer == peer and req._state == POSTED:
+                self.withdraw(req, exc)
+
+    def _fail_broken(self, req: Request, peer: int) -> None:
+        self._finish(req, DONE, None, CommBrokenError(
+            f"rank {peer} has closed its communicator", rank=self.rank, peer=peer))
+
+    def describe_pending(self, peer: int) -> list[str]:
+        """This rank's unfinished ops that involve ``peer`` and that ``peer`` cannot see
+        (posted sends sit in the peer's own matcher), for error messages."""
+        out = []
+        for r in self._live:
+            if r.kind == "send":
+                if r.peer == peer and r._state == QUEUED:
+                    out.append(_describe(r) + " queued on its stream")
+            elif r.peer in (peer, ANY_SOURCE):
+                out.append(_describe(r))
+        return out
+
+    def event_fired(self, event: Event) -> None:
+        for stream in self._streams:
+            stream.event_fired()
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(pending_ops=len(self._live), active_copies=self._copies,
+                                streams=len(self._streams), matcher=self.matcher.statistics(),
+                                pool=self.pool.statistics())
+
+    async def aclose(self) -> None:
+        """Close: fail unmatched ops with ``CommClosedError``, let matched transfers finish,
+        drop staged messages, and tell the transport.  Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for stream in self._streams:
+            stream._closed = True
+        exc = CommClosedError(f"rank {self.rank}'s communicator was closed with the op pending",
+                              rank=self.rank)
+        for req in list(self._live):
+            self.withdraw(req, exc)
+        if self._live:  # matched transfers still moving: they finish, they are not torn
+            self._idle = self.loop.create_future()
+            await asyncio.shield(self._idle)
+        for env in self.matcher.unexpected():
+            self.matcher.withdraw(env)
+            handle = env.handle
+            if type(handle) is memoryview:
+                self.pool.release(handle)
+            elif isinstance(handle, Request):
+                handle._engine.fail(handle, self._closed_peer_error(handle))
+        self.transport.engine_closed(self)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+        self.log.info("comm.closed")
+
+    def _closed_peer_error(self, sreq: Request) -> BaseException:
+        return CommBrokenError(f"rank {self.rank} closed its communicator before receiving "
+                               f"this message", rank=sreq._engine.rank, peer=self.rank)

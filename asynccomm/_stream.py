@@ -1,0 +1,244 @@
+"""Streams: ordered queues of operations, like an ``aclrtStream`` or a CUDA stream.
+
+How it works
+------------
+Rule 1: an explicit stream (``comm.stream()``) is strictly in order: an operation is posted
+only when every operation before it on the stream has finished, as in HCCL.
+Rule 2: the default stream posts each operation as soon as it is submitted, so posting
+order decides matching and isend/irecv exchanges between two ranks cannot deadlock.
+Rule 3: ``stream.wait(event)`` holds every later operation of the stream until the event
+fires, on either kind of stream.
+Rule 4: ``stream.record()`` returns an event that fires when every operation submitted to
+the stream before it has finished (succeeded, failed or been cancelled).
+
+Items in the queue are single requests, groups (a ``batch``, posted together) or event
+waits.  Pending requests are kept in submission order, so the oldest unfinished one is the
+first key: that is all ``record()`` needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, final
+
+from ._exceptions import CommClosedError
+
+if TYPE_CHECKING:
+    from ._engine import DeviceEngine
+    from ._request import Request
+
+__all__ = ["Event", "Stream", "StreamStatistics"]
+
+
+@final
+class Event:
+    """A point in a stream, from ``Stream.record()``: it fires when every operation
+    submitted to the stream before it has finished.
+
+    Instances are created by ``Stream.record`` and cannot be created directly.
+    """
+
+    __slots__ = ("_fired", "_loop", "_waiters", "seq", "stream")
+
+    def __init__(self, stream: Stream, seq: int) -> None:
+        self.stream = stream
+        self.seq = seq
+        self._loop = stream._engine.loop
+        self._fired = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def __repr__(self) -> str:
+        return f"<Event {self.stream!r} seq={self.seq} {'fired' if self._fired else 'pending'}>"
+
+    def done(self) -> bool:
+        """True once the event fired (aclrtQueryEvent)."""
+        return self._fired
+
+    async def synchronize(self) -> None:
+        """Wait until the event fires (aclrtSynchronizeEvent)."""
+        if not self._fired:
+            fut = self._loop.create_future()
+            self._waiters.append(fut)
+            await fut
+
+    def _fire(self) -> None:
+        self._fired = True
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+        self.stream._engine.event_fired(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStatistics:
+    """A snapshot of a stream."""
+
+    queued: int
+    """Operations waiting to be posted (behind earlier ones or an event wait)."""
+    active: int
+    """Operations posted and not finished."""
+    submitted: int
+    """Operations submitted so far."""
+
+
+class _Wait:
+    __slots__ = ("event",)
+
+    def __init__(self, event: Event) -> None:
+        self.event = event
+
+
+@final
+class Stream:
+    """An ordered queue of operations on one communicator (see module docs).
+
+    Instances are created by ``Communicator.stream()`` and cannot be created directly.
+    """
+
+    __slots__ = ("_active", "_closed", "_engine", "_events", "_pending", "_pumping", "_queue",
+                 "_seq", "in_order", "sid")
+
+    def __init__(self, engine: DeviceEngine, sid: int, *, in_order: bool) -> None:
+        self._engine = engine
+        self.sid = sid
+        self.in_order = in_order
+        self._queue: deque[Request | list[Request] | _Wait] = deque()
+        self._pending: OrderedDict[int, Request] = OrderedDict()
+        self._events: deque[Event] = deque()
+        self._active = 0
+        self._seq = 0
+        self._closed = False
+        self._pumping = False
+
+    def __repr__(self) -> str:
+        kind = "default" if not self.in_order else f"stream {self.sid}"
+        return f"<Stream rank={self._engine.rank} {kind}>"
+
+    # -- public ---------------------------------------------------------------------------
+
+    async def synchronize(self) -> None:
+        """Wait until every operation submitted so far has finished (aclrtSynchronizeStream).
+
+        Raises:
+            CommClosedError: if the communicator is closed.
+        """
+        await self.record().synchronize()
+
+    def record(self) -> Event:
+        """An event that fires when every operation submitted so far has finished.
+
+        Raises:
+            CommClosedError: if the communicator is closed.
+        """
+        self._check_open()
+        event = Event(self, self._seq)
+        if not self._pending or next(iter(self._pending)) > event.seq:
+            event._fire()
+        else:
+            self._events.append(event)
+        return event
+
+    def wait(self, event: Event) -> None:
+        """Hold every later operation of this stream until ``event`` fires.
+
+        Raises:
+            TypeError: if ``event`` is not an Event.
+            ValueError: if it belongs to another communicator.
+            CommClosedError: if the communicator is closed.
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"expected an Event, got {type(event).__name__}")
+        if event.stream._engine is not self._engine:
+            raise ValueError("the event belongs to another communicator")
+        self._check_open()
+        if not event._fired:
+            self._queue.append(_Wait(event))
+
+    def statistics(self) -> StreamStatistics:
+        return StreamStatistics(queued=len(self._pending) - self._active,
+                                active=self._active, submitted=self._seq)
+
+    # -- engine side ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommClosedError(f"rank {self._engine.rank}'s communicator is closed",
+                                  rank=self._engine.rank)
+
+    def submit(self, item: Request | list[Request]) -> None:
+        """Queue a request or a group and post what may be posted now."""
+        for req in (item if isinstance(item, list) else (item,)):
+            self._seq += 1
+            req.seq = self._seq
+            self._pending[req.seq] = req
+        if not self._queue and (not self.in_order or not self._active):
+            self._start(item)
+        else:
+            self._queue.append(item)
+
+    def _start(self, item: Request | list[Request]) -> None:
+        if isinstance(item, list):
+            self._active += len(item)
+            for req in item:
+                self._engine.start(req)
+        else:
+            self._active += 1
+            self._engine.start(item)
+
+    def finished(self, req: Request, *, started: bool) -> None:
+        """A request of this stream reached its end (engine only)."""
+        del self._pending[req.seq]
+        if started:
+            self._active -= 1
+        if self._queue:
+            self._pump()
+        if self._events:
+            self._fire_events()
+
+    def withdraw_queued(self, req: Request) -> None:
+        """Remove a request that was never posted from the queue (engine only)."""
+        for item in self._queue:
+            if item is req:
+                self._queue.remove(item)
+                break
+            if isinstance(item, list) and req in item:
+                item.remove(req)
+                if not item:
+                    self._queue.remove(item)
+                break
+
+    def event_fired(self) -> None:
+        """Some event fired: a wait at the head of the queue may be over (engine only)."""
+        if self._queue and isinstance(self._queue[0], _Wait):
+            self._pump()
+
+    def _pump(self) -> None:
+        # Ops that finish as they start call finished() -> _pump() again; the guard keeps
+        # that flat (one loop here) instead of recursing once per queued op.
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            queue = self._queue
+            while queue:
+                head = queue[0]
+                if isinstance(head, _Wait):
+                    if not head.event._fired:
+                        return
+                    queue.popleft()
+                    continue
+                if self.in_order and self._active:
+                    return
+                queue.popleft()
+                self._start(head)
+        finally:
+            self._pumping = False
+
+    def _fire_events(self) -> None:
+        pending = self._pending
+        events = self._events
+        while events and (not pending or next(iter(pending)) > events[0].seq):
+            events.popleft()._fire()

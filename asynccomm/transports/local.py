@@ -1,0 +1,82 @@
+"""The in-process transport: every rank's engine lives on one event loop.
+
+Delivery is a direct call into the destination engine.  An eager message that finds no
+recv is copied into the destination's staging pool and its send completes at once; any
+other message waits at the destination holding a reference to the sender's request, and
+its payload is copied straight from the send buffer into the recv buffer when a recv
+matches (rendezvous: no intermediate copy).  When the pool is full, eager messages wait the
+same way, which is the back-pressure that keeps staging memory bounded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._exceptions import CommBrokenError
+from .._request import ACTIVE
+from .base import Transport
+
+if TYPE_CHECKING:
+    from .._core.descriptors import Envelope
+    from .._engine import DeviceEngine
+    from .._request import Request
+
+__all__ = ["LocalTransport"]
+
+
+class LocalTransport(Transport):
+    """Connects the engines of one in-process world."""
+
+    def __init__(self) -> None:
+        self.engines: list[DeviceEngine] = []
+
+    def attach(self, engine: DeviceEngine) -> None:
+        """Add the next rank's engine (ranks attach in order)."""
+        self.engines.append(engine)
+
+    def post_send(self, engine: DeviceEngine, req: Request) -> None:
+        dst = self.engines[req.peer]
+        if dst.closed:
+            engine.fail(req, self._broken(engine, req.peer))
+            return
+        dst.deliver(engine.envelope(req))
+
+    def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
+        if env.nbytes > engine.eager_limit:
+            return
+        staged = engine.pool.acquire(env.nbytes)
+        if staged is None:
+            return
+        sreq: Request = env.handle  # type: ignore[assignment]
+        staged[: env.nbytes] = sreq.buf.mv  # type: ignore[union-attr]
+        env.handle = staged
+        sreq._engine.send_done(sreq)
+
+    def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
+        sreq: Request = env.handle  # type: ignore[assignment]
+        sreq._state = ACTIVE
+
+        def done() -> None:
+            sreq._engine.send_done(sreq)
+            engine.recv_done(req, env)
+
+        engine.copy(dst, sreq.buf.mv, env.nbytes, done)  # type: ignore[union-attr]
+
+    def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
+        return self.engines[req.peer].matcher.withdraw(req.desc)
+
+    def peer_closed(self, engine: DeviceEngine, peer: int) -> bool:
+        return self.engines[peer].closed
+
+    def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
+        return self.engines[peer].describe_pending(engine.rank)
+
+    def engine_closed(self, engine: DeviceEngine) -> None:
+        for other in self.engines:
+            if other is not engine and not other.closed:
+                other.peer_gone(engine.rank, self._broken(other, engine.rank))
+
+    @staticmethod
+    def _broken(engine: DeviceEngine, peer: int) -> CommBrokenError:
+        return CommBrokenError(f"rank {peer} has closed its communicator", rank=engine.rank,
+                               peer=peer)
