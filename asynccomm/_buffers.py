@@ -23,7 +23,6 @@ __all__ = [
 ]
 
 _UINT8 = np.dtype(np.uint8)
-_UINT8_NAME = _UINT8.str
 
 
 class BufferView:
@@ -59,13 +58,36 @@ def resolve_dtype(dtype: object) -> np.dtype[Any]:
         raise TypeError(f"dtype={dtype!r} is not a data type") from None
 
 
+_NAMES: dict[np.dtype[Any], str] = {}
+
+
+def dtype_name(dt: np.dtype[Any], what: str) -> str:
+    """The name a dtype travels under (``dtype.str``), once checked that it can travel.
+
+    Raises:
+        TypeError: object dtypes (they hold Python objects) and structured or subarray
+            dtypes (their names would not tell them apart).
+    """
+    name = _NAMES.get(dt)
+    if name is not None:
+        return name
+    if dt.hasobject:
+        raise TypeError(f"{what} buffer has dtype {dt}, which holds Python objects; "
+                        "only numeric, bool and fixed-size dtypes can be sent")
+    if dt.fields is not None or dt.subdtype is not None or dt.kind == "V":
+        raise TypeError(f"{what} buffer has dtype {dt}: structured and void dtypes are not "
+                        "supported; send a view of its bytes (uint8) instead")
+    name = dt.str
+    if np.dtype(name) == dt:  # round-trips, so the receiver can rebuild it
+        _NAMES[dt] = name
+    return name
+
+
 def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
     """A flat byte view of ``buf`` and its element dtype (uint8 for non-numpy buffers)."""
-    if type(buf) is np.ndarray or isinstance(buf, np.ndarray):
+    if isinstance(buf, np.ndarray):
         dt = buf.dtype
-        if dt.hasobject:
-            raise TypeError(f"{what} buffer has dtype {dt}, which holds Python objects; "
-                            "only numeric, bool and fixed-size dtypes can be sent")
+        dtype_name(dt, what)
         if not buf.flags.c_contiguous:
             raise ValueError(f"{what} buffer must be C-contiguous (use numpy.ascontiguousarray)")
         try:
@@ -103,25 +125,26 @@ def _element_range(mv: memoryview, dt: np.dtype[Any], count: object, dtype: obje
         if n > capacity:
             raise ValueError(f"count={n} is larger than the {what} buffer ({capacity} elements)")
     nbytes = n * itemsize
-    return BufferView(mv if nbytes == mv.nbytes else mv[:nbytes], dt.str, n, nbytes)
+    return BufferView(mv if nbytes == mv.nbytes else mv[:nbytes], dtype_name(dt, what), n,
+                      nbytes)
 
 
 def as_send_buffer(buf: object, count: object = None, dtype: object = None) -> BufferView:
     """Check a send buffer (any readable buffer; numpy arrays keep their dtype).
 
     Raises:
-        TypeError: not a buffer, an object dtype, a bad ``count`` type, a ``dtype=`` that
-            disagrees with the buffer.
+        TypeError: not a buffer, an object or structured dtype, a bad ``count`` type, a
+            ``dtype=`` that disagrees with the buffer.
         ValueError: not C-contiguous, ``count`` negative or larger than the buffer.
     """
     if type(buf) is np.ndarray and count is None and dtype is None:
         # The common case, kept short: it runs once per message.
-        dt = buf.dtype
-        if not dt.hasobject and buf.flags.c_contiguous:
+        name = _NAMES.get(buf.dtype)
+        if name is not None and buf.flags.c_contiguous:
             mv = buf.data
             if mv.ndim != 1 or mv.format != "B":
                 mv = mv.cast("B")
-            return BufferView(mv, dt.str, buf.size, mv.nbytes)
+            return BufferView(mv, name, buf.size, mv.nbytes)
     mv, dt = _view(buf, "send")
     return _element_range(mv, dt, count, dtype, "send")
 
@@ -133,22 +156,17 @@ def as_recv_buffer(buf: object, count: object = None, dtype: object = None) -> B
         TypeError, ValueError: as ``as_send_buffer``; ValueError if it is read-only.
     """
     if type(buf) is np.ndarray and count is None and dtype is None:
-        dt = buf.dtype
+        name = _NAMES.get(buf.dtype)
         flags = buf.flags
-        if not dt.hasobject and flags.c_contiguous and flags.writeable:
+        if name is not None and flags.c_contiguous and flags.writeable:
             mv = buf.data
             if mv.ndim != 1 or mv.format != "B":
                 mv = mv.cast("B")
-            return BufferView(mv, dt.str, buf.size, mv.nbytes)
+            return BufferView(mv, name, buf.size, mv.nbytes)
     mv, dt = _view(buf, "recv")
     if mv.readonly:
         raise ValueError("recv buffer is read-only")
     return _element_range(mv, dt, count, dtype, "recv")
-
-
-def as_array(mv: memoryview) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """A uint8 numpy view of a byte view (no copy), for copies that release the GIL."""
-    return np.frombuffer(mv, dtype=np.uint8)
 
 
 def new_array(dtype: str, count: int) -> np.ndarray[Any, Any]:

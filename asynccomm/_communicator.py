@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, final
@@ -17,7 +18,7 @@ import numpy as np
 
 from ._buffers import BufferView, as_recv_buffer, as_send_buffer
 from ._exceptions import CommClosedError
-from ._request import Request, settle, wait_all
+from ._request import DONE, Request, settle, wait_all
 from ._stream import Stream
 from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 
@@ -165,9 +166,19 @@ class Communicator:
             RuntimeError: called from another thread or event loop.
             CommClosedError: this communicator is closed.
         """
-        self._check_ready()
-        req = self._make("send", as_send_buffer(buf, count, dtype), dst, tag, stream, timeout)
-        self._engine.submit(req)
+        # Checks are inlined for the common case and fall back to the helpers, which say
+        # exactly what is wrong: this runs once per message.
+        engine = self._engine
+        if _get_running_loop() is not self._loop or engine.closed:
+            self._check_ready()
+        if type(dst) is not int or not 0 <= dst < self.size:
+            dst = self._check_rank(dst, "dst", wildcard=False)
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag, wildcard=False)
+        req = Request(engine, "send", dst, tag, as_send_buffer(buf, count, dtype),
+                      engine.default_stream if stream is None else self._check_stream(stream),
+                      self._default_timeout if timeout is None else _check_timeout(timeout))
+        req.stream.submit(req)
         return req
 
     def irecv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -179,9 +190,17 @@ class Communicator:
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
         """
-        self._check_ready()
-        req = self._make("recv", as_recv_buffer(buf, count, dtype), src, tag, stream, timeout)
-        self._engine.submit(req)
+        engine = self._engine
+        if _get_running_loop() is not self._loop or engine.closed:
+            self._check_ready()
+        if type(src) is not int or not 0 <= src < self.size:
+            src = self._check_rank(src, "src", wildcard=True)
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag, wildcard=True)
+        req = Request(engine, "recv", src, tag, as_recv_buffer(buf, count, dtype),
+                      engine.default_stream if stream is None else self._check_stream(stream),
+                      self._default_timeout if timeout is None else _check_timeout(timeout))
+        req.stream.submit(req)
         return req
 
     async def send(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
@@ -198,10 +217,8 @@ class Communicator:
         """
         req = self.isend(buf, dst, tag, stream=stream, timeout=timeout, count=count,
                          dtype=dtype)
-        if not req.done():
+        if req._state != DONE or req._exc is not None:
             await req
-        else:
-            req._outcome()
 
     async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    stream: Stream | None = None, timeout: float | None = None,
@@ -220,7 +237,9 @@ class Communicator:
         """
         req = self.irecv(buf, src, tag, stream=stream, timeout=timeout, count=count,
                          dtype=dtype)
-        result: Status = await req if not req.done() else req._outcome()
+        if req._state == DONE and req._exc is None:
+            return req._result  # type: ignore[no-any-return]
+        result: Status = await req
         return result
 
     async def recv_new(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -234,7 +253,7 @@ class Communicator:
         """
         self._check_ready()
         req = self._make("recv", None, src, tag, stream, timeout)
-        self._engine.submit(req)
+        req.stream.submit(req)
         result: tuple[np.ndarray[Any, Any], Status] = await req
         return result
 
@@ -251,7 +270,8 @@ class Communicator:
         """
         results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
                                    stream=stream, timeout=timeout)
-        status: Status = results[1]
+        status = results[1]
+        assert status is not None
         return status
 
     async def batch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
@@ -271,7 +291,7 @@ class Communicator:
         reqs = [self._batch_op(op, stream, timeout) for op in ops]
         if not reqs:
             return []
-        self._engine.submit(reqs)
+        reqs[0].stream.submit(reqs)
         try:
             await settle(reqs)
         except asyncio.CancelledError:

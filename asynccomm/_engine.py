@@ -87,6 +87,7 @@ class DeviceEngine:
         self.default_stream = Stream(self, 0, in_order=False)
         self._streams = [self.default_stream]
         self._live: dict[Request, None] = {}
+        self.gone: set[int] = set()
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -98,19 +99,14 @@ class DeviceEngine:
         self._streams.append(stream)
         return stream
 
-    def submit(self, item: Request | list[Request]) -> None:
-        """Hand a request (or a batch's group) to its stream and arm timeouts."""
-        reqs = item if isinstance(item, list) else (item,)
-        live = self._live
-        for req in reqs:
-            live[req] = None
-        reqs[0].stream.submit(item)
-        for req in reqs:
-            if req.timeout is not None and req._state < DONE:
-                req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+    def track(self, req: Request) -> None:
+        """Keep a request that did not finish as it was posted, and arm its timeout."""
+        self._live[req] = None
+        if req.timeout is not None and req._timer is None:
+            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
 
     def start(self, req: Request) -> None:
-        """Post a request that reached its turn on its stream (stream only)."""
+        """Post a request that reached its turn on its stream (streams only)."""
         req._state = POSTED
         if req.kind == "send":
             if self.trace:
@@ -122,25 +118,18 @@ class DeviceEngine:
             self.log.debug("p2p.recv.posted", peer=req.peer, tag=req.tag)
         buf = req.buf
         if buf is None:
-            req.desc = RecvDescriptor(req.peer, req.tag, None, None, req)
+            desc = req.desc = RecvDescriptor(req.peer, req.tag, None, None, req)
         else:
-            req.desc = RecvDescriptor(req.peer, req.tag, buf.nbytes, buf.dtype, req)
-        if req.peer != ANY_SOURCE and self.transport.peer_closed(self, req.peer):
-            self._fail_broken(req, req.peer)
-            return
-        env = self.matcher.post_recv(req.desc)
+            desc = req.desc = RecvDescriptor(req.peer, req.tag, buf.nbytes, buf.dtype, req)
+        env = self.matcher.post_recv(desc)
         if env is not None:
             self._receive(req, env)
-        else:
+            return
+        if self.matcher.events:
             self._drain()
-
-    def envelope(self, req: Request) -> Envelope:
-        """The envelope of a send (transports only)."""
-        buf = req.buf
-        env = Envelope(self.rank, req.tag, buf.nbytes, buf.count, buf.dtype,  # type: ignore[union-attr]
-                       req)
-        req.desc = env
-        return env
+        # A message the gone peer sent before it left was taken above; nothing more comes.
+        if req._state == POSTED and req.peer in self.gone:
+            self.withdraw(req, self._broken(req.peer))
 
     def probe_now(self, source: int, tag: int) -> Status | None:
         env = self.matcher.probe(source, tag)
@@ -148,28 +137,29 @@ class DeviceEngine:
 
     def post_probe(self, req: Request) -> None:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
-        self._live[req] = None
         req._state = POSTED
         req.desc = ProbeDescriptor(req.peer, req.tag, req)
-        if req.peer != ANY_SOURCE and self.transport.peer_closed(self, req.peer):
-            self._fail_broken(req, req.peer)
-            return
         env = self.matcher.post_probe(req.desc)
         if env is not None:
             self._finish(req, DONE, Status(env.source, env.tag, env.nbytes, env.count), None)
-        elif req.timeout is not None:
-            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+            return
+        req._track = 2
+        self.track(req)
+        if req.peer in self.gone:
+            self.withdraw(req, self._broken(req.peer))
 
     # -- arrival and matching -------------------------------------------------------------
 
     def deliver(self, env: Envelope) -> None:
         """An envelope arrived for this rank (transports only)."""
-        recv = self.matcher.deliver(env)
+        matcher = self.matcher
+        recv = matcher.deliver(env)
         if recv is not None:
             self._receive(recv.handle, env)  # type: ignore[arg-type]
         else:
             self.transport.unexpected(self, env)
-        self._drain()
+        if matcher.events:
+            self._drain()
 
     def _receive(self, req: Request, env: Envelope) -> None:
         req._state = ACTIVE
@@ -230,14 +220,21 @@ class DeviceEngine:
         self._finish(req, DONE, None, exc)
 
     def _finish(self, req: Request, state: int, result: Any, exc: BaseException | None) -> None:
-        started = req._state != QUEUED
-        req._settle(state, result, exc)
-        del self._live[req]
-        if req.kind != "probe":
-            req.stream.finished(req, started=started)
-        if self._idle is not None and not self._live:
-            self._idle.set_result(None)
-            self._idle = None
+        req._state = state
+        req._result = result
+        req._exc = exc
+        req.desc = None  # the descriptor points back at the request: break the cycle
+        if req._waiters is not None or req._timer is not None:
+            req._wake()
+        if req._track:
+            del self._live[req]
+            if req.kind == "probe":
+                req._track = 0
+            else:
+                req.stream.finished(req)
+            if self._idle is not None and not self._live:
+                self._idle.set_result(None)
+                self._idle = None
 
     def withdraw(self, req: Request, exc: BaseException | None) -> bool:
         """Withdraw a request that has not matched: cancel it (``exc`` None) or fail it."""
@@ -282,17 +279,12 @@ class DeviceEngine:
 
     # -- copies ---------------------------------------------------------------------------
 
-    def copy(self, dst: memoryview, src: memoryview, nbytes: int,
-             on_done: Callable[[], None]) -> None:
-        """Copy ``nbytes`` from ``src`` to ``dst`` and call ``on_done`` (maybe inline).
-
-        Large copies run as chunks on worker threads, two at a time, so the loop keeps
-        running while they move.
+    def copy_in_chunks(self, dst: memoryview, src: memoryview, nbytes: int,
+                       on_done: Callable[[], None]) -> None:
+        """Copy ``nbytes`` from ``src`` to ``dst`` as chunks on worker threads, two at a
+        time, so the loop keeps running while they move; then call ``on_done`` on the loop.
+        (Copies under ``THREAD_COPY_MIN`` are cheaper inline than a thread hop.)
         """
-        if nbytes < THREAD_COPY_MIN:
-            dst[:nbytes] = src[:nbytes]
-            on_done()
-            return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix=f"asynccomm-copy-{self.rank}")
@@ -329,13 +321,14 @@ class DeviceEngine:
 
     def peer_gone(self, peer: int, exc: BaseException) -> None:
         """``peer`` closed: fail recvs and probes that only it could have matched."""
+        self.gone.add(peer)
         for req in list(self._live):
             if req.kind != "send" and req.peer == peer and req._state == POSTED:
                 self.withdraw(req, exc)
 
-    def _fail_broken(self, req: Request, peer: int) -> None:
-        self._finish(req, DONE, None, CommBrokenError(
-            f"rank {peer} has closed its communicator", rank=self.rank, peer=peer))
+    def _broken(self, peer: int) -> CommBrokenError:
+        return CommBrokenError(f"rank {peer} has closed its communicator", rank=self.rank,
+                               peer=peer)
 
     def describe_pending(self, peer: int) -> list[str]:
         """This rank's unfinished ops that involve ``peer`` and that ``peer`` cannot see

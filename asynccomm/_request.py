@@ -38,8 +38,8 @@ class Request:
     """
 
     __slots__ = (
-        "_engine", "_exc", "_result", "_state", "_timer", "_waiters", "buf", "desc", "kind",
-        "peer", "seq", "stream", "tag", "timeout",
+        "_engine", "_exc", "_result", "_state", "_timer", "_track", "_waiters", "buf", "desc",
+        "kind", "peer", "seq", "stream", "tag", "timeout",
     )
 
     def __init__(self, engine: DeviceEngine, kind: str, peer: int, tag: int,
@@ -58,6 +58,9 @@ class Request:
         self._exc: BaseException | None = None
         self._waiters: list[asyncio.Future[None]] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        # 0: not tracked (finished as it was posted, or not submitted yet); 1: tracked by
+        # its engine and stream, waiting in the stream's queue; 2: tracked and posted.
+        self._track = 0
 
     def __repr__(self) -> str:
         who = "dst" if self.kind == "send" else "src"
@@ -143,11 +146,8 @@ class Request:
         if self._waiters is not None and fut in self._waiters:
             self._waiters.remove(fut)
 
-    def _settle(self, state: int, result: Any, exc: BaseException | None) -> None:
-        """Record the outcome and wake every waiter (engine only)."""
-        self._state = state
-        self._result = result
-        self._exc = exc
+    def _wake(self) -> None:
+        """Stop the timer and wake every waiter (engine only, once the outcome is set)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

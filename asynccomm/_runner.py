@@ -113,17 +113,17 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
                     comms: tuple[Communicator, ...]) -> list[T]:
     """Run ``main(comm)`` for every rank concurrently; each rank's communicator closes when
     its ``main`` returns, so peers still waiting for it get ``CommBrokenError`` instead of
-    hanging.  When a rank fails the others are cancelled.
+    hanging.  When a rank fails the others are cancelled first (so they do not fail in turn
+    for want of it), then every communicator closes with the world.
 
     Raises:
         Exception: the failure of the one rank that failed (with a note naming the rank),
             or an ``ExceptionGroup`` of every rank's failure.
     """
     async def one(comm: Communicator) -> T:
-        try:
-            return await main(comm)
-        finally:
-            await comm.aclose()
+        result = await main(comm)
+        await comm.aclose()
+        return result
 
     tasks = [asyncio.create_task(one(c), name=f"asynccomm-rank-{c.rank}") for c in comms]
     try:
@@ -136,10 +136,12 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         for t in tasks:
             t.cancel()
         await asyncio.wait(tasks)
-    failures = []
+    failures: list[Exception] = []
     for rank, t in enumerate(tasks):
         if not t.cancelled() and (exc := t.exception()) is not None:
             exc.add_note(f"(raised on rank {rank})")
+            if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
+                raise exc
             failures.append(exc)
     if len(failures) == 1:
         raise failures[0]

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, final
 
 from ._exceptions import CommClosedError
+from ._request import DONE, QUEUED
 
 if TYPE_CHECKING:
     from ._engine import DeviceEngine
@@ -134,6 +135,8 @@ class Stream:
             CommClosedError: if the communicator is closed.
         """
         self._check_open()
+        # Ops that finished as they were posted are not tracked and not counted: the event
+        # covers every op still pending now.
         event = Event(self, self._seq)
         if not self._pending or next(iter(self._pending)) > event.seq:
             event._fire()
@@ -169,30 +172,48 @@ class Stream:
                                   rank=self._engine.rank)
 
     def submit(self, item: Request | list[Request]) -> None:
-        """Queue a request or a group and post what may be posted now."""
-        for req in (item if isinstance(item, list) else (item,)):
-            self._seq += 1
-            req.seq = self._seq
-            self._pending[req.seq] = req
-        if not self._queue and (not self.in_order or not self._active):
-            self._start(item)
-        else:
+        """Post a request or a group now if the stream allows it, else queue it."""
+        if self._queue or (self.in_order and self._active):
+            for req in (item if isinstance(item, list) else (item,)):
+                self._track(req, 1)
             self._queue.append(item)
-
-    def _start(self, item: Request | list[Request]) -> None:
-        if isinstance(item, list):
-            self._active += len(item)
-            for req in item:
-                self._engine.start(req)
+        elif isinstance(item, list):
+            self._launch(item)
         else:
-            self._active += 1
+            # The hot path: one op on an idle stream.  An op that finishes as it is posted
+            # (an eager send, a recv whose message was waiting) is never tracked at all.
             self._engine.start(item)
+            if item._state < DONE:
+                self._track(item, 2)
+                self._active += 1
 
-    def finished(self, req: Request, *, started: bool) -> None:
-        """A request of this stream reached its end (engine only)."""
+    def _launch(self, reqs: list[Request]) -> None:
+        """Post a group together and track the members that did not finish at once."""
+        engine = self._engine
+        for req in reqs:
+            if req._state == QUEUED:  # a member withdrawn while queued is not posted
+                engine.start(req)
+        for req in reqs:
+            if req._state < DONE:
+                self._track(req, 2)
+                self._active += 1
+
+    def _track(self, req: Request, how: int) -> None:
+        if req._track:
+            req._track = how
+            return
+        self._seq += 1
+        req.seq = self._seq
+        req._track = how
+        self._pending[req.seq] = req
+        self._engine.track(req)
+
+    def finished(self, req: Request) -> None:
+        """A tracked request of this stream reached its end (engine only)."""
         del self._pending[req.seq]
-        if started:
+        if req._track == 2:
             self._active -= 1
+        req._track = 0
         if self._queue:
             self._pump()
         if self._events:
@@ -205,8 +226,7 @@ class Stream:
                 self._queue.remove(item)
                 break
             if isinstance(item, list) and req in item:
-                item.remove(req)
-                if not item:
+                if all(r is req or r._state >= DONE for r in item):
                     self._queue.remove(item)
                 break
 
@@ -233,7 +253,7 @@ class Stream:
                 if self.in_order and self._active:
                     return
                 queue.popleft()
-                self._start(head)
+                self._launch(head if isinstance(head, list) else [head])
         finally:
             self._pumping = False
 

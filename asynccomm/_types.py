@@ -51,7 +51,7 @@ class Status(NamedTuple):
     source: int
     tag: int
     nbytes: int
-    count: int
+    count: int  # type: ignore[assignment]  # the MPI name; shadows tuple.count
 
 
 class DataType(enum.Enum):

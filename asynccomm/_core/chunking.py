@@ -24,7 +24,7 @@ __all__ = ["Chunk", "ChunkSender"]
 
 
 class Chunk(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index
     offset: int
     nbytes: int
 

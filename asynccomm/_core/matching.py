@@ -120,7 +120,8 @@ class Matcher:
 
     def __init__(self) -> None:
         self._seq = 0
-        self._events: deque[MatchEvent] = deque()
+        #: Queued events; drain them with ``next_event()`` (a cheap truthiness test first).
+        self.events: deque[MatchEvent] = deque()
         self._matched = 0
         # Posted recvs, one FIFO bucket per (source, tag) as posted (wildcards included).
         self._posted: dict[tuple[int, int], OrderedDict[int, RecvDescriptor]] = {}
@@ -143,16 +144,30 @@ class Matcher:
         as unexpected.  Recvs that rejected it on the way are reported as events."""
         self._seq += 1
         env.seq = self._seq
+        if self._n_posted and not self._n_wild_posted:
+            # The hot path, inlined: exact recvs only, so one bucket holds every candidate.
+            key = (env.source, env.tag)
+            bucket = self._posted.get(key)
+            if bucket:
+                recv = bucket.popitem(last=False)[1]
+                if not bucket:
+                    del self._posted[key]
+                self._n_posted -= 1
+                reason = misfit(recv, env)
+                if reason is None:
+                    self._matched += 1
+                    return recv
+                self.events.append(RecvRejected(recv, env, reason))
         while self._n_posted:
-            recv = self._earliest_posted(env.source, env.tag)
-            if recv is None:
+            candidate = self._earliest_posted(env.source, env.tag)
+            if candidate is None:
                 break
-            self._remove_posted(recv)
-            reason = misfit(recv, env)
+            self._remove_posted(candidate)
+            reason = misfit(candidate, env)
             if reason is None:
                 self._matched += 1
-                return recv
-            self._events.append(RecvRejected(recv, env, reason))
+                return candidate
+            self.events.append(RecvRejected(candidate, env, reason))
         self._enqueue(env)
         return None
 
@@ -161,22 +176,26 @@ class Matcher:
         None means the recv was queued, or rejected with a ``RecvRejected`` event."""
         self._seq += 1
         recv.seq = self._seq
-        env = self._earliest_unexpected(recv.source, recv.tag)
+        source, tag = recv.source, recv.tag
+        if source != ANY_SOURCE and tag != ANY_TAG:
+            env = _first(self._unexp.get((source, tag)))
+        else:
+            env = self._earliest_unexpected(source, tag)
         if env is not None:
             reason = misfit(recv, env)
             if reason is not None:
-                self._events.append(RecvRejected(recv, env, reason))
+                self.events.append(RecvRejected(recv, env, reason))
                 return None
             self._remove_unexpected(env)
             self._matched += 1
             return env
-        key = (recv.source, recv.tag)
+        key = (source, tag)
         bucket = self._posted.get(key)
         if bucket is None:
             bucket = self._posted[key] = OrderedDict()
         bucket[recv.seq] = recv
         self._n_posted += 1
-        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+        if source == ANY_SOURCE or tag == ANY_TAG:
             self._n_wild_posted += 1
         return None
 
@@ -217,7 +236,7 @@ class Matcher:
 
     def next_event(self) -> MatchEvent | None:
         """The next queued event, or None."""
-        return self._events.popleft() if self._events else None
+        return self.events.popleft() if self.events else None
 
     def statistics(self) -> MatcherStatistics:
         return MatcherStatistics(
@@ -325,4 +344,4 @@ class Matcher:
     def _fire_probes(self, env: Envelope) -> None:
         for probe in [p for p in self._probes.values() if _fits(p.source, p.tag, env)]:
             del self._probes[probe.seq]
-            self._events.append(ProbeMatched(probe, env))
+            self.events.append(ProbeMatched(probe, env))

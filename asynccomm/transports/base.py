@@ -50,10 +50,6 @@ class Transport(abc.ABC):
         """Withdraw a posted rendezvous send; False if a recv already matched it."""
 
     @abc.abstractmethod
-    def peer_closed(self, engine: DeviceEngine, peer: int) -> bool:
-        """True if ``peer`` can no longer take part (closed, or failed)."""
-
-    @abc.abstractmethod
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
         """What ``peer`` has posted that involves ``engine``'s rank, for error messages."""
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._core.descriptors import Envelope
+from .._engine import THREAD_COPY_MIN
 from .._exceptions import CommBrokenError
 from .._request import ACTIVE
 from .base import Transport
 
 if TYPE_CHECKING:
-    from .._core.descriptors import Envelope
+    from .._buffers import BufferView
     from .._engine import DeviceEngine
     from .._request import Request
 
@@ -39,7 +41,9 @@ class LocalTransport(Transport):
         if dst.closed:
             engine.fail(req, self._broken(engine, req.peer))
             return
-        dst.deliver(engine.envelope(req))
+        buf: BufferView = req.buf  # type: ignore[assignment]
+        env = req.desc = Envelope(engine.rank, req.tag, buf.nbytes, buf.count, buf.dtype, req)
+        dst.deliver(env)
 
     def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
         if env.nbytes > engine.eager_limit:
@@ -55,18 +59,22 @@ class LocalTransport(Transport):
     def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
         sreq: Request = env.handle  # type: ignore[assignment]
         sreq._state = ACTIVE
+        src: memoryview = sreq.buf.mv  # type: ignore[union-attr]
+        if env.nbytes < THREAD_COPY_MIN:
+            dst[: env.nbytes] = src
+            sreq._engine.send_done(sreq)
+            engine.recv_done(req, env)
+            return
+
 
         def done() -> None:
             sreq._engine.send_done(sreq)
             engine.recv_done(req, env)
 
-        engine.copy(dst, sreq.buf.mv, env.nbytes, done)  # type: ignore[union-attr]
+        engine.copy_in_chunks(dst, src, env.nbytes, done)
 
     def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
         return self.engines[req.peer].matcher.withdraw(req.desc)
-
-    def peer_closed(self, engine: DeviceEngine, peer: int) -> bool:
-        return self.engines[peer].closed
 
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
         return self.engines[peer].describe_pending(engine.rank)

@@ -1,0 +1,125 @@
+"""Closing, failures, run(), and a loop that stays responsive during large copies."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import asynccomm as ac
+
+BIG = ac.EAGER_LIMIT + 1
+
+
+async def test_close_fails_pending_ops_and_breaks_peers() -> None:
+    async with ac.open_world(3) as world:
+        c0, c1, c2 = world.comms
+        mine = c0.irecv(np.zeros(1), 2, 9)
+        waiting_for_me = c1.irecv(np.zeros(1), 0, 4)
+        from_anyone = c1.irecv(np.zeros(1), ac.ANY_SOURCE, 5)
+        sending_to_me = c2.isend(np.zeros(BIG, np.uint8), 0, 1)
+        await c0.aclose()
+        await c0.aclose()  # idempotent
+        with pytest.raises(ac.CommClosedError):
+            await mine
+        with pytest.raises(ac.CommBrokenError) as info:
+            await waiting_for_me
+        assert info.value.peer == 0
+        with pytest.raises(ac.CommBrokenError):
+            await sending_to_me
+        assert not from_anyone.done()  # rank 2 may still send it
+        with pytest.raises(ac.CommBrokenError):
+            await c1.send(np.zeros(1), 0)
+        with pytest.raises(ac.CommBrokenError):
+            await c1.recv(np.zeros(1), 0)
+        with pytest.raises(ac.CommClosedError):
+            await c0.send(np.zeros(1), 1)
+        await c2.send(np.ones(1), 1, 5)
+        await from_anyone
+
+
+async def test_eager_message_from_a_closed_rank_is_still_delivered() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        await c0.send(np.array([3.0]), 1)
+        await c0.aclose()
+        out = np.zeros(1)
+        await c1.recv(out, 0)
+        assert out[0] == 3.0
+
+
+async def test_close_lets_a_matched_copy_finish() -> None:
+    n = 32 << 20
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        out = np.zeros(n, np.uint8)
+        recv = c1.irecv(out, 0)
+        send = c0.isend(np.full(n, 9, np.uint8), 1)
+        await c1.aclose()
+        assert (await recv).nbytes == n and out[-1] == 9
+        await send
+
+
+def test_one_failing_rank_raises_itself_with_its_rank_and_cancels_the_rest() -> None:
+    async def main(comm: ac.Communicator) -> None:
+        if comm.rank == 1:
+            raise KeyError("boom")
+        await comm.recv(np.zeros(1), 1)  # would wait forever
+
+    with pytest.raises(KeyError) as info:
+        ac.run(main, 3)
+    assert "(raised on rank 1)" in info.value.__notes__
+
+
+def test_several_failing_ranks_raise_an_exception_group() -> None:
+    async def main(comm: ac.Communicator) -> None:
+        if comm.rank:
+            raise ValueError(f"rank {comm.rank}")
+
+    with pytest.raises(ExceptionGroup) as info:
+        ac.run(main, 3, loop="asyncio")
+    assert sorted(str(e) for e in info.value.exceptions) == ["rank 1", "rank 2"]
+
+
+def test_a_rank_that_returns_early_breaks_peers_instead_of_hanging() -> None:
+    async def main(comm: ac.Communicator) -> str:
+        if comm.rank == 0:
+            return "done"
+        try:
+            await comm.recv(np.zeros(1), 0)
+        except ac.CommBrokenError as exc:
+            return f"broken by {exc.peer}"
+        return "received"
+
+    assert ac.run(main, 2) == ["done", "broken by 0"]
+
+
+async def test_loop_keeps_running_during_a_256mb_transfer() -> None:
+    n = 256 << 20
+    ticks = 0
+    stop = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        src = np.ones(n, np.uint8)
+        out = np.zeros(n, np.uint8)
+        task = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        recv = c1.irecv(out, 0)
+        before = ticks
+        await c0.send(src, 1)
+        during = ticks - before
+        stop = True
+        await task
+        await recv
+    # The copy ran on worker threads: the ticker kept turning while it moved. A copy on
+    # the loop would leave `during` at 0.
+    assert during > 10
+    assert out[0] == 1 and out[-1] == 1

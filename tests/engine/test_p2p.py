@@ -1,0 +1,288 @@
+"""Point-to-point semantics on the in-process transport (DESIGN §3), on both loops."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import asynccomm as ac
+
+EAGER = ac.EAGER_LIMIT
+
+
+def arange(n: int, dtype: str = "<f4", start: int = 0) -> np.ndarray:
+    return (np.arange(n) + start).astype(dtype)
+
+
+@pytest.mark.parametrize("nbytes", [0, 8, EAGER, EAGER + 1, (1 << 20) + 3, (4 << 20) + 8])
+@pytest.mark.parametrize("dtype", ["|u1", "<i8", "<f8"])
+@pytest.mark.parametrize("recv_first", [True, False])
+async def test_data_arrives_intact(nbytes: int, dtype: str, recv_first: bool) -> None:
+    itemsize = np.dtype(dtype).itemsize
+    n = nbytes // itemsize
+    src = arange(n, dtype, start=3)
+    out = np.full(n, 77, dtype=dtype)
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        if recv_first:
+            rreq = c1.irecv(out, 0, 5)
+            await c0.send(src, 1, 5)
+        else:
+            sreq = c0.isend(src, 1, 5)
+            rreq = c1.irecv(out, 0, 5)
+            await sreq
+        status = await rreq
+    assert status == ac.Status(source=0, tag=5, nbytes=n * itemsize, count=n)
+    np.testing.assert_array_equal(out, src)
+
+
+async def test_eager_send_completes_before_any_recv_and_is_staged() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        req = c0.isend(arange(16), 1, 1)
+        assert req.done()  # eager: complete at once, buffer reusable
+        stats = c1.statistics()
+        assert stats.matcher.unexpected_messages == 1
+        assert stats.pool.in_use_bytes >= 64
+        out = np.empty(16, dtype="<f4")
+        await c1.recv(out, 0, 1)
+        np.testing.assert_array_equal(out, arange(16))
+        assert c1.statistics().pool.in_use_bytes == 0
+
+
+async def test_eager_limit_is_inclusive_and_larger_messages_wait_for_their_recv() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        at_limit = c0.isend(np.zeros(EAGER, dtype=np.uint8), 1, 1)
+        above = c0.isend(np.zeros(EAGER + 1, dtype=np.uint8), 1, 2)
+        assert at_limit.done()
+        assert not above.done()  # rendezvous: waits for its recv, nothing staged
+        assert c1.statistics().pool.in_use_bytes == 1 << 16
+        await c1.recv(np.empty(EAGER + 1, dtype=np.uint8), 0, 2)
+        await above
+        await c1.recv(np.empty(EAGER, dtype=np.uint8), 0, 1)
+
+
+async def test_full_pool_falls_back_to_rendezvous() -> None:
+    async with ac.open_world(2, pool_bytes=1024) as world:
+        c0, c1 = world.comms
+        reqs = [c0.isend(np.full(64, i, dtype=np.int64), 1, 0) for i in range(4)]
+        assert [r.done() for r in reqs] == [True, True, False, False]
+        assert c1.statistics().pool.refused == 2
+        out = np.empty(64, dtype=np.int64)
+        for i in range(4):  # order is kept across staged and waiting messages
+            await c1.recv(out, 0, 0)
+            assert out[0] == i
+        await ac.wait_all(reqs)
+
+
+async def test_non_overtaking_order_per_source_and_tag() -> None:
+    async with ac.open_world(3) as world:
+        c0, c1, c2 = world.comms
+        for i in range(5):
+            c0.isend(np.array([i], dtype=np.int64), 2, tag=i % 2)
+            c1.isend(np.array([100 + i], dtype=np.int64), 2, tag=0)
+        out = np.empty(1, dtype=np.int64)
+        seen = []
+        for _ in range(3):
+            await c2.recv(out, 0, 0)
+            seen.append(int(out[0]))
+        assert seen == [0, 2, 4]
+        for _ in range(2):
+            await c2.recv(out, 0, 1)
+            seen.append(int(out[0]))
+        assert seen[3:] == [1, 3]
+        from1 = []
+        for _ in range(5):
+            await c2.recv(out, 1, 0)
+            from1.append(int(out[0]))
+        assert from1 == [100, 101, 102, 103, 104]
+
+
+async def test_wildcard_recv_takes_the_earliest_arrived_message() -> None:
+    async with ac.open_world(3) as world:
+        c0, c1, c2 = world.comms
+        await c1.send(np.array([1.0]), 2, tag=9)
+        await c0.send(np.array([2.0]), 2, tag=4)
+        out = np.empty(1)
+        first = await c2.recv(out, ac.ANY_SOURCE, ac.ANY_TAG)
+        assert (first.source, first.tag, out[0]) == (1, 9, 1.0)
+        second = await c2.recv(out)
+        assert (second.source, second.tag, out[0]) == (0, 4, 2.0)
+
+
+async def test_message_takes_the_earliest_posted_recv_that_fits() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        a, b, c = (np.zeros(1) for _ in range(3))
+        r_any = c1.irecv(a, ac.ANY_SOURCE, ac.ANY_TAG)
+        r_exact = c1.irecv(b, 0, 3)
+        r_tag = c1.irecv(c, ac.ANY_SOURCE, 3)
+        await c0.send(np.array([5.0]), 1, 3)
+        assert r_any.done() and not r_exact.done() and not r_tag.done()
+        await c0.send(np.array([6.0]), 1, 3)
+        await c0.send(np.array([7.0]), 1, 3)
+        await ac.wait_all([r_any, r_exact, r_tag])
+        assert (a[0], b[0], c[0]) == (5.0, 6.0, 7.0)
+
+
+async def test_shorter_message_fills_the_front_of_the_buffer() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        out = np.full(10, -1, dtype=np.int32)
+        req = c1.irecv(out, 0)
+        await c0.send(np.arange(4, dtype=np.int32), 1)
+        status = await req
+        assert (status.count, status.nbytes) == (4, 16)
+        np.testing.assert_array_equal(out, [0, 1, 2, 3, -1, -1, -1, -1, -1, -1])
+
+
+@pytest.mark.parametrize("size", [3, EAGER * 2])
+@pytest.mark.parametrize("recv_first", [True, False])
+async def test_truncation_leaves_buffer_untouched_and_keeps_the_message(
+        size: int, recv_first: bool) -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        small = np.full(2, 9, dtype=np.int16)
+        payload = np.arange(size, dtype=np.int16)
+        if recv_first:
+            bad = c1.irecv(small, 0, 1)
+            send = c0.isend(payload, 1, 1)
+            with pytest.raises(ac.TruncationError) as info:
+                await bad
+        else:
+            send = c0.isend(payload, 1, 1)
+            with pytest.raises(ac.TruncationError) as info:
+                await c1.recv(small, 0, 1)
+        assert (info.value.nbytes, info.value.capacity) == (size * 2, 4)
+        np.testing.assert_array_equal(small, [9, 9])
+        assert not send.exception()
+        arr, status = await c1.recv_new(0, 1)
+        await send
+        np.testing.assert_array_equal(arr, payload)
+        assert status.count == size
+
+
+async def test_dtype_mismatch_keeps_the_message_for_the_right_recv() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        await c0.send(np.array([1.5, 2.5], dtype=np.float64), 1, 2)
+        wrong = np.full(2, 7, dtype=np.int64)
+        with pytest.raises(ac.DTypeMismatchError) as info:
+            await c1.recv(wrong, 0, 2)
+        assert (info.value.send_dtype, info.value.recv_dtype) == ("<f8", "<i8")
+        np.testing.assert_array_equal(wrong, [7, 7])
+        right = np.empty(2)
+        await c1.recv(right, 0, 2)
+        np.testing.assert_array_equal(right, [1.5, 2.5])
+
+
+async def test_bytes_like_buffers_carry_uint8_and_hccl_count_form() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        await c0.send(b"hello", 1)
+        await c0.send(np.arange(10, dtype=np.float32), 1, count=3, dtype=ac.float32)
+        got = bytearray(8)
+        status = await c1.recv(got, 0)
+        assert bytes(got[: status.nbytes]) == b"hello"
+        arr, status = await c1.recv_new(0)
+        assert arr.dtype == np.float32 and status.count == 3
+        np.testing.assert_array_equal(arr, [0, 1, 2])
+
+
+async def test_multidimensional_arrays_travel_flat() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        src = np.arange(12, dtype=np.float64).reshape(3, 4)
+        out = np.zeros((2, 6))
+        req = c1.irecv(out, 0)
+        await c0.send(src, 1)
+        assert (await req).count == 12
+        np.testing.assert_array_equal(out.ravel(), src.ravel())
+
+
+async def test_probe_and_iprobe_do_not_consume() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        assert c1.iprobe(0, 4) is None
+        waiting = asyncio.ensure_future(c1.probe(0, ac.ANY_TAG))
+        await asyncio.sleep(0)  # let the probe post (a yield, not a timed wait)
+        assert not waiting.done()
+        await c0.send(np.arange(6, dtype=np.int32), 1, tag=4)
+        status = await waiting
+        assert status == ac.Status(source=0, tag=4, nbytes=24, count=6)
+        assert c1.iprobe(ac.ANY_SOURCE, 4) == status
+        assert c1.iprobe(0, 5) is None
+        arr, got = await c1.recv_new(0, 4)
+        assert got == status and arr.tolist() == list(range(6))
+        assert c1.iprobe() is None
+
+
+async def test_probe_does_not_see_a_message_a_posted_recv_took() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        out = np.zeros(1)
+        recv = c1.irecv(out, 0, 1)
+        probe = asyncio.ensure_future(c1.probe(0, 1, timeout=0.05))
+        await asyncio.sleep(0)  # let the probe post (a yield, not a timed wait)
+        await c0.send(np.ones(1), 1, 1)
+        assert recv.done() and out[0] == 1.0
+        with pytest.raises(ac.CommTimeoutError):
+            await probe
+
+
+async def test_wait_any_returns_the_first_done_request() -> None:
+    async with ac.open_world(3) as world:
+        c0, c1, c2 = world.comms
+        bufs = [np.zeros(1) for _ in range(2)]
+        reqs = [c0.irecv(bufs[0], 1), c0.irecv(bufs[1], 2)]
+        await c2.send(np.array([2.0]), 0)
+        index, status = await ac.wait_any(reqs)
+        assert index == 1 and status.source == 2 and bufs[1][0] == 2.0
+        assert not reqs[0].done()
+        await c1.send(np.array([1.0]), 0)
+        results = await ac.wait_all(reqs)
+        assert [s.source for s in results] == [1, 2]
+        assert reqs[0].status == results[0]
+
+
+async def test_batch_and_sendrecv_exchange_large_messages_without_deadlock() -> None:
+    n = EAGER  # float32: 4x the eager limit, rendezvous both ways
+    async with ac.open_world(2) as world:
+
+        async def rank(comm: ac.Communicator) -> np.ndarray:
+            other = 1 - comm.rank
+            out = np.empty(n, dtype=np.float32)
+            results = await comm.batch([ac.SendOp(np.full(n, comm.rank, np.float32), other, 3),
+                                        ac.RecvOp(out, other, 3)])
+            assert results[0] is None and results[1].source == other
+            back = np.empty(n, dtype=np.float32)
+            status = await comm.sendrecv(out, other, back, other, sendtag=4, recvtag=4)
+            assert status.nbytes == n * 4
+            return back
+
+        backs = await asyncio.gather(*(rank(c) for c in world.comms))
+    assert backs[0][0] == 0.0 and backs[1][0] == 1.0
+
+
+async def test_batch_reports_the_failed_op_after_the_others_finish() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        await c1.send(np.arange(8, dtype=np.int64), 0, 1)
+        too_small = np.zeros(2, dtype=np.int64)
+        peer = asyncio.ensure_future(c1.recv(np.zeros(1), 0, 2))
+        with pytest.raises(ac.TruncationError):
+            await c0.batch([ac.SendOp(np.ones(1), 1, 2), ac.RecvOp(too_small, 1, 1)])
+        assert (await peer).source == 0
+        arr, _ = await c0.recv_new(1, 1)
+        assert arr.size == 8
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_run_returns_results_in_rank_order(loop: str) -> None:
+    async def main(comm: ac.Communicator) -> int:
+        return comm.rank * 10
+
+    assert ac.run(main, 3, loop=loop) == [0, 10, 20]

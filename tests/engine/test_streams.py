@@ -1,0 +1,125 @@
+"""Streams (DESIGN §3): strict order on explicit streams, concurrency on the default one,
+events across streams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import asynccomm as ac
+
+BIG = ac.EAGER_LIMIT + 1  # bytes: rendezvous
+
+
+async def test_explicit_stream_posts_in_order() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c0.stream()
+        first = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=s)
+        second = c0.isend(np.ones(4, np.uint8), 1, 2, stream=s)
+        stats = s.statistics()
+        assert (stats.active, stats.queued, stats.submitted) == (1, 1, 2)
+        # The eager second send is not even posted: rank 1 sees nothing with tag 2.
+        assert c1.iprobe(0, 2) is None and not second.done()
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        assert first.done() and second.done()
+        assert c1.iprobe(0, 2) is not None
+
+
+async def test_default_stream_exchange_cannot_deadlock_but_explicit_streams_can() -> None:
+    async with ac.open_world(2, timeout=0.2) as world:
+        # Default stream: both ranks isend then irecv a rendezvous message: fine.
+        reqs = []
+        outs = []
+        for c in world.comms:
+            out = np.empty(BIG, np.uint8)
+            outs.append(out)
+            reqs += [c.isend(np.full(BIG, c.rank, np.uint8), 1 - c.rank, 0),
+                     c.irecv(out, 1 - c.rank, 0)]
+        await ac.wait_all(reqs)
+        assert outs[0][0] == 1 and outs[1][0] == 0
+        # Explicit streams are strictly in order, as in HCCL: the same program deadlocks
+        # (each recv waits behind a send that waits for it) until a timeout breaks it.
+        reqs = []
+        for c in world.comms:
+            s = c.stream()
+            reqs += [c.isend(np.zeros(BIG, np.uint8), 1 - c.rank, 1, stream=s),
+                     c.irecv(np.empty(BIG, np.uint8), 1 - c.rank, 1, stream=s)]
+        assert c.statistics().matcher.posted_recvs == 0
+        with pytest.raises(ac.CommTimeoutError) as info:
+            await reqs[0]
+        assert f"send(dst=0, tag=1, {BIG} B |u1) unmatched here" in str(info.value)
+        # Rank 0's withdrawn send freed its stream: its recv took rank 1's send.
+        await reqs[1]
+        await reqs[2]
+
+
+async def test_record_and_synchronize_cover_ops_submitted_before() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c0.stream()
+        assert s.record().done()  # nothing pending
+        send = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=s)
+        event = s.record()
+        later = c0.isend(np.zeros(BIG, np.uint8), 1, 2, stream=s)
+        assert not event.done()
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        assert send.done() and event.done() and not later.done()
+        await event.synchronize()
+        await c1.recv(np.empty(BIG, np.uint8), 0, 2)
+        await s.synchronize()
+        assert later.done()
+
+
+async def test_stream_wait_orders_two_streams() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        a, b = c0.stream(), c0.stream()
+        big = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=a)
+        b.wait(a.record())
+        small = c0.isend(np.ones(1, np.uint8), 1, 2, stream=b)
+        assert not small.done() and c1.iprobe(0, 2) is None
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        assert big.done() and small.done()
+        assert c1.iprobe(0, 2) is not None
+
+
+async def test_default_stream_wait_holds_later_ops() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c0.stream()
+        c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=s)
+        c0.default_stream.wait(s.record())
+        held = c0.isend(np.ones(1, np.uint8), 1, 2)
+        assert not held.done()
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        await held
+
+
+async def test_failed_and_cancelled_ops_release_the_stream() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c1.stream()
+        await c0.send(np.arange(8, dtype=np.int64), 1, 1)
+        too_small = c1.irecv(np.empty(2, np.int64), 0, 1, stream=s)
+        never = c1.irecv(np.empty(1), 0, 9, stream=s)
+        after = c1.irecv(np.empty(8, np.int64), 0, 1, stream=s)
+        with pytest.raises(ac.TruncationError):
+            await too_small
+        assert never.cancel()
+        assert (await after).count == 8
+        assert s.statistics().active == 0
+
+
+async def test_batch_on_an_explicit_stream_posts_together_after_earlier_ops() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c0.stream()
+        first = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=s)
+        out = np.empty(BIG, np.uint8)
+        peer = c1.isend(np.full(BIG, 7, np.uint8), 0, 2)
+        recv_first = c1.irecv(np.empty(BIG, np.uint8), 0, 1)
+        results = await c0.batch([ac.SendOp(np.ones(1), 1, 3), ac.RecvOp(out, 1, 2)], stream=s)
+        assert first.done() and recv_first.done() and peer.done()
+        assert results[1].nbytes == BIG and out[0] == 7
+        await c1.recv(np.empty(1), 0, 3)
