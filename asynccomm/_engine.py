@@ -161,6 +161,18 @@ class DeviceEngine:
         if matcher.events:
             self._drain()
 
+    def unmatch(self, req: Request) -> None:
+        """A matched recv's sender withdrew its message before any data moved (transports
+        only): put the recv back in its original place and match it again."""
+        req._state = POSTED
+        if req.buf is None:
+            req._result = None
+        env = self.matcher.repost(req.desc)
+        if env is not None:
+            self._receive(req, env)
+        elif self.matcher.events:
+            self._drain()
+
     def _receive(self, req: Request, env: Envelope) -> None:
         req._state = ACTIVE
         if self.trace:

@@ -17,7 +17,7 @@ from ._engine import DeviceEngine
 from ._types import EAGER_LIMIT
 from .transports.local import LocalTransport
 
-__all__ = ["World", "open_world", "run"]
+__all__ = ["World", "launched_by_mpi", "open_world", "run"]
 
 T = TypeVar("T")
 
@@ -150,20 +150,33 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     return [t.result() for t in tasks]
 
 
-def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int, *,
-        cluster: object = None, clock: str = "auto", loop: str = "uvloop",
-        **options: Any) -> list[T]:
-    """Run ``main(comm)`` on ``world_size`` in-process ranks in a new event loop.
+#: Variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's PMI) set in each process.
+_MPI_LAUNCH_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                    "MPI_LOCALRANKID")
+
+
+def launched_by_mpi() -> bool:
+    """True if this process was started by an MPI launcher (mpiexec, srun with PMI)."""
+    return any(var in os.environ for var in _MPI_LAUNCH_VARS)
+
+
+def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None = None,
+        *, cluster: object = None, clock: str = "auto", loop: str = "uvloop",
+        backend: str | None = None, **options: Any) -> Any:
+    """Run ``main(comm)`` on every rank and return what the ranks returned.
+
+    In-process (the default), ``world_size`` ranks run as coroutines on a new event loop
+    and the result is the list of their return values, in rank order.  Under an MPI
+    launcher (``mpiexec -n N python script.py``), or with ``backend="mpi"``, this process
+    runs ``main`` for its own rank on the MPI transport and gets its own rank's value.
 
     Args:
         main: an async function taking a Communicator.
-        world_size: the number of ranks.
+        world_size: the number of in-process ranks; under MPI, None or the MPI world size.
         cluster, clock: as ``open_world``.
         loop: ``"uvloop"`` (default) or ``"asyncio"``.
+        backend: ``"local"`` (in-process) or ``"mpi"``; None picks MPI when launched by MPI.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
-
-    Returns:
-        Each rank's return value, in rank order.
 
     Raises:
         TypeError, ValueError: bad arguments.
@@ -174,6 +187,18 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int,
     factory = _LOOPS.get(loop)
     if factory is None:
         raise ValueError(f"loop must be one of {sorted(_LOOPS)}, got {loop!r}")
+    if backend is None:
+        backend = "mpi" if world_size is None and launched_by_mpi() else "local"
+    if backend == "mpi":
+        from .transports.mpi import run_mpi  # mpi4py is imported only here
+
+        return run_mpi(main, world_size, loop_factory=factory, cluster=cluster, clock=clock,
+                       **options)
+    if backend != "local":
+        raise ValueError(f"backend must be 'local' or 'mpi', got {backend!r}")
+    if world_size is None:
+        raise TypeError("run() needs world_size for in-process ranks "
+                        "(or an MPI launch: mpiexec -n N python script.py)")
     _check_world(world_size, cluster, clock, options.get("eager_limit", 0),
                  options.get("pool_bytes", 0))
 

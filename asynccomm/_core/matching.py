@@ -189,15 +189,38 @@ class Matcher:
             self._remove_unexpected(env)
             self._matched += 1
             return env
-        key = (source, tag)
+        self._queue_recv(recv)
+        return None
+
+    def repost(self, recv: RecvDescriptor) -> Envelope | None:
+        """Put back a recv whose match fell through (its sender withdrew the message before
+        any data moved), keeping its original place in posting order.  Returns what
+        ``post_recv`` returns."""
+        env = self._earliest_unexpected(recv.source, recv.tag)
+        if env is not None:
+            reason = misfit(recv, env)
+            if reason is not None:
+                self.events.append(RecvRejected(recv, env, reason))
+                return None
+            self._remove_unexpected(env)
+            self._matched += 1
+            return env
+        bucket = self._queue_recv(recv)
+        if next(reversed(bucket)) != recv.seq:  # later recvs were posted meanwhile: re-sort
+            for seq in sorted(bucket):
+                bucket.move_to_end(seq)
+        return None
+
+    def _queue_recv(self, recv: RecvDescriptor) -> OrderedDict[int, RecvDescriptor]:
+        key = (recv.source, recv.tag)
         bucket = self._posted.get(key)
         if bucket is None:
             bucket = self._posted[key] = OrderedDict()
         bucket[recv.seq] = recv
         self._n_posted += 1
-        if source == ANY_SOURCE or tag == ANY_TAG:
+        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
             self._n_wild_posted += 1
-        return None
+        return bucket
 
     def probe(self, source: int, tag: int) -> Envelope | None:
         """The earliest unexpected message that a recv (source, tag) would match, if any;
