@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import weakref
 from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,26 +17,81 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer
-from ._exceptions import CommClosedError
+from ._buffers import BufferView, as_recv_buffer, as_send_buffer, resolve_dtype
+from ._exceptions import CommClosedError, OutOfDeviceMemoryError
 from ._request import DONE, Request, settle, wait_all
 from ._stream import Stream
 from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 
 if TYPE_CHECKING:
     from ._engine import DeviceEngine, EngineStatistics
+    from .sim.records import RankSummary
 
 __all__ = ["Communicator", "Device", "RecvOp", "SendOp"]
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class Device:
-    """The (simulated) device a rank runs on."""
+    """The (simulated) device a rank runs on: its name, compute rate and memory.
 
-    index: int
-    """The device's index in the world (equal to the rank in-process)."""
-    name: str
-    """A readable name, for example ``"sim:3"``."""
+    Buffers allocated with ``alloc`` count against ``capacity``; they return to it when
+    freed with ``free`` or garbage collected.
+
+    Instances are created with the world and cannot be created directly.
+    """
+
+    def __init__(self, index: int, name: str, *, flops: float | None = None,
+                 capacity: int | None = None) -> None:
+        self.index = index
+        self.name = name
+        #: Compute rate in FLOP/s (None: no model; ``compute(flops=...)`` needs one).
+        self.flops = flops
+        #: Memory capacity in bytes (None: unlimited).
+        self.capacity = capacity
+        self._in_use = 0
+        self._live: dict[int, weakref.finalize[Any, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name} in_use={self._in_use} capacity={self.capacity}>"
+
+    @property
+    def in_use(self) -> int:
+        """Bytes of device memory held by buffers from ``alloc``."""
+        return self._in_use
+
+    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[Any, Any]:
+        """A zeroed C-contiguous array in this device's memory.
+
+        Raises:
+            OutOfDeviceMemoryError: if it would pass the device's capacity.
+            TypeError, ValueError: a bad shape or dtype.
+        """
+        dt = resolve_dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if self.capacity is not None and self._in_use + nbytes > self.capacity:
+            raise OutOfDeviceMemoryError(
+                f"{self.name}: allocating {nbytes} B would exceed the device's "
+                f"{self.capacity} B ({self._in_use} B in use)", rank=self.index,
+                requested=nbytes, in_use=self._in_use, capacity=self.capacity)
+        arr = np.zeros(shape, dtype=dt)
+        self._in_use += nbytes
+        self._live[id(arr)] = weakref.finalize(arr, self._release, id(arr), nbytes)
+        return arr
+
+    def free(self, arr: np.ndarray[Any, Any]) -> None:
+        """Return an ``alloc`` buffer's memory now (the array must not be used after).
+
+        Raises:
+            ValueError: if the array did not come from this device's ``alloc``.
+        """
+        fin = self._live.get(id(arr))
+        if fin is None or not fin.alive:
+            raise ValueError(f"the array was not allocated on {self.name} (or was freed)")
+        fin()
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self._live.pop(key, None)
+        self._in_use -= nbytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +371,61 @@ class Communicator:
             return self._make("recv", as_recv_buffer(op.buf, op.count, op.dtype), op.src,
                               op.tag, stream, timeout)
         raise TypeError(f"batch takes SendOp and RecvOp items, got {type(op).__name__}")
+
+    # -- compute --------------------------------------------------------------------------
+
+    async def compute(self, seconds: float | None = None, flops: float | None = None, *,
+                      stream: Stream | None = None) -> None:
+        """Run a simulated compute task on this rank's device: it occupies the device's
+        compute stream (one task at a time, in order) for ``seconds`` of model time, or for
+        ``flops`` at the device's compute rate.  Communication overlaps it only when the
+        program issues both concurrently (an isend before it, or another task).
+
+        On an explicit stream the task is ordered with that stream's other operations.
+
+        Raises:
+            TypeError, ValueError: neither or both of ``seconds``/``flops``, a negative or
+                non-finite amount, ``flops`` without a device compute rate.
+            RuntimeError, CommClosedError: as ``isend``.
+        """
+        self._check_ready()
+        duration = self._compute_seconds(seconds, flops)
+        req = Request(self._engine, "compute", self.rank, 0, None, self._check_stream(stream),
+                      None)
+        req.desc = round(duration * 1e9)  # model nanoseconds
+        req.stream.submit(req)
+        if req._state != DONE:
+            await req
+
+    def _compute_seconds(self, seconds: object, flops: object) -> float:
+        if (seconds is None) == (flops is None):
+            raise TypeError("compute() takes exactly one of seconds= or flops=")
+        amount = seconds if seconds is not None else flops
+        name = "seconds" if seconds is not None else "flops"
+        if type(amount) is bool or not isinstance(amount, int | float):
+            raise TypeError(f"{name} must be a number, got {type(amount).__name__}")
+        if not (math.isfinite(amount) and amount >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {amount}")
+        if seconds is not None:
+            return float(amount)
+        if not self.device.flops:
+            raise ValueError(f"compute(flops=...) needs a device compute rate; {self.device.name}"
+                             " has none (open the world with a cluster, or pass seconds=)")
+        return float(amount) / self.device.flops
+
+    def summary(self) -> RankSummary:
+        """This rank's modelled totals: bytes moved, link busy time, compute time, and how
+        much communication was hidden behind compute.
+
+        Raises:
+            ValueError: if the world keeps no records (it has no cluster model).
+        """
+        from .sim.records import summarize
+
+        records = self._engine.records
+        if records is None:
+            raise ValueError("summary() needs a world with a cluster model (cluster=...)")
+        return summarize(self.rank, records, link_busy=self._engine.transport.link_busy(self.rank))
 
     # -- probes ---------------------------------------------------------------------------
 

@@ -34,10 +34,12 @@ from ._exceptions import (
     TruncationError,
 )
 from ._request import ACTIVE, CANCELLED, DONE, POSTED, QUEUED, Request
+from .sim.clock import ModelClock
 from ._stream import Event, Stream
 from ._types import ANY_SOURCE, Status
 
 if TYPE_CHECKING:
+    from .sim.records import OpRecord
     from .transports.base import Transport
 
 __all__ = ["DeviceEngine", "EngineStatistics"]
@@ -65,6 +67,8 @@ def _describe(req: Request) -> str:
         buf = req.buf
         size = f", {buf.nbytes} B {buf.dtype}" if buf is not None else ""
         return f"send(dst={req.peer}, tag={req.tag}{size})"
+    if req.kind == "compute":
+        return f"compute({req.desc * 1e-9:g} s)"
     src = "ANY_SOURCE" if req.peer == ANY_SOURCE else str(req.peer)
     tag = "ANY_TAG" if req.tag < 0 else str(req.tag)
     return f"{req.kind}(src={src}, tag={tag})"
@@ -74,7 +78,9 @@ class DeviceEngine:
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     def __init__(self, rank: int, size: int, transport: Transport, *,
-                 loop: asyncio.AbstractEventLoop, eager_limit: int, pool_bytes: int) -> None:
+                 loop: asyncio.AbstractEventLoop, eager_limit: int, pool_bytes: int,
+                 clock: ModelClock | None = None, record: bool = False,
+                 inline_copies: bool = False) -> None:
         self.rank = rank
         self.size = size
         self.loop = loop
@@ -91,6 +97,13 @@ class DeviceEngine:
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
+        self.clock = clock if clock is not None else ModelClock(loop)
+        #: Completed ops' records (modelled worlds only; None keeps the hot path bare).
+        self.records: list[OpRecord] | None = [] if record else None
+        #: Copy large payloads on the loop too (virtual time: threads would be real time).
+        self.inline_copies = inline_copies
+        self._compute_free_at = 0
 
     # -- submission -----------------------------------------------------------------------
 
@@ -108,6 +121,9 @@ class DeviceEngine:
     def start(self, req: Request) -> None:
         """Post a request that reached its turn on its stream (streams only)."""
         req._state = POSTED
+        if req.kind == "compute":
+            self._start_compute(req)
+            return
         if req.kind == "send":
             if self.trace:
                 self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag,
@@ -173,8 +189,27 @@ class DeviceEngine:
         elif self.matcher.events:
             self._drain()
 
+    def _start_compute(self, req: Request) -> None:
+        """A compute task occupies this rank's compute stream (FIFO) for its duration."""
+        req._state = ACTIVE  # running compute cannot be withdrawn
+        start = max(self.clock.now_ns(), self._compute_free_at)
+        end = self._compute_free_at = start + req.desc
+        self.clock.call_at(end, self._compute_done, req, start, end)
+
+    def _compute_done(self, req: Request, start: int, end: int) -> None:
+        if self.records is not None:
+            from .sim.records import OpRecord
+
+            req.record = OpRecord(rank=self.rank, kind="compute", peer=self.rank, tag=0,
+                                  nbytes=0, chunks=1, start=start * 1e-9, end=end * 1e-9,
+                                  mode="compute")
+            self.records.append(req.record)
+        self._finish(req, DONE, None, None)
+
     def _receive(self, req: Request, env: Envelope) -> None:
         req._state = ACTIVE
+        if self.records is not None:
+            self.transport.matched(self, env, req)
         if self.trace:
             self.log.debug("p2p.matched", peer=env.source, tag=env.tag, nbytes=env.nbytes)
         buf = req.buf
@@ -297,6 +332,10 @@ class DeviceEngine:
         time, so the loop keeps running while they move; then call ``on_done`` on the loop.
         (Copies under ``THREAD_COPY_MIN`` are cheaper inline than a thread hop.)
         """
+        if self.inline_copies:
+            dst[:nbytes] = src[:nbytes]
+            on_done()
+            return
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=2, thread_name_prefix=f"asynccomm-copy-{self.rank}")
@@ -353,6 +392,15 @@ class DeviceEngine:
             elif r.peer in (peer, ANY_SOURCE):
                 out.append(_describe(r))
         return out
+
+    def live_requests(self) -> list[Request]:
+        """Every unfinished op of this rank (a copy)."""
+        return list(self._live)
+
+    def describe_all(self) -> list[str]:
+        """Every unfinished op of this rank, for deadlock reports."""
+        return [_describe(r) + ("" if r._state != QUEUED else " queued on its stream")
+                for r in self._live]
 
     def event_fired(self, event: Event) -> None:
         for stream in self._streams:

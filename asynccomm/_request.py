@@ -10,6 +10,7 @@ from ._types import Status
 
 if TYPE_CHECKING:
     from ._buffers import BufferView
+    from .sim.records import OpRecord
     from ._engine import DeviceEngine
     from ._stream import Stream
 
@@ -39,7 +40,7 @@ class Request:
 
     __slots__ = (
         "_engine", "_exc", "_result", "_state", "_timer", "_track", "_waiters", "buf", "desc",
-        "kind", "peer", "seq", "stream", "tag", "timeout",
+        "kind", "peer", "record", "seq", "stream", "tag", "timeout",
     )
 
     def __init__(self, engine: DeviceEngine, kind: str, peer: int, tag: int,
@@ -52,6 +53,9 @@ class Request:
         self.stream = stream
         self.timeout = timeout
         self.desc: Any = None
+        #: The op's modelled record (start, end, bytes, chunks) once it completed, in worlds
+        #: with a cluster model; None elsewhere.
+        self.record: OpRecord | None = None
         self.seq = 0
         self._state = QUEUED
         self._result: Any = None

@@ -8,14 +8,21 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 
 from ._communicator import Communicator, Device, _check_timeout
 from ._engine import DeviceEngine
+from ._exceptions import DeadlockError
 from ._types import EAGER_LIMIT
+from .sim.clock import ModelClock
+from .sim.loop import VirtualTimeLoop, new_virtual_loop
 from .transports.local import LocalTransport
+
+if TYPE_CHECKING:
+    from .sim.cluster import Cluster
+    from .sim.model import Strategy
 
 __all__ = ["World", "launched_by_mpi", "open_world", "run"]
 
@@ -27,6 +34,7 @@ POOL_BYTES = 64 << 20
 _LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
     "asyncio": asyncio.new_event_loop,
+    "virtual": new_virtual_loop,
 }
 
 
@@ -57,56 +65,117 @@ def default_timeout() -> float | None:
     return _check_timeout(value)
 
 
+def _clock_mode(cluster: object, clock: object) -> str:
+    if clock not in ("auto", "wall", "virtual"):
+        raise ValueError(f"clock must be 'auto', 'wall' or 'virtual', got {clock!r}")
+    if clock == "auto":
+        return "virtual" if cluster is not None else "wall"
+    return clock  # type: ignore[return-value]
+
+
 def _check_world(size: object, cluster: object, clock: object, eager_limit: object,
-                 pool_bytes: object) -> int:
+                 pool_bytes: object) -> str:
+    """Check the world options; return the clock mode (``"wall"`` or ``"virtual"``)."""
     if type(size) is not int:
         raise TypeError(f"world size must be an int, got {type(size).__name__}")
     if size < 1:
         raise ValueError(f"world size must be >= 1, got {size}")
     if cluster is not None:
-        raise ValueError("cluster models are not available in this version; use cluster=None")
-    if clock not in ("auto", "wall"):
-        raise ValueError(f"clock must be 'auto' or 'wall' without a cluster, got {clock!r}")
+        from .sim.cluster import Cluster
+
+        if not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be an asynccomm.Cluster or None, "
+                            f"got {type(cluster).__name__}")
     for name, value in (("eager_limit", eager_limit), ("pool_bytes", pool_bytes)):
         if type(value) is not int or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return size
+    return _clock_mode(cluster, clock)
 
 
 @asynccontextmanager
-async def open_world(size: int, cluster: object = None, clock: str = "auto", *,
+async def open_world(size: int, cluster: Cluster | None = None, clock: str = "auto", *,
                      eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
-                     timeout: float | None = None) -> AsyncIterator[World]:
+                     timeout: float | None = None, time_scale: float = 1.0,
+                     strategy: Strategy | None = None) -> AsyncIterator[World]:
     """Open ``size`` in-process ranks on the running loop; close them all on exit.
 
     Args:
         size: the number of ranks.
-        cluster: reserved for cluster models; must be None.
-        clock: ``"auto"`` or ``"wall"`` (real time).
+        cluster: a cluster model (``ac.Cluster.preset("ascend910b")``): transfers and
+            compute then take modelled time, and ops keep records.  None: instant.
+        clock: ``"virtual"`` (model time on the virtual-time loop: jumps when every task
+            waits, raises ``DeadlockError`` when nothing can wake), ``"wall"`` (real time),
+            or ``"auto"``: virtual with a cluster, wall without.
         eager_limit: messages up to this many bytes (inclusive) are sent eagerly.
         pool_bytes: the cap on staged eager bytes per rank.
         timeout: the default per-op timeout; None takes ``ASYNCCOMM_TIMEOUT``.
+        time_scale: on the wall clock, real seconds per modelled second (uvloop's timers
+            have millisecond resolution: a scale of 1000 makes modelled microseconds real).
+        strategy: how the cluster model chooses store-and-forward or pipelined transfers
+            and chunk sizes (``asynccomm.sim.DefaultStrategy`` unless given).
 
     Raises:
-        TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+        TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``, or
+            ``clock="virtual"`` on a loop that is not the virtual-time loop.
     """
-    n = _check_world(size, cluster, clock, eager_limit, pool_bytes)
+    mode = _check_world(size, cluster, clock, eager_limit, pool_bytes)
     op_timeout = default_timeout() if timeout is None else _check_timeout(timeout)
     loop = asyncio.get_running_loop()
-    transport = LocalTransport()
+    if mode == "virtual" and not isinstance(loop, VirtualTimeLoop):
+        raise ValueError("clock='virtual' needs the virtual-time loop: use "
+                         "ac.run(main, n, clock='virtual') or asyncio.Runner("
+                         "loop_factory=asynccomm.sim.new_virtual_loop)")
+    model_clock = ModelClock(loop, time_scale=time_scale if mode == "wall" else 1.0)
+    transport, devices = _fabric(size, cluster, model_clock, strategy)
     comms = []
-    for rank in range(n):
-        engine = DeviceEngine(rank, n, transport, loop=loop, eager_limit=eager_limit,
-                              pool_bytes=pool_bytes)
+    for rank in range(size):
+        engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
+                              pool_bytes=pool_bytes, clock=model_clock,
+                              record=cluster is not None, inline_copies=mode == "virtual")
         transport.attach(engine)
-        comms.append(Communicator(engine, default_timeout=op_timeout,
-                                  device=Device(rank, f"sim:{rank}")))
-        engine.log.info("comm.opened")
+        comms.append(Communicator(engine, default_timeout=op_timeout, device=devices[rank]))
+        engine.log.info("comm.opened", clock=mode)
+    engines = transport.engines
+    if isinstance(loop, VirtualTimeLoop):
+        loop.on_idle = lambda: _fail_deadlocked(engines)
     try:
         yield World(tuple(comms))
     finally:
         for comm in comms:
             await comm.aclose()
+        if isinstance(loop, VirtualTimeLoop):
+            loop.on_idle = None
+
+
+def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
+            strategy: Strategy | None) -> tuple[LocalTransport, list[Device]]:
+    """The transport and devices of a world: instant, or timed by a cluster model."""
+    if cluster is None:
+        return LocalTransport(), [Device(rank, f"sim:{rank}") for rank in range(size)]
+    from .sim.model import ClusterModel
+    from .sim.transport import ModelledTransport
+
+    fitted = cluster.fit(size)
+    spec = fitted.device
+    devices = [Device(rank, f"{fitted.name}:{rank}", flops=spec.flops, capacity=spec.memory)
+               for rank in range(size)]
+    return ModelledTransport(ClusterModel(fitted, size, strategy=strategy), clock), devices
+
+
+def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
+    """The virtual loop found every task waiting with nothing to wake them: fail every
+    unmatched op with one ``DeadlockError`` that lists them all, per rank."""
+    pending = {e.rank: e.describe_all() for e in engines if e.statistics().pending_ops}
+    if not pending:
+        return False
+    lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
+    exc = DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
+                        f"unmatched operations: {lines}", pending=pending)
+    woke = False
+    for engine in engines:
+        for req in engine.live_requests():
+            woke = engine.withdraw(req, exc) or woke
+    return woke
 
 
 async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
@@ -139,9 +208,13 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     failures: list[Exception] = []
     for rank, t in enumerate(tasks):
         if not t.cancelled() and (exc := t.exception()) is not None:
-            exc.add_note(f"(raised on rank {rank})")
             if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
                 raise exc
+            if isinstance(exc, DeadlockError):  # one error for the whole world
+                if all(f is not exc for f in failures):
+                    failures.append(exc)
+                continue
+            exc.add_note(f"(raised on rank {rank})")
             failures.append(exc)
     if len(failures) == 1:
         raise failures[0]
@@ -161,7 +234,7 @@ def launched_by_mpi() -> bool:
 
 
 def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None = None,
-        *, cluster: object = None, clock: str = "auto", loop: str = "uvloop",
+        *, cluster: Cluster | None = None, clock: str = "auto", loop: str | None = None,
         backend: str | None = None, **options: Any) -> Any:
     """Run ``main(comm)`` on every rank and return what the ranks returned.
 
@@ -174,7 +247,8 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         main: an async function taking a Communicator.
         world_size: the number of in-process ranks; under MPI, None or the MPI world size.
         cluster, clock: as ``open_world``.
-        loop: ``"uvloop"`` (default) or ``"asyncio"``.
+        loop: ``"uvloop"`` (the default on the wall clock) or ``"asyncio"``; the virtual
+            clock always runs on asynccomm's virtual-time loop.
         backend: ``"local"`` (in-process) or ``"mpi"``; None picks MPI when launched by MPI.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
 
@@ -184,9 +258,15 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     """
     if not callable(main):
         raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")
+    mode = _clock_mode(cluster, clock)
+    if loop is None:
+        loop = "virtual" if mode == "virtual" else "uvloop"
     factory = _LOOPS.get(loop)
     if factory is None:
         raise ValueError(f"loop must be one of {sorted(_LOOPS)}, got {loop!r}")
+    if (loop == "virtual") != (mode == "virtual"):
+        raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
+                         "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
     if backend is None:
         backend = "mpi" if world_size is None and launched_by_mpi() else "local"
     if backend == "mpi":

@@ -53,6 +53,13 @@ class Transport(abc.ABC):
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
         """What ``peer`` has posted that involves ``engine``'s rank, for error messages."""
 
+    def matched(self, engine: DeviceEngine, env: Envelope, req: Request) -> None:
+        """A recv matched ``env`` (called only in worlds that keep records)."""
+
+    def link_busy(self, rank: int) -> float:
+        """Seconds of modelled link time used by ``rank``'s transfers (0 without a model)."""
+        return 0.0
+
     @abc.abstractmethod
     def engine_closed(self, engine: DeviceEngine) -> None:
         """``engine`` closed: fail what its peers can no longer get from it."""

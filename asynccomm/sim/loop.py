@@ -1,0 +1,131 @@
+"""A virtual-time event loop: time jumps to the next timer whenever every task waits.
+
+How it works
+------------
+``VirtualTimeLoop`` is a selector event loop whose clock is an integer count of
+nanoseconds that only moves when the loop would otherwise sleep (simpy's heap of timers,
+trio's ``MockClock`` with ``autojump_threshold=0``):
+
+Rule 1: while callbacks are ready, time stands still; programs see every step they take
+as instantaneous.
+Rule 2: when nothing is ready and a timer is scheduled, the clock jumps to that timer's
+deadline at once (after a non-blocking poll of real I/O).
+Rule 3: while work is outstanding on threads (``run_in_executor``/``to_thread``) or real
+file descriptors are registered, the loop waits for them in real time without moving the
+clock, so thread work takes no virtual time and runs stay deterministic.
+Rule 4: when nothing is ready, no timer is scheduled and nothing real is outstanding,
+nothing can ever wake the program: the loop calls its idle handler (the world fails every
+pending operation with ``DeadlockError``); if there is none, or the handler finds nothing
+to wake, it raises ``DeadlockError`` itself.
+
+uvloop cannot fake time, which is why virtual time needs this selector loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import selectors
+from collections.abc import Callable
+from concurrent.futures import Future as ConcurrentFuture
+from typing import Any
+
+from .._exceptions import DeadlockError
+
+__all__ = ["VirtualTimeLoop", "new_virtual_loop"]
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Delegates to a real selector but turns sleeps into clock jumps."""
+
+    def __init__(self, loop: VirtualTimeLoop, real: selectors.BaseSelector) -> None:
+        self._loop = loop
+        self._real = real
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def get_map(self) -> Any:
+        return self._real.get_map()
+
+    def close(self) -> None:
+        self._real.close()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = self._real.select(0)
+        if events or timeout == 0:
+            return events
+        loop = self._loop
+        if loop._outstanding_real_work():
+            return self._real.select(timeout)  # Rule 3: real waiting, clock still
+        if timeout is not None:
+            loop._jump_to_next_timer()  # Rule 2
+            return []
+        loop._idle()  # Rule 4
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """A selector event loop on a virtual clock (see module docs).
+
+    Attributes:
+        on_idle: called when nothing can ever wake the program; returns True if it woke
+            something (for example by failing pending operations), False otherwise.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._now_ns = 0
+        self._executor_jobs = 0
+        self._base_fds = 0
+        self.on_idle: Callable[[], bool] | None = None
+        self._selector = _VirtualSelector(self, self._selector)  # type: ignore[has-type]
+        self._base_fds = len(self._selector.get_map())  # the loop's own self-pipe
+
+    def time(self) -> float:
+        return self._now_ns * 1e-9
+
+    def time_ns(self) -> int:
+        """The virtual time in integer nanoseconds."""
+        return self._now_ns
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any],
+                        *args: Any) -> asyncio.Future[Any]:
+        fut = super().run_in_executor(executor, func, *args)
+        self._executor_jobs += 1
+        fut.add_done_callback(self._executor_job_done)
+        return fut
+
+    def _executor_job_done(self, _fut: asyncio.Future[Any] | ConcurrentFuture[Any]) -> None:
+        self._executor_jobs -= 1
+
+    def _outstanding_real_work(self) -> bool:
+        return self._executor_jobs > 0 or len(self._selector.get_map()) > self._base_fds
+
+    def _jump_to_next_timer(self) -> None:
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        if scheduled:
+            when_ns = math.ceil(scheduled[0].when() * 1e9)
+            # Float rounding must never leave the timer a hair in the future.
+            while when_ns * 1e-9 < scheduled[0].when():
+                when_ns += 1
+            if when_ns > self._now_ns:
+                self._now_ns = when_ns
+
+    def _idle(self) -> None:
+        handler = self.on_idle
+        if handler is not None and handler():
+            return
+        raise DeadlockError("every task is waiting and nothing can wake them "
+                            "(no timers, no I/O, no thread work)", pending={})
+
+
+def new_virtual_loop() -> VirtualTimeLoop:
+    """A loop factory for ``asyncio.Runner(loop_factory=...)``."""
+    return VirtualTimeLoop()
