@@ -41,4 +41,4 @@ class ModelClock:
 
     def call_at(self, t_ns: int, callback: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
         """Call ``callback(*args)`` at model time ``t_ns`` (at once if it has passed)."""
-        return self.loop.call_at(self.origin + t_ns * 1e-9 * self.time_scale, callback, *args)
+        return self.loop.call_at(self.origin + t_ns / 1e9 * self.time_scale, callback, *args)

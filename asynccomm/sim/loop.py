@@ -89,7 +89,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._base_fds = len(self._selector.get_map())  # the loop's own self-pipe
 
     def time(self) -> float:
-        return self._now_ns * 1e-9
+        return self._now_ns / 1e9  # division rounds correctly: 30 s is exactly 30.0
 
     def time_ns(self) -> int:
         """The virtual time in integer nanoseconds."""
@@ -102,6 +102,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         fut.add_done_callback(self._executor_job_done)
         return fut
 
+    async def shutdown_default_executor(self, *args: Any) -> None:
+        # It waits for the executor on a thread of its own, outside run_in_executor.
+        self._executor_jobs += 1
+        try:
+            await super().shutdown_default_executor(*args)
+        finally:
+            self._executor_jobs -= 1
+
     def _executor_job_done(self, _fut: asyncio.Future[Any] | ConcurrentFuture[Any]) -> None:
         self._executor_jobs -= 1
 
@@ -113,7 +121,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if scheduled:
             when_ns = math.ceil(scheduled[0].when() * 1e9)
             # Float rounding must never leave the timer a hair in the future.
-            while when_ns * 1e-9 < scheduled[0].when():
+            while when_ns / 1e9 < scheduled[0].when():
                 when_ns += 1
             if when_ns > self._now_ns:
                 self._now_ns = when_ns

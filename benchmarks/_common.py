@@ -1,0 +1,215 @@
+"""What every benchmark shares: loops, settings, statistics, checks, tables, memory probes."""
+
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import uvloop
+
+import asynccomm
+
+T = TypeVar("T")
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+SECTIONS = ("latency", "rate", "bandwidth", "responsiveness")
+#: No benchmark on one loop takes nearly this long (they take seconds to tens of seconds).
+SECTION_LIMIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much work each benchmark does (``--quick`` shrinks everything)."""
+
+    quick: bool
+    latency_sizes: tuple[int, ...]
+    latency_iters: int
+    latency_repeats: int
+    rate_messages: int
+    rate_window: int
+    rate_repeats: int
+    bandwidth_sizes: tuple[int, ...]
+    memory_sizes: tuple[int, ...]
+    responsiveness_size: int
+    responsiveness_repeats: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(quick=True, latency_sizes=(8, 1 * KiB), latency_iters=500,
+                       latency_repeats=3, rate_messages=2_000, rate_window=64, rate_repeats=3,
+                       bandwidth_sizes=(4 * KiB, 1 * MiB, 16 * MiB), memory_sizes=(16 * MiB,),
+                       responsiveness_size=16 * MiB, responsiveness_repeats=1)
+        return cls(quick=False, latency_sizes=(8, 64, 1 * KiB), latency_iters=20_000,
+                   latency_repeats=7, rate_messages=100_000, rate_window=64, rate_repeats=5,
+                   bandwidth_sizes=(4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB,
+                                    1 * GiB),
+                   memory_sizes=(256 * MiB, 1 * GiB), responsiveness_size=1 * GiB,
+                   responsiveness_repeats=3)
+
+    def bandwidth_plan(self, nbytes: int) -> tuple[int, int]:
+        """(repeats, iterations per repeat) for one bandwidth size: about 64 MiB moved per
+        repeat for small sizes, fewer repeats for the big ones."""
+        if self.quick:
+            return 3, max(1, min(200, 16 * MiB // nbytes))
+        repeats = 7 if nbytes <= 16 * MiB else 5 if nbytes <= 64 * MiB else 3
+        return repeats, max(1, min(2000, 64 * MiB // nbytes))
+
+
+@dataclass
+class Check:
+    """One §7 target, judged on one loop."""
+
+    loop: str
+    what: str
+    value: float
+    unit: str
+    target: str
+    passed: bool
+    binding: bool = True
+    """False where §7 states the target for another loop: shown, not judged."""
+
+    @property
+    def verdict(self) -> str:
+        word = "PASS" if self.passed else "FAIL"
+        return word if self.binding else f"({word.lower()})"
+
+
+@dataclass
+class SectionResult:
+    """One benchmark on one loop: JSON rows and the checks they fed."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rows": self.rows, "checks": [asdict(c) for c in self.checks]}
+
+
+def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]], *,
+           limit: float = SECTION_LIMIT_S) -> T:
+    """Run ``main()`` in a fresh event loop of the named kind (asyncio.Runner, §4).
+
+    A hang (a lost wake-up in the library, say) would stall ``make bench`` silently, so past
+    ``limit`` seconds every thread's stack is dumped to stderr and the process exits.
+    """
+    faulthandler.dump_traceback_later(limit, exit=True)
+    try:
+        with asyncio.Runner(loop_factory=LOOPS[loop_name]) as runner:
+            return runner.run(main())
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
+
+
+def fill_array(nbytes: int, value: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A uint8 array with every page touched (so page faults stay out of the timings)."""
+    arr = np.empty(nbytes, dtype=np.uint8)
+    arr.fill(value)
+    return arr
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+# -- memory -------------------------------------------------------------------------------
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def rss_probe_available() -> bool:
+    """True where the peak RSS can be reset (Linux ``/proc/self/clear_refs``)."""
+    try:
+        reset_peak_rss()
+        _status_kib("VmHWM")
+    except OSError:
+        return False
+    return True
+
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM (the process's peak resident set) to the current resident set."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def rss_bytes() -> int:
+    return _status_kib("VmRSS") * KiB
+
+
+def peak_rss_bytes() -> int:
+    return _status_kib("VmHWM") * KiB
+
+
+# -- environment and tables ---------------------------------------------------------------
+
+def environment() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "numpy": np.__version__,
+        "uvloop": importlib.metadata.version("uvloop"),
+        "asynccomm": asynccomm.__version__,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "loadavg_1min": load_average(),
+    }
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (other work on the machine makes every number noisy)."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print a plain-text table: first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        parts = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:],
+                                                                          strict=True)]
+        return "  ".join(parts).rstrip()
+
+    print(f"\n{title}")
+    print(line(cells[0]))
+    print("  ".join("-" * w for w in widths))
+    for row in cells[1:]:
+        print(line(row))

@@ -1,0 +1,227 @@
+"""Small messages: one-way latency (half a ping-pong) and one-way message rate.
+
+Baselines, on the same loop in the same run:
+
+- latency: a bare ``asyncio.Future`` hand-off ping-pong between two tasks (a new future
+  per hand-off, as any awaitable op needs), the floor for anything built on futures;
+- rate: an unbounded ``asyncio.Queue`` between two tasks (``await put`` / ``await get``).
+
+Repeats alternate baseline and asynccomm so drift in the machine hits both alike; the
+reported figure is the median over repeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from typing import Any
+
+import numpy as np
+
+import asynccomm as ac
+
+from ._common import Check, SectionResult, Settings, median, print_table, run_on, size_label
+
+LATENCY_TARGET = 3.0  # §7: one-way latency <= 3x the Future hand-off (goal 2x)
+LATENCY_GOAL = 2.0
+RATE_TARGET = 200_000.0  # §7: messages/s one way
+
+
+# -- latency ------------------------------------------------------------------------------
+
+async def _future_pingpong(iters: int) -> float:
+    """Seconds per one-way hand-off (half a round trip) between two tasks.
+
+    Each side waits on a future the other resolves, and makes a fresh one once woken (as
+    any awaitable op must): the floor for anything built on asyncio futures.
+    """
+    loop = asyncio.get_running_loop()
+    to_a: asyncio.Future[int] = loop.create_future()
+    to_b: asyncio.Future[int] = loop.create_future()
+
+    async def ping() -> None:
+        nonlocal to_a
+        for i in range(iters):
+            to_b.set_result(i)
+            await to_a
+            to_a = loop.create_future()
+
+    async def pong() -> None:
+        nonlocal to_b
+        for _ in range(iters):
+            value = await to_b
+            to_b = loop.create_future()
+            to_a.set_result(value)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(pong(), ping())
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+async def _comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
+                         iters: int) -> float:
+    """Seconds per one-way send->recv (half a round trip) between ranks 0 and 1."""
+    count = max(1, nbytes // 8)
+    s0, r0 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
+    s1, r1 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
+
+    async def ping() -> None:
+        for _ in range(iters):
+            await c0.send(s0, 1, 5)
+            await c0.recv(r0, 1, 5)
+
+    async def pong() -> None:
+        for _ in range(iters):
+            await c1.recv(r1, 0, 5)
+            await c1.send(s1, 0, 5)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(pong(), ping())
+    return (time.perf_counter() - t0) / (2 * iters)
+
+
+async def _latency_main(s: Settings) -> list[dict[str, Any]]:
+    rows = []
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        for nbytes in s.latency_sizes:
+            await _future_pingpong(max(100, s.latency_iters // 10))  # warm-up
+            await _comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10))
+            base, ours = [], []
+            for _ in range(s.latency_repeats):
+                gc.collect()
+                base.append(await _future_pingpong(s.latency_iters))
+                gc.collect()
+                ours.append(await _comm_pingpong(c0, c1, nbytes, s.latency_iters))
+            ours_us, base_us = median(ours) * 1e6, median(base) * 1e6
+            rows.append({
+                "nbytes": nbytes, "dtype": "float64", "iterations": s.latency_iters,
+                "repeats": s.latency_repeats, "one_way_us": ours_us,
+                "baseline_one_way_us": base_us, "ratio": ours_us / base_us,
+                "one_way_us_all": [x * 1e6 for x in ours],
+                "baseline_one_way_us_all": [x * 1e6 for x in base],
+            })
+    return rows
+
+
+def run_latency(loop: str, s: Settings) -> SectionResult:
+    rows = run_on(loop, lambda: _latency_main(s))
+    checks = [Check(loop, f"latency {size_label(r['nbytes'])} / Future hand-off", r["ratio"], "x",
+                    f"<= {LATENCY_TARGET:g}x (goal {LATENCY_GOAL:g}x)",
+                    r["ratio"] <= LATENCY_TARGET, binding=loop == "uvloop")
+              for r in rows]
+    return SectionResult(rows, checks)
+
+
+def table_latency(results: dict[str, SectionResult]) -> None:
+    out = []
+    for loop, res in results.items():
+        for r, c in zip(res.rows, res.checks, strict=True):
+            out.append([loop, size_label(r["nbytes"]), f"{r['one_way_us']:.2f}",
+                        f"{r['baseline_one_way_us']:.2f}", f"{r['ratio']:.2f}x", c.target,
+                        c.verdict])
+    print_table("One-way latency (half a ping-pong, median of repeats; us)",
+                ["loop", "size", "asynccomm", "Future hand-off", "ratio", "target", "status"],
+                out)
+
+
+# -- rate ---------------------------------------------------------------------------------
+
+async def _queue_rate(n: int) -> float:
+    """Items/s one way through an unbounded asyncio.Queue between two tasks."""
+    q: asyncio.Queue[int] = asyncio.Queue()
+
+    async def producer() -> None:
+        for i in range(n):
+            await q.put(i)
+
+    async def consumer() -> None:
+        for _ in range(n):
+            await q.get()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(consumer(), producer())
+    return n / (time.perf_counter() - t0)
+
+
+async def _send_rate(c0: ac.Communicator, c1: ac.Communicator, n: int) -> float:
+    """Messages/s one way: ``await send`` each on rank 0, ``await recv`` each on rank 1."""
+    sbuf, rbuf = np.ones(1, dtype=np.float64), np.empty(1, dtype=np.float64)
+
+    async def sender() -> None:
+        for _ in range(n):
+            await c0.send(sbuf, 1, 3)
+
+    async def receiver() -> None:
+        for _ in range(n):
+            await c1.recv(rbuf, 0, 3)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(receiver(), sender())
+    return n / (time.perf_counter() - t0)
+
+
+async def _window_rate(c0: ac.Communicator, c1: ac.Communicator, n: int, window: int) -> float:
+    """Messages/s one way with windows of ``window`` isends / pre-posted irecvs."""
+    sbuf = np.ones(1, dtype=np.float64)
+    rbufs = [np.empty(1, dtype=np.float64) for _ in range(window)]
+    rounds = max(1, n // window)
+
+    async def sender() -> None:
+        for _ in range(rounds):
+            await ac.wait_all([c0.isend(sbuf, 1, 4) for _ in range(window)])
+
+    async def receiver() -> None:
+        for _ in range(rounds):
+            await ac.wait_all([c1.irecv(b, 0, 4) for b in rbufs])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(receiver(), sender())
+    return rounds * window / (time.perf_counter() - t0)
+
+
+async def _rate_main(s: Settings) -> list[dict[str, Any]]:
+    n, w = s.rate_messages, s.rate_window
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        await _queue_rate(n // 10)  # warm-up
+        await _send_rate(c0, c1, n // 10)
+        await _window_rate(c0, c1, n // 10, w)
+        base, ours, windowed = [], [], []
+        for _ in range(s.rate_repeats):
+            gc.collect()
+            base.append(await _queue_rate(n))
+            gc.collect()
+            ours.append(await _send_rate(c0, c1, n))
+            gc.collect()
+            windowed.append(await _window_rate(c0, c1, n, w))
+    b = median(base)
+    return [
+        {"mode": "await send / await recv", "nbytes": 8, "messages": n,
+         "repeats": s.rate_repeats, "rate_per_s": median(ours), "baseline_rate_per_s": b,
+         "ratio": median(ours) / b, "rate_per_s_all": ours, "baseline_rate_per_s_all": base},
+        {"mode": f"isend/irecv windows of {w}", "nbytes": 8, "messages": n,
+         "repeats": s.rate_repeats, "rate_per_s": median(windowed), "baseline_rate_per_s": b,
+         "ratio": median(windowed) / b, "rate_per_s_all": windowed,
+         "baseline_rate_per_s_all": base},
+    ]
+
+
+def run_rate(loop: str, s: Settings) -> SectionResult:
+    rows = run_on(loop, lambda: _rate_main(s))
+    checks = [Check(loop, f"rate 8 B, {r['mode']}", r["rate_per_s"], "msg/s",
+                    f">= {RATE_TARGET:,.0f}/s", r["rate_per_s"] >= RATE_TARGET) for r in rows]
+    return SectionResult(rows, checks)
+
+
+def table_rate(results: dict[str, SectionResult]) -> None:
+    out = []
+    for loop, res in results.items():
+        for r, c in zip(res.rows, res.checks, strict=True):
+            out.append([loop, r["mode"], f"{r['rate_per_s']:,.0f}",
+                        f"{r['baseline_rate_per_s']:,.0f}", f"{r['ratio']:.2f}x", c.target,
+                        c.verdict])
+    print_table("One-way message rate, 8 B float64 (median of repeats; messages/s)",
+                ["loop", "mode", "asynccomm", "asyncio.Queue", "ratio", "target", "status"],
+                out)

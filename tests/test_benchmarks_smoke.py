@@ -1,0 +1,86 @@
+"""``python -m benchmarks --quick`` runs and writes well-formed JSON.
+
+Nothing here judges performance: the numbers only have to exist and be positive.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("latency", "rate", "bandwidth", "responsiveness")
+LOOPS = ("uvloop", "asyncio")
+
+# Numbers every row of a section must carry, each > 0.
+POSITIVE: dict[str, tuple[str, ...]] = {
+    "latency": ("nbytes", "one_way_us", "baseline_one_way_us", "ratio"),
+    "rate": ("messages", "rate_per_s", "baseline_rate_per_s", "ratio"),
+    "bandwidth": ("nbytes", "gbps", "baseline_gbps", "ratio", "to_thread_gbps"),
+    "memory": ("nbytes",),
+    "responsiveness": ("nbytes", "ticks", "max_gap_ms", "baseline_max_gap_ms",
+                       "to_thread_max_gap_ms", "transfer_gbps_with_ticker"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Summary against DESIGN.md" in proc.stdout
+    path = out / "p2p.json"
+    assert path.is_file(), f"no JSON written; stdout:\n{proc.stdout[-2000:]}"
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def test_header(results: dict[str, Any]) -> None:
+    assert results["suite"] == "p2p"
+    assert results["quick"] is True
+    assert results["timestamp"]
+    env = results["environment"]
+    for key in ("python", "numpy", "uvloop", "asynccomm", "cpu_count"):
+        assert env[key], key
+    assert results["loops"] == list(LOOPS)
+    assert results["targets_judged"] > 0
+    assert 0 <= results["targets_met"] <= results["targets_judged"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("section", SECTIONS)
+def test_section_rows(results: dict[str, Any], section: str, loop: str) -> None:
+    res = results["sections"][section][loop]
+    assert res["rows"], f"{section} on {loop} has no rows"
+    for row in res["rows"]:
+        kind = row.get("kind", section)
+        for key in POSITIVE[kind]:
+            assert row[key] > 0, (section, loop, key, row[key])
+        if kind == "memory":
+            assert row["extra_bytes"] >= 0
+            assert row["extra_fraction"] >= 0
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("section", SECTIONS)
+def test_section_checks(results: dict[str, Any], section: str, loop: str) -> None:
+    checks = results["sections"][section][loop]["checks"]
+    assert checks, f"{section} on {loop} judged nothing"
+    for check in checks:
+        assert check["loop"] == loop
+        assert check["target"] and check["what"]
+        assert isinstance(check["passed"], bool)
+        assert check["value"] >= 0
+
+
+def test_bad_arguments_are_refused() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "nonsense"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "latency" in proc.stderr
