@@ -215,12 +215,9 @@ class StagingPool:
         self._reused = 0
         self._refused = 0
 
-    def _bucket(self, nbytes: int) -> int:
-        return max(self._min_bucket, 1 << (nbytes - 1).bit_length()) if nbytes else 0
-
     def acquire(self, nbytes: int) -> memoryview | None:
         """A buffer of at least ``nbytes`` bytes, or None if the cap is reached."""
-        size = self._bucket(nbytes)
+        size = max(self._min_bucket, 1 << (nbytes - 1).bit_length()) if nbytes else 0
         if self._in_use + size > self.capacity_bytes:
             self._refused += 1
             return None

@@ -178,7 +178,11 @@ class Matcher:
         recv.seq = self._seq
         source, tag = recv.source, recv.tag
         if source != ANY_SOURCE and tag != ANY_TAG:
-            env = _first(self._unexp.get((source, tag)))
+            bucket = self._unexp.get((source, tag))
+            if bucket is None:
+                self._queue_recv(recv)
+                return None
+            env: Envelope | None = next(iter(bucket.values()))
         else:
             env = self._earliest_unexpected(source, tag)
         if env is not None:
