@@ -78,7 +78,10 @@ def dtype_name(dt: np.dtype[Any], what: str) -> str:
         raise TypeError(f"{what} buffer has dtype {dt}: structured and void dtypes are not "
                         "supported; send a view of its bytes (uint8) instead")
     name = dt.str
-    if np.dtype(name) == dt:  # round-trips, so the receiver can rebuild it
+    # Cache only what the fast paths can take whole: a name that round-trips (so the
+    # receiver can rebuild the dtype) and a kind with buffer-protocol support (numpy has
+    # none for datetime64/timedelta64, which _view reports as a TypeError every time).
+    if np.dtype(name) == dt and dt.kind not in "mM":
         _NAMES[dt] = name
     return name
 

@@ -166,7 +166,7 @@ class Communicator:
         if type(peer) is bool or not isinstance(peer, int | np.integer):
             raise TypeError(f"{what} must be an int rank, got {type(peer).__name__}")
         p = int(peer)
-        if wildcard and p == ANY_SOURCE:
+        if 0 <= p < self.size or (wildcard and p == ANY_SOURCE):
             return p
         if p == ANY_SOURCE:
             raise ValueError(f"{what}=ANY_SOURCE is only allowed on receives")
@@ -178,7 +178,7 @@ class Communicator:
         if type(tag) is bool or not isinstance(tag, int | np.integer):
             raise TypeError(f"tag must be an int, got {type(tag).__name__}")
         t = int(tag)
-        if wildcard and t == ANY_TAG:
+        if 0 <= t <= TAG_UB or (wildcard and t == ANY_TAG):
             return t
         if t == ANY_TAG:
             raise ValueError("tag=ANY_TAG is only allowed on receives")

@@ -12,6 +12,8 @@ never parse messages.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AsyncCommError",
     "CommBrokenError",
@@ -40,6 +42,19 @@ class AsyncCommError(Exception):
             raise TypeError("AsyncCommError is abstract: raise one of its subclasses")
         super().__init__(msg)
         self.rank = rank
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The fields are keyword-only, so the default (cls(*args)) cannot rebuild them:
+        # rebuild from the message and the attributes instead (pickle, copy).
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[AsyncCommError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> AsyncCommError:
+    exc = Exception.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class CommClosedError(AsyncCommError):

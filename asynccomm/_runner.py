@@ -4,6 +4,7 @@ program on every rank and returns (or raises) what the ranks did."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -62,7 +63,9 @@ def default_timeout() -> float | None:
         value = float(raw)
     except ValueError:
         raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} is not a number of seconds") from None
-    return _check_timeout(value)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} must be a finite number of seconds >= 0")
+    return value
 
 
 def _clock_mode(cluster: object, clock: object) -> str:
@@ -87,8 +90,10 @@ def _check_world(size: object, cluster: object, clock: object, eager_limit: obje
             raise TypeError(f"cluster must be an asynccomm.Cluster or None, "
                             f"got {type(cluster).__name__}")
     for name, value in (("eager_limit", eager_limit), ("pool_bytes", pool_bytes)):
-        if type(value) is not int or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value}")
     return _clock_mode(cluster, clock)
 
 

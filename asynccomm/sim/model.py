@@ -1,0 +1,451 @@
+"""The cost model: when each point-to-point transfer starts and ends on a cluster (DESIGN §6).
+
+How it works
+------------
+Time is integer nanoseconds passed in as ``now=`` (sans-IO, like aioquic); nothing here
+reads a clock.  Bandwidths are bytes/s, sizes bytes.
+
+Rule 1 (resources).  Every directed link, NIC port and copy engine is a FIFO ``Resource``
+with a ``free_at``.  A use ready at t starts at max(t, free_at) and moves free_at to its end.
+Uses are served in the order they are planned: a later transfer never fills a gap an
+earlier one left, so concurrent transfers on one resource queue.
+
+Rule 2 (three stages).  A chunk of c bytes crosses copy-out (the source device's copy
+engine, user buffer -> staging: copy_latency + c/copy_bandwidth), the link (held for
+latency + c/effective_bandwidth: the per-chunk alpha is paid as occupancy, so chunking costs
+something and an optimal chunk exists) and copy-in (the destination's copy engine).  A
+stage starts when the chunk's previous stage has ended and its resource is free.
+
+Rule 3 (double buffering).  With ``staging_slots`` = s, chunk i's copy-out waits until chunk
+i-s has left the source staging (its link stage ended), and chunk i's link stage waits until
+chunk i-s has left the destination staging (its copy-in ended).
+
+Rule 4 (which resources).  Same node and group: the directed (src, dst) link, or with
+``switched_intra`` the source's egress and destination's ingress switch ports.  Different
+nodes: the source device's NIC egress and the destination's NIC ingress, both held for the
+whole link stage.  Different groups of a node: one resource per node and directed group
+pair (the PCIe switch).  Copy engines are per device and per direction (PCIe and DMA are
+full duplex), so a rank that sends and receives at once does not halve its copy rate.
+
+Rule 5 (modes).  "sync" and "async" move one chunk, stages in series (store-and-forward);
+"async" frees the sender when its data is in staging, the others at the end.  "pipelined"
+moves equal chunks (the last may be shorter) that flow through the stages.  A same-rank
+transfer is one device copy; zero bytes cost the latencies only.
+
+So store-and-forward costs the sum of the stages, pipelined about the fill plus n times the
+slowest stage: the speed-up approaches the number of stages and never passes it, and no
+transfer is faster than its slowest stage's effective bandwidth.
+
+Planning is chunk by chunk, but the recurrence is max-plus linear: once every stage's end
+advances by the same period for a whole staging window, each further full chunk only
+shifts the state by that period, so the rest is added in closed form.  Results equal the
+chunk-by-chunk simulation exactly (``trace=`` forces it; the tests compare the two).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol
+
+from .cluster import Cluster, DeviceSpec, LinkSpec, to_ns
+
+__all__ = ["MODES", "ChunkPlan", "ChunkTiming", "ClusterModel", "DefaultStrategy", "Pipelined",
+           "Resource", "StoreAndForward", "Strategy", "TransferPlan", "adaptive_chunk"]
+
+MODES = ("sync", "async", "pipelined")
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+class Resource:
+    """A FIFO resource (a directed link, a NIC port, a copy engine); times in ns."""
+
+    __slots__ = ("busy", "free_at", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.free_at = 0
+        self.busy = 0  # total ns held
+
+    def reserve(self, ready: int, duration: int) -> tuple[int, int]:
+        """Hold the resource for ``duration`` ns from when it is free and ``ready``.
+
+        Raises:
+            ValueError: ``duration`` < 0.
+        """
+        if duration < 0:
+            raise ValueError(f"duration must be >= 0 ns, got {duration}")
+        start = max(ready, self.free_at)
+        self.free_at = end = start + duration
+        self.busy += duration
+        return start, end
+
+    def __repr__(self) -> str:
+        return f"Resource({self.name!r}, free_at={self.free_at}, busy={self.busy})"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkPlan:
+    """How to move one transfer: a mode of ``MODES`` and the chunk size for "pipelined"
+    ("sync" and "async" always move one chunk).
+
+    Raises:
+        ValueError: unknown mode, ``chunk_bytes`` < 1.
+        TypeError: ``chunk_bytes`` not an int.
+    """
+
+    mode: str
+    chunk_bytes: int
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        _int("chunk_bytes", self.chunk_bytes, 1)
+
+
+class Strategy(Protocol):
+    """Chooses a ``ChunkPlan`` for a transfer of ``nbytes`` over ``link``."""
+
+    def choose(self, nbytes: int, link: LinkSpec, device: DeviceSpec,
+               world_size: int) -> ChunkPlan: ...
+
+
+def adaptive_chunk(nbytes: int, latency: float, bandwidth: float, *, stages: float = 3,
+                   min_chunk: int = 65536) -> int:
+    """The chunk that minimises a pipelined transfer's time, clamped to [min_chunk, nbytes].
+
+    With n = S/c chunks through k balanced stages of time alpha + c/B each, the time is
+    (n + k - 1)(alpha + c/B); its minimum is at c* = sqrt(S*alpha*B/(k-1)).  The transfer is
+    then cut into round(S/c*) equal chunks (so no short last chunk pays a whole alpha, and a
+    c* near S gives one chunk rather than a big and a small one).  ``stages`` may be
+    fractional: a stage faster than the bottleneck counts as the ratio of their rates.
+
+    Raises:
+        TypeError: ``nbytes`` or ``min_chunk`` not an int.
+        ValueError: ``nbytes`` < 0, ``min_chunk`` < 1, ``latency`` < 0, ``bandwidth`` <= 0,
+            ``stages`` < 1 (or NaN anywhere).
+    """
+    _int("nbytes", nbytes, 0)
+    _int("min_chunk", min_chunk, 1)
+    if not latency >= 0 or not bandwidth > 0 or not stages >= 1:
+        raise ValueError(f"need latency >= 0, bandwidth > 0 and stages >= 1; got "
+                         f"latency={latency!r}, bandwidth={bandwidth!r}, stages={stages!r}")
+    if nbytes <= 1 or stages == 1 or math.isinf(bandwidth):
+        return max(1, nbytes)  # nothing to overlap, or bytes cost nothing: one chunk
+    ideal = math.sqrt(nbytes * latency * bandwidth / (stages - 1))
+    chunks = max(1, round(nbytes / ideal)) if ideal > 0 else nbytes
+    return min(nbytes, max(min_chunk, -(-nbytes // chunks)))
+
+
+def _profile(link: LinkSpec, device: DeviceSpec) -> tuple[float, float, float]:
+    """(alpha, bottleneck bandwidth, effective stage count) of the three-stage path."""
+    rates = (device.copy_bandwidth, link.effective_bandwidth, device.copy_bandwidth)
+    slowest = min(rates)
+    # k - 1 = sum over the other stages of (their time per byte / the bottleneck's)
+    stages = 1.0 if math.isinf(slowest) else sum(slowest / r for r in rates)
+    # alpha: the largest per-chunk latency bounds the period from above (conservative)
+    return max(link.latency, device.copy_latency), slowest, stages
+
+
+class StoreAndForward:
+    """Always one chunk, stages in series ("sync")."""
+
+    def choose(self, nbytes: int, link: LinkSpec, device: DeviceSpec,
+               world_size: int) -> ChunkPlan:
+        return ChunkPlan("sync", max(1, nbytes))
+
+
+class Pipelined:
+    """Always "pipelined", with a fixed chunk or (``chunk_bytes=None``) the adaptive one.
+
+    Raises:
+        TypeError, ValueError: ``chunk_bytes`` or ``min_chunk`` not an int >= 1.
+    """
+
+    def __init__(self, chunk_bytes: int | None = None, *, min_chunk: int = 65536) -> None:
+        self.chunk_bytes = None if chunk_bytes is None else _int("chunk_bytes", chunk_bytes, 1)
+        self.min_chunk = _int("min_chunk", min_chunk, 1)
+
+    def choose(self, nbytes: int, link: LinkSpec, device: DeviceSpec,
+               world_size: int) -> ChunkPlan:
+        if self.chunk_bytes is not None:
+            return ChunkPlan("pipelined", self.chunk_bytes)
+        alpha, bandwidth, stages = _profile(link, device)
+        return ChunkPlan("pipelined", adaptive_chunk(nbytes, alpha, bandwidth, stages=stages,
+                                                     min_chunk=self.min_chunk))
+
+
+class DefaultStrategy:
+    """Small messages "async" (eager: the sender is free once its data is staged), medium
+    "sync" (store-and-forward), large "pipelined" with the adaptive chunk.
+
+    ``nbytes <= async_max`` is small (the eager limit, inclusive); ``nbytes >= pipeline_min``
+    is large.  ``world_size`` does not move the thresholds: the cost of one transfer depends
+    on its link, and the contention a large world brings (many peers on one port or copy
+    engine) is already modelled by the FIFO resources, so folding rank count into the
+    thresholds too would count it twice.  (The seed article switches modes on node count;
+    it shows no measurement behind that.)
+
+    Raises:
+        TypeError, ValueError: ``async_max`` < 0, ``pipeline_min`` or ``min_chunk`` < 1, or
+            ``async_max >= pipeline_min``.
+    """
+
+    def __init__(self, *, async_max: int = 65536, pipeline_min: int = 1 << 20,
+                 min_chunk: int = 65536) -> None:
+        self.async_max = _int("async_max", async_max, 0)
+        self.pipeline_min = _int("pipeline_min", pipeline_min, 1)
+        if async_max >= pipeline_min:
+            raise ValueError(f"async_max ({async_max}) must be < pipeline_min ({pipeline_min})")
+        self._pipelined = Pipelined(min_chunk=min_chunk)
+
+    def choose(self, nbytes: int, link: LinkSpec, device: DeviceSpec,
+               world_size: int) -> ChunkPlan:
+        if nbytes <= self.async_max:
+            return ChunkPlan("async", max(1, nbytes))
+        if nbytes < self.pipeline_min:
+            return ChunkPlan("sync", nbytes)
+        return self._pipelined.choose(nbytes, link, device, world_size)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferPlan:
+    """The modelled timing of one transfer (ns)."""
+
+    nbytes: int
+    mode: str
+    chunks: int
+    chunk_bytes: int  # bytes per chunk but the last
+    start: int  # when the first stage began
+    end: int  # when the last byte is in the destination buffer
+    sender_done: int  # when the sender's buffer may be reused
+    link_busy: int  # ns the link stage was held
+
+    @property
+    def duration(self) -> int:
+        """``end - start`` in ns."""
+        return self.end - self.start
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes/s from the first stage's start to the end (0 for an instant transfer)."""
+        return self.nbytes * 1e9 / self.duration if self.duration else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTiming:
+    """One chunk's (start, end) in each stage, from ``ClusterModel.transfer(trace=...)``."""
+
+    index: int
+    nbytes: int
+    copy_out: tuple[int, int]
+    link: tuple[int, int]
+    copy_in: tuple[int, int]
+
+
+class ClusterModel:
+    """Plans transfers on a cluster for a world of ``world_size`` ranks (see module docs).
+
+    Raises:
+        TypeError: ``cluster`` not a Cluster, a count not an int.
+        ValueError: ``world_size`` < 1 or too large for a fixed cluster,
+            ``staging_slots`` < 1.
+    """
+
+    def __init__(self, cluster: Cluster, world_size: int, *, strategy: Strategy | None = None,
+                 staging_slots: int = 2) -> None:
+        if not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+        self.cluster = cluster.fit(world_size)
+        self.world_size = world_size
+        self.strategy: Strategy = strategy if strategy is not None else DefaultStrategy()
+        self.staging_slots = _int("staging_slots", staging_slots, 1)
+        self._resources: dict[str, Resource] = {}
+        self._link_busy = [0] * world_size
+
+    # -- checks and lookups ---------------------------------------------------------------
+
+    def _rank(self, name: str, rank: object) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"{name} must be an int, got {type(rank).__name__}")
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{name} {rank} out of range for a world of {self.world_size}")
+        return rank
+
+    def _resource(self, name: str) -> Resource:
+        res = self._resources.get(name)
+        if res is None:
+            res = self._resources[name] = Resource(name)
+        return res
+
+    def _link_resources(self, src: int, dst: int) -> tuple[Resource, ...]:
+        c = self.cluster
+        kind = c.link_kind(src, dst)
+        name = f"{kind}:{c.link(src, dst).name}"
+        if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
+            return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
+        if kind == "cross_group":  # one per node and directed group pair
+            return (self._resource(f"{name}[node{c.node_of(src)}:"
+                                   f"g{c.group_of(src)}->g{c.group_of(dst)}]"),)
+        return (self._resource(f"{name}[{src}->{dst}]"),)
+
+    @property
+    def resources(self) -> MappingProxyType[str, Resource]:
+        """Every resource used so far, by name (read-only view)."""
+        return MappingProxyType(self._resources)
+
+    # -- planning -------------------------------------------------------------------------
+
+    def transfer(self, src: int, dst: int, nbytes: int, *, now: int,
+                 plan: ChunkPlan | None = None,
+                 trace: list[ChunkTiming] | None = None) -> TransferPlan:
+        """Plan a transfer of ``nbytes`` from ``src`` to ``dst`` ready at ``now`` and reserve
+        its resources.  ``plan`` overrides the strategy; ``trace``, when given, receives
+        every chunk's timings (and forces the chunk-by-chunk simulation).
+
+        Raises:
+            TypeError: a rank, ``nbytes`` or ``now`` not an int; ``plan`` (or the strategy's
+                choice) not a ChunkPlan.
+            ValueError: a rank out of range, ``nbytes`` or ``now`` < 0.
+        """
+        self._rank("src", src)
+        self._rank("dst", dst)
+        _int("nbytes", nbytes, 0)
+        _int("now", now, 0)
+        if plan is not None and not isinstance(plan, ChunkPlan):
+            raise TypeError(f"plan must be a ChunkPlan or None, got {type(plan).__name__}")
+        device = self.cluster.device
+        if src == dst:  # a device copy, no link
+            d = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
+            start, end = self._resource(f"copy-out[{src}]").reserve(now, d)
+            if trace is not None:
+                trace.append(ChunkTiming(0, nbytes, (start, end), (end, end), (end, end)))
+            return TransferPlan(nbytes, "sync", 1, nbytes, start, end, end, 0)
+        link = self.cluster.link(src, dst)
+        if plan is None:
+            plan = self.strategy.choose(nbytes, link, device, self.world_size)
+            if not isinstance(plan, ChunkPlan):
+                raise TypeError(f"the strategy must return a ChunkPlan, "
+                                f"got {type(plan).__name__}")
+        chunk = min(plan.chunk_bytes, nbytes) if plan.mode == "pipelined" else nbytes
+        n = -(-nbytes // chunk) if chunk else 1
+        last = nbytes - (n - 1) * chunk
+        full_d, last_d = self._durations(chunk, link), self._durations(last, link)
+        stages = (self._resource(f"copy-out[{src}]"), self._link_resources(src, dst),
+                  self._resource(f"copy-in[{dst}]"))
+        start, staged, end = _flow(stages, full_d, last_d, n, now, self.staging_slots,
+                                   trace, chunk, last)
+        busy = [(n - 1) * f + x for f, x in zip(full_d, last_d, strict=True)]
+        stages[0].busy += busy[0]
+        for res in stages[1]:
+            res.busy += busy[1]
+        stages[2].busy += busy[2]
+        self._link_busy[src] += busy[1]
+        sender_done = staged if plan.mode == "async" else end
+        return TransferPlan(nbytes, plan.mode, n, chunk, start, end, sender_done, busy[1])
+
+    def _durations(self, nbytes: int, link: LinkSpec) -> tuple[int, int, int]:
+        device = self.cluster.device
+        copy = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
+        return copy, to_ns(link.latency + nbytes / link.effective_bandwidth), copy
+
+    def control(self, src: int, dst: int, *, now: int) -> int:
+        """When a control message (RTS/CTS) sent at ``now`` arrives: one link latency later
+        (it takes no bandwidth and holds nothing); at once for the same rank.
+
+        Raises:
+            TypeError, ValueError: as ``transfer``.
+        """
+        self._rank("src", src)
+        self._rank("dst", dst)
+        _int("now", now, 0)
+        return now if src == dst else now + to_ns(self.cluster.link(src, dst).latency)
+
+    def compute_ns(self, rank: int, *, seconds: float | None = None,
+                   flops: float | None = None) -> int:
+        """How long a compute task of ``seconds``, or of ``flops`` at the device's rate, takes.
+
+        Raises:
+            TypeError: neither or both of ``seconds``/``flops``, or not a number.
+            ValueError: a negative or non-finite amount, a bad rank.
+        """
+        self._rank("rank", rank)
+        if (seconds is None) == (flops is None):
+            raise TypeError("compute takes exactly one of seconds= or flops=")
+        name, amount = ("seconds", seconds) if seconds is not None else ("flops", flops)
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            raise TypeError(f"{name} must be a number, got {type(amount).__name__}")
+        if not (math.isfinite(amount) and amount >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {amount}")
+        return to_ns(amount if seconds is not None else amount / self.cluster.device.flops)
+
+    def link_busy(self, rank: int) -> int:
+        """Ns of link time held by transfers from ``rank``.
+
+        Raises:
+            TypeError, ValueError: a bad rank.
+        """
+        return self._link_busy[self._rank("rank", rank)]
+
+
+def _flow(stages: tuple[Resource, tuple[Resource, ...], Resource],
+          full: tuple[int, int, int], last: tuple[int, int, int], n: int, now: int,
+          slots: int, trace: list[ChunkTiming] | None, chunk: int,
+          last_bytes: int) -> tuple[int, int, int]:
+    """Push ``n`` chunks through the three stages (Rules 1-3); return (first start, last
+    copy-out end, last copy-in end) and leave each resource free at its last chunk's end."""
+    res1, links, res3 = stages
+    # e1, e2, e3: when each stage last became free (our previous chunk, or earlier uses)
+    e1 = max(now, res1.free_at)
+    e2 = max(now, *(r.free_at for r in links))
+    e3 = max(now, res3.free_at)
+    w2: deque[int] = deque(maxlen=slots)  # link ends of the last `slots` chunks
+    w3: deque[int] = deque(maxlen=slots)  # copy-in ends of the last `slots` chunks
+    d1, d2, d3 = full
+    start = period = -1
+    streak = i = 0
+    while i < n:
+        if i == n - 1:
+            d1, d2, d3 = last
+        s1 = e1 if len(w2) < slots else max(e1, w2[0])
+        n1 = s1 + d1
+        s2 = max(n1, e2) if len(w3) < slots else max(n1, e2, w3[0])
+        n2 = s2 + d2
+        n3 = max(n2, e3) + d3
+        if i == 0:
+            start = s1
+        if trace is not None:
+            trace.append(ChunkTiming(i, chunk if i < n - 1 else last_bytes, (s1, n1), (s2, n2),
+                                     (n3 - d3, n3)))
+        elif i > 0 and n1 - e1 == n2 - e2 == n3 - e3:
+            streak = streak + 1 if n1 - e1 == period else 1
+            period = n1 - e1
+        else:
+            streak = 0
+        e1, e2, e3 = n1, n2, n3
+        w2.append(n2)
+        w3.append(n3)
+        i += 1
+        if streak > slots and i < n - 1:
+            # Steady state: the state (e1, w2, w3) moved by `period` in every component for a
+            # whole window, and the step is shift-invariant, so each remaining full chunk
+            # moves it by `period` again.
+            shift = (n - 1 - i) * period
+            e1, e2, e3 = e1 + shift, e2 + shift, e3 + shift
+            w2 = deque((t + shift for t in w2), maxlen=slots)
+            w3 = deque((t + shift for t in w3), maxlen=slots)
+            i = n - 1
+    res1.free_at = e1
+    for res in links:
+        res.free_at = e2
+    res3.free_at = e3
+    return start, e1, e3
