@@ -23,6 +23,7 @@ from ._request import Request as Request
 from ._request import wait_all as wait_all
 from ._request import wait_any as wait_any
 from ._runner import World as World
+from ._runner import launched_by_mpi as launched_by_mpi
 from ._runner import open_world as open_world
 from ._runner import run as run
 from ._stream import Event as Event
@@ -48,6 +49,7 @@ from ._types import uint16 as uint16
 from ._types import uint32 as uint32
 from ._types import uint64 as uint64
 from ._version import __version__ as __version__
+from .sim.cluster import Cluster as Cluster
 
 __all__ = (
     "ANY_SOURCE",
@@ -55,6 +57,7 @@ __all__ = (
     "EAGER_LIMIT",
     "TAG_UB",
     "AsyncCommError",
+    "Cluster",
     "CommBrokenError",
     "CommClosedError",
     "CommTimeoutError",
@@ -84,6 +87,7 @@ __all__ = (
     "int16",
     "int32",
     "int64",
+    "launched_by_mpi",
     "open_world",
     "run",
     "uint8",

@@ -200,6 +200,7 @@ class Matcher:
         """Put back a recv whose match fell through (its sender withdrew the message before
         any data moved), keeping its original place in posting order.  Returns what
         ``post_recv`` returns."""
+        self._matched -= 1  # the match that fell through did not succeed
         env = self._earliest_unexpected(recv.source, recv.tag)
         if env is not None:
             reason = misfit(recv, env)
@@ -210,7 +211,9 @@ class Matcher:
             self._matched += 1
             return env
         bucket = self._queue_recv(recv)
-        if next(reversed(bucket)) != recv.seq:  # later recvs were posted meanwhile: re-sort
+        keys = reversed(bucket)
+        next(keys)  # ``recv`` itself, just added at the end
+        if next(keys, -1) > recv.seq:  # later recvs were posted meanwhile: re-sort
             for seq in sorted(bucket):
                 bucket.move_to_end(seq)
         return None

@@ -16,6 +16,8 @@ Rule 3: envelopes from one rank to another are delivered in posting order (each 
 earlier than the one before it), so MPI's non-overtaking order holds under the model.
 Rule 4: a request-to-send still in flight can be withdrawn; an eager message in flight
 cannot (its send is as good as complete).
+Rule 5: when a rank closes, its peers learn of it only after everything it sent them has
+arrived.
 """
 
 from __future__ import annotations
@@ -124,6 +126,23 @@ class ModelledTransport(LocalTransport):
         else:
             sreq: Request = handle  # type: ignore[assignment]
             sreq._engine.fail(sreq, self._broken(sreq._engine, dst_rank))
+
+    def engine_closed(self, engine: DeviceEngine) -> None:
+        """Peers learn of the close only after what this rank sent them has arrived: a
+        message in flight is delivered, as it would be on the wire."""
+        now = self.clock.now_ns()
+        for other in self.engines:
+            if other is engine or other.closed:
+                continue
+            last = self._last_arrival.get((engine.rank, other.rank), 0)
+            if last < now:
+                other.peer_gone(engine.rank, self._broken(other, engine.rank))
+            else:  # one nanosecond after the last arrival's delivery
+                self.clock.call_at(last + 1, self._tell_gone, other, engine.rank)
+
+    def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
+        if not other.closed:
+            other.peer_gone(rank, self._broken(other, rank))
 
     # -- receiving ------------------------------------------------------------------------
 

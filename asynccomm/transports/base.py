@@ -53,8 +53,9 @@ class Transport(abc.ABC):
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
         """What ``peer`` has posted that involves ``engine``'s rank, for error messages."""
 
-    def matched(self, engine: DeviceEngine, env: Envelope, req: Request) -> None:
-        """A recv matched ``env`` (called only in worlds that keep records)."""
+    def matched(self, engine: DeviceEngine, env: Envelope, req: Request) -> None:  # noqa: B027
+        """A recv matched ``env`` (called only in worlds that keep records); an optional
+        hook, a no-op unless the transport keeps per-message records."""
 
     def link_busy(self, rank: int) -> float:
         """Seconds of modelled link time used by ``rank``'s transfers (0 without a model)."""

@@ -112,7 +112,8 @@ def test_deadlock_includes_ops_queued_behind_a_stuck_stream() -> None:
 
     with pytest.raises(ac.DeadlockError) as info:
         ac.run(main, 2, clock="virtual")
-    assert info.value.pending[0] == ["recv(src=1, tag=1)", "recv(src=1, tag=2) queued on its stream"]
+    assert info.value.pending[0] == ["recv(src=1, tag=1)",
+                                     "recv(src=1, tag=2) queued on its stream"]
 
 
 def test_virtual_clock_needs_the_virtual_loop() -> None:
