@@ -5,18 +5,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core bench lint clean
+.PHONY: venv demo test test-core test-mpi bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev]'
+	$(PY) -m pip install -q -e '.[test,dev,mpi]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/ring.py
+	$(PY) examples/parameter_server.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -24,8 +24,14 @@ test: $(STAMP)
 test-core: $(STAMP)
 	$(PY) -m pytest -q tests/core
 
+# The transport contract on MPI at N processes (`make test` runs it at 2 and 4).
+N ?= 2
+test-mpi: $(STAMP)
+	$(VENV)/bin/mpiexec -n $(N) $(PY) -m tests.transports.mpi_contract_runner
+
 bench: $(STAMP)
 	$(PY) -m benchmarks
+	$(PY) -m benchmarks.cluster
 
 lint: $(STAMP)
 	$(PY) -m ruff check asynccomm tests examples benchmarks

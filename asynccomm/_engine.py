@@ -34,9 +34,9 @@ from ._exceptions import (
     TruncationError,
 )
 from ._request import ACTIVE, CANCELLED, DONE, POSTED, QUEUED, Request
-from .sim.clock import ModelClock
 from ._stream import Event, Stream
 from ._types import ANY_SOURCE, Status
+from .sim.clock import ModelClock
 
 if TYPE_CHECKING:
     from .sim.records import OpRecord
@@ -380,12 +380,13 @@ class DeviceEngine:
 
     # -- peers, diagnostics, closing ------------------------------------------------------
 
-    def peer_gone(self, peer: int, exc: BaseException) -> None:
-        """``peer`` closed: fail recvs and probes that only it could have matched."""
+    def peer_gone(self, peer: int, exc: BaseException | None = None) -> None:
+        """``peer`` closed or failed: fail recvs and probes that only it could have matched
+        (with ``exc``, or a ``CommBrokenError`` naming it)."""
         self.gone.add(peer)
-        for req in list(self._live):
-            if req.kind != "send" and req.peer == peer and req._state == POSTED:
-                self.withdraw(req, exc)
+        for req in [r for r in self._live if r.peer == peer and r.kind in ("recv", "probe")]:
+            if req._state == POSTED:
+                self.withdraw(req, exc if exc is not None else self._broken(peer))
 
     def _broken(self, peer: int) -> CommBrokenError:
         return CommBrokenError(f"rank {peer} has closed its communicator", rank=self.rank,
@@ -402,6 +403,11 @@ class DeviceEngine:
             elif r.peer in (peer, ANY_SOURCE):
                 out.append(_describe(r))
         return out
+
+    @property
+    def pending_ops(self) -> int:
+        """How many ops of this rank are unfinished."""
+        return len(self._live)
 
     def live_requests(self) -> list[Request]:
         """Every unfinished op of this rank (a copy)."""

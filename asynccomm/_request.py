@@ -10,9 +10,9 @@ from ._types import Status
 
 if TYPE_CHECKING:
     from ._buffers import BufferView
-    from .sim.records import OpRecord
     from ._engine import DeviceEngine
     from ._stream import Stream
+    from .sim.records import OpRecord
 
 __all__ = ["Request", "wait_all", "wait_any"]
 

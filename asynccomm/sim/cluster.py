@@ -72,7 +72,7 @@ def _name(owner: str, value: object) -> None:
         raise ValueError(f"{owner} name must not be empty")
 
 
-def _count(field: str, value: object, minimum: int = 1) -> int:
+def _check_int(field: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{field} must be an int, got {type(value).__name__}")
     if value < minimum:
@@ -127,7 +127,7 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         _name("DeviceSpec", self.name)
         _positive("DeviceSpec", "flops", self.flops, "FLOP/s")
-        _count("DeviceSpec memory", self.memory)
+        _check_int("DeviceSpec memory", self.memory)
         _positive("DeviceSpec", "copy_bandwidth", self.copy_bandwidth, "bytes/s")
         _nonnegative_finite("DeviceSpec", "copy_latency", self.copy_latency, "seconds")
 
@@ -163,9 +163,9 @@ class Cluster:
                  switched_intra: bool = False, name: str = "custom") -> None:
         _name("Cluster", name)
         self.fixed = nodes is not None
-        self.nodes = _count("nodes", 1 if nodes is None else nodes)
-        self.devices_per_node = _count("devices_per_node", devices_per_node)
-        self.groups_per_node = _count("groups_per_node", groups_per_node)
+        self.nodes = _check_int("nodes", 1 if nodes is None else nodes)
+        self.devices_per_node = _check_int("devices_per_node", devices_per_node)
+        self.groups_per_node = _check_int("groups_per_node", groups_per_node)
         for field, value, optional in (("intra", intra, False), ("inter", inter, True),
                                        ("cross_group", cross_group, True)):
             if not isinstance(value, LinkSpec) and not (optional and value is None):
@@ -178,7 +178,7 @@ class Cluster:
                              f"devices_per_node ({devices_per_node})")
         if groups_per_node > 1 and cross_group is None:
             raise ValueError(f"groups_per_node={groups_per_node} needs a cross_group link")
-        rpn = devices_per_node if ranks_per_node is None else _count("ranks_per_node",
+        rpn = devices_per_node if ranks_per_node is None else _check_int("ranks_per_node",
                                                                      ranks_per_node)
         if rpn > devices_per_node:
             raise ValueError(f"ranks_per_node ({rpn}) must be <= devices_per_node "
@@ -280,7 +280,7 @@ class Cluster:
             ValueError: ``world_size`` < 1, a fixed cluster too small for it, or more than
                 one node needed without an inter link.
         """
-        _count("world_size", world_size)
+        _check_int("world_size", world_size)
         if world_size <= self.size:
             return self
         if self.fixed:

@@ -51,19 +51,12 @@ from types import MappingProxyType
 from typing import Protocol
 
 from .cluster import Cluster, DeviceSpec, LinkSpec, to_ns
+from .cluster import _check_int as _int
 
 __all__ = ["MODES", "ChunkPlan", "ChunkTiming", "ClusterModel", "DefaultStrategy", "Pipelined",
            "Resource", "StoreAndForward", "Strategy", "TransferPlan", "adaptive_chunk"]
 
 MODES = ("sync", "async", "pipelined")
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 class Resource:
@@ -192,8 +185,7 @@ class DefaultStrategy:
     is large.  ``world_size`` does not move the thresholds: the cost of one transfer depends
     on its link, and the contention a large world brings (many peers on one port or copy
     engine) is already modelled by the FIFO resources, so folding rank count into the
-    thresholds too would count it twice.  (The seed article switches modes on node count;
-    it shows no measurement behind that.)
+    thresholds too would count it twice.
 
     Raises:
         TypeError, ValueError: ``async_max`` < 0, ``pipeline_min`` or ``min_chunk`` < 1, or
@@ -272,14 +264,10 @@ class ClusterModel:
         self._resources: dict[str, Resource] = {}
         self._link_busy = [0] * world_size
 
-    # -- checks and lookups ---------------------------------------------------------------
-
     def _rank(self, name: str, rank: object) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise TypeError(f"{name} must be an int, got {type(rank).__name__}")
-        if not 0 <= rank < self.world_size:
+        if (checked := _int(name, rank, 0)) >= self.world_size:
             raise ValueError(f"{name} {rank} out of range for a world of {self.world_size}")
-        return rank
+        return checked
 
     def _resource(self, name: str) -> Resource:
         res = self._resources.get(name)
@@ -302,8 +290,6 @@ class ClusterModel:
     def resources(self) -> MappingProxyType[str, Resource]:
         """Every resource used so far, by name (read-only view)."""
         return MappingProxyType(self._resources)
-
-    # -- planning -------------------------------------------------------------------------
 
     def transfer(self, src: int, dst: int, nbytes: int, *, now: int,
                  plan: ChunkPlan | None = None,
@@ -344,14 +330,10 @@ class ClusterModel:
                   self._resource(f"copy-in[{dst}]"))
         start, staged, end = _flow(stages, full_d, last_d, n, now, self.staging_slots,
                                    trace, chunk, last)
-        busy = [(n - 1) * f + x for f, x in zip(full_d, last_d, strict=True)]
-        stages[0].busy += busy[0]
-        for res in stages[1]:
-            res.busy += busy[1]
-        stages[2].busy += busy[2]
-        self._link_busy[src] += busy[1]
+        link_busy = (n - 1) * full_d[1] + last_d[1]
+        self._link_busy[src] += link_busy
         sender_done = staged if plan.mode == "async" else end
-        return TransferPlan(nbytes, plan.mode, n, chunk, start, end, sender_done, busy[1])
+        return TransferPlan(nbytes, plan.mode, n, chunk, start, end, sender_done, link_busy)
 
     def _durations(self, nbytes: int, link: LinkSpec) -> tuple[int, int, int]:
         device = self.cluster.device
@@ -444,8 +426,10 @@ def _flow(stages: tuple[Resource, tuple[Resource, ...], Resource],
             w2 = deque((t + shift for t in w2), maxlen=slots)
             w3 = deque((t + shift for t in w3), maxlen=slots)
             i = n - 1
-    res1.free_at = e1
+    res1.free_at, res3.free_at = e1, e3
+    res1.busy += (n - 1) * full[0] + last[0]
+    res3.busy += (n - 1) * full[2] + last[2]
     for res in links:
         res.free_at = e2
-    res3.free_at = e3
+        res.busy += (n - 1) * full[1] + last[1]
     return start, e1, e3

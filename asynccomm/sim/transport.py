@@ -136,13 +136,11 @@ class ModelledTransport(LocalTransport):
                 continue
             last = self._last_arrival.get((engine.rank, other.rank), 0)
             if last < now:
-                other.peer_gone(engine.rank, self._broken(other, engine.rank))
+                other.gone.add(engine.rank)
+                if other.pending_ops:
+                    other.peer_gone(engine.rank)
             else:  # one nanosecond after the last arrival's delivery
                 self.clock.call_at(last + 1, self._tell_gone, other, engine.rank)
-
-    def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
-        if not other.closed:
-            other.peer_gone(rank, self._broken(other, rank))
 
     # -- receiving ------------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ __all__ = [
     "CLOSE",
     "CTRL_TAG",
     "CTS",
+    "DTYPE_FIELDS",
+    "DTYPE_NAMES",
     "EAGER",
     "FIN",
     "GONE",
@@ -70,8 +72,9 @@ KIND_NAMES: Final = {EAGER: "EAGER", RTS: "RTS", CTS: "CTS", WITHDRAW: "WITHDRAW
 HEADER: Final = struct.Struct("<BBxxiiqqq16s4x")
 _DTYPE_MAX = 16
 
-_ENCODED: dict[str, bytes] = {}
-_DECODED: dict[bytes, str] = {}
+#: Caches of both directions (a program sends few dtypes); the hot paths look here first.
+DTYPE_FIELDS: dict[str, bytes] = {}
+DTYPE_NAMES: dict[bytes, str] = {}
 
 
 def encode_dtype(name: str) -> bytes:
@@ -80,20 +83,20 @@ def encode_dtype(name: str) -> bytes:
     Raises:
         ValueError: if the name does not fit the header.
     """
-    raw = _ENCODED.get(name)
+    raw = DTYPE_FIELDS.get(name)
     if raw is None:
         raw = name.encode("ascii")
         if len(raw) > _DTYPE_MAX:
             raise ValueError(f"dtype name {name!r} is longer than {_DTYPE_MAX} bytes")
-        _ENCODED[name] = raw
+        DTYPE_FIELDS[name] = raw
     return raw
 
 
 def decode_dtype(field: bytes, length: int) -> str:
-    """The dtype name of a header's field (cached: a program sends few dtypes)."""
-    name = _DECODED.get(field)
+    """The dtype name of a header's (padded) field."""
+    name = DTYPE_NAMES.get(field)
     if name is None:
-        name = _DECODED[field] = field[:length].decode("ascii")
+        name = DTYPE_NAMES[field] = field[:length].decode("ascii")
     return name
 
 

@@ -80,9 +80,18 @@ class LocalTransport(Transport):
         return self.engines[peer].describe_pending(engine.rank)
 
     def engine_closed(self, engine: DeviceEngine) -> None:
+        # Every rank hears of every close (O(size) per close, kept to a set insert for
+        # ranks with nothing pending); errors are built only for ops that wait on it.
+        rank = engine.rank
         for other in self.engines:
             if other is not engine and not other.closed:
-                other.peer_gone(engine.rank, self._broken(other, engine.rank))
+                other.gone.add(rank)
+                if other.pending_ops:
+                    other.peer_gone(rank)
+
+    def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
+        if not other.closed:
+            other.peer_gone(rank)
 
     @staticmethod
     def _broken(engine: DeviceEngine, peer: int) -> CommBrokenError:
