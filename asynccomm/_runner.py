@@ -73,7 +73,7 @@ def _clock_mode(cluster: object, clock: object) -> str:
         raise ValueError(f"clock must be 'auto', 'wall' or 'virtual', got {clock!r}")
     if clock == "auto":
         return "virtual" if cluster is not None else "wall"
-    return clock  # type: ignore[return-value]
+    return str(clock)
 
 
 def _check_world(size: object, cluster: object, clock: object, eager_limit: object,

@@ -178,8 +178,8 @@ class Cluster:
                              f"devices_per_node ({devices_per_node})")
         if groups_per_node > 1 and cross_group is None:
             raise ValueError(f"groups_per_node={groups_per_node} needs a cross_group link")
-        rpn = devices_per_node if ranks_per_node is None else _check_int("ranks_per_node",
-                                                                     ranks_per_node)
+        rpn = (devices_per_node if ranks_per_node is None
+               else _check_int("ranks_per_node", ranks_per_node))
         if rpn > devices_per_node:
             raise ValueError(f"ranks_per_node ({rpn}) must be <= devices_per_node "
                              f"({devices_per_node}): one rank per device")

@@ -95,7 +95,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """The virtual time in integer nanoseconds."""
         return self._now_ns
 
-    def run_in_executor(self, executor: Any, func: Callable[..., Any],
+    def run_in_executor(self, executor: Any, func: Callable[..., Any],  # type: ignore[override]
                         *args: Any) -> asyncio.Future[Any]:
         fut = super().run_in_executor(executor, func, *args)
         self._executor_jobs += 1

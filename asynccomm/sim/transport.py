@@ -29,6 +29,7 @@ from .._core.descriptors import Envelope
 from .._engine import THREAD_COPY_MIN
 from .._request import ACTIVE
 from ..transports.local import LocalTransport
+from .model import ChunkPlan
 from .records import OpRecord
 
 if TYPE_CHECKING:
@@ -71,7 +72,10 @@ class ModelledTransport(LocalTransport):
             return
         staged[: buf.nbytes] = buf.mv
         env.handle = staged
-        plan = self.model.transfer(engine.rank, req.peer, buf.nbytes, now=now)
+        # Eager is store-and-forward whose sender is free once its data is staged, whatever
+        # the strategy picks for this size (the world's eager limit may differ from it).
+        plan = self.model.transfer(engine.rank, req.peer, buf.nbytes, now=now,
+                                   plan=ChunkPlan("async", max(buf.nbytes, 1)))
         self._eager_plans[env] = plan
         self.clock.call_at(plan.sender_done, self._eager_sent, engine, req, plan)
         self._arrive(engine.rank, req.peer, plan.end, env)
