@@ -270,6 +270,8 @@ class Communicator:
             CommClosedError: this communicator is closed.
             CommBrokenError: ``dst`` closed or failed.
             CommTimeoutError: no recv took the message within ``timeout`` (withdrawn).
+                An eager message (up to the eager limit) completes as soon as it is
+                staged, so only larger messages, or ops held on their stream, time out.
         """
         req = self.isend(buf, dst, tag, stream=stream, timeout=timeout, count=count,
                          dtype=dtype)

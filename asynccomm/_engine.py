@@ -327,6 +327,10 @@ class DeviceEngine:
         timeout = req.timeout or 0.0
         if self.trace:
             self.log.debug("p2p.timeout", peer=req.peer, tag=req.tag, timeout=timeout)
+        if req._state == QUEUED:  # its own stream held it: the peer is not to blame
+            ahead = req.stream.statistics().active
+            parts = [f"it was never posted: it waited on its stream behind {ahead} earlier "
+                     "op(s) that had not finished"] + parts
         return CommTimeoutError(
             f"rank {self.rank}: {_describe(req)} timed out after {timeout:g} s; "
             + ("; ".join(parts) or "no rank had posted anything for it"),

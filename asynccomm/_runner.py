@@ -287,9 +287,14 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     _check_world(world_size, cluster, clock, options.get("eager_limit", 0),
                  options.get("pool_bytes", 0))
 
-    async def world_main() -> list[T]:
+    results: list[T] = []
+
+    async def world_main() -> None:
+        # The results leave through `results`, not as the task's value: asyncio formats a
+        # main task's result on the way out, which costs real time for large arrays.
         async with open_world(world_size, cluster, clock, **options) as world:
-            return await run_ranks(main, world.comms)
+            results.extend(await run_ranks(main, world.comms))
 
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(world_main())
+        runner.run(world_main())
+    return results

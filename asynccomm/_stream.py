@@ -3,7 +3,10 @@
 How it works
 ------------
 Rule 1: an explicit stream (``comm.stream()``) is strictly in order: an operation is posted
-only when every operation before it on the stream has finished, as in HCCL.
+only when every operation before it on the stream has finished, as in HCCL.  So an
+``irecv`` followed by an ``isend`` on one stream does not post the send until the recv has
+completed: a ring exchange on one explicit stream deadlocks.  Put the two on two streams,
+or use ``batch(..., stream=s)``, whose ops are posted together.
 Rule 2: the default stream posts each operation as soon as it is submitted, so posting
 order decides matching and isend/irecv exchanges between two ranks cannot deadlock.
 Rule 3: ``stream.wait(event)`` holds every later operation of the stream until the event

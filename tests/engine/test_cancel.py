@@ -156,3 +156,16 @@ async def test_batch_cancellation_withdraws_every_unmatched_op() -> None:
                                 ac.RecvOp(np.zeros(1), 1, 2)])
         assert c0.statistics().pending_ops == 0
         assert c1.statistics().matcher.unexpected_messages == 0
+
+
+async def test_a_timeout_while_queued_on_its_stream_blames_the_stream() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c0.stream()
+        first = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=s)
+        with pytest.raises(ac.CommTimeoutError) as info:
+            await c0.send(np.ones(4, np.uint8), 1, 2, stream=s, timeout=0.02)
+        assert "never posted" in str(info.value) and "behind 1 earlier op" in str(info.value)
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        await first
+        assert c1.iprobe(0, 2) is None  # the timed-out send was never posted

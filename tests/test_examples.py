@@ -1,0 +1,69 @@
+"""Every example runs as a script with small flags, and its printed result says it worked.
+
+The examples' functions are tested in depth under tests/examples/; these runs check the
+command lines people type, end to end.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(script: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def result_line(stdout: str) -> dict[str, str]:
+    lines = [line for line in stdout.splitlines() if line.startswith("result: ")]
+    assert len(lines) == 1, stdout
+    return dict(field.split("=", 1) for field in lines[0].removeprefix("result: ").split())
+
+
+@pytest.mark.parametrize(("mode", "compression", "loop"), [
+    ("ssp", "int8", "uvloop"), ("async", "none", "asyncio")])
+def test_parameter_server_script(mode: str, compression: str, loop: str) -> None:
+    out = run_example("parameter_server.py", "--mode", mode, "--compression", compression,
+                      "--workers", "2", "--epochs", "2", "--train-samples", "8000",
+                      "--loop", loop)
+    result = result_line(out)
+    assert (result["mode"], result["compression"], result["workers"]) == (mode, compression,
+                                                                           "2")
+    assert result["reached"] == "yes"
+    assert float(result["test_accuracy"]) >= float(result["target"]) >= 0.95
+    assert 0 <= float(result["comm_share"]) < 1
+    if mode == "ssp":
+        assert int(result["max_ahead"]) <= 2
+    table = re.findall(rf"^\s+(\d+)\s+{mode}\s+([\d.]+)\s+([\d.]+)%", out, re.MULTILINE)
+    assert [int(epoch) for epoch, _, _ in table] == [1, 2]
+    assert float(table[1][1]) < float(table[0][1])  # the loss fell
+
+
+def test_parameter_server_script_without_overlap() -> None:
+    result = result_line(run_example("parameter_server.py", "--no-overlap", "--workers", "2",
+                                     "--epochs", "1", "--train-samples", "8000"))
+    assert result["overlap"] == "off" and result["reached"] == "yes"
+
+
+def test_training_loop_script() -> None:
+    result = result_line(run_example("training_loop.py", "--ranks", "3", "--epochs", "2",
+                                     "--train-samples", "9000"))
+    assert result["replicas_identical"] == "yes"
+    assert result["reached"] == "yes"
+    assert float(result["test_accuracy"]) >= float(result["target"])
+
+
+def test_ring_script() -> None:
+    out = run_example("ring.py", "--ranks", "5")
+    match = re.search(r"token after one lap: (\d+) \(expected (\d+)\)", out)
+    assert match is not None, out
+    assert match[1] == match[2] == "10"
