@@ -186,13 +186,7 @@ class Matcher:
         else:
             env = self._earliest_unexpected(source, tag)
         if env is not None:
-            reason = misfit(recv, env)
-            if reason is not None:
-                self.events.append(RecvRejected(recv, env, reason))
-                return None
-            self._remove_unexpected(env)
-            self._matched += 1
-            return env
+            return self._take(recv, env)
         self._queue_recv(recv)
         return None
 
@@ -203,13 +197,7 @@ class Matcher:
         self._matched -= 1  # the match that fell through did not succeed
         env = self._earliest_unexpected(recv.source, recv.tag)
         if env is not None:
-            reason = misfit(recv, env)
-            if reason is not None:
-                self.events.append(RecvRejected(recv, env, reason))
-                return None
-            self._remove_unexpected(env)
-            self._matched += 1
-            return env
+            return self._take(recv, env)
         bucket = self._queue_recv(recv)
         keys = reversed(bucket)
         next(keys)  # ``recv`` itself, just added at the end
@@ -217,6 +205,17 @@ class Matcher:
             for seq in sorted(bucket):
                 bucket.move_to_end(seq)
         return None
+
+    def _take(self, recv: RecvDescriptor, env: Envelope) -> Envelope | None:
+        """``recv`` matched unexpected ``env`` by envelope: take it, or reject the recv and
+        leave the message first in line (Rule 4)."""
+        reason = misfit(recv, env)
+        if reason is not None:
+            self.events.append(RecvRejected(recv, env, reason))
+            return None
+        self._remove_unexpected(env)
+        self._matched += 1
+        return env
 
     def _queue_recv(self, recv: RecvDescriptor) -> OrderedDict[int, RecvDescriptor]:
         key = (recv.source, recv.tag)

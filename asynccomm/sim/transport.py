@@ -57,12 +57,11 @@ class ModelledTransport(LocalTransport):
     # -- sending --------------------------------------------------------------------------
 
     def post_send(self, engine: DeviceEngine, req: Request) -> None:
-        dst = self.engines[req.peer]
-        if dst.closed:
-            engine.fail(req, self._broken(engine, req.peer))
+        env = self._envelope(engine, req)
+        if env is None:
             return
+        dst = self.engines[req.peer]
         buf: BufferView = req.buf  # type: ignore[assignment]
-        env = req.desc = Envelope(engine.rank, req.tag, buf.nbytes, buf.count, buf.dtype, req)
         now = self.clock.now_ns()
         staged = dst.pool.acquire(buf.nbytes) if buf.nbytes <= dst.eager_limit else None
         if staged is None:  # rendezvous: announce it, move it when a recv matches

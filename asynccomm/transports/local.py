@@ -37,13 +37,18 @@ class LocalTransport(Transport):
         self.engines.append(engine)
 
     def post_send(self, engine: DeviceEngine, req: Request) -> None:
-        dst = self.engines[req.peer]
-        if dst.closed:
+        env = self._envelope(engine, req)
+        if env is not None:
+            self.engines[req.peer].deliver(env)
+
+    def _envelope(self, engine: DeviceEngine, req: Request) -> Envelope | None:
+        """The envelope of a send, or None (and the send failed) if its peer is closed."""
+        if self.engines[req.peer].closed:
             engine.fail(req, self._broken(engine, req.peer))
-            return
+            return None
         buf: BufferView = req.buf  # type: ignore[assignment]
         env = req.desc = Envelope(engine.rank, req.tag, buf.nbytes, buf.count, buf.dtype, req)
-        dst.deliver(env)
+        return env
 
     def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
         if env.nbytes > engine.eager_limit:
