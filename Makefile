@@ -32,6 +32,7 @@ test-mpi: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks
 	$(PY) -m benchmarks.cluster
+	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_p2p
 
 lint: $(STAMP)
 	$(PY) -m ruff check asynccomm tests examples benchmarks

@@ -19,6 +19,7 @@ from ._exceptions import MatchError as MatchError
 from ._exceptions import OutOfDeviceMemoryError as OutOfDeviceMemoryError
 from ._exceptions import TransportError as TransportError
 from ._exceptions import TruncationError as TruncationError
+from ._mpi_runner import open_mpi_world as open_mpi_world
 from ._request import Request as Request
 from ._request import wait_all as wait_all
 from ._request import wait_any as wait_any
@@ -88,6 +89,7 @@ __all__ = (
     "int32",
     "int64",
     "launched_by_mpi",
+    "open_mpi_world",
     "open_world",
     "run",
     "uint8",

@@ -275,7 +275,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     if backend is None:
         backend = "mpi" if world_size is None and launched_by_mpi() else "local"
     if backend == "mpi":
-        from .transports.mpi import run_mpi  # mpi4py is imported only here
+        from ._mpi_runner import run_mpi  # mpi4py is imported only when a world opens
 
         return run_mpi(main, world_size, loop_factory=factory, cluster=cluster, clock=clock,
                        **options)

@@ -1,6 +1,7 @@
-"""Pass a token around a ring of in-process ranks, then exchange arrays with neighbours.
+"""Pass a token around a ring of ranks, exchange arrays with neighbours, gather a table.
 
-Run: python examples/ring.py [--ranks N] [--loop uvloop|asyncio]
+Run: python examples/ring.py [--ranks N] [--loop uvloop|asyncio]    (in-process ranks)
+ or: mpiexec -n N python examples/ring.py                         (one rank per process)
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 import asynccomm as ac
 
 
-async def ring(comm: ac.Communicator) -> dict[str, object]:
+async def ring(comm: ac.Communicator) -> list[list[int]] | None:
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     token = np.zeros(1, dtype=np.int64)
     # A token travels once around the ring; each rank adds its rank to it.
@@ -28,8 +29,16 @@ async def ring(comm: ac.Communicator) -> dict[str, object]:
     block = np.full(1 << 20, comm.rank, dtype=np.float32)
     incoming = np.empty_like(block)
     status = await comm.sendrecv(block, right, incoming, left, sendtag=2, recvtag=2)
-    return {"token": int(token[0]), "from": status.source, "value": float(incoming[0]),
-            "nbytes": status.nbytes}
+    # Rank 0 gathers one row per rank: what each saw.
+    row = np.array([comm.rank, token[0], status.source, incoming[0], status.nbytes], np.int64)
+    if comm.rank != 0:
+        await comm.send(row, 0, tag=3)
+        return None
+    rows = [row.tolist()]
+    for src in range(1, comm.size):
+        await comm.recv(row, src, tag=3)
+        rows.append(row.tolist())
+    return rows
 
 
 def main() -> None:
@@ -37,12 +46,16 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
-    results = ac.run(ring, world_size=args.ranks, loop=args.loop)
+    # Under mpiexec this process runs one rank and gets that rank's result.
+    under_mpi = ac.launched_by_mpi()
+    results = ac.run(ring, world_size=None if under_mpi else args.ranks, loop=args.loop)
+    table = results if under_mpi else results[0]
+    if table is None:  # not rank 0
+        return
     print(f"{'rank':>4}  {'token seen':>10}  {'block from':>10}  {'value':>5}  {'bytes':>9}")
-    for rank, r in enumerate(results):
-        print(f"{rank:>4}  {r['token']:>10}  {r['from']:>10}  {r['value']:>5.0f}  {r['nbytes']:>9}")
-    expected = sum(range(args.ranks))
-    print(f"token after one lap: {results[0]['token']} (expected {expected})")
+    for rank, token, source, value, nbytes in table:
+        print(f"{rank:>4}  {token:>10}  {source:>10}  {value:>5}  {nbytes:>9}")
+    print(f"token after one lap: {table[0][1]} (expected {sum(range(len(table)))})")
 
 
 if __name__ == "__main__":

@@ -10,19 +10,16 @@ head of the queue with ``Test``, every other request with ``Testsome``) and neve
 the loop.  After any activity it polls back to back for a moment, then backs off to at most
 1 ms between polls (``_mpi_protocol.Backoff``); while data moves it keeps polling.
 
-``mpi4py.MPI`` is imported (which initialises MPI) only when the first MPI world opens, not
-when this module is imported.  ``MPI.Exception`` becomes ``TransportError`` in one place,
-``translate``.
+MPI errors become ``TransportError`` through ``_mpi_lib.translate``: at the transport's
+entry points (a failed op), and in the progress task (which fails everything pending).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import types
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -30,7 +27,9 @@ from .._core.chunking import Chunk, ChunkSender
 from .._core.descriptors import Envelope
 from .._exceptions import CommBrokenError, CommClosedError, TransportError
 from .._request import ACTIVE, DONE, POSTED, Request
+from . import _mpi_lib as lib
 from . import _mpi_protocol as proto
+from ._mpi_lib import mpi_errors, translate, yield_now
 from ._mpi_protocol import (
     CTRL_TAG,
     DTYPE_FIELDS,
@@ -47,82 +46,31 @@ if TYPE_CHECKING:
     from mpi4py import MPI
 
     from .._engine import DeviceEngine
-else:
-    MPI = None  # bound by load_mpi() when the first world opens
 
-__all__ = ["MPITransport", "comm_world", "load_mpi", "mpi_errors", "translate",
-           "wait_request"]
+__all__ = ["MPITransport"]
 
 #: Control recvs kept posted; more let bursts of small messages land without MPI-level
 #: unexpected-message buffering.
 CTRL_SLOTS = 8
 #: Rendezvous data moves in chunks of this size, ``MAX_INFLIGHT`` at a time per transfer,
-#: so one MPI progress call never copies more than a chunk while the loop waits.
-CHUNK_BYTES = 8 << 20
-MAX_INFLIGHT = 4
+#: so MPI's progress calls copy a bounded amount each while the loop waits for them.
+CHUNK_BYTES = 16 << 20
+MAX_INFLIGHT = 2
 #: After anything happens (a completion, or a send from this rank), poll back to back for
 #: this long before backing off.  It must outlast a sleeping peer's reaction time (one
 #: back-off sleep, which uvloop's millisecond timers round up to 1 ms, plus scheduling),
 #: else two ranks can settle into answering each other one sleep late forever.
 SPIN = 5e-3
-#: While data moves, poll back to back for up to this long before yielding to other tasks
-#: (a blocking MPI call would poll all the time; this keeps the loop responsive).
+#: Each turn of the loop polls back to back for up to this long before yielding to other
+#: tasks: while data moves (MPI copies only inside its calls, and a blocking call would
+#: poll all the time), and while spinning (an answer is seen sooner than one turn later).
 DATA_BURST = 200e-6
+SPIN_BURST = 10e-6
 
 _HSIZE = HEADER.size
 #: Eager payloads up to this size are packed with one concatenation (cheapest for small
 #: ones); larger ones are copied once into a preallocated message.
 _CONCAT_MAX = 1024
-
-
-def load_mpi() -> None:
-    """Import ``mpi4py.MPI`` (initialising MPI) if it is not imported yet."""
-    global MPI  # bound lazily: importing this module must not start MPI
-    if MPI is None:
-        from mpi4py import MPI
-
-
-def comm_world() -> MPI.Intracomm:
-    """``MPI.COMM_WORLD``, MPI initialised."""
-    load_mpi()
-    return MPI.COMM_WORLD
-
-
-async def wait_request(req: MPI.Request) -> None:
-    """Wait for an MPI request without blocking the loop (where no progress task runs)."""
-    backoff = Backoff()
-    backoff.reset(time.perf_counter())
-    while not req.Test():  # noqa: ASYNC110  # MPI cannot wake us: poll, backing off
-        await asyncio.sleep(backoff.delay(time.perf_counter()))
-
-
-def translate(exc: BaseException, what: str, rank: int | None) -> TransportError:
-    """The one place where a foreign (MPI) error becomes a ``TransportError``."""
-    detail = exc.Get_error_string() if isinstance(exc, MPI.Exception) else repr(exc)
-    where = f"rank {rank}: " if rank is not None else ""
-    err = TransportError(f"{where}MPI {what} failed: {detail}", rank=rank)
-    err.__cause__ = exc
-    return err
-
-
-@contextmanager
-def mpi_errors(what: str, rank: int | None = None) -> Iterator[None]:
-    """Raise ``MPI.Exception`` in the block as ``TransportError`` (httpcore's
-    ``map_exceptions``), for paths off the hot one.
-
-    Raises:
-        TransportError: an MPI call in the block failed.
-    """
-    try:
-        yield
-    except MPI.Exception as exc:
-        raise translate(exc, what, rank) from exc
-
-
-@types.coroutine
-def _yield() -> Generator[None, None, None]:
-    """Let every other ready task run once (``asyncio.sleep(0)`` without its wrapper)."""
-    yield
 
 
 class _Slot:
@@ -133,7 +81,7 @@ class _Slot:
     def __init__(self, comm: MPI.Intracomm, nbytes: int) -> None:
         self.buf = bytearray(_HSIZE + nbytes)
         self.payload = memoryview(self.buf)[_HSIZE:]
-        self.req = comm.Recv_init(self.buf, MPI.ANY_SOURCE, CTRL_TAG)
+        self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
 
 
 class _Staged:
@@ -156,6 +104,27 @@ class _Remote:
         self.ident = ident
 
 
+class _OneChunk:
+    """``ChunkSender``'s interface for a transfer of a single chunk (most of them), at a
+    fraction of its cost."""
+
+    __slots__ = ("done", "handed_out", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.handed_out = False
+        self.done = False
+
+    def next_chunk(self) -> Chunk | None:
+        if self.handed_out:
+            return None
+        self.handed_out = True
+        return Chunk(0, 0, self.nbytes)
+
+    def chunk_done(self, chunk: Chunk) -> None:
+        self.done = True
+
+
 class _Transfer:
     """One side of a rendezvous data transfer: its chunks and their MPI requests."""
 
@@ -170,7 +139,9 @@ class _Transfer:
         self.mv = mv
         self.env = env
         self.gone = False
-        self.chunks = ChunkSender(len(mv), chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT)
+        nbytes = len(mv)
+        self.chunks = (_OneChunk(nbytes) if nbytes <= CHUNK_BYTES else
+                       ChunkSender(nbytes, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
         self.inflight: dict[int, MPI.Request] = {}
 
 
@@ -185,13 +156,14 @@ class MPITransport(Transport):
         self.inline_max = min(eager_limit, proto.INLINE_MAX)
         self.close_reason = "has closed its communicator"
         self._engine: DeviceEngine  # set by start()
-        self._tag_ub = int(comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
         self._next_tag = 0
         self._next_ident = 0
         self._slots: deque[_Slot] = deque()
         # Requests in flight and what to do when each completes (None: a send whose
         # buffer the request itself keeps alive).
         self._reqs: list[MPI.Request] = []
+        self._testsome = lib.MPI.Request.Testsome
         self._cbs: list[Callable[[], None] | None] = []
         self._data = 0  # data chunks in flight: poll without backing off
         self._sent = False  # this rank sent something: an answer may follow, spin
@@ -212,6 +184,12 @@ class MPITransport(Transport):
             proto.GONE: self._on_gone, proto.CLOSE: self._on_close, proto.FIN: self._on_fin,
         }
 
+    @property
+    def broken(self) -> BaseException | None:
+        """The MPI failure that broke this transport, if one did (it then stops, and the
+        world cannot close cleanly)."""
+        return self._broken
+
     # -- lifetime -------------------------------------------------------------------------
 
     def start(self, engine: DeviceEngine) -> None:
@@ -223,7 +201,8 @@ class MPITransport(Transport):
         self._engine = engine
         with mpi_errors("posting control recvs", self.rank):
             for _ in range(CTRL_SLOTS):
-                slot = _Slot(self.comm, self.inline_max)
+                # Sized for any rank's inline messages, whatever its own eager limit.
+                slot = _Slot(self.comm, proto.INLINE_MAX)
                 slot.req.Start()
                 self._slots.append(slot)
         self._task = engine.loop.create_task(self._progress(),
@@ -247,25 +226,25 @@ class MPITransport(Transport):
         clock = time.perf_counter
         try:
             while not self._finished():
-                if self._poll() or self._sent:
+                hit = self._poll()
+                if not (hit or self._sent):
+                    delay = 0.0 if self._data else backoff.delay(clock())
+                    if delay:
+                        await asyncio.sleep(delay)
+                        continue
+                    until = clock() + (DATA_BURST if self._data else SPIN_BURST)
+                    while not (hit := self._poll()) and clock() < until:
+                        pass
+                if hit or self._sent:
                     self._sent = False
                     backoff.reset(clock())
-                    await _yield()
-                elif self._data:
-                    # MPI moves data only inside its calls: poll densely for a moment
-                    # (as a blocking Wait would), then let the other tasks run.
-                    until = clock() + DATA_BURST
-                    while not self._poll() and clock() < until:
-                        pass
-                    await _yield()
-                else:
-                    await asyncio.sleep(backoff.delay(clock()))
+                await yield_now()
             if self._broken is None:
                 await self._teardown(backoff)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            err = (translate(exc, "progress", self.rank) if isinstance(exc, MPI.Exception)
+            err = (translate(exc, "progress", self.rank) if isinstance(exc, lib.MPI.Exception)
                    else TransportError(f"rank {self.rank}: the MPI transport failed: {exc!r}",
                                        rank=self.rank))
             err.__cause__ = exc
@@ -281,7 +260,7 @@ class MPITransport(Transport):
         slots = [s.req for s in self._slots]
         for req in slots:
             req.Cancel()
-        while not MPI.Request.Testall(slots) or self._reqs:
+        while not lib.MPI.Request.Testall(slots) or self._reqs:
             if self._reqs:
                 self._test_requests()
             await asyncio.sleep(backoff.delay(time.perf_counter()))
@@ -329,7 +308,7 @@ class MPITransport(Transport):
 
     def _test_requests(self) -> bool:
         reqs = self._reqs
-        done = MPI.Request.Testsome(reqs)
+        done = self._testsome(reqs)
         if not done:
             return False
         cbs = self._cbs
@@ -348,10 +327,9 @@ class MPITransport(Transport):
 
     def _ctrl(self, dst: int, kind: int, *, tag: int = 0, nbytes: int = 0, count: int = 0,
               ident: int = 0, dtype: bytes = b"", payload: bytes = b"") -> None:
-        msg = bytearray(_HSIZE + len(payload))
-        HEADER.pack_into(msg, 0, kind, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
+        msg = HEADER.pack(kind, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
         if payload:
-            msg[_HSIZE:] = payload
+            msg += payload
         req = self.comm.Isend(msg, dst, CTRL_TAG)
         if not req.Test():
             self._track(req, None)
@@ -533,7 +511,7 @@ class MPITransport(Transport):
             self._sends[ident] = req
             self._ctrl(dst, proto.RTS, tag=req.tag, nbytes=n, count=buf.count, ident=ident,
                        dtype=encode_dtype(buf.dtype))
-        except MPI.Exception as exc:
+        except lib.MPI.Exception as exc:
             self._sends.pop(req.desc, None)
             engine.fail(req, translate(exc, f"send to rank {dst}", self.rank))
 
@@ -571,7 +549,7 @@ class MPITransport(Transport):
             # Recvs first, so the data never lands as an MPI-level unexpected message.
             self._pull_more(pull)
             self._ctrl(handle.source, proto.CTS, tag=pull.tag, ident=handle.ident)
-        except MPI.Exception as exc:
+        except lib.MPI.Exception as exc:
             del self._pulls[key]
             engine.fail(req, translate(exc, f"recv from rank {handle.source}", self.rank))
 
@@ -584,7 +562,7 @@ class MPITransport(Transport):
         self._withdrawn[ident] = req.peer
         try:
             self._ctrl(req.peer, proto.WITHDRAW, ident=ident)
-        except MPI.Exception as exc:
+        except lib.MPI.Exception as exc:
             self._break(translate(exc, "withdraw", self.rank))
         return True
 
@@ -600,11 +578,11 @@ class MPITransport(Transport):
             return
         self._close_sent = True
         self._announced.clear()
-        payload = self.close_reason.encode("utf-8", "replace")[:4096]
+        payload = self.close_reason.encode("utf-8", "replace")[:proto.INLINE_MAX]
         try:
             for dst in range(self.size):
                 self._ctrl(dst, proto.CLOSE, nbytes=len(payload), payload=payload)
                 if dst in self._closed_by:
                     self._send_fin(dst)
-        except MPI.Exception as exc:
+        except lib.MPI.Exception as exc:
             self._break(translate(exc, "close", self.rank))

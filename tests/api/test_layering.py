@@ -169,16 +169,32 @@ def test_import_does_not_load_mpi4py() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+#: The MPI transport's modules (``transports/mpi.py`` and ``transports/_mpi_*.py``): the
+#: only ones that may import mpi4py.
+MPI_MODULES = {PKG / "transports" / "mpi.py", *(PKG / "transports").glob("_mpi_*.py")}
+
+
 def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
     bad = [f"{p.relative_to(PKG.parent)}:{i.lineno}" for p in _py_files(PKG)
            for i in imports_of(p)
-           if _top(i.module) == "mpi4py" and p != PKG / "transports" / "mpi.py"]
+           if _top(i.module) == "mpi4py" and p not in MPI_MODULES]
     assert bad == []
 
 
+def test_importing_the_mpi_transport_does_not_start_mpi() -> None:
+    """mpi4py (and MPI with it) is loaded when the first MPI world opens, not on import."""
+    code = ("import sys, asynccomm.transports.mpi; "
+            "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
 #: Modules that may import _communicator: the re-exports, the runner that builds
-#: communicators, and the testing helpers built on the public API.
-MAY_IMPORT_COMMUNICATOR = {"asynccomm", "asynccomm._runner", "asynccomm.testing"}
+#: communicators, the MPI world that builds one per process like the runner, and the
+#: testing helpers built on the public API.
+MAY_IMPORT_COMMUNICATOR = {"asynccomm", "asynccomm._runner", "asynccomm._mpi_runner",
+                           "asynccomm.testing"}
 
 
 @pytest.mark.parametrize("path", _py_files(PKG), ids=lambda p: str(p.relative_to(PKG)))
@@ -194,7 +210,7 @@ def test_nothing_below_imports_communicator(path: Path) -> None:
 @pytest.mark.parametrize("path", _py_files(PKG), ids=lambda p: str(p.relative_to(PKG)))
 def test_nothing_below_imports_runner(path: Path) -> None:
     mod = _module_name(path)
-    if mod in {"asynccomm", "asynccomm._runner", "asynccomm.testing"}:
+    if mod in {"asynccomm", "asynccomm._runner", "asynccomm._mpi_runner", "asynccomm.testing"}:
         return
     bad = [i for i in imports_of(path) if i.module == "asynccomm._runner"
            or i.module.startswith("asynccomm._runner.")]

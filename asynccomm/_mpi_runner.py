@@ -1,0 +1,188 @@
+"""Ranks in separate processes on MPI: ``mpiexec -n N python script.py``.
+
+``asynccomm.run(main)`` comes here when an MPI launcher started the process (or with
+``backend="mpi"``): this process runs ``main`` for its own rank and gets its own rank's
+value.  ``open_mpi_world()`` is the same inside a running loop.  The semantics are those of
+the in-process world; only the transport underneath (``MPITransport``) differs.
+
+Each world runs on its own duplicate of ``COMM_WORLD`` (``Idup``), freed when the world
+closes, so worlds never see each other's traffic.  Closing waits until every rank of the
+world has closed (a barrier-free exchange, see ``_mpi_protocol``), like ``MPI_Comm_free``.
+MPI itself is initialised when the first world opens, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import traceback
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from ._communicator import Communicator, Device, _check_timeout
+from ._engine import DeviceEngine
+from ._runner import POOL_BYTES, _check_world, default_timeout
+from ._types import EAGER_LIMIT
+from .transports._mpi_lib import comm_world, mpi_errors, wait_request
+from .transports.mpi import MPITransport
+
+__all__ = ["ABORT_GRACE", "MPITransport", "open_mpi_world", "run_mpi"]
+
+T = TypeVar("T")
+
+#: How long a failed rank waits for the other ranks to close before aborting the MPI job.
+ABORT_GRACE = 10.0
+
+
+class _MPIWorld:
+    """This process's rank of a world: its transport and Communicator."""
+
+    def __init__(self, transport: MPITransport, comm: Communicator) -> None:
+        self.transport = transport
+        self.comm = comm
+
+    @classmethod
+    async def open(cls, *, eager_limit: int, pool_bytes: int,
+                   timeout: float | None) -> _MPIWorld:
+        """Open this rank (collective over ``COMM_WORLD``).
+
+        Raises:
+            TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+            TransportError: MPI failed.
+        """
+        _check_world(1, None, "auto", eager_limit, pool_bytes)
+        op_timeout = default_timeout() if timeout is None else _check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        with mpi_errors("duplicating COMM_WORLD"):
+            mpi_comm, req = comm_world().Idup()
+            await wait_request(req)
+        transport = MPITransport(mpi_comm, eager_limit=eager_limit)
+        rank, size = transport.rank, transport.size
+        engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
+                              pool_bytes=pool_bytes)
+        comm = Communicator(engine, default_timeout=op_timeout,
+                            device=Device(rank, f"mpi:{rank}"))
+        transport.start(engine)  # last: from here on its progress task runs
+        engine.log.info("comm.opened", transport="mpi")
+        return cls(transport, comm)
+
+    async def aclose(self, failure: BaseException | None = None) -> None:
+        """Close this rank, telling the others why if it failed, and wait until every rank
+        of the world has closed."""
+        if failure is not None:
+            why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
+            self.transport.close_reason = why
+        await self.comm.aclose()
+        await self.transport.wait_closed()
+
+
+@asynccontextmanager
+async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
+                         timeout: float | None = None) -> AsyncIterator[Communicator]:
+    """Open this process's rank of an MPI world and yield its ``Communicator``.
+
+    Every process of ``COMM_WORLD`` must open its worlds in the same order (it is
+    collective).  Leaving the block closes this rank (ranks still waiting for it get
+    ``CommBrokenError``, naming the exception if the block raised) and then waits until
+    every rank has closed.
+
+    Args:
+        eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.
+
+    Raises:
+        TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+        TransportError: MPI failed.
+    """
+    world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,
+                                 timeout=timeout)
+    failure: BaseException | None = None
+    try:
+        yield world.comm
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        await world.aclose(failure)
+
+
+def _report(text: str) -> None:
+    """Write a failure report on stderr (the one place the library writes to a stream)."""
+    sys.stderr.write(f"asynccomm: {text}\n")
+    sys.stderr.flush()
+
+
+def _abort(rank: int, why: str, exc: BaseException | None) -> None:
+    trace = "".join(traceback.format_exception(exc)).rstrip() if exc is not None else ""
+    _report(f"rank {rank}: {why}; aborting the MPI job" + (f" after:\n{trace}" if trace else ""))
+    comm_world().Abort(1)
+
+
+async def _run_rank(main: Callable[[Communicator], Coroutine[Any, Any, T]], grace: float,
+                    options: dict[str, Any]) -> T:
+    world = await _MPIWorld.open(**options)
+    comm = world.comm
+    try:
+        result = await main(comm)
+    except BaseException as exc:
+        exc.add_note(f"(raised on rank {comm.rank})")
+        _report(f"rank {comm.rank} of {comm.size} failed: {type(exc).__name__}: {exc}")
+        try:
+            async with asyncio.timeout(grace):
+                await world.aclose(exc)
+        except TimeoutError:
+            _abort(comm.rank, f"the other ranks did not close within {grace:g} s", exc)
+        if world.transport.broken is not None:
+            _abort(comm.rank, f"MPI failed ({world.transport.broken})", exc)
+        raise
+    await world.aclose()
+    if world.transport.broken is not None:  # the others may wait for this rank forever
+        _abort(comm.rank, f"MPI failed ({world.transport.broken})", None)
+    return result
+
+
+def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None,
+            *, loop_factory: Callable[[], asyncio.AbstractEventLoop], cluster: object,
+            clock: str, abort_grace: float = ABORT_GRACE, **options: Any) -> T:
+    """Run ``main(comm)`` for this process's rank on MPI and return its value
+    (``asynccomm.run`` calls this under an MPI launcher).
+
+    When ``main`` raises, the rank reports it on stderr, the other ranks get
+    ``CommBrokenError`` naming it, and the exception is raised here once every rank has
+    closed.  If they have not closed within ``abort_grace`` seconds (a rank stuck on
+    something else), or if MPI itself failed (``TransportError``), the MPI job is aborted
+    (``MPI_Abort``) rather than left hanging.
+
+    Args:
+        main: an async function taking a Communicator.
+        world_size: None, or the MPI world size (checked).
+        loop_factory: makes the event loop.
+        cluster: must be None (cluster models are in-process only).
+        clock: ``"auto"`` or ``"wall"``.
+        abort_grace: seconds a failed rank waits for the others before aborting the job.
+        options: ``eager_limit``, ``pool_bytes``, ``timeout`` (as ``open_world``).
+
+    Raises:
+        TypeError, ValueError: bad arguments, or ``world_size`` is not the MPI world size.
+        TransportError: MPI failed.
+        Exception: what ``main`` raised on this rank (with a note naming the rank).
+    """
+    if cluster is not None:
+        raise ValueError("cluster models run in-process only; use cluster=None under MPI")
+    if clock not in ("auto", "wall"):
+        raise ValueError(f"clock must be 'auto' or 'wall' under MPI, got {clock!r}")
+    if world_size is not None and (type(world_size) is not int or world_size < 1):
+        raise ValueError(f"world_size must be None or an int >= 1, got {world_size!r}")
+    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout"}
+    if unknown:
+        raise TypeError(f"unexpected options for the MPI backend: {sorted(unknown)}")
+    grace = _check_timeout(abort_grace)
+    with mpi_errors("initialisation"):
+        size = comm_world().Get_size()
+    if world_size is not None and world_size != size:
+        raise ValueError(f"world_size={world_size} but MPI started {size} processes; pass "
+                         "world_size=None (or the same number) under mpiexec")
+    opts: dict[str, Any] = {"eager_limit": EAGER_LIMIT, "pool_bytes": POOL_BYTES,
+                            "timeout": None, **options}
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_run_rank(main, ABORT_GRACE if grace is None else grace, opts))

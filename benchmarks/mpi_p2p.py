@@ -1,0 +1,316 @@
+"""asynccomm on MPI beside raw mpi4py, 2 processes: one-way latency and bandwidth (§7).
+
+Run: ``mpiexec -n 2 .venv/bin/python -m benchmarks.mpi_p2p [--quick] [--loop L] [--out DIR]``
+
+Latency is half a ping-pong round trip (8 B to 1 MiB), bandwidth is a one-way transfer
+closed by a 1-byte acknowledgement (1 MiB to 256 MiB); both report the median over repeats.
+Raw mpi4py ``Send``/``Recv`` with numpy buffers runs in the same processes, alternating
+repeat by repeat with asynccomm (on its own communicator), so both see the same machine.
+Rank 0 prints the tables and writes ``mpi_p2p.json``; the exit status is 0 whether or not
+the targets are met (the table says), 2 for bad arguments or a wrong process count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import asynccomm as ac
+
+from ._common import (
+    KiB,
+    MiB,
+    environment,
+    fill_array,
+    load_average,
+    median,
+    print_table,
+    size_label,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+LATENCY_TARGET_US = 8.0
+TAG = 7
+ACK_TAG = 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    latency_sizes: tuple[int, ...]
+    latency_iters: int
+    bandwidth_sizes: tuple[int, ...]
+    repeats: int
+    responsiveness_bytes: int
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 64 * MiB)
+        return cls((8, 64, 1 * KiB, 8 * KiB, 64 * KiB, 1 * MiB), 5_000,
+                   (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB), 7, 256 * MiB)
+
+    def iters_for(self, nbytes: int, *, bandwidth: bool) -> int:
+        """Fewer iterations for big messages: about 256 MiB moved per repeat at most."""
+        base = 50 if bandwidth else self.latency_iters
+        return max(2 if bandwidth else 20, min(base, (256 * MiB) // max(nbytes, 1)))
+
+
+# -- raw mpi4py ------------------------------------------------------------------------------
+
+
+def raw_pingpong(comm: Any, buf: np.ndarray[Any, Any], iters: int) -> float:
+    """Seconds per one-way message, half a round trip, blocking mpi4py on ``comm``."""
+    peer = 1 - comm.Get_rank()
+    comm.Barrier()
+    start = time.perf_counter()
+    if comm.Get_rank() == 0:
+        for _ in range(iters):
+            comm.Send(buf, peer, TAG)
+            comm.Recv(buf, peer, TAG)
+    else:
+        for _ in range(iters):
+            comm.Recv(buf, peer, TAG)
+            comm.Send(buf, peer, TAG)
+    return (time.perf_counter() - start) / (2 * iters)
+
+
+def raw_stream(comm: Any, buf: np.ndarray[Any, Any], ack: np.ndarray[Any, Any],
+               iters: int) -> float:
+    """Seconds per one-way transfer of ``buf`` (acknowledged with one byte)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    if comm.Get_rank() == 0:
+        for _ in range(iters):
+            comm.Send(buf, 1, TAG)
+            comm.Recv(ack, 1, ACK_TAG)
+    else:
+        for _ in range(iters):
+            comm.Recv(buf, 0, TAG)
+            comm.Send(ack, 0, ACK_TAG)
+    return (time.perf_counter() - start) / iters
+
+
+# -- asynccomm -------------------------------------------------------------------------------
+
+
+async def ac_barrier(comm: ac.Communicator) -> None:
+    token = np.zeros(1, np.uint8)
+    peer = 1 - comm.rank
+    await comm.sendrecv(token, peer, token.copy(), peer, sendtag=ACK_TAG + 1,
+                        recvtag=ACK_TAG + 1)
+
+
+async def ac_pingpong(comm: ac.Communicator, buf: np.ndarray[Any, Any], iters: int) -> float:
+    peer = 1 - comm.rank
+    await ac_barrier(comm)
+    start = time.perf_counter()
+    if comm.rank == 0:
+        for _ in range(iters):
+            await comm.send(buf, peer, TAG)
+            await comm.recv(buf, peer, TAG)
+    else:
+        for _ in range(iters):
+            await comm.recv(buf, peer, TAG)
+            await comm.send(buf, peer, TAG)
+    return (time.perf_counter() - start) / (2 * iters)
+
+
+async def ac_stream(comm: ac.Communicator, buf: np.ndarray[Any, Any],
+                    ack: np.ndarray[Any, Any], iters: int) -> float:
+    await ac_barrier(comm)
+    start = time.perf_counter()
+    if comm.rank == 0:
+        for _ in range(iters):
+            await comm.send(buf, 1, TAG)
+            await comm.recv(ack, 1, ACK_TAG)
+    else:
+        for _ in range(iters):
+            await comm.recv(buf, 0, TAG)
+            await comm.send(ack, 0, ACK_TAG)
+    return (time.perf_counter() - start) / iters
+
+
+async def ac_responsiveness(comm: ac.Communicator, nbytes: int) -> float:
+    """The longest the loop went without running another task (ms, the worse of both
+    ranks) while ``nbytes`` moved from rank 0 to rank 1."""
+    buf = fill_array(nbytes, 3)
+    gaps = [0.0]
+    done = False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    await ac_barrier(comm)
+    task = asyncio.create_task(ticker())
+    if comm.rank == 0:
+        await comm.send(buf, 1, TAG)
+    else:
+        await comm.recv(buf, 0, TAG)
+    done = True
+    await task
+    mine = np.array([max(gaps) * 1e3])
+    theirs = np.zeros(1)
+    peer = 1 - comm.rank
+    await comm.sendrecv(mine, peer, theirs, peer, sendtag=ACK_TAG + 2, recvtag=ACK_TAG + 2)
+    return float(max(mine[0], theirs[0]))
+
+
+@dataclass
+class Row:
+    kind: str
+    nbytes: int
+    iters: int
+    raw: list[float]
+    asynccomm: list[float]
+
+    def raw_median(self) -> float:
+        return median(self.raw)
+
+    def ac_median(self) -> float:
+        return median(self.asynccomm)
+
+
+async def measure(comm: ac.Communicator, plan: Plan) -> tuple[list[Row], float]:
+    """Both benchmarks, raw and asynccomm alternating repeat by repeat (raw mpi4py blocks
+    the loop while it runs, which is fine: nothing else is in flight)."""
+    from mpi4py import MPI
+
+    raw = MPI.COMM_WORLD.Dup()
+    rows: list[Row] = []
+    try:
+        for nbytes in plan.latency_sizes:
+            buf = fill_array(nbytes, 1)
+            iters = plan.iters_for(nbytes, bandwidth=False)
+            row = Row("latency", nbytes, iters, [], [])
+            raw_pingpong(raw, buf, max(10, iters // 10))  # warm up both
+            await ac_pingpong(comm, buf, max(10, iters // 10))
+            for _ in range(plan.repeats):
+                row.raw.append(raw_pingpong(raw, buf, iters))
+                row.asynccomm.append(await ac_pingpong(comm, buf, iters))
+            rows.append(row)
+        ack = np.zeros(1, np.uint8)
+        for nbytes in plan.bandwidth_sizes:
+            buf = fill_array(nbytes, 2)
+            iters = plan.iters_for(nbytes, bandwidth=True)
+            row = Row("bandwidth", nbytes, iters, [], [])
+            raw_stream(raw, buf, ack, 1)
+            await ac_stream(comm, buf, ack, 1)
+            for _ in range(plan.repeats):
+                row.raw.append(raw_stream(raw, buf, ack, iters))
+                row.asynccomm.append(await ac_stream(comm, buf, ack, iters))
+            rows.append(row)
+        gap_ms = await ac_responsiveness(comm, plan.responsiveness_bytes)
+    finally:
+        raw.Free()
+    return rows, gap_ms
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def checks(rows: list[Row]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        if row.kind == "latency" and row.nbytes == 8:
+            us = row.ac_median() * 1e6
+            out.append({"what": "one-way 8 B latency", "value": us, "unit": "us",
+                        "target": f"<= {LATENCY_TARGET_US:g} us",
+                        "passed": us <= LATENCY_TARGET_US})
+        if row.kind == "bandwidth" and (row.nbytes == MiB or row.nbytes >= 16 * MiB):
+            need = 0.90 if row.nbytes >= 16 * MiB else 0.75
+            ratio = row.raw_median() / row.ac_median()
+            out.append({"what": f"bandwidth {size_label(row.nbytes)}", "value": ratio,
+                        "unit": "of raw", "target": f">= {need:.0%} of raw",
+                        "passed": ratio >= need})
+    return out
+
+
+def print_report(rows: list[Row], judged: list[dict[str, Any]], env: dict[str, Any],
+                 loop: str, quick: bool) -> None:
+    print(f"asynccomm {env['asynccomm']} on MPI ({env['mpi']}), 2 processes, loop {loop}"
+          f"{' (--quick)' if quick else ''}; load average {env['loadavg_1min']}")
+    lat = [[size_label(r.nbytes), f"{r.raw_median() * 1e6:.2f}", f"{r.ac_median() * 1e6:.2f}",
+            f"{r.ac_median() / r.raw_median():.2f}x"] for r in rows if r.kind == "latency"]
+    print_table("One-way latency (half ping-pong, median, us)",
+                ["size", "raw mpi4py", "asynccomm", "asynccomm/raw"], lat)
+    bw = [[size_label(r.nbytes), f"{r.nbytes / r.raw_median() / 1e9:.2f}",
+           f"{r.nbytes / r.ac_median() / 1e9:.2f}", f"{r.raw_median() / r.ac_median():.1%}"]
+          for r in rows if r.kind == "bandwidth"]
+    print_table("Bandwidth (one-way, median, GB/s)",
+                ["size", "raw mpi4py", "asynccomm", "of raw"], bw)
+    print_table("Targets (DESIGN.md §7, MPI transport)", ["check", "value", "target", "status"],
+                [[c["what"], f"{c['value']:.2f} us" if c["unit"] == "us"
+                  else f"{c['value']:.1%}", c["target"], "PASS" if c["passed"] else "FAIL"]
+                 for c in judged])
+    print(f"\n{sum(c['passed'] for c in judged)}/{len(judged)} targets met")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mpi_p2p",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true",
+                        help="few sizes and iterations (a smoke run, not a measurement)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="directory for mpi_p2p.json (default: benchmarks/results)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = Plan.make(args.quick)
+    import mpi4py
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() != 2:
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print("run with exactly 2 processes: mpiexec -n 2 python -m benchmarks.mpi_p2p",
+                  file=sys.stderr)
+        return 2
+    stamp = datetime.datetime.now(datetime.UTC)
+    env = environment()
+    env["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+    env["mpi4py"] = mpi4py.__version__
+    started = time.perf_counter()
+
+    async def bench(comm: ac.Communicator) -> tuple[list[Row], float]:
+        return await measure(comm, plan)
+
+    rows, gap_ms = ac.run(bench, loop=args.loop, backend="mpi")
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        return 0
+    elapsed = time.perf_counter() - started
+    env["loadavg_1min_at_end"] = load_average()
+    judged = checks(rows)
+    print_report(rows, judged, env, args.loop, args.quick)
+    print(f"\nloop responsiveness: while {size_label(plan.responsiveness_bytes)} moved, the "
+          f"longest any rank's loop went without running another task was {gap_ms:.2f} ms")
+    doc = {"suite": "mpi_p2p", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
+           "quick": args.quick, "loop": args.loop, "elapsed_seconds": elapsed,
+           "environment": env, "rows": [asdict(r) for r in rows], "checks": judged,
+           "responsiveness": {"nbytes": plan.responsiveness_bytes, "max_gap_ms": gap_ms},
+           "targets_met": sum(c["passed"] for c in judged), "targets_judged": len(judged)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "mpi_p2p.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {path} in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Failure cases under MPI, one per command: ``mpiexec -n 2 python -m
+tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the job ends.
+
+- ``raise``: rank 1 raises while rank 0 waits for it; rank 0 must get ``CommBrokenError``
+  naming the failure, and the job must exit non-zero.
+- ``raise-stuck``: rank 1 raises while rank 0 never talks to it again; rank 1 must abort
+  the job after its grace period instead of hanging.
+- ``kill``: rank 1 is killed (SIGKILL) while rank 0 waits for it; the launcher ends the job.
+- ``size-mismatch``: ``run(main, world_size=wrong)`` raises ValueError on every rank.
+- ``two-worlds``: two worlds open at once in each process never see each other's messages.
+- ``send-error``: an MPI error in a send fails that send with ``TransportError`` (the
+  communicator stays usable).
+- ``progress-error``: an MPI error in the progress task fails what was pending with
+  ``TransportError`` and, since the world cannot close cleanly, aborts the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+import asynccomm as ac
+from asynccomm import open_mpi_world
+
+
+async def raise_on_rank_1(comm: ac.Communicator) -> str:
+    box = np.zeros(1)
+    if comm.rank == 1:
+        await comm.send(box, 0, 1)
+        raise ValueError("boom on purpose")
+    pending = comm.irecv(box, 1, 2)  # posted before rank 1's news can arrive
+    await comm.recv(np.zeros(1), 1, 1)
+    try:
+        await pending
+    except ac.CommBrokenError as exc:
+        sys.stdout.write(f"rank {comm.rank} got CommBrokenError: {exc}\n")
+        return "broken"
+    return "not broken"
+
+
+async def raise_while_peer_is_busy(comm: ac.Communicator) -> None:
+    if comm.rank == 1:
+        raise ValueError("boom while rank 0 is busy")
+    await asyncio.sleep(3600)  # busy elsewhere: never closes on its own
+
+
+async def killed_rank(comm: ac.Communicator) -> None:
+    box = np.zeros(1)
+    if comm.rank == 1:
+        await comm.send(box, 0, 1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    await comm.recv(box, 1, 1)
+    await comm.recv(box, 1, 2)  # never sent
+
+
+async def nothing(comm: ac.Communicator) -> int:
+    return comm.rank
+
+
+async def two_worlds() -> str:
+    async with open_mpi_world() as a, open_mpi_world() as b:
+        peer = (a.rank + 1) % a.size
+        src = (a.rank - 1) % a.size
+        x, y = np.zeros(1), np.zeros(1)
+        ra, rb = a.irecv(x, src, 1), b.irecv(y, src, 1)  # same source and tag on both
+        await b.send(np.array([2.0]), peer, 1)
+        await a.send(np.array([1.0]), peer, 1)
+        await ac.wait_all([ra, rb])
+        return f"rank {a.rank}: world a got {x[0]:g}, world b got {y[0]:g}"
+
+
+class _FailingComm:
+    """An MPI communicator whose next ``Isend`` fails (everything else is the real one)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def Isend(self, *args: Any) -> Any:  # mpi4py's name
+        from mpi4py import MPI
+
+        raise MPI.Exception(MPI.ERR_OTHER)
+
+
+async def send_error(comm: ac.Communicator) -> str:
+    transport: Any = comm._engine.transport
+    if comm.rank == 0:
+        real = transport.comm
+        transport.comm = _FailingComm(real)
+        try:
+            await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)
+        except ac.TransportError as exc:
+            outcome = f"TransportError: {exc}"
+        else:
+            outcome = "no error"
+        transport.comm = real
+        await comm.send(np.ones(1 << 20, np.uint8), 1, 5)
+        return outcome
+    out = np.zeros(1 << 20, np.uint8)
+    await comm.recv(out, 0, 5)
+    return f"received {int(out.sum())}"
+
+
+async def progress_error(comm: ac.Communicator) -> None:
+    transport: Any = comm._engine.transport
+    if comm.rank == 0:
+        from mpi4py import MPI
+
+        def failing_testsome(reqs: Any) -> Any:
+            raise MPI.Exception(MPI.ERR_OTHER)
+
+        transport._testsome = failing_testsome
+        await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)  # TransportError: raised
+    else:
+        await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
+        await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
+
+
+def main(case: str) -> int:
+    if case == "raise":
+        sys.stdout.write(f"{ac.run(raise_on_rank_1)}\n")
+    elif case == "raise-stuck":
+        ac.run(raise_while_peer_is_busy, abort_grace=1.0)
+    elif case == "kill":
+        ac.run(killed_rank)
+    elif case == "send-error":
+        sys.stdout.write(f"{ac.run(send_error)}\n")
+    elif case == "progress-error":
+        ac.run(progress_error)
+    elif case == "two-worlds":
+        sys.stdout.write(asyncio.run(two_worlds()) + "\n")
+    elif case == "size-mismatch":
+        try:
+            ac.run(nothing, world_size=99, backend="mpi")
+        except ValueError as exc:
+            sys.stdout.write(f"ValueError: {exc}\n")
+            return 0
+        return 1
+    else:
+        sys.stderr.write(f"unknown case {case!r}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,160 @@
+"""The transport contract and the failure cases on MPI, through ``mpiexec`` subprocesses.
+
+Run by plain pytest (not under an MPI launcher): each test starts ``mpiexec -n N`` on this
+host (MPICH uses shared memory between local processes) and checks how the job ended.
+Every subprocess has a timeout well below pytest's, so a hang fails the test instead of
+stalling the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import asynccomm as ac
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+#: Seconds a whole mpiexec job may take (the contract at 4 ranks takes a few seconds).
+JOB_LIMIT = 90
+
+pytestmark = [
+    pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv "
+                       "(pip install -e '.[mpi]')"),
+    pytest.mark.skipif(ac.launched_by_mpi(), reason="these tests start mpiexec themselves"),
+]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    return env
+
+
+def mpiexec(n: int, *args: str, limit: float = JOB_LIMIT) -> subprocess.CompletedProcess[str]:
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, *args]
+    try:
+        return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                              timeout=limit, check=False)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{' '.join(cmd[1:4])} ... hung for {limit} s:\n{exc.stdout!r}\n"
+                    f"{exc.stderr!r}")
+
+
+def _output(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_contract_on_mpi(n: int) -> None:
+    proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner")
+    assert proc.returncode == 0, _output(proc)
+    assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
+
+
+def test_an_exception_on_one_rank_breaks_its_peers_and_fails_the_job() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise")
+    assert proc.returncode != 0, _output(proc)
+    assert "rank 1 of 2 failed: ValueError: boom on purpose" in proc.stderr, _output(proc)
+    assert "rank 0 got CommBrokenError: rank 1 failed with ValueError" in proc.stdout, \
+        _output(proc)
+
+
+def test_a_failed_rank_aborts_the_job_when_its_peers_do_not_close() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise-stuck", limit=60)
+    assert proc.returncode != 0, _output(proc)
+    assert "rank 1 of 2 failed: ValueError" in proc.stderr, _output(proc)
+    assert "aborting the MPI job" in proc.stderr, _output(proc)
+
+
+def test_a_killed_rank_ends_the_job_instead_of_hanging() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "kill", limit=60)
+    assert proc.returncode != 0, _output(proc)
+
+
+def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "send-error", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert "TransportError: rank 0: MPI send to rank 1 failed" in proc.stdout, _output(proc)
+    assert f"received {1 << 20}" in proc.stdout, _output(proc)  # and the next send works
+
+
+def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "progress-error", limit=60)
+    assert proc.returncode != 0, _output(proc)
+    assert "rank 0 of 2 failed: TransportError: rank 0: MPI progress failed" in proc.stderr, \
+        _output(proc)
+    assert "aborting the MPI job" in proc.stderr, _output(proc)
+
+
+def test_world_size_must_match_the_mpi_world() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "size-mismatch", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert proc.stdout.count("ValueError: world_size=99 but MPI started 2") == 2, _output(proc)
+
+
+def test_worlds_open_at_once_do_not_see_each_others_messages() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "two-worlds", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    for rank in (0, 1):
+        assert f"rank {rank}: world a got 1, world b got 2" in proc.stdout, _output(proc)
+
+
+def test_the_ring_example_runs_unchanged_on_two_processes() -> None:
+    proc = mpiexec(2, "examples/ring.py", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert "token after one lap: 1 (expected 1)" in proc.stdout, _output(proc)
+
+
+def test_the_readme_mpi_example_runs_on_two_processes(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Across processes and hosts (MPI)", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "readme_mpi.py"
+    script.write_text(code, encoding="utf-8")
+    proc = mpiexec(2, str(script), limit=60)
+    assert proc.returncode == 0, _output(proc)
+    # Two processes print at once: their lines may interleave, so only the values count.
+    assert sorted(re.findall(r"got (\d\.\d)", proc.stdout)) == ["0.0", "1.0"], _output(proc)
+    local = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert local.returncode == 0 and local.stdout.strip() == "[1.0, 0.0]", _output(local)
+
+
+def test_the_mpi_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
+    """A smoke run of ``benchmarks.mpi_p2p``: numbers exist; nothing judges them here."""
+    proc = mpiexec(2, "-m", "benchmarks.mpi_p2p", "--quick", "--out", str(tmp_path))
+    assert proc.returncode == 0, _output(proc)
+    assert "One-way latency" in proc.stdout and "Bandwidth" in proc.stdout, _output(proc)
+    doc = json.loads((tmp_path / "mpi_p2p.json").read_text(encoding="utf-8"))
+    assert {row["kind"] for row in doc["rows"]} == {"latency", "bandwidth"}
+    for row in doc["rows"]:
+        assert row["nbytes"] > 0 and min(row["raw"] + row["asynccomm"]) > 0, row
+    assert doc["checks"] and doc["responsiveness"]["max_gap_ms"] >= 0
+
+
+def test_backend_mpi_without_a_launcher_runs_one_rank() -> None:
+    """MPI's singleton start: ``backend="mpi"`` outside mpiexec is a world of one."""
+    code = ("import asynccomm as ac\n"
+            "async def main(comm):\n"
+            "    return (comm.rank, comm.size, comm.device.name)\n"
+            "print(ac.run(main, backend='mpi'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, _output(proc)
+    assert proc.stdout.strip() == "(0, 1, 'mpi:0')", _output(proc)
+
+
+def test_import_asynccomm_does_not_import_mpi4py() -> None:
+    code = ("import sys, asynccomm, asynccomm.transports.mpi\n"
+            "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
