@@ -175,7 +175,7 @@ class ModelledTransport(LocalTransport):
             dst[: env.nbytes] = src
             done()
         else:
-            engine.copy_in_chunks(dst, src, env.nbytes, done)
+            engine.copy_on_thread(dst, src, env.nbytes, done)
 
     # -- records --------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ class LocalTransport(Transport):
             sreq._engine.send_done(sreq)
             engine.recv_done(req, env)
 
-        engine.copy_in_chunks(dst, src, env.nbytes, done)
+        engine.copy_on_thread(dst, src, env.nbytes, done)
 
     def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
         return self.engines[req.peer].matcher.withdraw(req.desc)
