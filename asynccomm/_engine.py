@@ -3,8 +3,8 @@
 It turns core events into copies and request outcomes and nothing else (the aioquic
 ``_process_events`` pattern): the matcher decides who matches whom, the transport moves
 envelopes and payloads, streams decide when an op is posted, and the engine wires them
-together.  Copies of large payloads run in chunks on a small thread pool (numpy releases
-the GIL while copying) so the loop keeps running; everything else runs inline on the loop.
+together.  Copies of large payloads run on the rank's worker thread (numpy releases the
+GIL while copying) so the loop keeps running; everything else runs inline on the loop.
 
 Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the transport, which fails
