@@ -14,6 +14,7 @@ prefetched (``--no-overlap`` turns both off), optionally compressed with error f
 Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
      [--workers N] [--compression none|fp16|int8|onebit|topk] [--epochs E]
      [--no-overlap] [--loop uvloop|asyncio] [--seed S]
+     [--cluster none|ascend910|ascend910b|nvlink4|roce100g] [--clock auto|wall|virtual]
  or, one rank per process: mpiexec -n N+1 python examples/parameter_server.py --workers N
 """
 
@@ -48,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train-samples", type=int, default=24_000)
     parser.add_argument("--batch-size", type=int, default=64, help="per worker")
     parser.add_argument("--lr", type=float, default=None, help="default: by mode")
+    parser.add_argument("--cluster", choices=("none", *ac.Cluster.presets()), default="none",
+                        help="run on a cluster model: compute and transfers take modelled "
+                             "time and the figures are modelled ones")
+    parser.add_argument("--clock", choices=("auto", "wall", "virtual"), default="auto",
+                        help="auto: virtual with a cluster, wall without")
     return parser.parse_args(argv)
 
 
@@ -55,9 +61,19 @@ def world_options(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``ac.run`` gets besides the world size: the one place to describe where
     the ranks run (a cluster model and its clock join the loop here)."""
     options: dict[str, Any] = {"loop": args.loop}
+    if args.cluster != "none":
+        options["cluster"] = ac.Cluster.preset(args.cluster)
+    if args.clock != "auto":
+        options["clock"] = args.clock
+    if uses_virtual_clock(args):  # the virtual clock brings its own loop
+        del options["loop"]
     if ac.launched_by_mpi():  # mpiexec -n N: this process runs one rank on MPI
         options["backend"] = "mpi"
     return options
+
+
+def uses_virtual_clock(args: argparse.Namespace) -> bool:
+    return args.clock == "virtual" or (args.clock == "auto" and args.cluster != "none")
 
 
 def _retry_notice(attempt: int, exc: ac.CommTimeoutError) -> None:
@@ -101,6 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     report = train(cfg, **world_options(args))
     if report is not None:  # None: a worker's process, when each rank has its own
         print_report(report)
+        if args.cluster != "none":
+            clock = "virtual" if uses_virtual_clock(args) else "wall"
+            print(f"modelled communication share on {args.cluster} ({clock} clock): "
+                  f"{report.comm_share:.1%} ({report.config.mode} mode, overlap "
+                  f"{'on' if report.config.overlap else 'off'}, "
+                  f"{report.config.workers} workers, batch {report.config.batch_size})")
 
 
 if __name__ == "__main__":

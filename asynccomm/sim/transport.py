@@ -104,15 +104,17 @@ class ModelledTransport(LocalTransport):
             channel = self._channels[key] = deque()
         channel.append((when, env))
         if len(channel) == 1:
-            self.clock.call_at(when, self._drain_channel, key)
+            self.clock.call_at(when, self._drain_channel, key, when)
 
-    def _drain_channel(self, key: tuple[int, int]) -> None:
+    def _drain_channel(self, key: tuple[int, int], due: int) -> None:
+        # A real loop may fire a timer up to its resolution early (uvloop: 1 ms): trust
+        # the time the drain was set for, or a message could be held past a later event.
         channel = self._channels[key]
-        now = self.clock.now_ns()
+        now = max(self.clock.now_ns(), due)
         while channel and channel[0][0] <= now:
             self._deliver(key[1], channel.popleft()[1])
         if channel:
-            self.clock.call_at(channel[0][0], self._drain_channel, key)
+            self.clock.call_at(channel[0][0], self._drain_channel, key, channel[0][0])
 
     def _deliver(self, dst_rank: int, env: Envelope) -> None:
         handle = env.handle
@@ -144,6 +146,13 @@ class ModelledTransport(LocalTransport):
                     other.peer_gone(engine.rank)
             else:  # one nanosecond after the last arrival's delivery
                 self.clock.call_at(last + 1, self._tell_gone, other, engine.rank)
+
+    def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
+        channel = self._channels.get((rank, other.rank))
+        if channel:  # still in flight (the timers fired in another order): after them
+            self.clock.call_at(channel[-1][0] + 1, self._tell_gone, other, rank)
+        else:
+            super()._tell_gone(other, rank)
 
     # -- receiving ------------------------------------------------------------------------
 

@@ -41,6 +41,18 @@ class MLP:
     def parameters(self) -> int:
         return sum(self.layer_size(i) for i in range(self.layers))
 
+    def forward_flops(self, batch: int) -> int:
+        """FLOPs of ``forward`` on ``batch`` samples: 2*batch*in*out per layer (the
+        matrix product; bias and ReLU are negligible)."""
+        return sum(2 * batch * self.sizes[i] * self.sizes[i + 1] for i in range(self.layers))
+
+    def backward_flops(self, layer: int, batch: int) -> int:
+        """FLOPs of ``backward``'s step for ``layer`` on ``batch`` samples: the weight
+        gradient (2*batch*in*out) and, above the first layer, the error passed down (as
+        much again), so about 4*batch*in*out."""
+        products = 2 if layer > 0 else 1
+        return products * 2 * batch * self.sizes[layer] * self.sizes[layer + 1]
+
     def unpack(self, layer: int, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Views of a layer's weight matrix and bias inside its flat array."""
         fan_in, fan_out = self.sizes[layer], self.sizes[layer + 1]

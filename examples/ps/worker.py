@@ -10,11 +10,19 @@ parameters are received after the push.
 ``comm_time`` is the wall time the worker spends in communication: posting messages,
 waiting for pushes to complete and parameters to arrive, retry back-off; the rest of a
 step is its compute (and waiting for a core to compute on).
+
+In a world with a cluster model (``comm.device.flops`` is set) every kernel also occupies
+the rank's modelled device for its FLOP count (``comm.compute``), and steps and
+communication are timed on the loop's clock, model time: the figures are then the
+modelled ones (on the virtual clock the numpy work on the thread takes no model time).
+The order keeps the overlap real in model time: layer k's gradient is posted before the
+modelled compute of layer k-1 is issued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from time import perf_counter
 
 import numpy as np
@@ -52,17 +60,19 @@ class _Step:
 
 
 class _Stopwatch:
-    """Adds up the time spent inside ``with`` blocks; ``lap()`` returns it and restarts."""
+    """Adds up the time spent inside ``with`` blocks on ``clock``; ``lap()`` returns it
+    and restarts."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = perf_counter) -> None:
+        self.clock = clock
         self.total = 0.0
         self._since = 0.0
 
     def __enter__(self) -> None:
-        self._since = perf_counter()
+        self._since = self.clock()
 
     def __exit__(self, *exc: object) -> None:
-        self.total += perf_counter() - self._since
+        self.total += self.clock() - self._since
 
     def lap(self) -> float:
         total, self.total = self.total, 0.0
@@ -97,18 +107,23 @@ class _Worker:
         self.params = [np.empty(n, np.float32) for n in sizes]
         self.spare = [np.empty(n, np.float32) for n in sizes]  # where prefetches land
         self.pushes = comm.stream()
-        self.timer = _Stopwatch()
+        # with a cluster model, model time (the loop's clock); otherwise wall time
+        self.modelled = comm.device.flops is not None
+        self.now = asyncio.get_running_loop().time if self.modelled else perf_counter
+        self.timer = _Stopwatch(self.now)
         self.log = WorkerLog.empty(self.steps)
 
     def pull(self, params: Params) -> list[ac.Request]:
         return [self.comm.irecv(p, SERVER, PARAM_TAG + i) for i, p in enumerate(params)]
 
     async def step(self, device: ComputeStream, step: int) -> None:
-        start, last = perf_counter(), step + 1 == self.steps
+        start, last = self.now(), step + 1 == self.steps
         with self.timer:
             prefetch = self.pull(self.spare) if self.cfg.overlap and not last else []
         kernels = _Step(self.model, self.params, *next(self.batches), self.feedback)
         loss = device.submit(kernels.forward)
+        if self.modelled:
+            await self.comm.compute(flops=self.model.forward_flops(len(kernels.y)))
         sent = await self._backward(device, kernels)
         with self.timer:
             await self._push(sent)
@@ -117,14 +132,20 @@ class _Worker:
                 self.params, self.spare = self.spare, self.params
             elif not last:
                 await ac.wait_all(self.pull(self.params))
-        self.log.table[:, step] = start, perf_counter(), self.timer.lap(), loss.result()
+        self.log.table[:, step] = start, self.now(), self.timer.lap(), loss.result()
 
     async def _backward(self, device: ComputeStream, kernels: _Step) -> _Sent:
         """Queue every layer's backward kernel; with overlap, post each gradient as it is
-        ready, while the next layer computes."""
+        ready, while the next layer computes (modelled: layer k's isend is posted before
+        layer k-1's ``comm.compute`` is issued)."""
         sent: _Sent = []
-        for ready in [device.submit(kernels.next_push) for _ in range(self.model.layers)]:
-            layer, wire = await ready
+        batch = len(kernels.y)
+        queued = [device.submit(kernels.next_push) for _ in range(self.model.layers)]
+        for layer, ready in zip(reversed(range(self.model.layers)), queued, strict=True):
+            if self.modelled:
+                await self.comm.compute(flops=self.model.backward_flops(layer, batch))
+            got, wire = await ready
+            assert got == layer, (got, layer)
             req = None
             if self.cfg.overlap:
                 with self.timer:
