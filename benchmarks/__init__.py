@@ -1,7 +1,7 @@
 """asynccomm's benchmark suite: ``python -m benchmarks`` (``make bench``).
 
 Every measurement runs beside its baseline in the same run and on the same event loop, and
-is checked against the targets of DESIGN.md §7:
+is checked against the performance targets:
 
 - ``latency``: one-way small-message latency (half a ping-pong) beside a bare
   ``asyncio.Future`` hand-off between two tasks;

@@ -55,7 +55,7 @@ def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="asynccomm benchmarks beside their baselines, against DESIGN.md §7.")
+        description="asynccomm benchmarks beside their baselines, against the performance targets.")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes and few iterations (a smoke run, not a measurement)")
     parser.add_argument("--only", type=_choices(SECTIONS), default=list(SECTIONS),
@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def print_summary(checks: list[Check]) -> None:
     rows = [[c.loop, c.what, _value(c), c.target, c.verdict] for c in checks]
-    print_table("Summary against DESIGN.md §7 (parenthesised: §7 states the target for "
+    print_table("Summary against the performance targets (parenthesised: §7 states the target for "
                 "uvloop; shown, not judged)", ["loop", "check", "value", "target", "status"],
                 rows)
     judged = [c for c in checks if c.binding]

@@ -3,7 +3,7 @@
 1. Modelled P2P bandwidth at 1 MB, 16 MB, 128 MB and 1 GB, store-and-forward beside
    pipelined, on roce100g (a balanced three-stage path), on ascend910b's HCCS inside a
    server and its 200G RoCE between servers, with each link's line rate beside it (the
-   seed article's 35.4 GB/s over 100G RoCE is above that link's 12.5 GB/s line rate: the
+   published's 35.4 GB/s over 100G RoCE is above that link's 12.5 GB/s line rate: the
    model never goes above the line rate).
 2. A step of transfer plus compute, issued one after the other and together.
 3. Scale: a ring exchange over 64 to 1024 ranks on the virtual clock, with the wall time it

@@ -253,7 +253,7 @@ def print_report(rows: list[Row], judged: list[dict[str, Any]], env: dict[str, A
           for r in rows if r.kind == "bandwidth"]
     print_table("Bandwidth (one-way, median, GB/s)",
                 ["size", "raw mpi4py", "asynccomm", "of raw"], bw)
-    print_table("Targets (DESIGN.md §7, MPI transport)", ["check", "value", "target", "status"],
+    print_table("Targets (MPI transport)", ["check", "value", "target", "status"],
                 [[c["what"], f"{c['value']:.2f} us" if c["unit"] == "us"
                   else f"{c['value']:.1%}", c["target"], "PASS" if c["passed"] else "FAIL"]
                  for c in judged])

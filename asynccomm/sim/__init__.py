@@ -1,4 +1,4 @@
-"""The cluster model (DESIGN §6): links, devices, presets, transfer costs and run records.
+"""The cluster model: links, devices, presets, transfer costs and run records.
 
 Re-exports only.  ``Cluster.preset(name)`` gives published hardware; ``ClusterModel`` plans
 transfers on it in integer nanoseconds; ``summarize`` and ``format_table`` sum up a run.

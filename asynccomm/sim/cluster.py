@@ -1,4 +1,4 @@
-"""What a modelled cluster is made of: links, devices, placement, and presets (DESIGN §6).
+"""What a modelled cluster is made of: links, devices, placement, and presets.
 
 A ``Cluster`` says where each rank lives and which link a transfer between two ranks uses;
 ``asynccomm.sim.model`` turns that into time.  Placement is fixed and simple: rank ``r``
@@ -332,8 +332,8 @@ def ascend910b(nodes: int | None = None, ranks_per_node: int | None = None) -> C
 
     Sources: Huawei Atlas 800T A2 product page (8 NPUs, 8 x 200GE RoCE ports, one per NPU;
     64 GB HBM per NPU); Ascend docs (Atlas A2: any 1-8 NPUs of a server form one network,
-    i.e. a full mesh).  HCCS 28 GB/s per direction per pair and 200G RoCE = 25 GB/s line
-    rate as in DESIGN §6.
+    i.e. a full mesh).  HCCS 28 GB/s per direction per pair; 200G RoCE = 25 GB/s line
+    rate.
 
     Assumptions: 313 TFLOPS FP16 (a widely reported third-party figure; Huawei publishes no
     per-chip number for the 910B); RoCE efficiency 4096/4178; latencies (HCCS 2 us, RoCE
@@ -348,7 +348,7 @@ def ascend910b(nodes: int | None = None, ranks_per_node: int | None = None) -> C
 
 
 def roce100g(nodes: int | None = None, ranks_per_node: int | None = None) -> Cluster:
-    """One NPU per host on 100 Gb/s RoCE v2, staging through host memory: the seed article's
+    """One NPU per host on 100 Gb/s RoCE v2, staging through host memory: a published
     setup (8 NPUs with 32 GB each on 100G RoCE) with every transfer crossing three
     balanced stages (device -> host staging, wire, host staging -> device).
 
@@ -357,9 +357,9 @@ def roce100g(nodes: int | None = None, ranks_per_node: int | None = None) -> Clu
     MTU; Ascend 910 256 TFLOPS FP16, 32 GB (Huawei Atlas 900 launch).
 
     Assumptions: staging copies over PCIe at the wire's effective rate (~12.25 GB/s, what a
-    PCIe 3.0 x16 DMA reaches in practice), so the three stages are balanced, the case the
-    DESIGN §7 pipelining target is stated for; latencies (RoCE 2 us, copy 1 us).  The seed
-    article's "35.4 GB/s over 100G RoCE" is 2.8x this link's line rate: impossible here.
+    PCIe 3.0 x16 DMA reaches in practice), so the three stages are balanced, the case where
+    pipelining can approach its 3x; latencies (RoCE 2 us, copy 1 us).  A published claim of
+    "35.4 GB/s over 100G RoCE" is 2.8x this link's line rate: impossible here.
     """
     link = LinkSpec("roce100g", 12.5 * GB, 2e-6, ROCE_EFFICIENCY)
     return Cluster(

@@ -1,4 +1,4 @@
-"""The cost model: when each point-to-point transfer starts and ends on a cluster (DESIGN §6).
+"""The cost model: when each point-to-point transfer starts and ends on a cluster.
 
 How it works
 ------------

@@ -1,5 +1,5 @@
 """Every bad input gets a typed error with an exact message, before anything is posted, and
-the communicator keeps working afterwards (DESIGN §2 "Buffers"/"Errors", §3, §8)."""
+the communicator keeps working afterwards."""
 
 from __future__ import annotations
 

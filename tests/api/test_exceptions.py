@@ -1,4 +1,4 @@
-"""Errors carry the fields that caused them and say who is to blame (DESIGN §5); raised from
+"""Errors carry the fields that caused them and say who is to blame; raised from
 real operations wherever the current version can produce them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Dependency direction (DESIGN §4, layout §2), checked on the source with ``ast``."""
+"""Dependency direction, checked on the source with ``ast``."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def _calls(path: Path) -> list[tuple[str, int]]:
 
 
 def test_no_event_loop_policies_or_uvloop_install() -> None:
-    """uvloop only through ``asyncio.Runner(loop_factory=...)`` (DESIGN §4)."""
+    """uvloop only through ``asyncio.Runner(loop_factory=...)``."""
     forbidden = {"uvloop.install", "asyncio.set_event_loop_policy",
                  "asyncio.get_event_loop_policy", "asyncio.set_event_loop",
                  "asyncio.get_event_loop", "structlog.configure", "logging.basicConfig"}

@@ -1,5 +1,5 @@
 """The public surface (trio's test_exports): what ``asynccomm`` exports, the error hierarchy
-(DESIGN §5) and the dtype constants (§2)."""
+and the dtype constants."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def test_exception_non_bases(sub: type[BaseException], not_base: type[BaseExcept
     assert not issubclass(sub, not_base)
 
 
-# -- surface of the handles (DESIGN §2) -------------------------------------------------------
+# -- surface of the handles -------------------------------------------------------
 
 
 @pytest.mark.parametrize(("cls", "names"), [
@@ -151,13 +151,13 @@ def test_handles_have_the_documented_members(cls: type, names: list[str]) -> Non
     assert missing == []
 
 
-#: The names DESIGN §2 fixes ("the contract; names are fixed").
-DESIGN_NAMES = ["run", "open_world", "Communicator", "Status", "Request", "Stream", "Event",
+#: The names the public API fixes ("the contract; names are fixed").
+API_NAMES = ["run", "open_world", "Communicator", "Status", "Request", "Stream", "Event",
                 "wait_all", "wait_any", "SendOp", "RecvOp", "ANY_SOURCE", "ANY_TAG", "Cluster",
                 "float32"]
 
 
-@pytest.mark.parametrize("name", DESIGN_NAMES)
+@pytest.mark.parametrize("name", API_NAMES)
 def test_design_names_are_exported(name: str) -> None:
     assert name in ac.__all__
     assert hasattr(ac, name)

@@ -1,4 +1,4 @@
-"""The matcher's rules (DESIGN.md §3), table-driven and without an event loop.
+"""The matcher's rules (MPI semantics), table-driven and without an event loop.
 
 ``MATCH_CASES`` spells out each case as the ops in order, the log they must produce and what
 must be left in the queues (see ``helpers.play`` for the log's format).  Cases marked

@@ -1,4 +1,4 @@
-"""Cancellation and timeouts withdraw an op atomically and lose no message (DESIGN §3)."""
+"""Cancellation and timeouts withdraw an op atomically and lose no message."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Point-to-point semantics on the in-process transport (DESIGN §3), on both loops."""
+"""Point-to-point semantics on the in-process transport, on both loops."""
 
 from __future__ import annotations
 

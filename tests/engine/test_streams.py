@@ -1,4 +1,4 @@
-"""Streams (DESIGN §3): strict order on explicit streams, concurrency on the default one,
+"""Streams: strict order on explicit streams, concurrency on the default one,
 events across streams."""
 
 from __future__ import annotations

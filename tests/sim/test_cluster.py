@@ -111,7 +111,7 @@ def test_roce100g_is_a_balanced_three_stage_path() -> None:
     c = Cluster.preset("roce100g")
     assert c.inter is not None
     assert c.device.copy_bandwidth == pytest.approx(c.inter.effective_bandwidth)
-    assert c.inter.bandwidth == 12.5e9 < 35.4e9  # the seed article's figure is impossible
+    assert c.inter.bandwidth == 12.5e9 < 35.4e9  # a published figure is impossible
     assert c.ranks_per_node == 1
 
 

@@ -1,4 +1,4 @@
-"""The cost model: closed forms, bounds, the DESIGN §7 pipelining target, contention,
+"""The cost model: closed forms, bounds, the pipelining target, contention,
 double buffering, determinism, and the chunk-by-chunk simulation the fast path must equal."""
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def test_the_seed_articles_roce_figures_are_impossible() -> None:
 
 @pytest.mark.parametrize("nbytes", [128 * MB, 128 * MiB, 256 * MiB, GB, GiB])
 def test_roce100g_pipelining_meets_the_design_target(nbytes: int) -> None:
-    """DESIGN §7: on a balanced 3-stage path, pipelined >= 2.8x store-and-forward at
+    """The pipelining target: on a balanced 3-stage path, pipelined >= 2.8x store-and-forward at
     >= 128 MB, and >= 95% of the slowest stage."""
     cluster = Cluster.preset("roce100g")
     sf = solo(cluster, 0, 1, nbytes, strategy=StoreAndForward())

@@ -5,7 +5,7 @@ any size (at size 1 it passes trivially, like mpi4py's tests).  A program checks
 sees with ``check`` and raises ``AssertionError`` when the transport broke the contract.
 ``test_local.py`` runs them in-process (``ac.run(program, world_size=n)``) and
 ``mpi_contract_runner.py`` under ``mpiexec`` (``ac.run(program)``), so in-process and MPI
-are held to exactly the same semantics (DESIGN §3, §4).
+are held to exactly the same semantics.
 
 Programs synchronise with messages, never with sleeps: a marker message sent after an
 operation arrives after everything that operation sent (one sender's control traffic is
