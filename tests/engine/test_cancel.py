@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm.testing import posted
 
 BIG = ac.EAGER_LIMIT + 1
 
@@ -41,8 +42,7 @@ async def test_cancel_after_match_returns_false_and_the_op_completes() -> None:
 async def test_task_cancellation_withdraws_a_waiting_recv() -> None:
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        task = asyncio.ensure_future(c1.recv(np.zeros(1), 0, 3))
-        await asyncio.sleep(0)  # let it post
+        task = await posted(c1.recv(np.zeros(1), 0, 3))
         assert c1.statistics().matcher.posted_recvs == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -73,8 +73,7 @@ async def test_cancelled_task_with_a_matched_transfer_finishes_the_copy_first() 
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
         out = np.zeros(n, np.uint8)
-        task = asyncio.ensure_future(c1.recv(out, 0, 1))
-        await asyncio.sleep(0)
+        task = await posted(c1.recv(out, 0, 1))
         send = c0.isend(np.full(n, 5, np.uint8), 1, 1)
         assert not send.done()  # matched, copy running on threads
         task.cancel()

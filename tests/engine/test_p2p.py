@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm.testing import posted
 
 EAGER = ac.EAGER_LIMIT
 
@@ -207,8 +208,7 @@ async def test_probe_and_iprobe_do_not_consume() -> None:
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
         assert c1.iprobe(0, 4) is None
-        waiting = asyncio.ensure_future(c1.probe(0, ac.ANY_TAG))
-        await asyncio.sleep(0)  # let the probe post (a yield, not a timed wait)
+        waiting = await posted(c1.probe(0, ac.ANY_TAG))
         assert not waiting.done()
         await c0.send(np.arange(6, dtype=np.int32), 1, tag=4)
         status = await waiting
@@ -225,8 +225,7 @@ async def test_probe_does_not_see_a_message_a_posted_recv_took() -> None:
         c0, c1 = world.comms
         out = np.zeros(1)
         recv = c1.irecv(out, 0, 1)
-        probe = asyncio.ensure_future(c1.probe(0, 1, timeout=0.05))
-        await asyncio.sleep(0)  # let the probe post (a yield, not a timed wait)
+        probe = await posted(c1.probe(0, 1, timeout=0.05))
         await c0.send(np.ones(1), 1, 1)
         assert recv.done() and out[0] == 1.0
         with pytest.raises(ac.CommTimeoutError):
