@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
+from asynccomm.testing import posted
 
 Program = Callable[[ac.Communicator], Awaitable[Any]]
 
@@ -430,8 +431,7 @@ async def cancelled_recvs_lose_nothing(comm: ac.Communicator) -> None:
     check(req.cancel() and req.cancelled(), "req.cancel")
     with raises(asyncio.CancelledError, "awaiting a cancelled request"):
         await req
-    task = asyncio.ensure_future(comm.recv(dead[1], 0, 2))
-    await asyncio.sleep(0)
+    task = await posted(comm.recv(dead[1], 0, 2))
     task.cancel()
     with raises(asyncio.CancelledError, "cancelled task"):
         await task
@@ -455,8 +455,7 @@ async def cancelled_sends_lose_nothing(comm: ac.Communicator) -> None:
     if comm.rank == 0:
         req = comm.isend(np.full(BIG, 1, np.uint8), 1, 7)
         check(req.cancel(), "req.cancel of an unmatched send")
-        task = asyncio.ensure_future(comm.send(np.full(BIG, 2, np.uint8), 1, 7))
-        await asyncio.sleep(0)
+        task = await posted(comm.send(np.full(BIG, 2, np.uint8), 1, 7))
         task.cancel()
         with raises(asyncio.CancelledError, "cancelled send task"):
             await task
@@ -519,7 +518,7 @@ async def cancellation_storm(comm: ac.Communicator) -> None:
             req = comm.isend(msg, 1, 5)
             if rng.random() < 0.5:
                 if rng.random() < 0.5:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # a random interleaving: let progress run
                 if req.cancel():
                     continue
             kept.append(i)
