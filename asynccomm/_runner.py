@@ -170,7 +170,7 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
 def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
     """The virtual loop found every task waiting with nothing to wake them: fail every
     unmatched op with one ``DeadlockError`` that lists them all, per rank."""
-    pending = {e.rank: e.describe_all() for e in engines if e.statistics().pending_ops}
+    pending = {e.rank: e.describe_all() for e in engines if e.pending_ops}
     if not pending:
         return False
     lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
