@@ -149,7 +149,7 @@ class DeviceEngine:
             self._drain()
         # A message the gone peer sent before it left was taken above; nothing more comes.
         if req._state == POSTED and req.peer in self.gone:
-            self.withdraw(req, self._broken(req.peer))
+            self.withdraw(req, self.broken(req.peer))
 
     def probe_now(self, source: int, tag: int) -> Status | None:
         env = self.matcher.probe(source, tag)
@@ -166,7 +166,7 @@ class DeviceEngine:
         req._track = 2
         self.track(req)
         if req.peer in self.gone:
-            self.withdraw(req, self._broken(req.peer))
+            self.withdraw(req, self.broken(req.peer))
 
     # -- arrival and matching -------------------------------------------------------------
 
@@ -375,9 +375,10 @@ class DeviceEngine:
         self.gone.add(peer)
         for req in [r for r in self._live if r.peer == peer and r.kind in ("recv", "probe")]:
             if req._state == POSTED:
-                self.withdraw(req, exc if exc is not None else self._broken(peer))
+                self.withdraw(req, exc if exc is not None else self.broken(peer))
 
-    def _broken(self, peer: int) -> CommBrokenError:
+    def broken(self, peer: int) -> CommBrokenError:
+        """The error for an op of this rank that ``peer``, now closed, can never complete."""
         return CommBrokenError(f"rank {peer} has closed its communicator", rank=self.rank,
                                peer=peer)
 

@@ -130,7 +130,7 @@ class ModelledTransport(LocalTransport):
             dst.pool.release(handle)
         else:
             sreq: Request = handle  # type: ignore[assignment]
-            sreq._engine.fail(sreq, self._broken(sreq._engine, dst_rank))
+            sreq._engine.fail(sreq, sreq._engine.broken(dst_rank))
 
     def engine_closed(self, engine: DeviceEngine) -> None:
         """Peers learn of the close only after what this rank sent them has arrived: a

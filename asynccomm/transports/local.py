@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from .._core.descriptors import Envelope
 from .._engine import THREAD_COPY_MIN
-from .._exceptions import CommBrokenError
 from .._request import ACTIVE
 from .base import Transport
 
@@ -44,7 +43,7 @@ class LocalTransport(Transport):
     def _envelope(self, engine: DeviceEngine, req: Request) -> Envelope | None:
         """The envelope of a send, or None (and the send failed) if its peer is closed."""
         if self.engines[req.peer].closed:
-            engine.fail(req, self._broken(engine, req.peer))
+            engine.fail(req, engine.broken(req.peer))
             return None
         buf: BufferView = req.buf  # type: ignore[assignment]
         env = req.desc = Envelope(engine.rank, req.tag, buf.nbytes, buf.count, buf.dtype, req)
@@ -97,8 +96,3 @@ class LocalTransport(Transport):
     def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
         if not other.closed:
             other.peer_gone(rank)
-
-    @staticmethod
-    def _broken(engine: DeviceEngine, peer: int) -> CommBrokenError:
-        return CommBrokenError(f"rank {peer} has closed its communicator", rank=engine.rank,
-                               peer=peer)
