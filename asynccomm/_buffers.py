@@ -6,15 +6,22 @@ Every check that can fail on a user buffer lives here and raises ``TypeError`` o
 
 from __future__ import annotations
 
+import bisect
+import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
 from ._types import DataType
 
 __all__ = [
     "BufferView",
+    "SpanIndex",
+    "address",
+    "overlapping",
     "PoolStatistics",
     "StagingPool",
     "as_recv_buffer",
@@ -88,6 +95,10 @@ def dtype_name(dt: np.dtype[Any], what: str) -> str:
 
 def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
     """A flat byte view of ``buf`` and its element dtype (uint8 for non-numpy buffers)."""
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(buf, ma.MaskedArray):
+        raise TypeError(f"{what} buffer is a masked array: its mask would not travel; send "
+                        "arr.filled(fill_value) or arr.data (and the mask as a second message)")
     if isinstance(buf, np.ndarray):
         dt = buf.dtype
         dtype_name(dt, what)
@@ -172,6 +183,84 @@ def as_recv_buffer(buf: object, count: object = None, dtype: object = None) -> B
     return _element_range(mv, dt, count, dtype, "recv")
 
 
+def address(mv: memoryview) -> int:
+    """The address of a non-empty buffer's first byte."""
+    if not mv.readonly:
+        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+    return int(np.frombuffer(mv, np.uint8).__array_interface__["data"][0])
+
+
+def overlapping(views: list[memoryview], writes: list[bool]) -> tuple[int, int] | None:
+    """Two indexes of ``views`` that share memory while at least one of them is written
+    (``writes[i]``), or None.  Empty views share nothing; views only read may share."""
+    spans = sorted((address(v), address(v) + v.nbytes, i) for i, v in enumerate(views)
+                   if v.nbytes)
+    any_end, any_i = 0, -1  # the furthest end so far, of any view and of a written one
+    w_end, w_i = 0, -1
+    for start, end, i in spans:
+        if writes[i] and start < any_end:
+            return min(i, any_i), max(i, any_i)
+        if start < w_end:
+            return min(i, w_i), max(i, w_i)
+        if end > any_end:
+            any_end, any_i = end, i
+        if writes[i] and end > w_end:
+            w_end, w_i = end, i
+    return None
+
+
+class SpanIndex:
+    """The memory spans of this rank's pending recv buffers, to refuse a recv into memory
+    that another pending recv will write (two writers, one buffer: data corrupted).
+
+    Starts are kept sorted (ints bisect fast); a removed span is dropped from the maps at
+    once and from the sorted starts lazily, in one pass once half of them are stale.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._spans: dict[int, tuple[int, object]] = {}  # start -> (end, owner)
+        self._start_of: dict[int, int] = {}  # id(owner) -> start
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def conflict(self, mv: memoryview) -> object | None:
+        """The owner of a span that ``mv`` overlaps, or None."""
+        if not mv.nbytes or not self._spans:
+            return None
+        start = address(mv)
+        end = start + mv.nbytes
+        starts, spans = self._starts, self._spans
+        i = bisect.bisect_left(starts, start)
+        j = i - 1
+        while j >= 0 and starts[j] not in spans:  # the nearest live span before
+            j -= 1
+        if j >= 0 and spans[starts[j]][0] > start:
+            return spans[starts[j]][1]
+        while i < len(starts) and starts[i] not in spans:  # and after
+            i += 1
+        if i < len(starts) and starts[i] < end:
+            return spans[starts[i]][1]
+        return None
+
+    def add(self, mv: memoryview, owner: object) -> None:
+        if mv.nbytes:
+            start = address(mv)
+            if start not in self._spans:  # a stale entry may still stand in the list
+                bisect.insort(self._starts, start)
+            self._spans[start] = (start + mv.nbytes, owner)
+            self._start_of[id(owner)] = start
+
+    def remove(self, owner: object) -> None:
+        start = self._start_of.pop(id(owner), None)
+        if start is None:
+            return
+        del self._spans[start]
+        if len(self._starts) > 2 * len(self._spans) + 64:
+            self._starts = sorted(self._spans)
+
+
 def new_array(dtype: str, count: int) -> np.ndarray[Any, Any]:
     """A fresh 1-D array for ``recv_new``."""
     return np.empty(count, dtype=np.dtype(dtype))
@@ -184,7 +273,7 @@ class PoolStatistics:
     capacity_bytes: int
     """The cap on bytes held by staged messages at once."""
     in_use_bytes: int
-    """Bytes of buffers holding staged messages now."""
+    """Bytes counted for the messages staged now: their buffers and their bookkeeping."""
     peak_bytes: int
     """The most ``in_use_bytes`` has been."""
     cached_bytes: int
@@ -200,16 +289,17 @@ class PoolStatistics:
 class StagingPool:
     """Size-bucketed, capped pool of staging buffers for eager messages.
 
-    Buckets are powers of two from ``min_bucket`` up; a message takes the smallest bucket
-    that holds it.  When holding one more buffer would pass ``capacity_bytes``, ``acquire``
-    returns None and the caller falls back to rendezvous: the sender then waits for its recv
-    instead of memory growing without bound.  Free buffers are cached per bucket up to
-    ``capacity_bytes`` in all.
+    Buckets are powers of two from 64 bytes up; a message takes the smallest bucket that
+    holds it, and counts against the cap as its bucket plus ``MESSAGE_OVERHEAD`` bytes of
+    bookkeeping (so a flood of empty messages is bounded too; an empty message has no
+    buffer at all).  When one more message would pass ``capacity_bytes``, ``acquire``
+    returns None and the caller falls back to rendezvous: the sender then waits for its
+    recv instead of memory growing without bound.  Free buffers are cached per bucket up
+    to ``capacity_bytes`` in all.
     """
 
-    def __init__(self, capacity_bytes: int, *, min_bucket: int = 64) -> None:
+    def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._min_bucket = min_bucket
         self._free: dict[int, list[memoryview]] = {}
         self._in_use = 0
         self._peak = 0
@@ -220,14 +310,17 @@ class StagingPool:
 
     def acquire(self, nbytes: int) -> memoryview | None:
         """A buffer of at least ``nbytes`` bytes, or None if the cap is reached."""
-        size = max(self._min_bucket, 1 << (nbytes - 1).bit_length()) if nbytes else 0
-        if self._in_use + size > self.capacity_bytes:
+        size = max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0
+        cost = size + MESSAGE_OVERHEAD
+        if self._in_use + cost > self.capacity_bytes:
             self._refused += 1
             return None
         self._acquired += 1
-        self._in_use += size
+        self._in_use += cost
         if self._in_use > self._peak:
             self._peak = self._in_use
+        if not size:
+            return _EMPTY
         free = self._free.get(size)
         if free:
             self._reused += 1
@@ -238,8 +331,8 @@ class StagingPool:
     def release(self, buf: memoryview) -> None:
         """Give a buffer from ``acquire`` back."""
         size = buf.nbytes
-        self._in_use -= size
-        if self._cached + size <= self.capacity_bytes:
+        self._in_use -= size + MESSAGE_OVERHEAD
+        if size and self._cached + size <= self.capacity_bytes:
             self._free.setdefault(size, []).append(buf)
             self._cached += size
 
@@ -253,3 +346,6 @@ class StagingPool:
             reused=self._reused,
             refused=self._refused,
         )
+
+
+_EMPTY = memoryview(bytearray(0))

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer, resolve_dtype
+from ._buffers import BufferView, as_recv_buffer, as_send_buffer, overlapping, resolve_dtype
 from ._exceptions import CommClosedError, OutOfDeviceMemoryError
-from ._request import DONE, Request, settle, wait_all
+from ._request import DONE, Request, defer_cancellation, settle, wait_all
 from ._stream import Stream
 from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 
@@ -253,9 +253,12 @@ class Communicator:
             src = self._check_rank(src, "src", wildcard=True)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=True)
-        req = Request(engine, "recv", src, tag, as_recv_buffer(buf, count, dtype),
+        view = as_recv_buffer(buf, count, dtype)
+        req = Request(engine, "recv", src, tag, view,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       self._default_timeout if timeout is None else _check_timeout(timeout))
+        if engine._pending_recvs:
+            engine.check_recv_buffer(view)
         req.stream.submit(req)
         return req
 
@@ -349,14 +352,12 @@ class Communicator:
         reqs = [self._batch_op(op, stream, timeout) for op in ops]
         if not reqs:
             return []
+        self._check_aliasing(reqs)
         reqs[0].stream.submit(reqs)
         try:
             await settle(reqs)
-        except asyncio.CancelledError:
-            for r in reqs:
-                r.cancel()
-            await settle(reqs, shield=True)
-            raise
+        except asyncio.CancelledError as exc:
+            await self._cancel_batch(reqs, exc)
         failed = [r.exception() for r in reqs if r.exception() is not None]
         if len(failed) == 1:
             raise failed[0]  # type: ignore[misc]
@@ -364,6 +365,45 @@ class Communicator:
             raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
                                  failed)  # type: ignore[type-var]
         return await wait_all(reqs)
+
+    async def _cancel_batch(self, reqs: list[Request], exc: asyncio.CancelledError) -> None:
+        """A batch's task was cancelled: withdraw the ops that have not matched and wait for
+        the others.  If none was withdrawn the batch completed, and the cancellation waits
+        for the task's next await; otherwise it is raised, with a note naming the ops that
+        completed all the same (their messages went, or arrived)."""
+        engine = self._engine
+        for r in reqs:
+            engine.withdraw(r, None)
+        await settle(reqs, shield=True)
+        if not any(r.cancelled() for r in reqs):
+            defer_cancellation(exc)
+            return
+        done = [f"{i} ({r.kind}, {'failed' if r.exception() else 'done'})"
+                for i, r in enumerate(reqs) if not r.cancelled()]
+        if done:
+            exc.add_note(f"rank {self.rank}: batch cancelled; ops {', '.join(done)} "
+                         "had matched and finished all the same, the others were withdrawn")
+        raise exc
+
+    def _check_aliasing(self, reqs: list[Request]) -> None:
+        """Refuse a batch in which a recv buffer shares memory with another op's buffer, or
+        with a pending recv's (MPI forbids it: the data would be corrupted).
+
+        Raises:
+            ValueError: the buffers overlap (nothing is posted).
+        """
+        recvs = [r for r in reqs if r.kind == "recv"]
+        if recvs and len(reqs) > 1:
+            clash = overlapping([r.buf.mv for r in reqs],  # type: ignore[union-attr]
+                                [r.kind == "recv" for r in reqs])
+            if clash is not None:
+                i, j = clash
+                raise ValueError(f"ops {i} ({reqs[i].kind}) and {j} ({reqs[j].kind}) of the "
+                                 "batch share buffer memory: a recv would write what the "
+                                 "other op reads or writes; use separate buffers")
+        if self._engine._pending_recvs:
+            for r in recvs:
+                self._engine.check_recv_buffer(r.buf)  # type: ignore[arg-type]
 
     def _batch_op(self, op: object, stream: object, timeout: object) -> Request:
         if isinstance(op, SendOp):

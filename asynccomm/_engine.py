@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _logging
-from ._buffers import PoolStatistics, StagingPool, new_array
+from ._buffers import BufferView, PoolStatistics, SpanIndex, StagingPool, new_array
 from ._core.descriptors import Envelope, ProbeDescriptor, RecvDescriptor
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._exceptions import (
@@ -33,9 +35,10 @@ from ._exceptions import (
     TruncationError,
 )
 from ._request import ACTIVE, CANCELLED, DONE, POSTED, QUEUED, Request
-from ._stream import Event, Stream
+from ._stream import Stream
 from ._types import ANY_SOURCE, Status
 from .sim.clock import ModelClock
+from .transports.base import ASKED, WITHDRAWN
 
 if TYPE_CHECKING:
     from .sim.records import OpRecord
@@ -95,8 +98,15 @@ class DeviceEngine:
         self.closed = False
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
         self.default_stream = Stream(self, 0, in_order=False)
-        self._streams = [self.default_stream]
+        # Streams the program still holds: a dropped stream with nothing pending goes (its
+        # pending requests keep it alive until they finish).
+        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet((self.default_stream,))
+        self._next_sid = 0
         self._live: dict[Request, None] = {}
+        #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
+        self._recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
+        self._pending_recvs = 0  # tracked recvs with a non-empty buffer
+        self._recv_spans: SpanIndex | None = None  # their buffers, once two were pending
         self.gone: set[int] = set()
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
@@ -112,15 +122,38 @@ class DeviceEngine:
     # -- submission -----------------------------------------------------------------------
 
     def new_stream(self) -> Stream:
-        stream = Stream(self, len(self._streams), in_order=True)
-        self._streams.append(stream)
+        self._next_sid += 1
+        stream = Stream(self, self._next_sid, in_order=True)
+        self._streams.add(stream)
         return stream
 
     def track(self, req: Request) -> None:
         """Keep a request that did not finish as it was posted, and arm its timeout."""
         self._live[req] = None
+        if req.kind == "recv" and req.buf is not None and req.buf.nbytes:
+            self._pending_recvs += 1
+            if self._recv_spans is not None:
+                self._recv_spans.add(req.buf.mv, req)
         if req.timeout is not None and req._timer is None:
             req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+
+    def check_recv_buffer(self, buf: BufferView) -> None:
+        """Refuse a recv buffer that overlaps the buffer of a pending recv of this rank.
+
+        Raises:
+            ValueError: it does (nothing is posted).
+        """
+        spans = self._recv_spans
+        if spans is None:  # built on first need: most programs never have two pending
+            spans = self._recv_spans = SpanIndex()
+            for r in self._live:
+                if r.kind == "recv" and r.buf is not None:
+                    spans.add(r.buf.mv, r)
+        owner = spans.conflict(buf.mv)
+        if isinstance(owner, Request):
+            raise ValueError(f"rank {self.rank}: the recv buffer overlaps the buffer of "
+                             f"{_describe(owner)}, which is still pending: two recvs would "
+                             "write the same memory")
 
     def start(self, req: Request) -> None:
         """Post a request that reached its turn on its stream (streams only)."""
@@ -148,7 +181,7 @@ class DeviceEngine:
         if self.matcher.events:
             self._drain()
         # A message the gone peer sent before it left was taken above; nothing more comes.
-        if req._state == POSTED and req.peer in self.gone:
+        if req._state == POSTED and self.gone and self._unreachable(req.peer):
             self.withdraw(req, self.broken(req.peer))
 
     def probe_now(self, source: int, tag: int) -> Status | None:
@@ -165,7 +198,7 @@ class DeviceEngine:
             return
         req._track = 2
         self.track(req)
-        if req.peer in self.gone:
+        if self.gone and self._unreachable(req.peer):
             self.withdraw(req, self.broken(req.peer))
 
     # -- arrival and matching -------------------------------------------------------------
@@ -179,18 +212,6 @@ class DeviceEngine:
         else:
             self.transport.unexpected(self, env)
         if matcher.events:
-            self._drain()
-
-    def unmatch(self, req: Request) -> None:
-        """A matched recv's sender withdrew its message before any data moved (transports
-        only): put the recv back in its original place and match it again."""
-        req._state = POSTED
-        if req.buf is None:
-            req._result = None
-        env = self.matcher.repost(req.desc)
-        if env is not None:
-            self._receive(req, env)
-        elif self.matcher.events:
             self._drain()
 
     def _start_compute(self, req: Request) -> None:
@@ -279,6 +300,13 @@ class DeviceEngine:
             req._wake()
         if req._track:
             del self._live[req]
+            if req.kind == "recv" and req.buf is not None and req.buf.nbytes:
+                self._pending_recvs -= 1
+                if self._recv_spans is not None:
+                    if self._pending_recvs:
+                        self._recv_spans.remove(req)
+                    else:
+                        self._recv_spans = None
             if req.kind == "probe":
                 req._track = 0
             else:
@@ -287,20 +315,35 @@ class DeviceEngine:
                 self._idle.set_result(None)
                 self._idle = None
 
-    def withdraw(self, req: Request, exc: BaseException | None) -> bool:
-        """Withdraw a request that has not matched: cancel it (``exc`` None) or fail it."""
+    def withdraw(self, req: Request, exc: BaseException | None, *, ask: bool = True) -> bool:
+        """Withdraw a request that has not matched: cancel it (``exc`` None) or fail it.
+
+        Returns True if it was withdrawn, or if its withdrawal was asked of its receiver
+        (only with ``ask``: a send whose receiver is in another process decides; the
+        transport then calls ``withdrawn`` or completes the send); False if it had matched
+        or finished already.
+        """
         state = req._state
         if state == QUEUED:
             req.stream.withdraw_queued(req)
         elif state != POSTED:
             return False
         elif req.kind == "send":
-            if not self.transport.withdraw_send(self, req):
-                return False
+            verdict = self.transport.withdraw_send(self, req, exc, ask)
+            if verdict != WITHDRAWN:
+                return verdict == ASKED
         elif not self.matcher.cancel(req.desc):
             return False
-        self._finish(req, CANCELLED if exc is None else DONE, None, exc)
+        self.withdrawn(req, exc)
         return True
+
+    def withdrawn(self, req: Request, exc: BaseException | None) -> None:
+        """Finish a request that was withdrawn before it matched (a send's withdrawal may
+        be asked of its receiver, which answers through the transport)."""
+        if isinstance(exc, CommTimeoutError) or exc is None:
+            how = "timed out" if exc is not None else "was cancelled"
+            self._recent.append((req, how, self.loop.time()))
+        self._finish(req, CANCELLED if exc is None else DONE, None, exc)
 
     def _on_timeout(self, req: Request) -> None:
         req._timer = None
@@ -370,15 +413,33 @@ class DeviceEngine:
     # -- peers, diagnostics, closing ------------------------------------------------------
 
     def peer_gone(self, peer: int, exc: BaseException | None = None) -> None:
-        """``peer`` closed or failed: fail recvs and probes that only it could have matched
-        (with ``exc``, or a ``CommBrokenError`` naming it)."""
+        """``peer`` closed or failed: fail recvs and probes that only it could have matched,
+        and wildcard ones once no other rank is left (with ``exc``, or a
+        ``CommBrokenError`` naming it)."""
         self.gone.add(peer)
-        for req in [r for r in self._live if r.peer == peer and r.kind in ("recv", "probe")]:
+        everyone = len(self.gone) >= self.size - 1
+        for req in [r for r in self._live if r.kind in ("recv", "probe")
+                    and (r.peer == peer or (everyone and r.peer == ANY_SOURCE))]:
             if req._state == POSTED:
-                self.withdraw(req, exc if exc is not None else self.broken(peer))
+                self.withdraw(req, exc if exc is not None and req.peer == peer
+                              else self.broken(req.peer))
+
+    def _unreachable(self, peer: int) -> bool:
+        """True if no rank is left that could send what an op from ``peer`` waits for.  A
+        wildcard gives up once every other rank has closed (a message to itself is matched
+        when it is posted, so a rank waiting on ANY_SOURCE alone would wait forever)."""
+        if peer == ANY_SOURCE:
+            return self.size > 1 and len(self.gone) >= self.size - 1
+        return peer in self.gone
 
     def broken(self, peer: int) -> CommBrokenError:
-        """The error for an op of this rank that ``peer``, now closed, can never complete."""
+        """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
+        rank), now closed, can never complete."""
+        if peer == ANY_SOURCE:
+            ranks = ", ".join(str(r) for r in sorted(self.gone))
+            return CommBrokenError(f"every other rank has closed its communicator (ranks "
+                                   f"{ranks}): nothing can match a recv from ANY_SOURCE",
+                                   rank=self.rank, peer=ANY_SOURCE)
         return CommBrokenError(f"rank {peer} has closed its communicator", rank=self.rank,
                                peer=peer)
 
@@ -392,6 +453,10 @@ class DeviceEngine:
                     out.append(_describe(r) + " queued on its stream")
             elif r.peer in (peer, ANY_SOURCE):
                 out.append(_describe(r))
+        now = self.loop.time()
+        for r, how, when in self._recent:  # withdrawn a moment ago: say so, not "nothing"
+            if r.peer in (peer, ANY_SOURCE) and (r.kind != "send" or r.peer == peer):
+                out.append(f"{_describe(r)}, which {how} {now - when:.3g} s before")
         return out
 
     @property
@@ -408,10 +473,6 @@ class DeviceEngine:
         return [_describe(r) + ("" if r._state != QUEUED else " queued on its stream")
                 for r in self._live]
 
-    def event_fired(self, event: Event) -> None:
-        for stream in self._streams:
-            stream.event_fired()
-
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(pending_ops=len(self._live), active_copies=self._copies,
                                 streams=len(self._streams), matcher=self.matcher.statistics(),
@@ -423,8 +484,6 @@ class DeviceEngine:
         if self.closed:
             return
         self.closed = True
-        for stream in self._streams:
-            stream._closed = True
         exc = CommClosedError(f"rank {self.rank}'s communicator was closed with the op pending",
                               rank=self.rank)
         for req in list(self._live):
@@ -439,6 +498,8 @@ class DeviceEngine:
                 self.pool.release(handle)
             elif isinstance(handle, Request):
                 handle._engine.fail(handle, self._closed_peer_error(handle))
+            else:
+                self.transport.discard(self, env)
         self.transport.engine_closed(self)
         if self._executor is not None:
             self._executor.shutdown(wait=False)

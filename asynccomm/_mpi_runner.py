@@ -7,15 +7,18 @@ the in-process world; only the transport underneath (``MPITransport``) differs.
 
 Each world runs on its own duplicate of ``COMM_WORLD`` (``Idup``), freed when the world
 closes, so worlds never see each other's traffic.  Closing waits until every rank of the
-world has closed (a barrier-free exchange, see ``_mpi_protocol``), like ``MPI_Comm_free``.
+world has closed (a barrier-free exchange, see ``_core/wire.py``), like ``MPI_Comm_free``.
 MPI itself is initialised when the first world opens, not when this module is imported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+import threading
 import traceback
+from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -57,7 +60,10 @@ class _MPIWorld:
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
-        transport = MPITransport(mpi_comm, eager_limit=eager_limit)
+            # Every rank's staging cap: each grants every rank a share of it as credit.
+            pools = array("q", [0]) * mpi_comm.Get_size()
+            await wait_request(mpi_comm.Iallgather(array("q", [pool_bytes]), pools))
+        transport = MPITransport(mpi_comm, eager_limit=eager_limit, pools=list(pools))
         rank, size = transport.rank, transport.size
         engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
                               pool_bytes=pool_bytes)
@@ -70,7 +76,9 @@ class _MPIWorld:
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
         of the world has closed."""
-        if failure is not None:
+        if isinstance(failure, KeyboardInterrupt):
+            self.transport.close_reason = "was interrupted (KeyboardInterrupt)"
+        elif failure is not None:
             why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
             self.transport.close_reason = why
         await self.comm.aclose()
@@ -118,15 +126,61 @@ def _abort(rank: int, why: str, exc: BaseException | None) -> None:
     comm_world().Abort(1)
 
 
+class _Interrupt:
+    """Ctrl-C (SIGINT) on this rank: cancel its main task, and remember why, so that the
+    other ranks hear "interrupted" rather than an anonymous cancellation.  A second Ctrl-C
+    aborts the job."""
+
+    def __init__(self) -> None:
+        self.hit = False
+        self.rank = -1
+
+    def install(self) -> Callable[[], None]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_sigint() -> None:
+            if self.hit:
+                _abort(self.rank, "interrupted twice (KeyboardInterrupt)", None)
+            self.hit = True
+            task.cancel("KeyboardInterrupt")
+
+        try:
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        except (NotImplementedError, RuntimeError, ValueError):  # no signals here
+            return lambda: None
+        def uninstall() -> None:
+            loop.remove_signal_handler(signal.SIGINT)
+
+        return uninstall
+
+
 async def _run_rank(main: Callable[[Communicator], Coroutine[Any, Any, T]], grace: float,
                     options: dict[str, Any]) -> T:
+    interrupt = _Interrupt()
+    uninstall = interrupt.install()
+    try:
+        return await _run_rank_body(main, grace, options, interrupt)
+    finally:
+        uninstall()
+
+
+async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
+                         grace: float, options: dict[str, Any], interrupt: _Interrupt) -> T:
     world = await _MPIWorld.open(**options)
     comm = world.comm
+    interrupt.rank = comm.rank
     try:
         result = await main(comm)
-    except BaseException as exc:
+    except BaseException as caught:
+        exc = KeyboardInterrupt() if interrupt.hit else caught
         exc.add_note(f"(raised on rank {comm.rank})")
-        _report(f"rank {comm.rank} of {comm.size} failed: {type(exc).__name__}: {exc}")
+        what = "was interrupted" if interrupt.hit else "failed"
+        detail = f": {exc}" if str(exc) else ""
+        _report(f"rank {comm.rank} of {comm.size} {what}: {type(exc).__name__}{detail}")
         try:
             async with asyncio.timeout(grace):
                 await world.aclose(exc)
@@ -134,7 +188,9 @@ async def _run_rank(main: Callable[[Communicator], Coroutine[Any, Any, T]], grac
             _abort(comm.rank, f"the other ranks did not close within {grace:g} s", exc)
         if world.transport.broken is not None:
             _abort(comm.rank, f"MPI failed ({world.transport.broken})", exc)
-        raise
+        if exc is caught:
+            raise
+        raise exc from None
     await world.aclose()
     if world.transport.broken is not None:  # the others may wait for this rank forever
         _abort(comm.rank, f"MPI failed ({world.transport.broken})", None)

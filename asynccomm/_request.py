@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from asyncio.events import _get_running_loop
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from ._stream import Stream
     from .sim.records import OpRecord
 
-__all__ = ["Request", "wait_all", "wait_any"]
+__all__ = ["Request", "defer_cancellation", "wait_all", "wait_any"]
 
 # Request states, in order: an op moves only forward.
 QUEUED: Final = 0  # waiting on its stream, not posted yet
@@ -86,11 +87,22 @@ class Request:
 
         Returns:
             True if it was withdrawn (awaiting it then raises ``CancelledError``); False if
-            it had already matched or finished.
+            it had already matched or finished, or if only its receiver can tell: a send
+            larger than the eager limit on MPI, announced to another process, can only be
+            withdrawn by asking that process, which a plain call cannot wait for.  Cancel
+            the task awaiting it (or use ``timeout=``): those ask, and wait for the answer.
+
+        Raises:
+            RuntimeError: called from another thread or event loop.
         """
+        engine = self._engine
+        if _get_running_loop() is not engine.loop:
+            raise RuntimeError(f"rank {engine.rank}'s request was cancelled outside its event "
+                               "loop (from another thread?); call cancel() from the loop that "
+                               "opened its world, e.g. with loop.call_soon_threadsafe")
         if self._state >= ACTIVE:
             return False
-        return self._engine.withdraw(self, None)
+        return engine.withdraw(self, None, ask=False)
 
     @property
     def status(self) -> Status | None:
@@ -114,11 +126,9 @@ class Request:
             self._add_waiter(fut)
             try:
                 yield from fut
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
                 self._discard_waiter(fut)
-                if self._state != CANCELLED and not self.cancel():
-                    yield from self._finish_committed()
-                raise
+                return (yield from self._cancelled_while_waiting(exc))
         return self._outcome()
 
     # -- engine side ----------------------------------------------------------------------
@@ -130,8 +140,20 @@ class Request:
             raise self._exc
         return self._result
 
-    def _finish_committed(self) -> Generator[Any, None, None]:
-        """Wait, ignoring cancellation, for a matched op to finish its transfer."""
+    def _cancelled_while_waiting(self, exc: asyncio.CancelledError) -> Generator[Any, None, Any]:
+        """The task awaiting this op was cancelled: withdraw the op if it has not matched,
+        else let it finish.  An op that finished is never reported cancelled: its outcome
+        is returned and the cancellation is delivered at the task's next await."""
+        if self._state < ACTIVE:
+            self._engine.withdraw(self, None)
+        yield from self._settle()
+        if self._state == CANCELLED:
+            raise exc
+        defer_cancellation(exc)
+        return self._outcome()
+
+    def _settle(self) -> Generator[Any, None, None]:
+        """Wait, ignoring cancellation, until the op has finished or been withdrawn."""
         while self._state < DONE:
             fut = self._engine.loop.create_future()
             self._add_waiter(fut)
@@ -161,6 +183,32 @@ class Request:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+
+
+def defer_cancellation(exc: asyncio.CancelledError) -> None:
+    """Deliver a cancellation that arrived after an op had finished at the task's next
+    await instead of now, so the op's outcome is not lost.
+
+    Called where the ``CancelledError`` was caught and is not re-raised.  If, by the task's
+    next wait, something took the cancellation as its own (``asyncio.timeout`` and
+    ``TaskGroup`` call ``Task.uncancel()`` when they handle theirs), it is not delivered
+    again; otherwise the task is cancelled anew at that wait, its ``cancelling()`` count
+    unchanged.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return
+    expected = task.cancelling()
+    if expected == 0:
+        return
+    msg = exc.args[0] if exc.args else None
+
+    def deliver() -> None:
+        if not task.done() and task.cancelling() >= expected:
+            task.cancel(msg)
+            task.uncancel()
+
+    task.get_loop().call_soon(deliver)
 
 
 def _check_requests(reqs: Sequence[Request]) -> list[Request]:
@@ -216,18 +264,35 @@ async def settle(reqs: list[Request], *, shield: bool = False) -> None:
                 raise
 
 
+class _Countdown:
+    """A waiter shared by many requests: it resolves ``fut`` when ``left`` of them have
+    finished.  Requests call ``set_result`` once each, so every completion costs O(1)."""
+
+    __slots__ = ("fut", "left")
+
+    def __init__(self, fut: asyncio.Future[None], left: int) -> None:
+        self.fut = fut
+        self.left = left
+
+    def done(self) -> bool:
+        return self.fut.done()
+
+    def set_result(self, _: None) -> None:
+        self.left -= 1
+        if self.left <= 0 and not self.fut.done():
+            self.fut.set_result(None)
+
+
 async def _wait(reqs: list[Request], *, all_done: bool) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-        fut: asyncio.Future[None] = loop.create_future()
-        for r in reqs:
-            if not r.done():
-                r._add_waiter(fut)
-        try:
-            await fut
-        finally:
-            for r in reqs:
-                r._discard_waiter(fut)
-        done = [r.done() for r in reqs]
-        if all(done) if all_done else any(done):
-            return
+    pending = [r for r in reqs if not r.done()]
+    if not pending or not all_done and len(pending) < len(reqs):
+        return
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiter = _Countdown(fut, len(pending) if all_done else 1)
+    for r in pending:
+        r._add_waiter(waiter)  # type: ignore[arg-type]
+    try:
+        await fut
+    finally:
+        for r in pending:
+            r._discard_waiter(waiter)  # type: ignore[arg-type]

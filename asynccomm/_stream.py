@@ -44,7 +44,7 @@ class Event:
     Instances are created by ``Stream.record`` and cannot be created directly.
     """
 
-    __slots__ = ("_fired", "_loop", "_waiters", "seq", "stream")
+    __slots__ = ("_fired", "_loop", "_streams", "_waiters", "seq", "stream")
 
     def __init__(self, stream: Stream, seq: int) -> None:
         self.stream = stream
@@ -52,6 +52,7 @@ class Event:
         self._loop = stream._engine.loop
         self._fired = False
         self._waiters: list[asyncio.Future[None]] = []
+        self._streams: list[Stream] = []  # streams holding ops until this fires
 
     def __repr__(self) -> str:
         return f"<Event {self.stream!r} seq={self.seq} {'fired' if self._fired else 'pending'}>"
@@ -73,7 +74,9 @@ class Event:
             if not fut.done():
                 fut.set_result(None)
         self._waiters.clear()
-        self.stream._engine.event_fired(self)
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.event_fired()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +105,8 @@ class Stream:
     Instances are created by ``Communicator.stream()`` and cannot be created directly.
     """
 
-    __slots__ = ("_active", "_closed", "_engine", "_events", "_pending", "_pumping", "_queue",
-                 "_seq", "in_order", "sid")
+    __slots__ = ("__weakref__", "_active", "_engine", "_events", "_pending", "_pumping",
+                 "_queue", "_seq", "in_order", "sid")
 
     def __init__(self, engine: DeviceEngine, sid: int, *, in_order: bool) -> None:
         self._engine = engine
@@ -114,7 +117,6 @@ class Stream:
         self._events: deque[Event] = deque()
         self._active = 0
         self._seq = 0
-        self._closed = False
         self._pumping = False
 
     def __repr__(self) -> str:
@@ -162,6 +164,7 @@ class Stream:
         self._check_open()
         if not event._fired:
             self._queue.append(_Wait(event))
+            event._streams.append(self)
 
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(queued=len(self._pending) - self._active,
@@ -170,7 +173,7 @@ class Stream:
     # -- engine side ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._closed:
+        if self._engine.closed:
             raise CommClosedError(f"rank {self._engine.rank}'s communicator is closed",
                                   rank=self._engine.rank)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import bandwidth, p2p
+from . import bandwidth, p2p, waits
 from ._common import (
     LOOPS,
     SECTIONS,
@@ -31,12 +31,14 @@ RUNNERS: dict[str, Callable[[str, Settings], SectionResult]] = {
     "rate": p2p.run_rate,
     "bandwidth": bandwidth.run_bandwidth,
     "responsiveness": bandwidth.run_responsiveness,
+    "waits": waits.run_waits,
 }
 TABLES: dict[str, Callable[[dict[str, SectionResult]], None]] = {
     "latency": p2p.table_latency,
     "rate": p2p.table_rate,
     "bandwidth": bandwidth.table_bandwidth,
     "responsiveness": bandwidth.table_responsiveness,
+    "waits": waits.table_waits,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 

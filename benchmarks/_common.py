@@ -28,7 +28,7 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
     "asyncio": asyncio.new_event_loop,
 }
-SECTIONS = ("latency", "rate", "bandwidth", "responsiveness")
+SECTIONS = ("latency", "rate", "bandwidth", "responsiveness", "waits")
 #: No benchmark on one loop takes nearly this long (they take seconds to tens of seconds).
 SECTION_LIMIT_S = 600.0
 
@@ -48,6 +48,8 @@ class Settings:
     memory_sizes: tuple[int, ...]
     responsiveness_size: int
     responsiveness_repeats: int
+    waits_requests: tuple[int, ...]
+    waits_repeats: int
 
     @classmethod
     def make(cls, quick: bool) -> Settings:
@@ -55,13 +57,14 @@ class Settings:
             return cls(quick=True, latency_sizes=(8, 1 * KiB), latency_iters=500,
                        latency_repeats=3, rate_messages=2_000, rate_window=64, rate_repeats=3,
                        bandwidth_sizes=(4 * KiB, 1 * MiB, 16 * MiB), memory_sizes=(16 * MiB,),
-                       responsiveness_size=16 * MiB, responsiveness_repeats=1)
+                       responsiveness_size=16 * MiB, responsiveness_repeats=1,
+                       waits_requests=(2_000,), waits_repeats=1)
         return cls(quick=False, latency_sizes=(8, 64, 1 * KiB), latency_iters=20_000,
                    latency_repeats=7, rate_messages=100_000, rate_window=64, rate_repeats=5,
                    bandwidth_sizes=(4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB,
                                     1 * GiB),
                    memory_sizes=(256 * MiB, 1 * GiB), responsiveness_size=1 * GiB,
-                   responsiveness_repeats=3)
+                   responsiveness_repeats=3, waits_requests=(2_500, 20_000), waits_repeats=3)
 
     def bandwidth_plan(self, nbytes: int) -> tuple[int, int]:
         """(repeats, iterations per repeat) for one bandwidth size: about 64 MiB moved per

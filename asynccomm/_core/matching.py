@@ -24,9 +24,11 @@ envelope but its dtype differs or its buffer is too small, the *recv* fails
 fits.  An arriving envelope whose earliest recv rejects it tries the next posted recv, and
 is queued as unexpected if none is left.  The sender is never failed by a rejection.
 
-Rule 5 (withdrawal is atomic).  ``cancel`` removes a posted recv or probe, ``withdraw``
-removes an unexpected message; each returns False when the item has already matched, so
-the caller knows whether a late match can still touch the buffer.
+Rule 5 (withdrawal is atomic, and a match is final).  ``cancel`` removes a posted recv or
+probe, ``withdraw`` removes an unexpected message; each returns False when the item has
+already matched, so the caller knows whether a late match can still touch the buffer.  A
+match is never undone: transports whose sender may withdraw after the receiver matched
+let the receiver decide (see ``wire.py``).
 
 Cost: exact (source, tag) matching is O(1) (one bucket lookup).  A wildcard recv looks at
 four bucket heads for an arriving envelope and at one index head for unexpected messages;
@@ -188,22 +190,6 @@ class Matcher:
         if env is not None:
             return self._take(recv, env)
         self._queue_recv(recv)
-        return None
-
-    def repost(self, recv: RecvDescriptor) -> Envelope | None:
-        """Put back a recv whose match fell through (its sender withdrew the message before
-        any data moved), keeping its original place in posting order.  Returns what
-        ``post_recv`` returns."""
-        self._matched -= 1  # the match that fell through did not succeed
-        env = self._earliest_unexpected(recv.source, recv.tag)
-        if env is not None:
-            return self._take(recv, env)
-        bucket = self._queue_recv(recv)
-        keys = reversed(bucket)
-        next(keys)  # ``recv`` itself, just added at the end
-        if next(keys, -1) > recv.seq:  # later recvs were posted meanwhile: re-sort
-            for seq in sorted(bucket):
-                bucket.move_to_end(seq)
         return None
 
     def _take(self, recv: RecvDescriptor, env: Envelope) -> Envelope | None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from .._core.descriptors import Envelope
 from .._engine import THREAD_COPY_MIN
 from .._request import ACTIVE
+from ..transports.base import WITHDRAWN
 from ..transports.local import LocalTransport
 from .model import ChunkPlan
 from .records import OpRecord
@@ -86,12 +87,13 @@ class ModelledTransport(LocalTransport):
     def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
         """Nothing to do: eager payloads were staged when posted (Rule 1)."""
 
-    def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
+    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
+                      ask: bool) -> int:
         env = req.desc
         if env in self._rts_in_flight:  # Rule 4
             self._rts_in_flight.discard(env)
-            return True
-        return super().withdraw_send(engine, req)
+            return WITHDRAWN
+        return super().withdraw_send(engine, req, exc, ask)
 
     # -- arrival --------------------------------------------------------------------------
 

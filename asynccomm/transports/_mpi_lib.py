@@ -16,14 +16,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from .._exceptions import TransportError
-from ._mpi_protocol import Backoff
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 else:
     MPI = None  # bound by load_mpi()
 
-__all__ = ["MPI", "comm_world", "load_mpi", "mpi_errors", "translate", "wait_request",
+__all__ = ["MPI", "Backoff", "comm_world", "load_mpi", "mpi_errors", "translate", "wait_request",
            "yield_now"]
 
 
@@ -74,6 +73,38 @@ def mpi_errors(what: str, rank: int | None = None) -> Iterator[None]:
         yield
     except MPI.Exception as exc:
         raise translate(exc, what, rank) from exc
+
+
+class Backoff:
+    """How long the progress task waits between polls (mpi4py.futures' ``Backoff``, plus a
+    spin phase for latency).
+
+    After activity it polls back to back (delay 0) for ``spin`` seconds, so a reply that
+    comes within that window is seen at once; then it sleeps ``tmin`` (``tmax / 1024``),
+    doubling up to ``tmax``, so an idle rank costs almost nothing.  Time is passed in.
+    """
+
+    __slots__ = ("spin", "spin_until", "tmax", "tmin", "tval")
+
+    def __init__(self, *, tmax: float = 1e-3, spin: float = 1e-3) -> None:
+        self.tmax = tmax
+        self.tmin = tmax / 1024
+        self.spin = spin
+        self.spin_until = 0.0
+        self.tval = 0.0
+
+    def reset(self, now: float) -> None:
+        """Something happened: spin again."""
+        self.spin_until = now + self.spin
+        self.tval = 0.0
+
+    def delay(self, now: float) -> float:
+        """The next wait, in seconds (0: poll again as soon as other tasks ran)."""
+        if now < self.spin_until:
+            return 0.0
+        tval = self.tval
+        self.tval = min(self.tmax, max(self.tmin, tval * 2))
+        return tval
 
 
 @types.coroutine

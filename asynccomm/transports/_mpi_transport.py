@@ -1,4 +1,4 @@
-"""The MPI transport: one rank's side of the ``_mpi_protocol`` protocol, on mpi4py.
+"""The MPI transport: the shell that runs one rank's ``Wire`` (``_core/wire.py``) on mpi4py.
 
 Matching stays in the receiving rank's own ``Matcher`` (MPI's matching is never used for
 user messages), so a program behaves exactly as it does in-process.  Eager messages travel
@@ -8,7 +8,7 @@ rendezvous data goes from the send buffer straight into the recv buffer, in chun
 Progress: MPI cannot be awaited, so one task per world polls it (the control recv at the
 head of the queue with ``Test``, every other request with ``Testsome``) and never blocks
 the loop.  After any activity it polls back to back for a moment, then backs off to at most
-1 ms between polls (``_mpi_protocol.Backoff``); while data moves it keeps polling.
+1 ms between polls (``Backoff``); while data moves it keeps polling.
 
 MPI errors become ``TransportError`` through ``_mpi_lib.translate``: at the transport's
 entry points (a failed op), and in the progress task (which fails everything pending).
@@ -23,24 +23,15 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+from .._core import wire as w
 from .._core.chunking import Chunk, ChunkSender
 from .._core.descriptors import Envelope
-from .._exceptions import CommBrokenError, CommClosedError, TransportError
+from .._core.wire import DTYPE_FIELDS, DTYPE_NAMES, EAGER, HEADER, Wire, decode_dtype, encode_dtype
+from .._exceptions import CommBrokenError, TransportError
 from .._request import ACTIVE, DONE, POSTED, Request
 from . import _mpi_lib as lib
-from . import _mpi_protocol as proto
-from ._mpi_lib import mpi_errors, translate, yield_now
-from ._mpi_protocol import (
-    CTRL_TAG,
-    DTYPE_FIELDS,
-    DTYPE_NAMES,
-    EAGER,
-    HEADER,
-    Backoff,
-    decode_dtype,
-    encode_dtype,
-)
-from .base import Transport
+from ._mpi_lib import Backoff, mpi_errors, translate, yield_now
+from .base import ASKED, TOO_LATE, WITHDRAWN, Transport
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -49,6 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MPITransport"]
 
+#: The MPI tag of every control message; data tags are 1 and up.
+CTRL_TAG = 0
 #: Control recvs kept posted; more let bursts of small messages land without MPI-level
 #: unexpected-message buffering.
 CTRL_SLOTS = 8
@@ -85,13 +78,14 @@ class _Slot:
 
 
 class _Staged:
-    """An unexpected eager payload held outside the staging pool (the pool was full), so
-    the engine never releases it into the pool."""
+    """``Envelope.handle`` of an unexpected eager payload, staged in the pool (``pooled``)
+    or, if the pool refused it, in a private buffer (still within the sender's credit)."""
 
-    __slots__ = ("buf",)
+    __slots__ = ("buf", "pooled")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: memoryview | bytes, pooled: bool) -> None:
         self.buf = buf
+        self.pooled = pooled
 
 
 class _Remote:
@@ -128,7 +122,7 @@ class _OneChunk:
 class _Transfer:
     """One side of a rendezvous data transfer: its chunks and their MPI requests."""
 
-    __slots__ = ("chunks", "env", "gone", "ident", "inflight", "mv", "peer", "req", "tag")
+    __slots__ = ("chunks", "env", "ident", "inflight", "mv", "peer", "req", "tag")
 
     def __init__(self, req: Request, peer: int, ident: int, tag: int, mv: memoryview,
                  env: Envelope | None) -> None:
@@ -138,7 +132,6 @@ class _Transfer:
         self.tag = tag
         self.mv = mv
         self.env = env
-        self.gone = False
         nbytes = len(mv)
         self.chunks = (_OneChunk(nbytes) if nbytes <= CHUNK_BYTES else
                        ChunkSender(nbytes, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
@@ -146,19 +139,26 @@ class _Transfer:
 
 
 class MPITransport(Transport):
-    """Runs one rank's side of the MPI protocol on a private communicator (see module
-    docs).  Created by ``open_mpi_world``; it owns its progress task."""
+    """Runs one rank's side of the wire protocol on a private communicator (see module
+    docs).  Created by ``open_mpi_world``; it owns its progress task.
 
-    def __init__(self, comm: MPI.Intracomm, *, eager_limit: int) -> None:
+    Args:
+        comm: the world's private communicator.
+        eager_limit: this rank's eager limit (at most ``wire.INLINE_MAX`` travels inline).
+        pools: every rank's staging cap, in rank order: each grants every rank an equal
+            share of it as eager credit.
+    """
+
+    def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.inline_max = min(eager_limit, proto.INLINE_MAX)
+        self.wire = Wire(self.rank, self.size, inline_max=eager_limit,
+                         credits=[p // self.size for p in pools],
+                         grant=pools[self.rank] // self.size)
+        self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
         self.close_reason = "has closed its communicator"
         self._engine: DeviceEngine  # set by start()
-        self._tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
-        self._next_tag = 0
-        self._next_ident = 0
         self._slots: deque[_Slot] = deque()
         # Requests in flight and what to do when each completes (None: a send whose
         # buffer the request itself keeps alive).
@@ -167,22 +167,13 @@ class MPITransport(Transport):
         self._cbs: list[Callable[[], None] | None] = []
         self._data = 0  # data chunks in flight: poll without backing off
         self._sent = False  # this rank sent something: an answer may follow, spin
-        self._sends: dict[int, Request] = {}  # rendezvous sends waiting for CTS
-        self._withdrawn: dict[int, int] = {}  # withdrawn message id -> peer, until ACK
-        self._announced: dict[tuple[int, int], Envelope] = {}  # RTS not pulled yet
+        self._sends: dict[int, Request] = {}  # announced sends, until CTS or WITHDRAWN
+        self._withdraw_exc: dict[int, BaseException | None] = {}  # why each is withdrawn
+        self._announced: dict[tuple[int, int], Envelope] = {}  # RTS not matched yet
         self._pulls: dict[tuple[int, int], _Transfer] = {}
         self._pushes: set[_Transfer] = set()
-        self._closed_by: dict[int, str] = {}  # peer -> the reason it gave
-        self._close_sent = False
-        self._fin_sent: set[int] = set()
-        self._fin_from: set[int] = set()
         self._broken: BaseException | None = None
         self._task: asyncio.Task[None] | None = None
-        self._handlers: dict[int, Callable[[int, int, int, int, memoryview], None]] = {
-            proto.CTS: self._on_cts,
-            proto.WITHDRAW: self._on_withdraw, proto.ACK: self._on_ack,
-            proto.GONE: self._on_gone, proto.CLOSE: self._on_close, proto.FIN: self._on_fin,
-        }
 
     @property
     def broken(self) -> BaseException | None:
@@ -202,7 +193,7 @@ class MPITransport(Transport):
         with mpi_errors("posting control recvs", self.rank):
             for _ in range(CTRL_SLOTS):
                 # Sized for any rank's inline messages, whatever its own eager limit.
-                slot = _Slot(self.comm, proto.INLINE_MAX)
+                slot = _Slot(self.comm, w.INLINE_MAX)
                 slot.req.Start()
                 self._slots.append(slot)
         self._task = engine.loop.create_task(self._progress(),
@@ -251,8 +242,7 @@ class MPITransport(Transport):
             self._break(err)
 
     def _finished(self) -> bool:
-        return self._broken is not None or (self._close_sent and len(self._fin_from) == self.size
-                                            and len(self._fin_sent) == self.size)
+        return self._broken is not None or self.wire.finished
 
     async def _teardown(self, backoff: Backoff) -> None:
         # Every rank has sent its last message to this one: the control recvs can only be
@@ -278,6 +268,7 @@ class MPITransport(Transport):
             if req._state < DONE:
                 engine.fail(req, self._error(err))
         self._sends.clear()
+        self._withdraw_exc.clear()
         self._pushes.clear()
         self._pulls.clear()
         for req in engine.live_requests():
@@ -325,101 +316,76 @@ class MPITransport(Transport):
         self._reqs.append(req)
         self._cbs.append(cb)
 
-    def _ctrl(self, dst: int, kind: int, *, tag: int = 0, nbytes: int = 0, count: int = 0,
-              ident: int = 0, dtype: bytes = b"", payload: bytes = b"") -> None:
-        msg = HEADER.pack(kind, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
-        if payload:
-            msg += payload
-        req = self.comm.Isend(msg, dst, CTRL_TAG)
+    def _send(self, dest: int, msg: bytes | bytearray) -> None:
+        req = self.comm.Isend(msg, dest, CTRL_TAG)
         if not req.Test():
             self._track(req, None)
         self._sent = True
+
+    def _send_all(self, out: list[tuple[int, bytes]]) -> None:
+        for dest, msg in out:
+            self._send(dest, msg)
 
     # -- control messages -----------------------------------------------------------------
 
     def _on_message(self, slot: _Slot) -> None:
         kind, dlen, src, tag, nbytes, count, ident, dfield = HEADER.unpack_from(slot.buf)
         engine = self._engine
-        if kind == EAGER:
-            if not engine.closed:  # a closed rank drops what arrives, as in-process
-                dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
-                engine.deliver(Envelope(src, tag, nbytes, count, dtype, slot))
-        elif kind == proto.RTS:
-            if not engine.closed:
-                env = Envelope(src, tag, nbytes, count, decode_dtype(dfield, dlen),
-                               _Remote(src, ident))
-                self._announced[(src, ident)] = env
-                engine.deliver(env)
-        else:
-            self._handlers[kind](src, tag, nbytes, ident, slot.payload)
-
-    def _on_cts(self, src: int, tag: int, nbytes: int, ident: int, payload: memoryview) -> None:
-        req = self._sends.pop(ident, None)
-        if req is None:
-            if ident in self._withdrawn:  # crossed our WITHDRAW: the receiver re-posts
-                self._ctrl(src, proto.GONE, ident=ident)
+        if kind == EAGER:  # the hot path, outside the wire
+            if engine.closed:  # a closed rank drops what arrives, as in-process
+                return
+            dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
+            engine.deliver(Envelope(src, tag, nbytes, count, dtype, slot))
             return
-        req._state = ACTIVE
-        push = _Transfer(req, src, ident, tag, req.buf.mv, None)  # type: ignore[union-attr]
-        self._pushes.add(push)
-        self._push_more(push)
+        dtype = decode_dtype(dfield, dlen) if kind == w.RTS else ""
+        payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE else b""
+        event, out = self.wire.receive(kind, src, tag, nbytes, count, ident, dtype, payload)
+        self._send_all(out)
+        match event:
+            case w.Announced(source, tag, nbytes, count, dtype, ident):
+                if not engine.closed:
+                    env = Envelope(source, tag, nbytes, count, dtype, _Remote(source, ident))
+                    self._announced[(source, ident)] = env
+                    engine.deliver(env)
+            case w.ClearToSend(dest, ident, data_tag):
+                self._withdraw_exc.pop(ident, None)  # a withdrawal under way lost
+                req = self._sends.pop(ident)
+                req._state = ACTIVE
+                push = _Transfer(req, dest, ident, data_tag, req.buf.mv, None)  # type: ignore[union-attr]
+                self._pushes.add(push)
+                self._push_more(push)
+            case w.WithdrawRequested(source, ident):
+                dropped = self._announced.pop((source, ident), None)
+                if dropped is not None:
+                    engine.matcher.withdraw(dropped)
+            case w.WithdrawAnswered(dest, ident):
+                self._withdrawn(ident)
+            case w.PeerClosed(source, reason, announced, withdrawing):
+                self._on_peer_closed(source, reason, announced, withdrawing)
+            case _:
+                pass
 
-    def _on_withdraw(self, src: int, tag: int, nbytes: int, ident: int,
-                     payload: memoryview) -> None:
-        env = self._announced.pop((src, ident), None)
-        if env is not None:
-            self._engine.matcher.withdraw(env)
-        self._ctrl(src, proto.ACK, ident=ident)
+    def _withdrawn(self, ident: int) -> None:
+        req = self._sends.pop(ident)
+        self._engine.withdrawn(req, self._withdraw_exc.pop(ident))
 
-    def _on_ack(self, src: int, tag: int, nbytes: int, ident: int, payload: memoryview) -> None:
-        self._withdrawn.pop(ident, None)
-
-    def _on_gone(self, src: int, tag: int, nbytes: int, ident: int, payload: memoryview) -> None:
-        pull = self._pulls.get((src, ident))
-        if pull is None:
-            return
-        pull.gone = True
-        if not pull.inflight:
-            self._pull_withdrawn(self._engine, pull)
-        for req in pull.inflight.values():
-            req.Cancel()  # nothing was sent on this tag, so every recv cancels
-
-    def _on_close(self, src: int, tag: int, nbytes: int, ident: int,
-                  payload: memoryview) -> None:
-        reason = bytes(payload[:nbytes]).decode("utf-8", "replace")
-        self._closed_by[src] = reason
+    def _on_peer_closed(self, source: int, reason: str, announced: tuple[int, ...],
+                        withdrawing: tuple[int, ...]) -> None:
         engine = self._engine
-        if src != self.rank:
-            engine.log.info("mpi.peer_closed", peer=src, reason=reason)
-            exc = self._broken_error(src)
-            for key, req in list(self._sends.items()):
-                if req.peer == src:  # never pulled: it will never be
-                    del self._sends[key]
-                    engine.fail(req, exc)
-            if not engine.closed:
-                engine.peer_gone(src, exc)
-        if self._close_sent:
-            self._send_fin(src)
-
-    def _on_fin(self, src: int, tag: int, nbytes: int, ident: int, payload: memoryview) -> None:
-        self._fin_from.add(src)
-        for key, peer in list(self._withdrawn.items()):
-            if peer == src:
-                del self._withdrawn[key]
-
-    def _send_fin(self, dst: int) -> None:
-        self._ctrl(dst, proto.FIN)
-        self._fin_sent.add(dst)
+        engine.log.info("mpi.peer_closed", peer=source, reason=reason)
+        exc = self._broken_error(source)
+        for ident in announced:  # never matched: it never will be
+            engine.fail(self._sends.pop(ident), exc)
+        for ident in withdrawing:  # dropped unmatched by the closing rank
+            self._withdrawn(ident)
+        if not engine.closed:
+            engine.peer_gone(source, exc)
 
     def _broken_error(self, peer: int) -> CommBrokenError:
-        reason = self._closed_by.get(peer, "has closed its communicator")
+        reason = self.wire.closed_by.get(peer, "has closed its communicator")
         return CommBrokenError(f"rank {peer} {reason}", rank=self.rank, peer=peer)
 
     # -- rendezvous data ------------------------------------------------------------------
-
-    def _data_tag(self) -> int:
-        self._next_tag = self._next_tag % self._tag_ub + 1  # 1..TAG_UB; 0 is CTRL_TAG
-        return self._next_tag
 
     def _push_more(self, push: _Transfer) -> None:
         comm, mv = self.comm, push.mv
@@ -452,36 +418,20 @@ class MPITransport(Transport):
     def _pulled(self, pull: _Transfer, chunk: Chunk) -> None:
         self._data -= 1
         del pull.inflight[chunk.index]
-        engine = self._engine
-        if pull.gone:
-            if not pull.inflight:
-                self._pull_withdrawn(engine, pull)
-            return
         pull.chunks.chunk_done(chunk)
         if pull.chunks.done:
             del self._pulls[(pull.peer, pull.ident)]
             assert pull.env is not None
-            engine.recv_done(pull.req, pull.env)
+            self._engine.recv_done(pull.req, pull.env)
         else:
             self._pull_more(pull)
-
-    def _pull_withdrawn(self, engine: DeviceEngine, pull: _Transfer) -> None:
-        """The sender withdrew a message we had matched: re-post the recv in its place."""
-        del self._pulls[(pull.peer, pull.ident)]
-        if engine.closed:
-            engine.fail(pull.req, CommClosedError(
-                f"rank {self.rank}'s communicator was closed with the op pending",
-                rank=self.rank))
-            return
-        engine.unmatch(pull.req)
-        if pull.peer in self._closed_by:
-            engine.peer_gone(pull.peer, self._broken_error(pull.peer))
 
     # -- the Transport interface ----------------------------------------------------------
 
     def post_send(self, engine: DeviceEngine, req: Request) -> None:
         dst = req.peer
-        if dst in self._closed_by or self._broken is not None:
+        wire = self.wire
+        if dst in wire.closed_by or self._broken is not None:
             engine.fail(req, self._error(self._broken) if self._broken is not None
                         else self._broken_error(dst))
             return
@@ -489,30 +439,26 @@ class MPITransport(Transport):
         assert buf is not None
         n = buf.nbytes
         try:
-            if n <= self.inline_max:
-                dt = DTYPE_FIELDS.get(buf.dtype) or encode_dtype(buf.dtype)
+            dt = DTYPE_FIELDS.get(buf.dtype) or encode_dtype(buf.dtype)
+            if wire.eager(dst, n):
                 msg: bytes | bytearray
                 if n <= _CONCAT_MAX:
-                    msg = HEADER.pack(EAGER, len(dt), self.rank, req.tag, n, buf.count, 0,
-                                      dt) + buf.mv.tobytes()
+                    msg = wire.pack_eager(req.tag, n, buf.count, dt) + buf.mv.tobytes()
                 else:
                     msg = bytearray(_HSIZE + n)
                     HEADER.pack_into(msg, 0, EAGER, len(dt), self.rank, req.tag, n, buf.count,
                                      0, dt)
                     msg[_HSIZE:] = buf.mv
-                mreq = self.comm.Isend(msg, dst, CTRL_TAG)
-                if not mreq.Test():
-                    self._track(mreq, None)
-                self._sent = True
+                self._send(dst, msg)
                 engine.send_done(req)
                 return
-            self._next_ident += 1
-            ident = req.desc = self._next_ident
+            ident, msg = wire.announce(dst, req.tag, n, buf.count, dt)
+            req.desc = ident
             self._sends[ident] = req
-            self._ctrl(dst, proto.RTS, tag=req.tag, nbytes=n, count=buf.count, ident=ident,
-                       dtype=encode_dtype(buf.dtype))
+            self._send(dst, msg)
         except lib.MPI.Exception as exc:
-            self._sends.pop(req.desc, None)
+            if self._sends.pop(req.desc, None) is not None:
+                wire.unsent(req.desc)
             engine.fail(req, translate(exc, f"send to rank {dst}", self.rank))
 
     def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
@@ -521,54 +467,73 @@ class MPITransport(Transport):
             return
         n = env.nbytes
         staged = engine.pool.acquire(n)
-        if staged is None:  # pool full; the sender has completed, so keep it privately
-            env.handle = _Staged(bytes(slot.payload[:n]))
+        if staged is None:  # within the sender's credit, so bounded all the same
+            env.handle = _Staged(bytes(slot.payload[:n]), False)
         else:
             staged[:n] = slot.payload[:n]
-            env.handle = staged
+            env.handle = _Staged(staged, True)
 
     def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
         handle = env.handle
+        n = env.nbytes
         if type(handle) is _Slot:  # eager, and the recv was waiting: one copy
-            n = env.nbytes
             dst[:n] = handle.payload[:n]
+            self._consumed(env)
             engine.recv_done(req, env)
             return
         if type(handle) is _Staged:
-            n = env.nbytes
             dst[:n] = handle.buf[:n]
+            self._consumed(env)
             engine.recv_done(req, env)
             return
         assert isinstance(handle, _Remote)
         key = (handle.source, handle.ident)
         self._announced.pop(key, None)
-        pull = _Transfer(req, handle.source, handle.ident, self._data_tag(), dst[:env.nbytes],
-                         env)
+        tag, cts = self.wire.clear_to_send(handle.source, handle.ident)
+        pull = _Transfer(req, handle.source, handle.ident, tag, dst[:n], env)
         self._pulls[key] = pull
         try:
             # Recvs first, so the data never lands as an MPI-level unexpected message.
             self._pull_more(pull)
-            self._ctrl(handle.source, proto.CTS, tag=pull.tag, ident=handle.ident)
+            self._send(handle.source, cts)
         except lib.MPI.Exception as exc:
             del self._pulls[key]
             engine.fail(req, translate(exc, f"recv from rank {handle.source}", self.rank))
 
-    def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
+    def _consumed(self, env: Envelope) -> None:
+        """An eager message left staging: release its buffer, owe its credit back."""
+        handle = env.handle
+        if type(handle) is _Staged and handle.pooled:
+            self._engine.pool.release(handle.buf)  # type: ignore[arg-type]
+        credit = self.wire.consumed(env.source, env.nbytes)
+        if credit is not None:
+            self._send(env.source, credit)
+
+    def discard(self, engine: DeviceEngine, env: Envelope) -> None:
+        if type(env.handle) is _Staged:
+            self._consumed(env)
+
+    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
+                      ask: bool) -> int:
         ident = req.desc
-        if self._sends.pop(ident, None) is None:
-            return False  # CTS came: data is moving
-        if req.peer in self._closed_by:
-            return True
-        self._withdrawn[ident] = req.peer
+        verdict, msg = self.wire.withdraw(ident, ask=ask)
+        if verdict == w.TOO_LATE:
+            return TOO_LATE
+        if verdict == w.GONE:
+            del self._sends[ident]
+            return WITHDRAWN
+        self._withdraw_exc[ident] = exc
         try:
-            self._ctrl(req.peer, proto.WITHDRAW, ident=ident)
-        except lib.MPI.Exception as exc:
-            self._break(translate(exc, "withdraw", self.rank))
-        return True
+            assert msg is not None
+            self._send(req.peer, msg)
+        except lib.MPI.Exception as err:
+            self._break(translate(err, "withdraw", self.rank))
+        return ASKED
 
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
-        if peer in self._closed_by:
-            return [f"nothing more: it {self._closed_by[peer]}"]
+        closed_by = self.wire.closed_by
+        if peer in closed_by:
+            return [f"nothing more: it {closed_by[peer]}"]
         if any(e.source == peer for e in engine.matcher.unexpected()):
             return []  # the engine lists them
         return [f"no message rank {self.rank} can see yet (its recvs live in its own process)"]
@@ -576,13 +541,8 @@ class MPITransport(Transport):
     def engine_closed(self, engine: DeviceEngine) -> None:
         if self._broken is not None:
             return
-        self._close_sent = True
         self._announced.clear()
-        payload = self.close_reason.encode("utf-8", "replace")[:proto.INLINE_MAX]
         try:
-            for dst in range(self.size):
-                self._ctrl(dst, proto.CLOSE, nbytes=len(payload), payload=payload)
-                if dst in self._closed_by:
-                    self._send_fin(dst)
+            self._send_all(self.wire.close(self.close_reason))
         except lib.MPI.Exception as exc:
             self._break(translate(exc, "close", self.rank))

@@ -13,21 +13,28 @@ four points of a message's life:
    eager payload now (and complete the sender), or leave it to wait for its recv.
 3. ``pull``: a recv matched a rendezvous envelope.  The transport moves the payload into
    the recv buffer, then calls ``engine.recv_done`` and completes the sender.
-4. ``withdraw_send``: a posted send is cancelled or timed out; True if it was withdrawn
-   before any recv matched it.
+4. ``withdraw_send``: a posted send is cancelled or timed out.  It is withdrawn at once
+   (``WITHDRAWN``), or it has matched already (``TOO_LATE``), or only its receiver can tell
+   (a receiver in another process): then the transport asks it (``ASKED``) and later calls
+   ``engine.withdrawn(req, exc)`` if the withdrawal won, or completes the send if it lost.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from .._core.descriptors import Envelope
     from .._engine import DeviceEngine
     from .._request import Request
 
-__all__ = ["Transport"]
+__all__ = ["ASKED", "TOO_LATE", "WITHDRAWN", "Transport"]
+
+#: Outcomes of ``Transport.withdraw_send``.
+TOO_LATE: Final = 0
+WITHDRAWN: Final = 1
+ASKED: Final = 2
 
 
 class Transport(abc.ABC):
@@ -46,8 +53,14 @@ class Transport(abc.ABC):
         """Move a rendezvous payload into ``dst`` for the matched recv ``req``."""
 
     @abc.abstractmethod
-    def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
-        """Withdraw a posted rendezvous send; False if a recv already matched it."""
+    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
+                      ask: bool) -> int:
+        """Withdraw a posted send: ``WITHDRAWN``, ``TOO_LATE`` (a recv matched it), or
+        ``ASKED`` (only with ``ask``: the receiver decides, see the module docs)."""
+
+    def discard(self, engine: DeviceEngine, env: Envelope) -> None:  # noqa: B027
+        """``engine`` closed with ``env`` unreceived; release what the transport holds for
+        it (staged payloads are the engine's own)."""
 
     @abc.abstractmethod
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from .._core.descriptors import Envelope
 from .._engine import THREAD_COPY_MIN
 from .._request import ACTIVE
-from .base import Transport
+from .base import TOO_LATE, WITHDRAWN, Transport
 
 if TYPE_CHECKING:
     from .._buffers import BufferView
@@ -77,8 +77,9 @@ class LocalTransport(Transport):
 
         engine.copy_on_thread(dst, src, env.nbytes, done)
 
-    def withdraw_send(self, engine: DeviceEngine, req: Request) -> bool:
-        return self.engines[req.peer].matcher.withdraw(req.desc)
+    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
+                      ask: bool) -> int:
+        return WITHDRAWN if self.engines[req.peer].matcher.withdraw(req.desc) else TOO_LATE
 
     def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
         return self.engines[peer].describe_pending(engine.rank)

@@ -28,6 +28,10 @@ def out8(n: int = 4) -> np.ndarray[Any, Any]:
     return np.zeros(n, dtype=np.int64)
 
 
+#: One buffer that several ops of a call share.
+SHARED = np.zeros(64, dtype=np.int64)
+
+
 def snapshot(world: ac.World) -> list[tuple[object, ...]]:
     """Everything a posted op would change, on every rank: pending ops, copies, the matcher
     queues and counters, and the staging pool (streams are not counted: making one is not
@@ -289,6 +293,24 @@ ARG_CASES: list[Any] = [
                  id="batch-send-any-tag"),
     pytest.param(lambda c0, c1: c0.batch([ac.SendOp(i8(), 1, 3)], timeout=-1), ValueError,
                  r"^timeout must be a finite number >= 0, got -1$", id="batch-timeout-negative"),
+    # -- one buffer, two ops: a recv would write what another op reads or writes
+    pytest.param(lambda c0, c1: c0.sendrecv(SHARED, 1, SHARED, 1), ValueError,
+                 r"^ops 0 \(send\) and 1 \(recv\) of the batch share buffer memory",
+                 id="sendrecv-same-buffer"),
+    pytest.param(lambda c0, c1: c0.batch([ac.RecvOp(SHARED[:10], 1, 3),
+                                          ac.RecvOp(SHARED[5:15], 1, 4)]), ValueError,
+                 r"^ops 0 \(recv\) and 1 \(recv\) of the batch share buffer memory",
+                 id="batch-overlapping-recvs"),
+    pytest.param(lambda c0, c1: c0.batch([ac.SendOp(SHARED[:10], 1, 3),
+                                          ac.SendOp(SHARED[:10], 1, 4),
+                                          ac.RecvOp(SHARED[9:20], 1, 4)]), ValueError,
+                 r"^ops [01] \(send\) and 2 \(recv\) of the batch share buffer memory",
+                 id="batch-recv-into-a-send-buffer"),
+    # -- masked arrays: the mask would not travel
+    pytest.param(lambda c0, c1: c0.send(np.ma.array([1.0, 2.0], mask=[0, 1]), 1), TypeError,
+                 r"^send buffer is a masked array", id="send-masked-array"),
+    pytest.param(lambda c0, c1: c0.recv(np.ma.zeros(2), 1), TypeError,
+                 r"^recv buffer is a masked array", id="recv-masked-array"),
     # -- compute
     pytest.param(lambda c0, c1: c0.compute(), TypeError,
                  r"^compute\(\) takes exactly one of seconds= or flops=$", id="compute-nothing"),
@@ -328,6 +350,37 @@ async def test_bad_argument(case: Case, exc: type[Exception], match: str) -> Non
             await call(lambda: case(c0, c1))
         assert snapshot(world) == before, "something was posted before the error"
         await check_works(world)
+
+
+@pytest.mark.parametrize("view", [slice(None), slice(10, 20), slice(0, 1), slice(99, 100)])
+async def test_a_recv_into_a_pending_recvs_buffer_is_refused(view: slice) -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        buf = np.zeros(100, np.uint8)
+        first = c1.irecv(buf, 0, 1)
+        before = snapshot(world)
+        with pytest.raises(ValueError, match=r"^rank 1: the recv buffer overlaps the buffer "
+                           r"of recv\(src=0, tag=1\), which is still pending"):
+            c1.irecv(buf[view], 0, 2)
+        with pytest.raises(ValueError, match="overlaps the buffer of recv"):
+            await c1.sendrecv(np.ones(1, np.uint8), 0, buf[view], 0)
+        assert snapshot(world) == before
+        neighbour = c1.irecv(np.zeros(100, np.uint8), 0, 2)  # separate memory is fine
+        assert first.cancel() and neighbour.cancel()
+        again = c1.irecv(buf, 0, 1)  # the first recv is gone: its buffer is free again
+        assert again.cancel()
+        await check_works(world)
+
+
+async def test_recvs_into_disjoint_parts_of_one_array_are_fine() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        buf = np.zeros(100, np.uint8)
+        reqs = [c1.irecv(buf[i * 10:(i + 1) * 10], 0, i) for i in range(10)]
+        for i in reversed(range(10)):
+            await c0.send(np.full(10, i, np.uint8), 1, i)
+        await ac.wait_all(reqs)
+        assert list(buf[::10]) == list(range(10))
 
 
 async def test_wait_all_with_a_non_request_leaves_real_requests_alone() -> None:

@@ -406,57 +406,6 @@ def test_posted_recvs_and_unexpected_are_in_posting_order_across_buckets() -> No
     assert m2.probes() == probes
 
 
-# -- repost: a match that fell through ---------------------------------------------------------
-
-
-def test_repost_keeps_the_original_place() -> None:
-    m = Matcher()
-    r1, r2 = RecvDescriptor(0, 5, 64, F4, "r1"), RecvDescriptor(0, 5, 64, F4, "r2")
-    assert m.post_recv(r1) is None and m.post_recv(r2) is None
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r1
-    assert m.repost(r1) is None  # its sender withdrew the message before data moved
-    assert m.posted_recvs() == [r1, r2]
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r1
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r2
-    # The match that fell through is not counted as a success.
-    assert m.statistics().matched == 2
-
-
-def test_repost_of_a_wildcard_recv_keeps_wildcard_matching() -> None:
-    m = Matcher()
-    w, r = RecvDescriptor(ANY, 5, 64, F4, "w"), RecvDescriptor(0, 5, 64, F4, "r")
-    m.post_recv(w)
-    m.post_recv(r)
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is w
-    assert m.repost(w) is None
-    assert m.posted_recvs() == [w, r]
-    assert m.deliver(Envelope(1, 5, 8, 2, F4)) is w  # only the wildcard fits source 1
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r
-
-
-def test_repost_takes_a_message_that_arrived_meanwhile() -> None:
-    m = Matcher()
-    r = RecvDescriptor(0, ANY, 64, F4, "r")
-    m.post_recv(r)
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r
-    b = Envelope(0, 6, 8, 2, F4)
-    assert m.deliver(b) is None
-    assert m.repost(r) is b
-    assert m.unexpected() == [] and m.posted_recvs() == []
-
-
-def test_repost_rejected_by_a_message_that_arrived_meanwhile() -> None:
-    m = Matcher()
-    r = RecvDescriptor(0, 5, 8, F4, "r")
-    m.post_recv(r)
-    assert m.deliver(Envelope(0, 5, 8, 2, F4)) is r
-    big = Envelope(0, 5, 64, 16, F4)
-    assert m.deliver(big) is None
-    assert m.repost(r) is None
-    assert drain(m) == [RecvRejected(r, big, "truncated")]
-    assert m.unexpected() == [big] and m.posted_recvs() == []
-
-
 # -- cost: exact matching is O(1) ---------------------------------------------------------------
 
 

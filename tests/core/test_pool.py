@@ -1,4 +1,5 @@
-"""StagingPool: power-of-two buckets, reuse, the cap, and its statistics."""
+"""StagingPool: power-of-two buckets, reuse, the cap (buffers plus a per-message overhead),
+and its statistics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 import pytest
 
 from asynccomm._buffers import PoolStatistics, StagingPool
+from asynccomm._core.wire import MESSAGE_OVERHEAD as O
+from asynccomm._core.wire import charge
 
 
 def acquired(pool: StagingPool, nbytes: int) -> memoryview:
@@ -16,38 +19,21 @@ def acquired(pool: StagingPool, nbytes: int) -> memoryview:
 
 
 @pytest.mark.parametrize(
-    ("nbytes", "min_bucket", "size"),
-    [
-        (1, 64, 64),
-        (63, 64, 64),
-        (64, 64, 64),
-        (65, 64, 128),
-        (128, 64, 128),
-        (129, 64, 256),
-        (1000, 64, 1024),
-        (1024, 64, 1024),
-        (65_536, 64, 65_536),
-        (65_537, 64, 131_072),
-        (1, 1, 1),
-        (2, 1, 2),
-        (3, 1, 4),
-        (5, 256, 256),
-        (300, 256, 512),
-        (0, 64, 0),
-    ],
+    ("nbytes", "size"),
+    [(1, 64), (63, 64), (64, 64), (65, 128), (128, 128), (129, 256), (1000, 1024),
+     (1024, 1024), (65_536, 65_536), (65_537, 131_072), (0, 0)],
 )
-def test_bucket_is_the_smallest_power_of_two_that_fits(nbytes: int, min_bucket: int,
-                                                        size: int) -> None:
-    pool = StagingPool(1 << 20, min_bucket=min_bucket)
+def test_bucket_is_the_smallest_power_of_two_that_fits(nbytes: int, size: int) -> None:
+    pool = StagingPool(1 << 20)
     buf = acquired(pool, nbytes)
     assert buf.nbytes == size
     assert buf.nbytes >= nbytes
     assert not buf.readonly
-    assert pool.statistics().in_use_bytes == size
+    assert pool.statistics().in_use_bytes == size + O == charge(nbytes)
 
 
 def test_buffers_are_writable_and_distinct() -> None:
-    pool = StagingPool(1024)
+    pool = StagingPool(4096)
     a, b = acquired(pool, 10), acquired(pool, 10)
     a[:3] = b"abc"
     b[:3] = b"xyz"
@@ -89,100 +75,104 @@ def test_free_list_is_last_in_first_out() -> None:
 
 
 def test_cap_refuses_and_counts() -> None:
-    pool = StagingPool(256)
+    pool = StagingPool(2 * (128 + O))
     a = acquired(pool, 100)  # 128
-    acquired(pool, 100)  # 128: in use 256, the cap
+    acquired(pool, 100)  # 128: in use 2 * (128 + O), the cap
     assert pool.acquire(1) is None
-    assert pool.acquire(64) is None
+    assert pool.acquire(0) is None  # even an empty message costs its overhead
     stats = pool.statistics()
-    assert (stats.in_use_bytes, stats.refused, stats.acquired) == (256, 2, 2)
+    assert (stats.in_use_bytes, stats.refused, stats.acquired) == (2 * (128 + O), 2, 2)
     pool.release(a)  # gives capacity back
-    assert pool.statistics().in_use_bytes == 128
+    assert pool.statistics().in_use_bytes == 128 + O
     assert acquired(pool, 1).nbytes == 64
     assert pool.statistics().refused == 2
 
 
 def test_cap_is_inclusive() -> None:
-    pool = StagingPool(256)
+    pool = StagingPool(256 + O)
     assert acquired(pool, 256).nbytes == 256
-    assert pool.acquire(1) is None
+    assert pool.acquire(0) is None
 
 
 def test_message_larger_than_the_cap_is_always_refused() -> None:
-    pool = StagingPool(256)
+    pool = StagingPool(256 + O)
     assert pool.acquire(257) is None  # its bucket (512) passes the cap on its own
     assert pool.statistics().refused == 1
     assert pool.statistics().in_use_bytes == 0
 
 
 def test_bucket_rounding_counts_against_the_cap() -> None:
-    pool = StagingPool(200)
+    pool = StagingPool(200 + O)
     assert pool.acquire(129) is None  # needs a 256 bucket
     assert acquired(pool, 128).nbytes == 128
 
 
-def test_zero_byte_acquire_takes_no_capacity() -> None:
-    pool = StagingPool(64)
-    acquired(pool, 64)
-    buf = acquired(pool, 0)
-    assert buf.nbytes == 0
-    assert pool.statistics().in_use_bytes == 64
-    pool.release(buf)
-    assert pool.statistics().in_use_bytes == 64
+def test_empty_messages_take_no_buffer_but_count_their_overhead() -> None:
+    pool = StagingPool(3 * O)
+    bufs = [acquired(pool, 0) for _ in range(3)]
+    assert all(b.nbytes == 0 for b in bufs)
+    assert pool.acquire(0) is None  # a flood of empty messages is bounded
+    assert pool.statistics().in_use_bytes == 3 * O
+    for buf in bufs:
+        pool.release(buf)
+    stats = pool.statistics()
+    assert (stats.in_use_bytes, stats.cached_bytes) == (0, 0)
 
 
 def test_peak() -> None:
-    pool = StagingPool(4096)
+    pool = StagingPool(1 << 16)
     a = acquired(pool, 64)
     b = acquired(pool, 512)
     pool.release(a)
     pool.release(b)
     c = acquired(pool, 64)
     stats = pool.statistics()
-    assert stats.peak_bytes == 576
-    assert stats.in_use_bytes == 64
+    assert stats.peak_bytes == 576 + 2 * O
+    assert stats.in_use_bytes == 64 + O
     d = acquired(pool, 1024)
-    assert pool.statistics().peak_bytes == 1088
+    assert pool.statistics().peak_bytes == 1088 + 2 * O
     pool.release(c)
     pool.release(d)
-    assert pool.statistics().peak_bytes == 1088
+    assert pool.statistics().peak_bytes == 1088 + 2 * O
     assert pool.statistics().in_use_bytes == 0
 
 
 def test_refused_acquire_does_not_move_peak_or_counts() -> None:
-    pool = StagingPool(128)
+    pool = StagingPool(128 + O)
     acquired(pool, 128)
     assert pool.acquire(64) is None
     stats = pool.statistics()
-    assert (stats.peak_bytes, stats.acquired, stats.reused) == (128, 1, 0)
+    assert (stats.peak_bytes, stats.acquired, stats.reused) == (128 + O, 1, 0)
 
 
 def test_cache_is_capped() -> None:
-    """Free buffers are kept up to capacity_bytes in all; the rest are dropped."""
-    pool = StagingPool(256)
-    big = acquired(pool, 256)
-    pool.release(big)
-    assert pool.statistics().cached_bytes == 256
-    small = acquired(pool, 64)  # new: the 256 bucket cannot serve it
-    pool.release(small)  # cache is full: dropped
-    assert pool.statistics().cached_bytes == 256
+    """Free buffers are kept up to capacity_bytes (of buffer bytes) in all; the rest are
+    dropped."""
+    pool = StagingPool(1024 + O)
+    pool.release(acquired(pool, 1024))
+    pool.release(acquired(pool, 512))  # a new buffer (the 1024 bucket cannot serve it)
+    cached = pool.statistics().cached_bytes
+    assert cached == 1536 if 1536 <= 1024 + O else cached == 1024
+    small = acquired(pool, 64)
+    pool.release(small)  # the cache is full: dropped
+    assert pool.statistics().cached_bytes == cached
     assert acquired(pool, 64) is not small
     assert pool.statistics().reused == 0
 
 
 def test_statistics_fields() -> None:
-    pool = StagingPool(1024, min_bucket=32)
+    pool = StagingPool(2048)
     assert pool.statistics() == PoolStatistics(
-        capacity_bytes=1024, in_use_bytes=0, peak_bytes=0, cached_bytes=0,
+        capacity_bytes=2048, in_use_bytes=0, peak_bytes=0, cached_bytes=0,
         acquired=0, reused=0, refused=0)
-    a = acquired(pool, 20)  # 32
+    a = acquired(pool, 20)  # 64
     b = acquired(pool, 500)  # 512
     pool.release(a)
-    acquired(pool, 30)  # 32, reused
-    assert pool.acquire(1000) is None  # 1024 would pass the cap
+    acquired(pool, 30)  # 64, reused
+    assert pool.acquire(1000) is None  # 1024 + O would pass the cap
     pool.release(b)
     assert pool.statistics() == PoolStatistics(
-        capacity_bytes=1024, in_use_bytes=32, peak_bytes=544, cached_bytes=512,
+        capacity_bytes=2048, in_use_bytes=64 + O, peak_bytes=576 + 2 * O, cached_bytes=512,
         acquired=3, reused=1, refused=1)
 
 
@@ -196,8 +186,8 @@ def test_statistics_is_a_frozen_snapshot() -> None:
 
 
 def test_many_cycles_keep_the_books_balanced() -> None:
-    pool = StagingPool(8192)
-    sizes = [1, 64, 65, 200, 1000, 4000, 3, 128]
+    pool = StagingPool(16384)
+    sizes = [1, 64, 65, 200, 1000, 4000, 3, 128, 0]
     for _ in range(50):
         bufs = [acquired(pool, n) for n in sizes]
         for buf in reversed(bufs):
@@ -205,7 +195,7 @@ def test_many_cycles_keep_the_books_balanced() -> None:
     stats = pool.statistics()
     assert stats.in_use_bytes == 0
     assert stats.acquired == 50 * len(sizes)
-    assert stats.reused == 49 * len(sizes)  # every round after the first is served from cache
-    assert stats.cached_bytes == sum(buf_size for buf_size in (64, 64, 128, 256, 1024,
-                                                               4096, 64, 128))
-    assert stats.peak_bytes == stats.cached_bytes
+    assert stats.reused == 49 * (len(sizes) - 1)  # every non-empty one after the first round
+    buffers = (64, 64, 128, 256, 1024, 4096, 64, 128)
+    assert stats.cached_bytes == sum(buffers)
+    assert stats.peak_bytes == sum(buffers) + len(sizes) * O

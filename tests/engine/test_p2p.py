@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm._core.wire import MESSAGE_OVERHEAD
 from asynccomm.testing import posted
 
 EAGER = ac.EAGER_LIMIT
@@ -60,14 +61,14 @@ async def test_eager_limit_is_inclusive_and_larger_messages_wait_for_their_recv(
         above = c0.isend(np.zeros(EAGER + 1, dtype=np.uint8), 1, 2)
         assert at_limit.done()
         assert not above.done()  # rendezvous: waits for its recv, nothing staged
-        assert c1.statistics().pool.in_use_bytes == 1 << 16
+        assert c1.statistics().pool.in_use_bytes == (1 << 16) + MESSAGE_OVERHEAD
         await c1.recv(np.empty(EAGER + 1, dtype=np.uint8), 0, 2)
         await above
         await c1.recv(np.empty(EAGER, dtype=np.uint8), 0, 1)
 
 
 async def test_full_pool_falls_back_to_rendezvous() -> None:
-    async with ac.open_world(2, pool_bytes=1024) as world:
+    async with ac.open_world(2, pool_bytes=2 * (512 + MESSAGE_OVERHEAD)) as world:
         c0, c1 = world.comms
         reqs = [c0.isend(np.full(64, i, dtype=np.int64), 1, 0) for i in range(4)]
         assert [r.done() for r in reqs] == [True, True, False, False]
@@ -77,6 +78,20 @@ async def test_full_pool_falls_back_to_rendezvous() -> None:
             await c1.recv(out, 0, 0)
             assert out[0] == i
         await ac.wait_all(reqs)
+
+
+async def test_a_flood_of_empty_messages_is_bounded_by_the_pool() -> None:
+    cap = 1 << 20
+    async with ac.open_world(2, pool_bytes=cap) as world:
+        c0, c1 = world.comms
+        reqs = [c0.isend(b"", 1, 0) for _ in range(3000)]
+        staged = sum(r.done() for r in reqs)
+        assert staged == cap // MESSAGE_OVERHEAD  # each counts its bookkeeping
+        assert c1.statistics().pool.in_use_bytes <= cap
+        for _ in reqs:  # the rest wait for their recvs, in order
+            await c1.recv(bytearray(0), 0, 0)
+        await ac.wait_all(reqs)
+        assert c1.statistics().pool.in_use_bytes == 0
 
 
 async def test_non_overtaking_order_per_source_and_tag() -> None:

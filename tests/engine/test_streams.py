@@ -123,3 +123,33 @@ async def test_batch_on_an_explicit_stream_posts_together_after_earlier_ops() ->
         assert first.done() and recv_first.done() and peer.done()
         assert results[1].nbytes == BIG and out[0] == 7
         await c1.recv(np.empty(1), 0, 3)
+
+
+async def test_dropped_streams_are_released() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        for _ in range(3000):
+            c0.stream()
+        assert c0.statistics().streams == 1  # only the default stream is left
+        busy = c0.stream()  # a dropped stream with an op pending lives until it finishes
+        req = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=busy)
+        del busy
+        assert c0.statistics().streams == 2
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        await req
+        del req  # a request keeps its stream
+        assert c0.statistics().streams == 1
+
+
+async def test_an_event_wakes_only_the_streams_that_wait_for_it() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        first, second = c0.stream(), c0.stream()
+        rendezvous = c0.isend(np.zeros(BIG, np.uint8), 1, 1, stream=first)
+        second.wait(first.record())
+        held = c0.isend(np.ones(4, np.uint8), 1, 2, stream=second)
+        assert c1.iprobe(0, 2) is None and not held.done()  # held behind the event
+        await c1.recv(np.empty(BIG, np.uint8), 0, 1)
+        await rendezvous
+        await held  # the event fired and released it
+        assert c1.iprobe(0, 2) is not None

@@ -38,10 +38,11 @@ SHORT = 0.05  # seconds: timeouts that must expire
 PROGRAM_LIMIT = 30.0
 
 
-def bounded(program: Program) -> Program:
-    """``program`` failing with TimeoutError instead of hanging if it takes too long."""
+def bounded(program: Program, limit: float = PROGRAM_LIMIT) -> Program:
+    """``program`` failing with TimeoutError instead of hanging if it takes more than
+    ``limit`` seconds."""
     async def run(comm: ac.Communicator) -> Any:
-        async with asyncio.timeout(PROGRAM_LIMIT):
+        async with asyncio.timeout(limit):
             return await program(comm)
 
     run.__name__ = program.__name__
@@ -254,7 +255,9 @@ async def unexpected_burst(comm: ac.Communicator) -> None:
 
 async def unexpected_beyond_the_pool(comm: ac.Communicator) -> None:
     """Run with a tiny staging pool: eager messages that find no recv and no pool space
-    still arrive intact and in order, and the pool's accounting ends at zero."""
+    still arrive intact and in order, staging never passes the cap (across processes, the
+    sender runs out of credit and waits for its recv), and the pool's accounting ends at
+    zero."""
     if comm.size < 2 or comm.rank > 1:
         return
     if comm.rank == 0:  # in-process, sends that find the pool full wait for their recv
@@ -267,7 +270,9 @@ async def unexpected_beyond_the_pool(comm: ac.Communicator) -> None:
         out = np.zeros(1000, np.uint8)
         await comm.recv(out, 0, 6)
         check(np.array_equal(out, pattern(1000, i)), f"message {i}")
-    check(comm.statistics().pool.in_use_bytes == 0, "pool accounting")
+    pool = comm.statistics().pool
+    check(pool.in_use_bytes == 0, "pool accounting")
+    check(pool.peak_bytes <= pool.capacity_bytes, f"staged past the cap: {pool}")
 
 
 async def large_transfers(comm: ac.Communicator) -> None:
@@ -454,7 +459,14 @@ async def cancelled_sends_lose_nothing(comm: ac.Communicator) -> None:
         return
     if comm.rank == 0:
         req = comm.isend(np.full(BIG, 1, np.uint8), 1, 7)
-        check(req.cancel(), "req.cancel of an unmatched send")
+        if is_mpi(comm):  # only the receiver can tell: cancel() does not wait to ask it
+            check(not req.cancel(), "req.cancel of a send announced to another process")
+            with raises(TimeoutError, "withdrawing it by cancelling its awaiting task"):
+                async with asyncio.timeout(0):
+                    await req
+        else:
+            check(req.cancel(), "req.cancel of an unmatched send")
+        check(req.cancelled(), "the first send was withdrawn")
         task = await posted(comm.send(np.full(BIG, 2, np.uint8), 1, 7))
         task.cancel()
         with raises(asyncio.CancelledError, "cancelled send task"):
@@ -476,9 +488,9 @@ async def cancelled_sends_lose_nothing(comm: ac.Communicator) -> None:
 
 async def send_withdrawn_after_match(comm: ac.Communicator) -> None:
     """A send cancelled right after posting while its recv is already waiting: either it
-    had matched (cancel False, data arrives) or the recv goes back in line and takes the
-    next message.  Nothing is lost or written twice; on MPI the race is always won by the
-    cancel (no answer from the receiver can have arrived yet)."""
+    had matched (cancel False, data arrives) or it was withdrawn and the recv takes the
+    next message.  Nothing is lost or written twice.  (On MPI only the receiver can tell,
+    so cancel() refuses and the send completes.)"""
     if comm.size < 2 or comm.rank > 1:
         return
     if comm.rank == 1:
@@ -493,8 +505,6 @@ async def send_withdrawn_after_match(comm: ac.Communicator) -> None:
     await wait_marker(comm, 1)
     sreq = comm.isend(np.full(BIG, 1, np.uint8), 1, 13)
     cancelled = sreq.cancel()
-    if is_mpi(comm):
-        check(cancelled, "on MPI the withdrawal precedes any CTS")
     await marker(comm, 1, int(cancelled), MARK + 1)
     if cancelled:
         await comm.send(np.full(BIG, 2, np.uint8), 1, 13)
@@ -566,6 +576,61 @@ async def cancellation_storm(comm: ac.Communicator) -> None:
     await marker(comm, 0, tag=MARK + 2)
 
 
+async def a_withdrawn_large_send_keeps_the_order(comm: ac.Communicator) -> None:
+    """A large send that times out at once (``timeout=0``) while its recv is already
+    waiting, then a small and a large send with the same tag: the withdrawal either lost
+    (the recv had matched: M1, M2, M3 in order) or won (M2, M3 in order); a later message
+    never overtakes an earlier one, and nothing is lost or received twice."""
+    if comm.size < 2 or comm.rank > 1:
+        return
+    big = 1 << 20
+    if comm.rank == 1:
+        outs = [np.zeros(big, np.uint8) for _ in range(3)]
+        reqs = [comm.irecv(outs[0], 0, 0), comm.irecv(outs[1], 0, 0)]
+        await marker(comm, 0)
+        kept = await wait_marker(comm, 0, MARK + 1)
+        if kept:  # M3 needs a third recv
+            reqs.append(comm.irecv(outs[2], 0, 0))
+        statuses = await ac.wait_all(reqs)
+        values = [int(out[0]) for out in outs[:len(reqs)]]
+        check(values == ([1, 2, 3] if kept else [2, 3]), f"kept={kept}: got {values}")
+        check([s.nbytes for s in statuses] == [big, 10, big][1 - kept:], f"{statuses}")
+        check(comm.iprobe(0, 0) is None, "a message too many")
+        await marker(comm, 0, tag=MARK + 2)
+        return
+    await wait_marker(comm, 1)
+    try:
+        await comm.send(np.full(big, 1, np.uint8), 1, 0, timeout=0)
+        kept = 1
+    except ac.CommTimeoutError:
+        kept = 0
+    await comm.send(np.full(10, 2, np.uint8), 1, 0)
+    last = comm.isend(np.full(big, 3, np.uint8), 1, 0)
+    await marker(comm, 1, kept, MARK + 1)
+    await last
+    await wait_marker(comm, 1, MARK + 2)
+
+
+async def wildcards_fail_once_every_peer_has_closed(comm: ac.Communicator) -> None:
+    """A recv or probe from ANY_SOURCE that no live rank can satisfy fails with
+    CommBrokenError naming the closed ranks, whether it was posted before they closed or
+    after (every rank but 0 leaves at once)."""
+    if comm.size < 2 or comm.rank != 0:
+        return
+    with raises(ac.CommBrokenError, "recv from ANY_SOURCE with every peer gone"):
+        try:
+            await comm.recv(np.zeros(4, np.uint8), ac.ANY_SOURCE, 3)
+        except ac.CommBrokenError as exc:
+            ranks = ", ".join(str(r) for r in range(1, comm.size))
+            check(f"every other rank has closed its communicator (ranks {ranks})" in str(exc),
+                  f"message: {exc}")
+            raise
+    with raises(ac.CommBrokenError, "probe from ANY_SOURCE with every peer gone"):
+        await comm.probe(ac.ANY_SOURCE, ac.ANY_TAG)
+    with raises(ac.CommBrokenError, "recv_new from ANY_SOURCE with every peer gone"):
+        await comm.recv_new()
+
+
 async def timeouts(comm: ac.Communicator) -> None:
     """timeout= fails unmatched ops with CommTimeoutError, withdrawn; the comm stays
     usable and the timed-out send is never received."""
@@ -626,8 +691,9 @@ PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     large_transfers, truncation_keeps_the_message,
     dtype_mismatch_keeps_the_message, probes_and_recv_new, explicit_streams_in_order,
     batch_and_sendrecv, wait_all_and_wait_any, cancelled_recvs_lose_nothing,
-    cancelled_sends_lose_nothing, send_withdrawn_after_match, cancellation_storm, timeouts,
-    bad_input, closed_peer_breaks_pending_ops,
+    cancelled_sends_lose_nothing, send_withdrawn_after_match, cancellation_storm,
+    a_withdrawn_large_send_keeps_the_order, timeouts, bad_input,
+    closed_peer_breaks_pending_ops, wildcards_fail_once_every_peer_has_closed,
 )}
 
 #: World options a program needs (``ac.run(program, **OPTIONS.get(name, {}))``).

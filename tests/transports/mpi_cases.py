@@ -3,6 +3,8 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
 
 - ``raise``: rank 1 raises while rank 0 waits for it; rank 0 must get ``CommBrokenError``
   naming the failure, and the job must exit non-zero.
+- ``sigint``: rank 1 gets Ctrl-C (SIGINT) while rank 0 waits for it; rank 0 must hear
+  that rank 1 was interrupted, and the job must exit non-zero.
 - ``raise-stuck``: rank 1 raises while rank 0 never talks to it again; rank 1 must abort
   the job after its grace period instead of hanging.
 - ``kill``: rank 1 is killed (SIGKILL) while rank 0 waits for it; the launcher ends the job.
@@ -34,6 +36,22 @@ async def raise_on_rank_1(comm: ac.Communicator) -> str:
         await comm.send(box, 0, 1)
         raise ValueError("boom on purpose")
     pending = comm.irecv(box, 1, 2)  # posted before rank 1's news can arrive
+    await comm.recv(np.zeros(1), 1, 1)
+    try:
+        await pending
+    except ac.CommBrokenError as exc:
+        sys.stdout.write(f"rank {comm.rank} got CommBrokenError: {exc}\n")
+        return "broken"
+    return "not broken"
+
+
+async def interrupted_rank(comm: ac.Communicator) -> str:
+    box = np.zeros(1)
+    if comm.rank == 1:
+        await comm.send(box, 0, 1)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C on this rank only
+        await asyncio.sleep(3600)
+    pending = comm.irecv(box, 1, 2)
     await comm.recv(np.zeros(1), 1, 1)
     try:
         await pending
@@ -126,6 +144,8 @@ async def progress_error(comm: ac.Communicator) -> None:
 def main(case: str) -> int:
     if case == "raise":
         sys.stdout.write(f"{ac.run(raise_on_rank_1)}\n")
+    elif case == "sigint":
+        sys.stdout.write(f"{ac.run(interrupted_rank)}\n")
     elif case == "raise-stuck":
         ac.run(raise_while_peer_is_busy, abort_grace=1.0)
     elif case == "kill":

@@ -1,0 +1,406 @@
+"""The wire protocol between ranks in separate processes, as a sans-IO state machine.
+
+How it works
+------------
+Each rank runs one ``Wire``.  Control messages travel on FIFO channels, one per ordered
+pair of ranks (on MPI: one tag of a communicator private to the world); a message is a
+fixed ``HEADER``, optionally followed by a payload.  The shell sends the bytes ``Wire``
+returns, feeds it every control message that arrives (``receive``), and acts on the event
+it gets back; the data of large messages moves outside the control channel, on the data
+tag that ``CTS`` names.
+
+Rule 1 (eager, within credit).  A message of at most ``inline_max`` bytes travels whole
+with its header (``EAGER``) if the sender holds credit for it at the destination; its send
+completes at once.  Credit bounds what a receiver stages: each receiver grants each rank a
+``window`` of bytes (its staging cap shared among the ranks), each eager message costs
+``charge(nbytes)`` (its staging bucket plus a per-message overhead), and the receiver
+returns the charge (``CREDIT``, batched) once the message has left staging.  Without
+credit the message goes rendezvous, so a receiver never stages more than its cap.
+Rule 2 (rendezvous).  A larger message is announced (``RTS``, with the sender's message
+id).  When a recv matches the announcement the receiver commits: it posts its data recvs
+into the recv buffer on a fresh data tag and answers ``CTS``; the sender sends the data.
+Rule 3 (withdrawal: the receiver decides).  A sender that wants an announced message back
+sends ``WITHDRAW`` and waits for the answer.  If the announcement is still unmatched the
+receiver drops it and answers ``WITHDRAWN``; if it has already answered ``CTS`` it ignores
+the ``WITHDRAW``: the ``CTS`` was the answer and the send completes normally.  A match is
+never undone, so the receiver's matching order (MPI's non-overtaking rule) always holds, as
+with ``MPI_Cancel``, which cannot cancel a matched send.
+Rule 4 (closing, barrier-free).  A rank that closes drops the announcements it has not
+matched and sends ``CLOSE`` (payload: why) to every rank, itself included; afterwards it
+starts nothing new and only answers.  Once it has sent ``CLOSE`` to a rank and received
+that rank's ``CLOSE``, neither side can need an answer from the other, so it sends ``FIN``,
+its last message to that rank.  The channels are idle when ``FIN`` went to and came from
+every rank (``finished``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final, NamedTuple
+
+__all__ = [
+    "ASKED",
+    "CLOSE",
+    "CREDIT",
+    "CTS",
+    "EAGER",
+    "FIN",
+    "GONE",
+    "HEADER",
+    "INLINE_MAX",
+    "KIND_NAMES",
+    "MESSAGE_OVERHEAD",
+    "RTS",
+    "TOO_LATE",
+    "WITHDRAW",
+    "WITHDRAWN",
+    "Announced",
+    "ClearToSend",
+    "Eager",
+    "PeerClosed",
+    "PeerFinished",
+    "Wire",
+    "WithdrawAnswered",
+    "WithdrawRequested",
+    "charge",
+    "decode_dtype",
+    "encode_dtype",
+]
+
+#: The largest payload that travels inside a control message; larger ones use rendezvous.
+INLINE_MAX: Final = 65_536
+#: Bytes of bookkeeping counted against the staging cap for every staged message, on top
+#: of its buffer (an envelope, a buffer object, a queue entry), so that a flood of empty or
+#: one-byte messages is bounded too.
+MESSAGE_OVERHEAD: Final = 512
+#: The smallest staging buffer (buffers are powers of two from here).
+MIN_BUCKET: Final = 64
+
+EAGER: Final = 1
+RTS: Final = 2
+CTS: Final = 3
+WITHDRAW: Final = 4
+WITHDRAWN: Final = 5
+CREDIT: Final = 6
+CLOSE: Final = 7
+FIN: Final = 8
+#: The message kinds by name, for logs and tests.
+KIND_NAMES: Final = {EAGER: "EAGER", RTS: "RTS", CTS: "CTS", WITHDRAW: "WITHDRAW",
+                     WITHDRAWN: "WITHDRAWN", CREDIT: "CREDIT", CLOSE: "CLOSE", FIN: "FIN"}
+
+#: Verdicts of ``Wire.withdraw``.
+TOO_LATE: Final = 0
+GONE: Final = 1
+ASKED: Final = 2
+
+#: kind, dtype name length, source rank, tag (the data tag in CTS), nbytes (the credit in
+#: CREDIT, the reason's length in CLOSE), count, message id, dtype name; padded to 56 bytes
+#: so that payloads start 8-byte aligned.
+HEADER: Final = struct.Struct("<BBxxiiqqq16s4x")
+_DTYPE_MAX = 16
+
+#: Caches of both directions (a program sends few dtypes); hot paths look here first.
+DTYPE_FIELDS: dict[str, bytes] = {}
+DTYPE_NAMES: dict[bytes, str] = {}
+
+
+def encode_dtype(name: str) -> bytes:
+    """The header field for a dtype name (``numpy.dtype.str``).
+
+    Raises:
+        ValueError: if the name does not fit the header.
+    """
+    raw = DTYPE_FIELDS.get(name)
+    if raw is None:
+        raw = name.encode("ascii")
+        if len(raw) > _DTYPE_MAX:
+            raise ValueError(f"dtype name {name!r} is longer than {_DTYPE_MAX} bytes")
+        DTYPE_FIELDS[name] = raw
+    return raw
+
+
+def decode_dtype(field: bytes, length: int) -> str:
+    """The dtype name of a header's (padded) field."""
+    name = DTYPE_NAMES.get(field)
+    if name is None:
+        name = DTYPE_NAMES[field] = field[:length].decode("ascii")
+    return name
+
+
+def bucket(nbytes: int) -> int:
+    """The staging buffer size for a message of ``nbytes`` (0 for an empty message)."""
+    return max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0
+
+
+def charge(nbytes: int) -> int:
+    """What staging one message of ``nbytes`` counts against a cap."""
+    return bucket(nbytes) + MESSAGE_OVERHEAD
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+class Eager(NamedTuple):
+    """A whole message arrived; its payload follows the header in the received buffer."""
+
+    source: int
+    tag: int
+    nbytes: int
+    count: int  # type: ignore[assignment]  # the MPI name; shadows tuple.count
+    dtype: str
+
+
+class Announced(NamedTuple):
+    """A large message was announced; ``clear_to_send`` once a recv has matched it."""
+
+    source: int
+    tag: int
+    nbytes: int
+    count: int  # type: ignore[assignment]  # the MPI name; shadows tuple.count
+    dtype: str
+    ident: int
+
+
+class ClearToSend(NamedTuple):
+    """The receiver matched this rank's message ``ident``: send its data on ``data_tag``.
+    The send can no longer be withdrawn (a pending withdrawal lost)."""
+
+    dest: int
+    ident: int
+    data_tag: int
+
+
+class WithdrawRequested(NamedTuple):
+    """The sender of an announced, still unmatched message took it back: remove the
+    announcement from the matcher (``WITHDRAWN`` has been queued already)."""
+
+    source: int
+    ident: int
+
+
+class WithdrawAnswered(NamedTuple):
+    """This rank's withdrawal of message ``ident`` won: the message is gone."""
+
+    dest: int
+    ident: int
+
+
+class PeerClosed(NamedTuple):
+    """``source`` closed.  ``announced`` are this rank's messages to it that it never
+    matched (they fail), ``withdrawing`` those whose withdrawal is thereby complete."""
+
+    source: int
+    reason: str
+    announced: tuple[int, ...]
+    withdrawing: tuple[int, ...]
+
+
+class PeerFinished(NamedTuple):
+    """``source`` sent its last message to this rank."""
+
+    source: int
+
+
+Event = Eager | Announced | ClearToSend | WithdrawRequested | WithdrawAnswered | PeerClosed \
+    | PeerFinished | None
+
+
+class Wire:
+    """One rank's side of the protocol (see module docs).
+
+    Args:
+        rank, size: this rank and the number of ranks.
+        inline_max: the largest message this rank sends eagerly (at most ``INLINE_MAX``).
+        credits: ``credits[r]`` is the window rank ``r`` grants this rank (from its cap).
+        grant: the window this rank grants each rank.
+
+    Outgoing messages are returned as ``(dest, bytes)`` pairs; the shell sends them in the
+    order given, on the control channel.
+    """
+
+    def __init__(self, rank: int, size: int, *, inline_max: int, credits: list[int],
+                 grant: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.inline_max = min(inline_max, INLINE_MAX)
+        self.credit = list(credits)
+        self.grant = grant
+        self._return_at = max(1, grant // 4)
+        self._owed = [0] * size
+        self._next_ident = 0
+        self._next_data_tag = 0
+        self.data_tag_ub = 32767
+        # Sender side: announced messages with no answer yet, and those being withdrawn.
+        self.announced: dict[int, int] = {}
+        self.withdrawing: dict[int, int] = {}
+        # Receiver side: announcements not matched yet.
+        self.unmatched: set[tuple[int, int]] = set()
+        self.closed_by: dict[int, str] = {}
+        self.close_sent = False
+        self.fin_sent: set[int] = set()
+        self.fin_from: set[int] = set()
+
+    # -- sending --------------------------------------------------------------------------
+
+    def eager(self, dest: int, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` to ``dest`` goes eagerly; if so its credit is
+        taken and the shell sends ``pack_eager(...)`` + payload."""
+        if nbytes > self.inline_max:
+            return False
+        cost = charge(nbytes)
+        if self.credit[dest] < cost:
+            return False
+        self.credit[dest] -= cost
+        return True
+
+    def pack_eager(self, tag: int, nbytes: int, count: int, dtype: bytes) -> bytes:
+        """The header of an eager message (the payload follows it)."""
+        return HEADER.pack(EAGER, len(dtype), self.rank, tag, nbytes, count, 0, dtype)
+
+    def announce(self, dest: int, tag: int, nbytes: int, count: int,
+                 dtype: bytes) -> tuple[int, bytes]:
+        """Announce a rendezvous message: its id and the ``RTS`` to send to ``dest``."""
+        self._next_ident += 1
+        ident = self._next_ident
+        self.announced[ident] = dest
+        return ident, HEADER.pack(RTS, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
+
+    def unsent(self, ident: int) -> None:
+        """The ``RTS`` of message ``ident`` could not be sent: forget it."""
+        self.announced.pop(ident, None)
+
+    def withdraw(self, ident: int, *, ask: bool = True) -> tuple[int, bytes | None]:
+        """Take an announced message back.  Returns ``(verdict, message)``:
+
+        - ``GONE``: withdrawn at once (its receiver has closed and dropped it);
+        - ``ASKED``: send the ``WITHDRAW`` returned to its receiver and wait for
+          ``WithdrawAnswered`` (won) or ``ClearToSend`` (lost); with ``ask=False`` nothing
+          is sent and the verdict is ``TOO_LATE`` instead;
+        - ``TOO_LATE``: its receiver has matched it already (or it is being withdrawn)."""
+        dest = self.announced.get(ident)
+        if dest is None:
+            return TOO_LATE, None
+        if dest in self.closed_by:
+            del self.announced[ident]
+            return GONE, None
+        if not ask:
+            return TOO_LATE, None
+        del self.announced[ident]
+        self.withdrawing[ident] = dest
+        return ASKED, HEADER.pack(WITHDRAW, 0, self.rank, 0, 0, 0, ident, b"")
+
+    def state_of(self, ident: int) -> str:
+        """``"announced"``, ``"withdrawing"`` or ``"settled"`` (answered, or never sent)."""
+        if ident in self.announced:
+            return "announced"
+        if ident in self.withdrawing:
+            return "withdrawing"
+        return "settled"
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def clear_to_send(self, source: int, ident: int) -> tuple[int, bytes]:
+        """A recv matched the announcement ``(source, ident)``: commit to it.  Returns the
+        data tag to post the data recvs on, and the ``CTS`` to send to ``source`` (after
+        posting them, so the data never arrives unexpected)."""
+        self.unmatched.discard((source, ident))
+        tag = self.next_data_tag()
+        return tag, HEADER.pack(CTS, 0, self.rank, tag, 0, 0, ident, b"")
+
+    def next_data_tag(self) -> int:
+        """A data tag in 1..``data_tag_ub`` (0 is the control tag), in rotation."""
+        self._next_data_tag = self._next_data_tag % self.data_tag_ub + 1
+        return self._next_data_tag
+
+    def consumed(self, source: int, nbytes: int) -> bytes | None:
+        """An eager message of ``nbytes`` from ``source`` left staging (or never needed
+        it): its charge is owed back.  Returns a ``CREDIT`` to send once enough is owed."""
+        owed = self._owed[source] + charge(nbytes)
+        if owed < self._return_at or source in self.closed_by:
+            self._owed[source] = owed
+            return None
+        self._owed[source] = 0
+        return HEADER.pack(CREDIT, 0, self.rank, 0, owed, 0, 0, b"")
+
+    def receive(self, kind: int, source: int, tag: int, nbytes: int, count: int, ident: int,
+                dtype: str, payload: bytes) -> tuple[Event, list[tuple[int, bytes]]]:
+        """A control message arrived (its header fields unpacked by the shell; ``dtype``
+        decoded for ``EAGER``/``RTS``; ``payload`` only for ``CLOSE``).  Returns the event
+        for the shell and the messages to send in answer."""
+        if kind == EAGER:
+            return Eager(source, tag, nbytes, count, dtype), []
+        if kind == RTS:
+            if self.close_sent:  # dropped: the sender learns of it from our CLOSE
+                return None, []
+            self.unmatched.add((source, ident))
+            return Announced(source, tag, nbytes, count, dtype, ident), []
+        if kind == CTS:
+            dest = self.announced.pop(ident, None)
+            if dest is None:
+                dest = self.withdrawing.pop(ident, None)  # the withdrawal lost the race
+            return (None if dest is None else ClearToSend(dest, ident, tag)), []
+        if kind == WITHDRAW:
+            return self._on_withdraw(source, ident)
+        if kind == WITHDRAWN:
+            dest = self.withdrawing.pop(ident, None)
+            return (None if dest is None else WithdrawAnswered(dest, ident)), []
+        if kind == CREDIT:
+            self.credit[source] += nbytes
+            return None, []
+        if kind == CLOSE:
+            return self._on_close(source, payload.decode("utf-8", "replace"))
+        if kind == FIN:
+            self.fin_from.add(source)
+            return PeerFinished(source), []
+        raise ValueError(f"unknown control message kind {kind} from rank {source}")
+
+    def _on_withdraw(self, source: int, ident: int) -> tuple[Event, list[tuple[int, bytes]]]:
+        key = (source, ident)
+        answer = [(source, HEADER.pack(WITHDRAWN, 0, self.rank, 0, 0, 0, ident, b""))]
+        if key in self.unmatched:
+            self.unmatched.discard(key)
+            return WithdrawRequested(source, ident), answer
+        if self.close_sent:  # dropped when this rank closed
+            return None, answer
+        return None, []  # CTS went first: it is the answer
+
+    def _on_close(self, source: int, reason: str) -> tuple[Event, list[tuple[int, bytes]]]:
+        self.closed_by[source] = reason
+        out: list[tuple[int, bytes]] = []
+        if self.close_sent:
+            out.append(self._fin(source))
+        if source == self.rank:
+            return None, out
+        announced = tuple(i for i, d in self.announced.items() if d == source)
+        for ident in announced:
+            del self.announced[ident]
+        withdrawing = tuple(i for i, d in self.withdrawing.items() if d == source)
+        for ident in withdrawing:
+            del self.withdrawing[ident]
+        return PeerClosed(source, reason, announced, withdrawing), out
+
+    # -- closing --------------------------------------------------------------------------
+
+    def close(self, reason: str) -> list[tuple[int, bytes]]:
+        """This rank closes: drop unmatched announcements; ``CLOSE`` to every rank, and
+        ``FIN`` to those that have closed already."""
+        self.close_sent = True
+        self.unmatched.clear()
+        raw = reason.encode("utf-8", "replace")[:INLINE_MAX]
+        head = HEADER.pack(CLOSE, 0, self.rank, 0, len(raw), 0, 0, b"")
+        out = []
+        for dest in range(self.size):
+            out.append((dest, head + raw))
+            if dest in self.closed_by:
+                out.append(self._fin(dest))
+        return out
+
+    def _fin(self, dest: int) -> tuple[int, bytes]:
+        self.fin_sent.add(dest)
+        return dest, HEADER.pack(FIN, 0, self.rank, 0, 0, 0, 0, b"")
+
+    @property
+    def finished(self) -> bool:
+        """True once ``FIN`` went to and came from every rank: nothing more will move."""
+        return (self.close_sent and len(self.fin_from) == self.size
+                and len(self.fin_sent) == self.size)
