@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi bench lint clean
+.PHONY: venv demo test test-core test-mpi test-stress bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ test-core: $(STAMP)
 N ?= 2
 test-mpi: $(STAMP)
 	$(VENV)/bin/mpiexec -n $(N) $(PY) -m tests.transports.mpi_contract_runner
+
+# Many more randomized cancellation programs than `make test` runs, in-process and on MPI.
+STRESS ?= 2000
+test-stress: $(STAMP)
+	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(PY) -m pytest -q --timeout 3600 \
+		tests/transports/test_conservation.py
+	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
+		tests.transports.mpi_conservation_runner
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

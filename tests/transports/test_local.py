@@ -1,4 +1,5 @@
-"""The transport contract on the in-process transport, at 2 and 4 ranks, on both loops."""
+"""The transport contract in-process, at 1, 2 and 4 ranks: on both real loops, on the
+virtual clock, and on the cluster model with two presets."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import pytest
 import asynccomm as ac
 
 from .contract import OPTIONS, PROGRAMS, Program, bounded
+from .environments import ENVIRONMENTS
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("env", list(ENVIRONMENTS))
 @pytest.mark.parametrize("size", [1, 2, 4])
 @pytest.mark.parametrize("program", list(PROGRAMS.values()), ids=list(PROGRAMS))
-def test_contract(program: Program, size: int, loop: str) -> None:
+def test_contract(program: Program, size: int, env: str) -> None:
     options = OPTIONS.get(program.__name__, {})
-    results = ac.run(bounded(program), world_size=size, loop=loop, **options)
+    results = ac.run(bounded(program), world_size=size, **ENVIRONMENTS[env], **options)
     assert len(results) == size

@@ -52,11 +52,17 @@ def _output(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_contract_on_mpi(n: int) -> None:
     proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner")
     assert proc.returncode == 0, _output(proc)
     assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
+
+
+def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_conservation_runner")
+    assert proc.returncode == 0, _output(proc)
+    assert "conservation on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
 def test_an_exception_on_one_rank_breaks_its_peers_and_fails_the_job() -> None:
@@ -65,6 +71,14 @@ def test_an_exception_on_one_rank_breaks_its_peers_and_fails_the_job() -> None:
     assert "rank 1 of 2 failed: ValueError: boom on purpose" in proc.stderr, _output(proc)
     assert "rank 0 got CommBrokenError: rank 1 failed with ValueError" in proc.stdout, \
         _output(proc)
+
+
+def test_ctrl_c_on_one_rank_tells_its_peers_it_was_interrupted() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "sigint", limit=60)
+    assert proc.returncode != 0, _output(proc)
+    assert "rank 1 of 2 was interrupted: KeyboardInterrupt" in proc.stderr, _output(proc)
+    assert ("rank 0 got CommBrokenError: rank 1 was interrupted (KeyboardInterrupt)"
+            in proc.stdout), _output(proc)
 
 
 def test_a_failed_rank_aborts_the_job_when_its_peers_do_not_close() -> None:
