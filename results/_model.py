@@ -5,9 +5,10 @@ Byte scaling.  The model's times are linear in bytes / bandwidth: a chunk of c b
 a stage for latency + c / B.  Divide every bandwidth and every size threshold (eager limit,
 staging pool, chunk bounds) by k and send buffers k times smaller, and every stage takes the
 same time as before, the adaptive chunk cuts a transfer into the same number of chunks, and
-every transfer starts and ends when it did (up to a nanosecond of rounding per stage; the
-tests check it).  Simulating 1024 ranks that each move 100 MB then costs 1/k of the
-memory copies, and the model times are those of the real sizes.
+every transfer starts and ends when it did, to about 1e-4 (chunk sizes round to whole
+bytes of the smaller buffer; the tests check it).  Simulating 1024 ranks that each move
+100 MB then costs 1/k of the memory copies, and the model times are those of the real
+sizes.
 """
 
 from __future__ import annotations
@@ -124,11 +125,13 @@ def scaled_bytes(nbytes: int, k: int) -> int:
 
 def one_transfer(cluster: Cluster, nbytes: int, strategy: Strategy | None = None, *,
                  world: int = 2, src: int = 0, dst: int = 1,
-                 buffers: tuple[np.ndarray, np.ndarray] | None = None) -> float:
+                 buffers: tuple[np.ndarray, np.ndarray] | None = None,
+                 **options: Any) -> float:
     """Model seconds from posting a send of ``nbytes`` (its recv posted first) until the
     data is in the receiver's buffer, as a program on the virtual clock sees it.
 
-    ``buffers`` (a send and a recv buffer of at least ``nbytes``) saves allocating them.
+    ``buffers`` (a send and a recv buffer of at least ``nbytes``) saves allocating them;
+    ``options`` go to ``ac.run`` (``eager_limit``, ``pool_bytes``).
     """
     send, recv = buffers if buffers is not None else (np.zeros(nbytes, np.uint8),
                                                        np.empty(nbytes, np.uint8))
@@ -140,7 +143,8 @@ def one_transfer(cluster: Cluster, nbytes: int, strategy: Strategy | None = None
             await comm.send(send[:nbytes], dst)
         return asyncio.get_running_loop().time()
 
-    return float(ac.run(main, world, cluster=cluster, strategy=strategy)[dst])
+    options.setdefault("strategy", strategy)
+    return float(ac.run(main, world, cluster=cluster, **options)[dst])
 
 
 def geometric(lo: float, hi: float, points: int) -> list[float]:
