@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ._common import DOCS
 
-EXPERIMENTS = ("bandwidth", "async_vs_sync")
+EXPERIMENTS = ("bandwidth", "async_vs_sync", "parameter_server", "scaling", "chunking")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -102,7 +102,8 @@ def pyplot() -> Any:
 def save_figure(fig: Any, out: Path, name: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     fig.savefig(path)
     import matplotlib.pyplot as plt
 

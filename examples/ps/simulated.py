@@ -42,7 +42,7 @@ import asynccomm as ac
 from .compression import make_compressor
 from .workloads import Bucket, Workload
 
-__all__ = ["CONFIGS", "HBM", "Outcome", "Piece", "Setup", "plan", "simulate"]
+__all__ = ["CONFIGS", "HBM", "Costs", "Outcome", "Piece", "Setup", "configs", "plan", "simulate"]
 
 PUSH_TAG, PULL_TAG = 100, 200
 #: HBM bandwidth (bytes/s) of each preset's device: Ascend 910 1.2 TB/s (Huawei, Hot Chips
@@ -146,7 +146,7 @@ class Outcome:
                 f"samples_per_s={self.samples_per_s:.0f}")
 
 
-class _Costs:
+class Costs:
     """Seconds of each simulated kernel on one device."""
 
     def __init__(self, buckets: list[Bucket], pieces: list[list[Piece]], setup: Setup,
@@ -209,7 +209,7 @@ def simulate(workload: Workload, cluster: ac.Cluster, setup: Setup, *, workers: 
     buckets = workload.buckets()
     pieces = plan(buckets, setup)
     device = cluster.device
-    costs = _Costs(buckets, pieces, setup, device.flops,
+    costs = Costs(buckets, pieces, setup, device.flops,
                    HBM.get(device.name, 2 * device.copy_bandwidth), workers)
     buffers = _Buffers(shared_buffers)
     size: Callable[[int], int] = lambda n: -(-n // byte_scale)  # noqa: E731
@@ -229,7 +229,7 @@ def simulate(workload: Workload, cluster: ac.Cluster, setup: Setup, *, workers: 
                    max(p for p in periods if p is not None), costs.step, push, pull)
 
 
-async def _work(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]], costs: _Costs,
+async def _work(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]], costs: Costs,
                 buffers: _Buffers, size: Callable[[int], int], steps: int) -> float:
     """One worker; returns its steady-state step time (model seconds)."""
     grads = [[buffers.get("push", size(p.push_bytes)) for p in g] for g in pieces]
@@ -278,7 +278,7 @@ def _last_end(reqs: list[ac.Request]) -> float:
     return max(r.record.end for r in reqs if r.record is not None)
 
 
-async def _serve(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]], costs: _Costs,
+async def _serve(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]], costs: Costs,
                  buffers: _Buffers, size: Callable[[int], int], steps: int,
                  workers: int) -> None:
     """One server: per step and bucket, wait for every worker's share, aggregate, reply."""
