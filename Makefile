@@ -5,12 +5,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi test-stress bench lint clean
+.PHONY: venv demo test test-core test-mpi test-stress bench results lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev,mpi]'
+	$(PY) -m pip install -q -e '.[test,dev,mpi,plot]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -42,8 +42,12 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.cluster
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_p2p
 
+# The tables, JSON and pictures under docs/ that answer the source article's claims.
+results: $(STAMP)
+	$(PY) -m results
+
 lint: $(STAMP)
-	$(PY) -m ruff check asynccomm tests examples benchmarks
+	$(PY) -m ruff check asynccomm tests examples benchmarks results
 	$(PY) -m mypy
 
 clean:

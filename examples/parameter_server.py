@@ -11,16 +11,25 @@ Modes: ``sync`` (BSP: the server averages every worker's gradient each step), ``
 Gradients are pushed layer by layer as backward produces them and the next parameters are
 prefetched (``--no-overlap`` turns both off), optionally compressed with error feedback.
 
+With ``--workload resnet50`` or ``--workload dlrm`` nothing is trained: the ranks run a
+real model's per-layer compute (simulated, at the device's FLOP rate) and move gradients of
+its real sizes on the cluster model, and the program compares four configurations (no
+overlap, per-layer overlap, overlap + 1-bit compression, the same over several servers),
+printing a ``result:`` line for each (see ``ps/simulated.py``).
+
 Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
      [--workers N] [--compression none|fp16|int8|onebit|topk] [--epochs E]
      [--no-overlap] [--loop uvloop|asyncio] [--seed S]
      [--cluster none|ascend910|ascend910b|nvlink4|roce100g] [--clock auto|wall|virtual]
  or, one rank per process: mpiexec -n N+1 python examples/parameter_server.py --workers N
+ or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
+     [--workers N] [--servers S] [--batch-size B] [--steps T]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ps import TARGET_ACCURACY, Config, Report, RetryPolicy, train
 from ps.compression import COMPRESSORS
 from ps.config import MODES
+from ps.simulated import Outcome, configs, simulate
+from ps.workloads import WORKLOADS
+
+#: The presets a workload runs on when no --cluster is given: the article's 8-card
+#: Ascend 910 servers and its 100G RoCE network.
+WORKLOAD_PRESETS = ("ascend910", "roce100g")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +54,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=MODES, default="sync")
     parser.add_argument("--staleness", type=int, default=2,
                         help="ssp: how many steps a worker may run ahead of the slowest")
-    parser.add_argument("--workers", type=int, default=4, help="worker ranks (plus a server)")
+    parser.add_argument("--workload", choices=("mlp", *WORKLOADS), default="mlp",
+                        help="mlp: train the MLP for real; resnet50, dlrm: a real model's "
+                             "sizes and FLOPs on the cluster model, nothing trained")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker ranks, besides the servers (default 4; 8 for a workload)")
+    parser.add_argument("--servers", type=int, default=4,
+                        help="--workload: server ranks of the sharded configuration")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="--workload: steps to run (the last one is measured)")
     parser.add_argument("--compression", choices=list(COMPRESSORS), default="none")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--no-overlap", action="store_true",
@@ -47,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-samples", type=int, default=24_000)
-    parser.add_argument("--batch-size", type=int, default=64, help="per worker")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="per worker (default 64; a workload's own for a workload)")
     parser.add_argument("--lr", type=float, default=None, help="default: by mode")
     parser.add_argument("--cluster", choices=("none", *ac.Cluster.presets()), default="none",
                         help="run on a cluster model: compute and transfers take modelled "
@@ -104,13 +128,50 @@ def print_report(report: Report) -> None:
           f"retries={report.retries} seconds={report.seconds:.1f}")
 
 
+def run_workload(args: argparse.Namespace) -> list[Outcome]:
+    """The four configurations of ``args.workload`` on each preset; print and return them."""
+    if args.workers is not None and args.workers < 1 or args.servers < 1 or args.steps < 2:
+        raise SystemExit("parameter_server.py: error: --workers and --servers must be >= 1 "
+                         "and --steps >= 2")
+    workload = WORKLOADS[args.workload]()
+    if args.batch_size is not None:
+        workload = dataclasses.replace(workload, batch=args.batch_size)
+    workers = 8 if args.workers is None else args.workers
+    presets = WORKLOAD_PRESETS if args.cluster == "none" else (args.cluster,)
+    print(f"parameter server, {workload.title}: {workload.parameters / 1e6:,.1f} M parameters, "
+          f"{2 * workload.macs / 1e9:.3g} GFLOP forward per sample; {workers} workers, "
+          f"batch {workload.batch} each, synchronous, model time (virtual clock)")
+    outcomes = []
+    for preset in presets:
+        cluster = ac.Cluster.preset(preset)
+        print(f"\n{preset}: {'config':<26} {'push/worker':>11} {'pull/worker':>11} "
+              f"{'step ms':>9} {'compute ms':>10} {'comm share':>10} {'samples/s':>11}")
+        for setup in configs(args.servers):
+            out = simulate(workload, cluster, setup, workers=workers, steps=args.steps)
+            outcomes.append(out)
+            print(f"{'':<{len(preset) + 1}} {setup.name:<26} {out.push_bytes / 1e6:>8.1f} MB "
+                  f"{out.pull_bytes / 1e6:>8.1f} MB {out.step_s * 1e3:>9.2f} "
+                  f"{out.compute_s * 1e3:>10.2f} {out.comm_share:>10.1%} "
+                  f"{out.samples_per_s:>11,.0f}")
+    print("\ncomm share: the share of a step the workers' devices wait for communication "
+          "(1 - compute / step)")
+    for out in outcomes:
+        print(out.result_line())
+    return outcomes
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.workload != "mlp":
+        run_workload(args)
+        return
     try:
-        cfg = Config(mode=args.mode, staleness=args.staleness, workers=args.workers,
+        cfg = Config(mode=args.mode, staleness=args.staleness,
+                     workers=4 if args.workers is None else args.workers,
                      compression=args.compression, epochs=args.epochs,
                      overlap=not args.no_overlap, seed=args.seed,
-                     train_samples=args.train_samples, batch_size=args.batch_size,
+                     train_samples=args.train_samples,
+                     batch_size=64 if args.batch_size is None else args.batch_size,
                      lr=args.lr, retry=RetryPolicy(on_retry=_retry_notice))
     except ValueError as exc:
         raise SystemExit(f"parameter_server.py: error: {exc}") from None
