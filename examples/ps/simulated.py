@@ -31,6 +31,7 @@ gathering rows to send back.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,8 @@ from .workloads import Bucket, Workload
 __all__ = ["CONFIGS", "HBM", "Costs", "Outcome", "Piece", "Setup", "configs", "plan", "simulate"]
 
 PUSH_TAG, PULL_TAG = 100, 200
+#: Recvs a server keeps posted per bucket (each into its own buffer).
+RECV_WINDOW = 16
 #: HBM bandwidth (bytes/s) of each preset's device: Ascend 910 1.2 TB/s (Huawei, Hot Chips
 #: 2019); Ascend 910B 1.6 TB/s (widely reported); H100 SXM 3.35 TB/s (datasheet).  The
 #: roce100g preset's device is an Ascend 910 that stages through host memory.
@@ -175,19 +178,22 @@ class Costs:
 
 
 class _Buffers:
-    """Buffers by size: fresh for each caller, or (``shared``) one per size for all ranks,
-    which moves the same bytes (their contents are never read) with less memory."""
+    """Buffers by size: fresh for each caller, or (``shared``) one per size and slot for
+    all ranks, which moves the same bytes (their contents are never read) with less
+    memory.  A rank's pending recvs each get their own slot: two recvs may not write the
+    same memory."""
 
     def __init__(self, shared: bool) -> None:
         self.shared = shared
-        self._cache: dict[tuple[str, int], np.ndarray] = {}
+        self._cache: dict[tuple[str, int, object], np.ndarray] = {}
 
-    def get(self, kind: str, nbytes: int) -> np.ndarray:
+    def get(self, kind: str, nbytes: int, slot: object = 0) -> np.ndarray:
         if not self.shared:
             return np.zeros(nbytes, np.uint8)
-        buf = self._cache.get((kind, nbytes))
+        key = (kind, nbytes, slot)
+        buf = self._cache.get(key)
         if buf is None:
-            buf = self._cache[(kind, nbytes)] = np.zeros(nbytes, np.uint8)
+            buf = self._cache[key] = np.zeros(nbytes, np.uint8)
         return buf
 
 
@@ -233,7 +239,8 @@ async def _work(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]], 
                 buffers: _Buffers, size: Callable[[int], int], steps: int) -> float:
     """One worker; returns its steady-state step time (model seconds)."""
     grads = [[buffers.get("push", size(p.push_bytes)) for p in g] for g in pieces]
-    params = [[buffers.get("pull", size(p.pull_bytes)) for p in g] for g in pieces]
+    params = [[buffers.get("pull", size(p.pull_bytes), (b, j)) for j, p in enumerate(g)]
+              for b, g in enumerate(pieces)]
     pulls: dict[int, list[ac.Request]] = {}
     pushes: dict[int, list[ac.Request]] = {}
     arrived = []  # per step: when its last parameters were in
@@ -284,21 +291,33 @@ async def _serve(comm: ac.Communicator, setup: Setup, pieces: list[list[Piece]],
     """One server: per step and bucket, wait for every worker's share, aggregate, reply."""
     s = setup.servers
     mine = [(b, p) for b, group in enumerate(pieces) for p in group if p.server == comm.rank]
-    inbox = {b: [buffers.get("inbox", size(p.push_bytes)) for _ in range(workers)]
+    window = min(workers, RECV_WINDOW)
+    inbox = {b: [buffers.get("inbox", size(p.push_bytes), (b, i)) for i in range(window)]
              for b, p in mine}
     reply = {b: buffers.get("reply", size(p.pull_bytes)) for b, p in mine}
 
-    def receive(b: int) -> list[ac.Request]:
-        return [comm.irecv(inbox[b][w], s + w, PUSH_TAG + b) for w in range(workers)]
+    async def receive(b: int) -> None:
+        """Every worker's share of bucket ``b``, in arrival order, through a window of
+        buffers (a server cannot hold every worker's gradient at once)."""
+        bufs = list(inbox[b])
+        reqs = [comm.irecv(buf, ac.ANY_SOURCE, PUSH_TAG + b) for buf in bufs]
+        posted = len(reqs)
+        for _ in range(workers):
+            i, _status = await ac.wait_any(reqs)
+            if posted < workers:  # the buffer is free again: the next worker's share
+                reqs[i] = comm.irecv(bufs[i], ac.ANY_SOURCE, PUSH_TAG + b)
+                posted += 1
+            else:
+                del reqs[i], bufs[i]
 
-    pending = {b: receive(b) for b, _ in mine}
+    pending = {b: asyncio.ensure_future(receive(b)) for b, _ in mine}
     replies: list[ac.Request] = []
     for step in range(steps):
         for b, p in mine:  # backward order: as the pushes come
-            await ac.wait_all(pending[b])
+            await pending[b]
             await comm.compute(seconds=costs.server[(b, p.server)])
             if step + 1 < steps:
-                pending[b] = receive(b)
+                pending[b] = asyncio.ensure_future(receive(b))
             replies += [comm.isend(reply[b], s + w, PULL_TAG + b) for w in range(workers)]
         replies = [r for r in replies if not r.done()]
     await ac.wait_all(replies)
