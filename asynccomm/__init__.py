@@ -6,7 +6,6 @@ Re-exports only; see the README for a tour and ``help(asynccomm.Communicator)`` 
 from __future__ import annotations
 
 from ._communicator import Communicator as Communicator
-from ._communicator import Device as Device
 from ._communicator import RecvOp as RecvOp
 from ._communicator import SendOp as SendOp
 from ._exceptions import AsyncCommError as AsyncCommError
@@ -51,6 +50,7 @@ from ._types import uint32 as uint32
 from ._types import uint64 as uint64
 from ._version import __version__ as __version__
 from .sim.cluster import Cluster as Cluster
+from .sim.device import Device as Device
 
 __all__ = (
     "ANY_SOURCE",

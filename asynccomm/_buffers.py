@@ -308,11 +308,13 @@ class StagingPool:
         self._reused = 0
         self._refused = 0
 
-    def acquire(self, nbytes: int) -> memoryview | None:
-        """A buffer of at least ``nbytes`` bytes, or None if the cap is reached."""
+    def acquire(self, nbytes: int, *, force: bool = False) -> memoryview | None:
+        """A buffer of at least ``nbytes`` bytes, or None if the cap is reached (with
+        ``force``, one all the same: for a payload that must be kept, whose sender was
+        already told it fits)."""
         size = max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0
         cost = size + MESSAGE_OVERHEAD
-        if self._in_use + cost > self.capacity_bytes:
+        if self._in_use + cost > self.capacity_bytes and not force:
             self._refused += 1
             return None
         self._acquired += 1

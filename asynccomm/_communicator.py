@@ -9,89 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import math
-import weakref
 from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
 
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer, overlapping, resolve_dtype
-from ._exceptions import CommClosedError, OutOfDeviceMemoryError
-from ._request import DONE, Request, defer_cancellation, settle, wait_all
+from ._buffers import BufferView, as_recv_buffer, as_send_buffer, overlapping
+from ._core.states import DONE, Kind
+from ._exceptions import CommClosedError
+from ._options import check_timeout
+from ._request import Request, defer_cancellation, settle, wait_all
 from ._stream import Stream
 from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
+from .sim.device import Device
 
 if TYPE_CHECKING:
     from ._engine import DeviceEngine, EngineStatistics
-    from .sim.records import RankSummary
+    from .sim.records import OpRecord, RankSummary
 
-__all__ = ["Communicator", "Device", "RecvOp", "SendOp"]
+__all__ = ["Communicator", "RecvOp", "SendOp"]
 
-
-@final
-class Device:
-    """The (simulated) device a rank runs on: its name, compute rate and memory.
-
-    Buffers allocated with ``alloc`` count against ``capacity``; they return to it when
-    freed with ``free`` or garbage collected.
-
-    Instances are created with the world and cannot be created directly.
-    """
-
-    def __init__(self, index: int, name: str, *, flops: float | None = None,
-                 capacity: int | None = None) -> None:
-        self.index = index
-        self.name = name
-        #: Compute rate in FLOP/s (None: no model; ``compute(flops=...)`` needs one).
-        self.flops = flops
-        #: Memory capacity in bytes (None: unlimited).
-        self.capacity = capacity
-        self._in_use = 0
-        self._live: dict[int, weakref.finalize[Any, Any]] = {}
-
-    def __repr__(self) -> str:
-        return f"<Device {self.name} in_use={self._in_use} capacity={self.capacity}>"
-
-    @property
-    def in_use(self) -> int:
-        """Bytes of device memory held by buffers from ``alloc``."""
-        return self._in_use
-
-    def alloc(self, shape: int | tuple[int, ...], dtype: Any = np.float32) -> np.ndarray[Any, Any]:
-        """A zeroed C-contiguous array in this device's memory.
-
-        Raises:
-            OutOfDeviceMemoryError: if it would pass the device's capacity.
-            TypeError, ValueError: a bad shape or dtype.
-        """
-        dt = resolve_dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if self.capacity is not None and self._in_use + nbytes > self.capacity:
-            raise OutOfDeviceMemoryError(
-                f"{self.name}: allocating {nbytes} B would exceed the device's "
-                f"{self.capacity} B ({self._in_use} B in use)", rank=self.index,
-                requested=nbytes, in_use=self._in_use, capacity=self.capacity)
-        arr = np.zeros(shape, dtype=dt)
-        self._in_use += nbytes
-        self._live[id(arr)] = weakref.finalize(arr, self._release, id(arr), nbytes)
-        return arr
-
-    def free(self, arr: np.ndarray[Any, Any]) -> None:
-        """Return an ``alloc`` buffer's memory now (the array must not be used after).
-
-        Raises:
-            ValueError: if the array did not come from this device's ``alloc``.
-        """
-        fin = self._live.get(id(arr))
-        if fin is None or not fin.alive:
-            raise ValueError(f"the array was not allocated on {self.name} (or was freed)")
-        fin()
-
-    def _release(self, key: int, nbytes: int) -> None:
-        self._live.pop(key, None)
-        self._in_use -= nbytes
+SEND: Final = Kind.SEND
+RECV: Final = Kind.RECV
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +55,6 @@ class RecvOp:
     tag: int = ANY_TAG
     count: int | None = None
     dtype: Any = None
-
-
-def _check_timeout(timeout: object) -> float | None:
-    if timeout is None:
-        return None
-    if type(timeout) is bool or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds or None, "
-                        f"got {type(timeout).__name__}")
-    if not timeout >= 0 or math.isinf(timeout):
-        raise ValueError(f"timeout must be a finite number >= 0, got {timeout}")
-    return float(timeout)
 
 
 @final
@@ -189,23 +119,26 @@ class Communicator:
             return self._engine.default_stream
         if not isinstance(stream, Stream):
             raise TypeError(f"stream must be a Stream or None, got {type(stream).__name__}")
-        if stream._engine is not self._engine:
+        if stream._owner is not self._engine:
             raise ValueError("the stream belongs to another communicator")
         return stream
 
     def _timeout(self, timeout: object) -> float | None:
-        return self._default_timeout if timeout is None else _check_timeout(timeout)
+        return self._default_timeout if timeout is None else check_timeout(timeout)
 
-    def _make(self, kind: str, buf: BufferView | None, peer: object, tag: object,
+    def _make(self, kind: Kind, buf: BufferView | None, peer: object, tag: object,
               stream: object, timeout: object) -> Request:
-        if kind == "send":
+        if kind is SEND:
             p = self._check_rank(peer, "dst", wildcard=False)
             t = self._check_tag(tag, wildcard=False)
         else:
             p = self._check_rank(peer, "src", wildcard=True)
             t = self._check_tag(tag, wildcard=True)
-        return Request(self._engine, kind, p, t, buf, self._check_stream(stream),
-                       self._timeout(timeout))
+        if buf is None:
+            return Request(self._engine, kind, p, t, None, -1, 0, None,
+                           self._check_stream(stream), self._timeout(timeout))
+        return Request(self._engine, kind, p, t, buf.mv, buf.nbytes, buf.count, buf.dtype,
+                       self._check_stream(stream), self._timeout(timeout))
 
     # -- point to point -------------------------------------------------------------------
 
@@ -231,10 +164,11 @@ class Communicator:
             dst = self._check_rank(dst, "dst", wildcard=False)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=False)
-        req = Request(engine, "send", dst, tag, as_send_buffer(buf, count, dtype),
+        view = as_send_buffer(buf, count, dtype)
+        req = Request(engine, SEND, dst, tag, view.mv, view.nbytes, view.count, view.dtype,
                       engine.default_stream if stream is None else self._check_stream(stream),
-                      self._default_timeout if timeout is None else _check_timeout(timeout))
-        req.stream.submit(req)
+                      self._default_timeout if timeout is None else check_timeout(timeout))
+        req.stream._submit(req)  # type: ignore[union-attr]
         return req
 
     def irecv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -254,12 +188,12 @@ class Communicator:
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=True)
         view = as_recv_buffer(buf, count, dtype)
-        req = Request(engine, "recv", src, tag, view,
+        req = Request(engine, RECV, src, tag, view.mv, view.nbytes, view.count, view.dtype,
                       engine.default_stream if stream is None else self._check_stream(stream),
-                      self._default_timeout if timeout is None else _check_timeout(timeout))
+                      self._default_timeout if timeout is None else check_timeout(timeout))
         if engine._pending_recvs:
             engine.check_recv_buffer(view)
-        req.stream.submit(req)
+        req.stream._submit(req)  # type: ignore[union-attr]
         return req
 
     async def send(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
@@ -278,7 +212,7 @@ class Communicator:
         """
         req = self.isend(buf, dst, tag, stream=stream, timeout=timeout, count=count,
                          dtype=dtype)
-        if req._state != DONE or req._exc is not None:
+        if req._state is not DONE or req._exc is not None:
             await req
 
     async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -298,8 +232,8 @@ class Communicator:
         """
         req = self.irecv(buf, src, tag, stream=stream, timeout=timeout, count=count,
                          dtype=dtype)
-        if req._state == DONE and req._exc is None:
-            return req._result  # type: ignore[no-any-return]
+        if req._state is DONE and req._exc is None:
+            return req._outcome()  # type: ignore[no-any-return]
         result: Status = await req
         return result
 
@@ -313,8 +247,8 @@ class Communicator:
             CommTimeoutError: as ``recv``.
         """
         self._check_ready()
-        req = self._make("recv", None, src, tag, stream, timeout)
-        req.stream.submit(req)
+        req = self._make(RECV, None, src, tag, stream, timeout)
+        req.stream._submit(req)  # type: ignore[union-attr]
         result: tuple[np.ndarray[Any, Any], Status] = await req
         return result
 
@@ -349,11 +283,12 @@ class Communicator:
                 ``ExceptionGroup`` if several failed.
         """
         self._check_ready()
-        reqs = [self._batch_op(op, stream, timeout) for op in ops]
-        if not reqs:
+        made = [self._batch_op(op, stream, timeout) for op in ops]
+        if not made:
             return []
-        self._check_aliasing(reqs)
-        reqs[0].stream.submit(reqs)
+        reqs = [r for r, _ in made]
+        self._check_aliasing(reqs, [v for _, v in made])
+        reqs[0].stream._submit(reqs)  # type: ignore[union-attr]
         try:
             await settle(reqs)
         except asyncio.CancelledError as exc:
@@ -378,40 +313,41 @@ class Communicator:
         if not any(r.cancelled() for r in reqs):
             defer_cancellation(exc)
             return
-        done = [f"{i} ({r.kind}, {'failed' if r.exception() else 'done'})"
+        done = [f"{i} ({r.kind.value}, {'failed' if r.exception() else 'done'})"
                 for i, r in enumerate(reqs) if not r.cancelled()]
         if done:
             exc.add_note(f"rank {self.rank}: batch cancelled; ops {', '.join(done)} "
                          "had matched and finished all the same, the others were withdrawn")
         raise exc
 
-    def _check_aliasing(self, reqs: list[Request]) -> None:
+    def _check_aliasing(self, reqs: list[Request], views: list[BufferView]) -> None:
         """Refuse a batch in which a recv buffer shares memory with another op's buffer, or
         with a pending recv's (MPI forbids it: the data would be corrupted).
 
         Raises:
             ValueError: the buffers overlap (nothing is posted).
         """
-        recvs = [r for r in reqs if r.kind == "recv"]
+        recvs = [(r, v) for r, v in zip(reqs, views, strict=True) if r.kind is RECV]
         if recvs and len(reqs) > 1:
-            clash = overlapping([r.buf.mv for r in reqs],  # type: ignore[union-attr]
-                                [r.kind == "recv" for r in reqs])
+            clash = overlapping([v.mv for v in views], [r.kind is RECV for r in reqs])
             if clash is not None:
                 i, j = clash
-                raise ValueError(f"ops {i} ({reqs[i].kind}) and {j} ({reqs[j].kind}) of the "
-                                 "batch share buffer memory: a recv would write what the "
-                                 "other op reads or writes; use separate buffers")
+                raise ValueError(f"ops {i} ({reqs[i].kind.value}) and {j} "
+                                 f"({reqs[j].kind.value}) of the batch share buffer memory: a "
+                                 "recv would write what the other op reads or writes; use "
+                                 "separate buffers")
         if self._engine._pending_recvs:
-            for r in recvs:
-                self._engine.check_recv_buffer(r.buf)  # type: ignore[arg-type]
+            for _, view in recvs:
+                self._engine.check_recv_buffer(view)
 
-    def _batch_op(self, op: object, stream: object, timeout: object) -> Request:
+    def _batch_op(self, op: object, stream: object,
+                  timeout: object) -> tuple[Request, BufferView]:
         if isinstance(op, SendOp):
-            return self._make("send", as_send_buffer(op.buf, op.count, op.dtype), op.dst,
-                              op.tag, stream, timeout)
+            view = as_send_buffer(op.buf, op.count, op.dtype)
+            return self._make(SEND, view, op.dst, op.tag, stream, timeout), view
         if isinstance(op, RecvOp):
-            return self._make("recv", as_recv_buffer(op.buf, op.count, op.dtype), op.src,
-                              op.tag, stream, timeout)
+            view = as_recv_buffer(op.buf, op.count, op.dtype)
+            return self._make(RECV, view, op.src, op.tag, stream, timeout), view
         raise TypeError(f"batch takes SendOp and RecvOp items, got {type(op).__name__}")
 
     # -- compute --------------------------------------------------------------------------
@@ -432,11 +368,11 @@ class Communicator:
         """
         self._check_ready()
         duration = self._compute_seconds(seconds, flops)
-        req = Request(self._engine, "compute", self.rank, 0, None, self._check_stream(stream),
-                      None)
-        req.desc = round(duration * 1e9)  # model nanoseconds
-        req.stream.submit(req)
-        if req._state != DONE:
+        req = Request(self._engine, Kind.COMPUTE, self.rank, 0, None, 0, 0, None,
+                      self._check_stream(stream), None)
+        req.duration_ns = round(duration * 1e9)  # model nanoseconds
+        req.stream._submit(req)  # type: ignore[union-attr]
+        if req._state is not DONE:
             await req
 
     def _compute_seconds(self, seconds: object, flops: object) -> float:
@@ -467,7 +403,18 @@ class Communicator:
         records = self._engine.records
         if records is None:
             raise ValueError("summary() needs a world with a cluster model (cluster=...)")
-        return summarize(self.rank, records, link_busy=self._engine.transport.link_busy(self.rank))
+        return summarize(self.rank, records, link_busy=self._engine.link.busy_time(self.rank))
+
+    def records(self) -> list[OpRecord]:
+        """This rank's completed ops' modelled records so far (start, end, bytes, chunks,
+        mode), in completion order; empty in a world without a cluster model."""
+        records = self._engine.records
+        return list(records) if records is not None else []
+
+    def model_time(self) -> float:
+        """Model seconds since the world opened: the virtual clock, or wall time divided
+        by the world's ``time_scale``."""
+        return self._engine.clock.now()
 
     # -- probes ---------------------------------------------------------------------------
 
@@ -493,7 +440,8 @@ class Communicator:
             CommTimeoutError: nothing arrived within ``timeout``.
         """
         self._check_ready()
-        req = self._make("probe", None, src, tag, None, timeout)
+        req = self._make(Kind.PROBE, None, src, tag, None, timeout)
+        req.stream = None  # a probe waits on no stream
         self._engine.post_probe(req)
         status: Status = await req
         return status

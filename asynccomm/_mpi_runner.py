@@ -23,14 +23,16 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from ._communicator import Communicator, Device, _check_timeout
+from ._clock import ModelClock
+from ._communicator import Communicator
 from ._engine import DeviceEngine
-from ._runner import POOL_BYTES, _check_world, default_timeout
+from ._options import POOL_BYTES, check_timeout, check_world, default_timeout
 from ._types import EAGER_LIMIT
+from .sim.device import Device
 from .transports._mpi_lib import comm_world, mpi_errors, wait_request
 from .transports.mpi import MPITransport
 
-__all__ = ["ABORT_GRACE", "MPITransport", "open_mpi_world", "run_mpi"]
+__all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi"]
 
 T = TypeVar("T")
 
@@ -54,8 +56,8 @@ class _MPIWorld:
             TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
             TransportError: MPI failed.
         """
-        _check_world(1, None, "auto", eager_limit, pool_bytes)
-        op_timeout = default_timeout() if timeout is None else _check_timeout(timeout)
+        check_world(1, None, "auto", eager_limit, pool_bytes)
+        op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
         loop = asyncio.get_running_loop()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
@@ -65,11 +67,11 @@ class _MPIWorld:
             await wait_request(mpi_comm.Iallgather(array("q", [pool_bytes]), pools))
         transport = MPITransport(mpi_comm, eager_limit=eager_limit, pools=list(pools))
         rank, size = transport.rank, transport.size
+        device = Device(rank, f"mpi:{rank}")
         engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
-                              pool_bytes=pool_bytes)
-        comm = Communicator(engine, default_timeout=op_timeout,
-                            device=Device(rank, f"mpi:{rank}"))
-        transport.start(engine)  # last: from here on its progress task runs
+                              pool_bytes=pool_bytes, clock=ModelClock(loop), device=device)
+        comm = Communicator(engine, default_timeout=op_timeout, device=device)
+        transport.start(engine, loop)  # last: from here on its progress task runs
         engine.log.info("comm.opened", transport="mpi")
         return cls(transport, comm)
 
@@ -232,7 +234,7 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
     unknown = set(options) - {"eager_limit", "pool_bytes", "timeout"}
     if unknown:
         raise TypeError(f"unexpected options for the MPI backend: {sorted(unknown)}")
-    grace = _check_timeout(abort_grace)
+    grace = check_timeout(abort_grace)
     with mpi_errors("initialisation"):
         size = comm_world().Get_size()
     if world_size is not None and world_size != size:

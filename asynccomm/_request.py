@@ -1,78 +1,112 @@
-"""Requests: awaitable handles of posted operations, and ``wait_all``/``wait_any``."""
+"""Requests: awaitable handles of posted operations, and ``wait_all``/``wait_any``.
+
+A request doubles as its own descriptor and message (``_core.descriptors``): the matcher
+queues it as a posted recv, and an in-process send travels to its receiver as itself, so a
+message costs one object.  Its state moves only through ``_core.states`` (the engine's
+``Owner.finish`` and ``Owner.move``); this module only reads it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from asyncio.events import _get_running_loop
 from collections.abc import Generator, Sequence
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
+from ._core.descriptors import AT_SENDER, Message
+from ._core.states import ACTIVE, CANCELLED, DONE, QUEUED, Kind, State
 from ._types import Status
 
 if TYPE_CHECKING:
-    from ._buffers import BufferView
-    from ._engine import DeviceEngine
     from ._stream import Stream
-    from .sim.records import OpRecord
 
-__all__ = ["Request", "defer_cancellation", "wait_all", "wait_any"]
+__all__ = ["Owner", "Request", "defer_cancellation", "settle", "wait_all", "wait_any"]
 
-# Request states, in order: an op moves only forward.
-QUEUED: Final = 0  # waiting on its stream, not posted yet
-POSTED: Final = 1  # descriptor posted: withdrawable
-ACTIVE: Final = 2  # matched, data moving: no longer withdrawable
-DONE: Final = 3  # finished with a result or an exception
-CANCELLED: Final = 4  # withdrawn before it matched
+SEND: Final = Kind.SEND
+RECV: Final = Kind.RECV
+PROBE: Final = Kind.PROBE
+COMPUTE: Final = Kind.COMPUTE
 
-_STATE_NAMES: Final = ("queued", "posted", "active", "done", "cancelled")
+# Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
+# runs once per message.
+_new_status = tuple.__new__
+
+
+class Owner(Protocol):
+    """What a request needs of the engine that owns it."""
+
+    rank: int
+    loop: asyncio.AbstractEventLoop
+
+    def withdraw(self, req: Request, exc: BaseException | None, *, ask: bool = True) -> bool:
+        ...
 
 
 @final
-class Request:
+class Request(Message):
     """An operation in flight, returned by ``Communicator.isend`` and ``irecv``.
 
     ``await req`` returns the op's result (``None`` for a send, a ``Status`` for a recv) or
-    raises its error.  Cancelling the awaiting task withdraws the op like ``req.cancel()``.
-    If the op has already matched, its transfer completes first (the buffer is never left
-    half written) and the cancellation is raised after it.
+    raises its error.  Cancelling the awaiting task withdraws the op if it has not matched
+    yet; an op that has matched finishes (its buffer is never left half written), its
+    result is returned, and the cancellation reaches the task at its next await.
 
     Instances are created by ``Communicator`` and cannot be created directly.
     """
 
     __slots__ = (
-        "_engine", "_exc", "_result", "_state", "_timer", "_track", "_waiters", "buf", "desc",
-        "kind", "peer", "record", "seq", "stream", "tag", "timeout",
+        "_array", "_exc", "_owner", "_result", "_state", "_timer", "_tracked", "_waiters",
+        "_withdraw_exc", "duration_ns", "kind", "matched_at", "peer", "posted_at", "record",
+        "sseq", "stream", "timeout",
     )
 
-    def __init__(self, engine: DeviceEngine, kind: str, peer: int, tag: int,
-                 buf: BufferView | None, stream: Stream, timeout: float | None) -> None:
-        self._engine = engine
-        self.kind = kind
-        self.peer = peer
+    def __init__(self, owner: Owner, kind: Kind, peer: int, tag: int,
+                 view: memoryview | None, nbytes: int, count: int, dtype: str | None,
+                 stream: Stream | None, timeout: float | None) -> None:
+        # Message's fields, set here directly (this runs once per message).
+        self.source = owner.rank if kind is SEND else peer
         self.tag = tag
-        self.buf = buf
+        self.nbytes = nbytes
+        self.count = count
+        self.dtype = dtype
+        self.seq = -1
+        self.where = AT_SENDER
+        self.view = view
+        self.ident = 0
+        self._owner = owner
+        self.kind = kind
+        #: The other rank: the destination of a send, the source (or ANY_SOURCE) of a recv.
+        self.peer = peer
         self.stream = stream
         self.timeout = timeout
-        self.desc: Any = None
+        #: Simulated compute: its duration in model nanoseconds (0 for other ops).
+        self.duration_ns = 0
         #: The op's modelled record (start, end, bytes, chunks) once it completed, in worlds
         #: with a cluster model; None elsewhere.
-        self.record: OpRecord | None = None
-        self.seq = 0
+        self.record: Any = None
+        self.sseq = 0  # order on its stream
+        self.posted_at = 0.0
+        self.matched_at = 0.0
         self._state = QUEUED
-        self._result: Any = None
+        self._result: Message | None = None  # a recv's or probe's matched message
+        self._array: Any = None  # recv_new's array
         self._exc: BaseException | None = None
-        self._waiters: list[asyncio.Future[None]] | None = None
+        self._withdraw_exc: BaseException | None = None
+        self._waiters: list[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
-        # 0: not tracked (finished as it was posted, or not submitted yet); 1: tracked by
-        # its engine and stream, waiting in the stream's queue; 2: tracked and posted.
-        self._track = 0
+        self._tracked = False
 
     def __repr__(self) -> str:
-        who = "dst" if self.kind == "send" else "src"
-        return (f"<Request {self.kind} rank={self._engine.rank} {who}={self.peer} "
-                f"tag={self.tag} {_STATE_NAMES[self._state]}>")
+        who = "dst" if self.kind is SEND else "src"
+        return (f"<Request {self.kind.value} rank={self._owner.rank} {who}={self.peer} "
+                f"tag={self.tag} {self._state.name.lower()}>")
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        """Where the op is: QUEUED, POSTED, ACTIVE (matched), DONE or CANCELLED."""
+        return self._state
 
     def done(self) -> bool:
         """True once the op finished, failed or was cancelled."""
@@ -80,7 +114,7 @@ class Request:
 
     def cancelled(self) -> bool:
         """True if the op was withdrawn before it matched."""
-        return self._state == CANCELLED
+        return self._state is CANCELLED
 
     def cancel(self) -> bool:
         """Withdraw the op if it has not matched yet.
@@ -95,26 +129,22 @@ class Request:
         Raises:
             RuntimeError: called from another thread or event loop.
         """
-        engine = self._engine
-        if _get_running_loop() is not engine.loop:
-            raise RuntimeError(f"rank {engine.rank}'s request was cancelled outside its event "
+        owner = self._owner
+        if _get_running_loop() is not owner.loop:
+            raise RuntimeError(f"rank {owner.rank}'s request was cancelled outside its event "
                                "loop (from another thread?); call cancel() from the loop that "
                                "opened its world, e.g. with loop.call_soon_threadsafe")
         if self._state >= ACTIVE:
             return False
-        return engine.withdraw(self, None, ask=False)
+        return owner.withdraw(self, None, ask=False)
 
     @property
     def status(self) -> Status | None:
         """The recv's ``Status`` once it completed; None before, and for sends."""
-        if self._state != DONE or self._exc is not None:
+        if self._state is not DONE or self._exc is not None or self._result is None:
             return None
-        result = self._result
-        if isinstance(result, Status):
-            return result
-        if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Status):
-            return result[1]
-        return None
+        m = self._result
+        return _new_status(Status, (m.source, m.tag, m.nbytes, m.count))
 
     def exception(self) -> BaseException | None:
         """The op's error once it failed, else None."""
@@ -122,7 +152,7 @@ class Request:
 
     def __await__(self) -> Generator[Any, None, Any]:
         while self._state < DONE:
-            fut = self._engine.loop.create_future()
+            fut = self._owner.loop.create_future()
             self._add_waiter(fut)
             try:
                 yield from fut
@@ -134,20 +164,24 @@ class Request:
     # -- engine side ----------------------------------------------------------------------
 
     def _outcome(self) -> Any:
-        if self._state == CANCELLED:
+        if self._state is CANCELLED:
             raise asyncio.CancelledError(f"{self!r} was cancelled")
         if self._exc is not None:
             raise self._exc
-        return self._result
+        m = self._result
+        if m is None:  # a send or a compute task
+            return None
+        status = _new_status(Status, (m.source, m.tag, m.nbytes, m.count))
+        return status if self._array is None else (self._array, status)
 
     def _cancelled_while_waiting(self, exc: asyncio.CancelledError) -> Generator[Any, None, Any]:
         """The task awaiting this op was cancelled: withdraw the op if it has not matched,
         else let it finish.  An op that finished is never reported cancelled: its outcome
         is returned and the cancellation is delivered at the task's next await."""
         if self._state < ACTIVE:
-            self._engine.withdraw(self, None)
+            self._owner.withdraw(self, None)
         yield from self._settle()
-        if self._state == CANCELLED:
+        if self._state is CANCELLED:
             raise exc
         defer_cancellation(exc)
         return self._outcome()
@@ -155,22 +189,22 @@ class Request:
     def _settle(self) -> Generator[Any, None, None]:
         """Wait, ignoring cancellation, until the op has finished or been withdrawn."""
         while self._state < DONE:
-            fut = self._engine.loop.create_future()
+            fut = self._owner.loop.create_future()
             self._add_waiter(fut)
             try:
                 yield from fut
             except asyncio.CancelledError:
                 self._discard_waiter(fut)
 
-    def _add_waiter(self, fut: asyncio.Future[None]) -> None:
+    def _add_waiter(self, waiter: Any) -> None:
         if self._waiters is None:
-            self._waiters = [fut]
+            self._waiters = [waiter]
         else:
-            self._waiters.append(fut)
+            self._waiters.append(waiter)
 
-    def _discard_waiter(self, fut: asyncio.Future[None]) -> None:
-        if self._waiters is not None and fut in self._waiters:
-            self._waiters.remove(fut)
+    def _discard_waiter(self, waiter: Any) -> None:
+        if self._waiters is not None and waiter in self._waiters:
+            self._waiters.remove(waiter)
 
     def _wake(self) -> None:
         """Stop the timer and wake every waiter (engine only, once the outcome is set)."""
@@ -290,9 +324,9 @@ async def _wait(reqs: list[Request], *, all_done: bool) -> None:
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     waiter = _Countdown(fut, len(pending) if all_done else 1)
     for r in pending:
-        r._add_waiter(waiter)  # type: ignore[arg-type]
+        r._add_waiter(waiter)
     try:
         await fut
     finally:
         for r in pending:
-            r._discard_waiter(waiter)  # type: ignore[arg-type]
+            r._discard_waiter(waiter)

@@ -4,7 +4,6 @@ program on every rank and returns (or raises) what the ranks did."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -13,13 +12,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 
-from ._communicator import Communicator, Device, _check_timeout
+from ._clock import ModelClock
+from ._communicator import Communicator
 from ._engine import DeviceEngine
 from ._exceptions import DeadlockError
+from ._options import POOL_BYTES, check_timeout, check_world, clock_mode, default_timeout
 from ._types import EAGER_LIMIT
-from .sim.clock import ModelClock
+from .sim.device import Device
 from .sim.loop import VirtualTimeLoop, new_virtual_loop
-from .transports.local import LocalTransport
+from .transports.local import LocalLink
 
 if TYPE_CHECKING:
     from .sim.cluster import Cluster
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["World", "launched_by_mpi", "open_world", "run"]
 
 T = TypeVar("T")
-
-#: Default cap on staged eager messages per rank.
-POOL_BYTES = 64 << 20
 
 _LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
@@ -48,53 +46,6 @@ class World:
     @property
     def size(self) -> int:
         return len(self.comms)
-
-
-def default_timeout() -> float | None:
-    """The default per-op timeout from ``ASYNCCOMM_TIMEOUT`` (seconds; unset or empty: none).
-
-    Raises:
-        ValueError: if the variable is set to something that is not a timeout.
-    """
-    raw = os.environ.get("ASYNCCOMM_TIMEOUT", "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} must be a finite number of seconds >= 0")
-    return value
-
-
-def _clock_mode(cluster: object, clock: object) -> str:
-    if clock not in ("auto", "wall", "virtual"):
-        raise ValueError(f"clock must be 'auto', 'wall' or 'virtual', got {clock!r}")
-    if clock == "auto":
-        return "virtual" if cluster is not None else "wall"
-    return str(clock)
-
-
-def _check_world(size: object, cluster: object, clock: object, eager_limit: object,
-                 pool_bytes: object) -> str:
-    """Check the world options; return the clock mode (``"wall"`` or ``"virtual"``)."""
-    if type(size) is not int:
-        raise TypeError(f"world size must be an int, got {type(size).__name__}")
-    if size < 1:
-        raise ValueError(f"world size must be >= 1, got {size}")
-    if cluster is not None:
-        from .sim.cluster import Cluster
-
-        if not isinstance(cluster, Cluster):
-            raise TypeError(f"cluster must be an asynccomm.Cluster or None, "
-                            f"got {type(cluster).__name__}")
-    for name, value in (("eager_limit", eager_limit), ("pool_bytes", pool_bytes)):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value}")
-    return _clock_mode(cluster, clock)
 
 
 @asynccontextmanager
@@ -123,24 +74,26 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
         TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``, or
             ``clock="virtual"`` on a loop that is not the virtual-time loop.
     """
-    mode = _check_world(size, cluster, clock, eager_limit, pool_bytes)
-    op_timeout = default_timeout() if timeout is None else _check_timeout(timeout)
+    mode = check_world(size, cluster, clock, eager_limit, pool_bytes)
+    op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
     loop = asyncio.get_running_loop()
     if mode == "virtual" and not isinstance(loop, VirtualTimeLoop):
         raise ValueError("clock='virtual' needs the virtual-time loop: use "
                          "ac.run(main, n, clock='virtual') or asyncio.Runner("
                          "loop_factory=asynccomm.sim.new_virtual_loop)")
     model_clock = ModelClock(loop, time_scale=time_scale if mode == "wall" else 1.0)
-    transport, devices = _fabric(size, cluster, model_clock, strategy)
+    link, devices = _fabric(size, cluster, model_clock, strategy)
+    engines = []
     comms = []
     for rank in range(size):
-        engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
-                              pool_bytes=pool_bytes, clock=model_clock,
-                              record=cluster is not None, inline_copies=mode == "virtual")
-        transport.attach(engine)
+        engine = DeviceEngine(rank, size, link, loop=loop, eager_limit=eager_limit,
+                              pool_bytes=pool_bytes, clock=model_clock, device=devices[rank],
+                              record=cluster is not None, inline_copies=mode == "virtual",
+                              instant=link.timing is None)
+        link.attach(engine)
+        engines.append(engine)
         comms.append(Communicator(engine, default_timeout=op_timeout, device=devices[rank]))
         engine.log.info("comm.opened", clock=mode)
-    engines = transport.engines
     if isinstance(loop, VirtualTimeLoop):
         loop.on_idle = lambda: _fail_deadlocked(engines)
     try:
@@ -153,18 +106,19 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
-            strategy: Strategy | None) -> tuple[LocalTransport, list[Device]]:
-    """The transport and devices of a world: instant, or timed by a cluster model."""
+            strategy: Strategy | None) -> tuple[LocalLink, list[Device]]:
+    """The link and devices of a world: instant, or timed by a cluster model."""
     if cluster is None:
-        return LocalTransport(), [Device(rank, f"sim:{rank}") for rank in range(size)]
+        return LocalLink(), [Device(rank, f"sim:{rank}") for rank in range(size)]
     from .sim.model import ClusterModel
-    from .sim.transport import ModelledTransport
+    from .sim.timing import ModelledTiming
 
     fitted = cluster.fit(size)
     spec = fitted.device
     devices = [Device(rank, f"{fitted.name}:{rank}", flops=spec.flops, capacity=spec.memory)
                for rank in range(size)]
-    return ModelledTransport(ClusterModel(fitted, size, strategy=strategy), clock), devices
+    model = ClusterModel(fitted, size, strategy=strategy)
+    return LocalLink(ModelledTiming(model, clock)), devices
 
 
 def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
@@ -263,7 +217,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     """
     if not callable(main):
         raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")
-    mode = _clock_mode(cluster, clock)
+    mode = clock_mode(cluster, clock)
     if loop is None:
         loop = "virtual" if mode == "virtual" else "uvloop"
     factory = _LOOPS.get(loop)
@@ -284,8 +238,8 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     if world_size is None:
         raise TypeError("run() needs world_size for in-process ranks "
                         "(or an MPI launch: mpiexec -n N python script.py)")
-    _check_world(world_size, cluster, clock, options.get("eager_limit", 0),
-                 options.get("pool_bytes", 0))
+    check_world(world_size, cluster, clock, options.get("eager_limit", 0),
+                options.get("pool_bytes", 0))
 
     results: list[T] = []
 

@@ -24,16 +24,27 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, final
+from typing import Protocol, final
 
+from ._core.states import DONE, QUEUED
 from ._exceptions import CommClosedError
-from ._request import DONE, QUEUED
+from ._request import Request
 
-if TYPE_CHECKING:
-    from ._engine import DeviceEngine
-    from ._request import Request
+__all__ = ["Event", "Stream", "StreamOwner", "StreamStatistics"]
 
-__all__ = ["Event", "Stream", "StreamStatistics"]
+
+class StreamOwner(Protocol):
+    """What a stream needs of the engine that owns it."""
+
+    rank: int
+    loop: asyncio.AbstractEventLoop
+    closed: bool
+
+    def start(self, req: Request) -> None:
+        """Post a request whose turn has come."""
+
+    def track(self, req: Request) -> None:
+        """Keep a request that did not finish as it was posted."""
 
 
 @final
@@ -49,7 +60,7 @@ class Event:
     def __init__(self, stream: Stream, seq: int) -> None:
         self.stream = stream
         self.seq = seq
-        self._loop = stream._engine.loop
+        self._loop = stream._owner.loop
         self._fired = False
         self._waiters: list[asyncio.Future[None]] = []
         self._streams: list[Stream] = []  # streams holding ops until this fires
@@ -76,7 +87,7 @@ class Event:
         self._waiters.clear()
         streams, self._streams = self._streams, []
         for stream in streams:
-            stream.event_fired()
+            stream._event_fired()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,23 +116,25 @@ class Stream:
     Instances are created by ``Communicator.stream()`` and cannot be created directly.
     """
 
-    __slots__ = ("__weakref__", "_active", "_engine", "_events", "_pending", "_pumping",
-                 "_queue", "_seq", "in_order", "sid")
+    __slots__ = ("__weakref__", "_events", "_owner", "_pending", "_pumping", "_queue",
+                 "_queued", "_seq", "in_order", "sid")
 
-    def __init__(self, engine: DeviceEngine, sid: int, *, in_order: bool) -> None:
-        self._engine = engine
+    def __init__(self, owner: StreamOwner, sid: int, *, in_order: bool) -> None:
+        self._owner = owner
         self.sid = sid
         self.in_order = in_order
         self._queue: deque[Request | list[Request] | _Wait] = deque()
+        # Unfinished requests in submission order (queued ones included), so the oldest is
+        # the first key: that is all record() needs.
         self._pending: OrderedDict[int, Request] = OrderedDict()
+        self._queued = 0  # of them, how many wait in the queue (not posted yet)
         self._events: deque[Event] = deque()
-        self._active = 0
         self._seq = 0
         self._pumping = False
 
     def __repr__(self) -> str:
         kind = "default" if not self.in_order else f"stream {self.sid}"
-        return f"<Stream rank={self._engine.rank} {kind}>"
+        return f"<Stream rank={self._owner.rank} {kind}>"
 
     # -- public ---------------------------------------------------------------------------
 
@@ -159,7 +172,7 @@ class Stream:
         """
         if not isinstance(event, Event):
             raise TypeError(f"expected an Event, got {type(event).__name__}")
-        if event.stream._engine is not self._engine:
+        if event.stream._owner is not self._owner:
             raise ValueError("the event belongs to another communicator")
         self._check_open()
         if not event._fired:
@@ -167,76 +180,72 @@ class Stream:
             event._streams.append(self)
 
     def statistics(self) -> StreamStatistics:
-        return StreamStatistics(queued=len(self._pending) - self._active,
-                                active=self._active, submitted=self._seq)
+        return StreamStatistics(queued=self._queued, active=len(self._pending) - self._queued,
+                                submitted=self._seq)
 
     # -- engine side ----------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._engine.closed:
-            raise CommClosedError(f"rank {self._engine.rank}'s communicator is closed",
-                                  rank=self._engine.rank)
+        if self._owner.closed:
+            raise CommClosedError(f"rank {self._owner.rank}'s communicator is closed",
+                                  rank=self._owner.rank)
 
-    def submit(self, item: Request | list[Request]) -> None:
+    def _submit(self, item: Request | list[Request]) -> None:
         """Post a request or a group now if the stream allows it, else queue it."""
-        if self._queue or (self.in_order and self._active):
+        if self._queue or (self.in_order and len(self._pending) > self._queued):
             for req in (item if isinstance(item, list) else (item,)):
-                self._track(req, 1)
+                self._track(req)
+                self._queued += 1
             self._queue.append(item)
         elif isinstance(item, list):
             self._launch(item)
         else:
             # The hot path: one op on an idle stream.  An op that finishes as it is posted
             # (an eager send, a recv whose message was waiting) is never tracked at all.
-            self._engine.start(item)
+            self._owner.start(item)
             if item._state < DONE:
-                self._track(item, 2)
-                self._active += 1
+                self._track(item)
 
     def _launch(self, reqs: list[Request]) -> None:
         """Post a group together and track the members that did not finish at once."""
-        engine = self._engine
+        owner = self._owner
         for req in reqs:
-            if req._state == QUEUED:  # a member withdrawn while queued is not posted
-                engine.start(req)
+            if req._state is QUEUED:  # a member withdrawn while queued is not posted
+                owner.start(req)
         for req in reqs:
             if req._state < DONE:
-                self._track(req, 2)
-                self._active += 1
+                self._track(req)
 
-    def _track(self, req: Request, how: int) -> None:
-        if req._track:
-            req._track = how
+    def _track(self, req: Request) -> None:
+        if req._tracked:
             return
         self._seq += 1
-        req.seq = self._seq
-        req._track = how
-        self._pending[req.seq] = req
-        self._engine.track(req)
+        req.sseq = self._seq
+        self._pending[req.sseq] = req
+        self._owner.track(req)
 
-    def finished(self, req: Request) -> None:
+    def _finished(self, req: Request) -> None:
         """A tracked request of this stream reached its end (engine only)."""
-        del self._pending[req.seq]
-        if req._track == 2:
-            self._active -= 1
-        req._track = 0
+        del self._pending[req.sseq]
         if self._queue:
             self._pump()
         if self._events:
             self._fire_events()
 
-    def withdraw_queued(self, req: Request) -> None:
+    def _withdraw_queued(self, req: Request) -> None:
         """Remove a request that was never posted from the queue (engine only)."""
         for item in self._queue:
             if item is req:
                 self._queue.remove(item)
+                self._queued -= 1
                 break
             if isinstance(item, list) and req in item:
+                self._queued -= 1
                 if all(r is req or r._state >= DONE for r in item):
                     self._queue.remove(item)
                 break
 
-    def event_fired(self) -> None:
+    def _event_fired(self) -> None:
         """Some event fired: a wait at the head of the queue may be over (engine only)."""
         if self._queue and isinstance(self._queue[0], _Wait):
             self._pump()
@@ -256,10 +265,12 @@ class Stream:
                         return
                     queue.popleft()
                     continue
-                if self.in_order and self._active:
+                if self.in_order and len(self._pending) > self._queued:
                     return
                 queue.popleft()
-                self._launch(head if isinstance(head, list) else [head])
+                group = head if isinstance(head, list) else [head]
+                self._queued -= sum(1 for r in group if r._state is QUEUED)
+                self._launch(group)
         finally:
             self._pumping = False
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["posted"]
+__all__ = ["fail_next_mpi_call", "posted"]
 
 T = TypeVar("T")
 
@@ -25,3 +25,65 @@ async def posted(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     task = asyncio.ensure_future(body())
     await running.wait()
     return task
+
+
+def fail_next_mpi_call(comm: Any, call: str) -> None:
+    """Make this rank's next MPI ``call`` fail as if MPI had failed underneath (fault
+    injection, for tests of a program's error handling on MPI).
+
+    ``"Isend"``: the next message this rank sends fails (``TransportError`` for that op;
+    the communicator stays usable).  ``"Testsome"``: the next poll of pending MPI requests
+    fails (every pending op fails with ``TransportError``; the world cannot close cleanly,
+    so ``ac.run`` aborts the job).
+
+    Raises:
+        TypeError: ``comm`` is not a communicator of an MPI world.
+        ValueError: ``call`` is neither of those.
+    """
+    from .transports.mpi import MPITransport
+
+    link = getattr(getattr(comm, "_engine", None), "link", None)
+    if not isinstance(link, MPITransport):
+        raise TypeError("fail_next_mpi_call needs a communicator of an MPI world")
+    progress = link.progress
+    if call == "Isend":
+        progress.comm = _FailOnce(progress.comm, "Isend", lambda real: setattr(  # type: ignore[assignment]
+            progress, "comm", real))
+    elif call == "Testsome":
+        real_testsome = progress._testsome
+
+        def failing(reqs: Any) -> Any:
+            progress._testsome = real_testsome
+            raise _mpi_error()
+
+        progress._testsome = failing  # type: ignore[assignment]
+    else:
+        raise ValueError(f"call must be 'Isend' or 'Testsome', got {call!r}")
+
+
+class _FailOnce:
+    """An MPI communicator whose next ``name`` call fails (everything else is the real one's,
+    and the real one is put back by ``restore`` at that failure)."""
+
+    def __init__(self, real: Any, name: str, restore: Callable[[Any], None]) -> None:
+        self._real = real
+        self._name = name
+        self._restore = restore
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._name:
+            self._restore(self._real)
+
+            def fail(*args: Any) -> Any:
+                raise _mpi_error()
+
+            return fail
+        return getattr(self._real, name)
+
+
+def _mpi_error() -> Exception:
+    from .transports import _mpi_lib
+
+    _mpi_lib.load_mpi()
+    mpi = _mpi_lib.MPI
+    return mpi.Exception(mpi.ERR_OTHER)

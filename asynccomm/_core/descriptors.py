@@ -1,88 +1,79 @@
-"""Descriptors: what the core knows about a message and about a posted recv or probe.
+"""Descriptors: what the core knows about a message, a posted recv and a probe.
 
-The core never touches data.  A descriptor carries the envelope (source, tag), the size and
-the dtype *name*, plus one opaque ``handle`` slot that belongs to the layer above (the
-engine's request, a staging buffer, a remote reference): the core stores it and hands it
-back, nothing more.
+A ``Descriptor`` is what matching needs: the envelope (source, tag), a size and a dtype
+name, and the posting order (``seq``, owned by the matcher).  A posted recv is a descriptor
+whose ``source``/``tag`` may be wildcards, whose ``nbytes`` is its buffer's capacity (-1:
+any size) and whose ``dtype`` is its buffer's (None: any).
 
-These are plain slotted classes, not frozen dataclasses: one is built per message on the
-hot path, and ``object.__setattr__`` in a frozen ``__init__`` costs more than the matching.
-The matcher owns the ``seq`` field (posting order); nothing else writes it.
+A ``Message`` is a descriptor on its way or arrived, plus where its payload is (a tagged
+payload, ``where``):
+
+- ``AT_SENDER``: in the sender's buffer, in this process (``view``), readable until the
+  send completes;
+- ``STAGED``: copied into the receiver's staging pool (``view``);
+- ``INLINE``: arrived with its header in a transport's buffer (``view``), valid only while
+  it is being delivered: consume it or stage it then;
+- ``REMOTE``: still at a sender in another process, named there by ``ident``.
+
+The layer above subclasses these (a request doubles as its own descriptor and message, so
+a message costs no extra object); the core only reads the fields declared here.
 """
 
 from __future__ import annotations
 
-__all__ = ["Envelope", "ProbeDescriptor", "RecvDescriptor"]
+from typing import Final
+
+__all__ = ["AT_SENDER", "INLINE", "REMOTE", "STAGED", "WHERE_NAMES", "Descriptor", "Message"]
+
+AT_SENDER: Final = 0
+STAGED: Final = 1
+INLINE: Final = 2
+REMOTE: Final = 3
+WHERE_NAMES: Final = ("at the sender", "staged", "inline", "remote")
 
 
-class Envelope:
-    """A message at its destination: arrived whole (eager) or announced (rendezvous).
+class Descriptor:
+    """A message's envelope and size, or a posted recv's or probe's selection.
 
     Attributes:
-        source: the sending rank.
-        tag: the message's tag (never a wildcard).
-        nbytes: the payload size in bytes.
-        count: the number of elements.
-        dtype: the element type's name (for example ``"<f4"``).
-        handle: opaque to the core: where the payload is, and how to complete the sender.
+        source: the sending rank (a recv: the rank it takes from, or ``ANY_SOURCE``).
+        tag: the message's tag (a recv: the tag it takes, or ``ANY_TAG``).
+        nbytes: the payload's size (a recv: its buffer's capacity; -1 takes any size).
+        count: the number of elements (a recv: its buffer's).
+        dtype: the element type's name, e.g. ``"<f4"`` (a recv: None takes any dtype).
         seq: posting order, set by the matcher.
     """
 
-    __slots__ = ("count", "dtype", "handle", "nbytes", "seq", "source", "tag")
+    __slots__ = ("count", "dtype", "nbytes", "seq", "source", "tag")
 
-    def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str,
-                 handle: object = None) -> None:
+    def __init__(self, source: int, tag: int, nbytes: int, count: int,
+                 dtype: str | None) -> None:
         self.source = source
         self.tag = tag
         self.nbytes = nbytes
         self.count = count
         self.dtype = dtype
-        self.handle = handle
         self.seq = -1
 
     def __repr__(self) -> str:
-        return (f"Envelope(source={self.source}, tag={self.tag}, nbytes={self.nbytes}, "
-                f"dtype={self.dtype!r})")
+        return (f"{type(self).__name__}(source={self.source}, tag={self.tag}, "
+                f"nbytes={self.nbytes}, dtype={self.dtype!r})")
 
 
-class RecvDescriptor:
-    """A posted recv.
+class Message(Descriptor):
+    """A message at its destination or on its way: its envelope and its payload.
 
     Attributes:
-        source: the rank to receive from, or ``ANY_SOURCE``.
-        tag: the tag to receive, or ``ANY_TAG``.
-        capacity: the buffer's size in bytes; ``None`` takes a message of any size.
-        dtype: the buffer's element type name; ``None`` takes any dtype.
-        handle: opaque to the core (the engine's request).
-        seq: posting order, set by the matcher.
+        where: ``AT_SENDER``, ``STAGED``, ``INLINE`` or ``REMOTE`` (see the module docs).
+        view: the payload's bytes where they are readable in this process, else None.
+        ident: the message's id at its sender (``REMOTE``), else 0.
     """
 
-    __slots__ = ("capacity", "dtype", "handle", "seq", "source", "tag")
+    __slots__ = ("ident", "view", "where")
 
-    def __init__(self, source: int, tag: int, capacity: int | None, dtype: str | None,
-                 handle: object = None) -> None:
-        self.source = source
-        self.tag = tag
-        self.capacity = capacity
-        self.dtype = dtype
-        self.handle = handle
-        self.seq = -1
-
-    def __repr__(self) -> str:
-        return (f"RecvDescriptor(source={self.source}, tag={self.tag}, "
-                f"capacity={self.capacity}, dtype={self.dtype!r})")
-
-
-class ProbeDescriptor:
-    """A blocking probe: waits for a matching message without receiving it."""
-
-    __slots__ = ("handle", "seq", "source", "tag")
-
-    def __init__(self, source: int, tag: int, handle: object = None) -> None:
-        self.source = source
-        self.tag = tag
-        self.handle = handle
-        self.seq = -1
-
-    def __repr__(self) -> str:
-        return f"ProbeDescriptor(source={self.source}, tag={self.tag})"
+    def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str | None,
+                 where: int, view: memoryview | None = None, ident: int = 0) -> None:
+        super().__init__(source, tag, nbytes, count, dtype)
+        self.where = where
+        self.view = view
+        self.ident = ident

@@ -8,7 +8,7 @@ arriving envelope and blocking probe gets a sequence number (its posting order).
 
 Rule 1 (a message takes the earliest posted recv that fits it).  When an envelope
 arrives, it matches the posted recv with the smallest sequence number whose source and tag
-are equal to the envelope's or wildcards (``ANY_SOURCE``, ``ANY_TAG``).  Envelopes never
+are equal to the envelope's or wildcards (``ANY_SOURCE``, ``ANY_TAG``).  Descriptors never
 carry wildcards.
 
 Rule 2 (a recv takes the earliest arrived message that fits it).  When a recv is posted,
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from .._types import ANY_SOURCE, ANY_TAG
-from .descriptors import Envelope, ProbeDescriptor, RecvDescriptor
+from .descriptors import Descriptor
 
 __all__ = [
     "MatchEvent",
@@ -66,16 +66,16 @@ class RecvRejected(NamedTuple):
     """A recv matched ``envelope`` by (source, tag) but cannot take it; the recv is removed,
     the message is kept (Rule 4)."""
 
-    recv: RecvDescriptor
-    envelope: Envelope
+    recv: Descriptor
+    envelope: Descriptor
     reason: Reason
 
 
 class ProbeMatched(NamedTuple):
     """A blocking probe found a message; the probe is removed, the message is kept."""
 
-    probe: ProbeDescriptor
-    envelope: Envelope
+    probe: Descriptor
+    envelope: Descriptor
 
 
 MatchEvent = RecvRejected | ProbeMatched
@@ -97,24 +97,25 @@ class MatcherStatistics:
     """Successful matches so far."""
 
 
-def misfit(recv: RecvDescriptor, env: Envelope) -> Reason | None:
-    """Why ``recv`` cannot take ``env`` although their envelopes match, or None if it can."""
+def misfit(recv: Descriptor, env: Descriptor) -> Reason | None:
+    """Why ``recv`` cannot take ``env`` although their envelopes match, or None if it can
+    (a recv's dtype None takes any dtype, its nbytes -1 any size)."""
     if recv.dtype is not None and recv.dtype != env.dtype:
         return "dtype"
-    if recv.capacity is not None and env.nbytes > recv.capacity:
+    if recv.nbytes >= 0 and env.nbytes > recv.nbytes:
         return "truncated"
     return None
 
 
-def _fits(source: int, tag: int, env: Envelope) -> bool:
+def _fits(source: int, tag: int, env: Descriptor) -> bool:
     return (source == ANY_SOURCE or source == env.source) and (tag == ANY_TAG or tag == env.tag)
 
 
-def _first(bucket: OrderedDict[int, Envelope] | None) -> Envelope | None:
+def _first(bucket: OrderedDict[int, Descriptor] | None) -> Descriptor | None:
     return next(iter(bucket.values())) if bucket else None
 
 
-_Queue = OrderedDict[int, Envelope]
+_Queue = OrderedDict[int, Descriptor]
 
 
 class Matcher:
@@ -126,7 +127,7 @@ class Matcher:
         self.events: deque[MatchEvent] = deque()
         self._matched = 0
         # Posted recvs, one FIFO bucket per (source, tag) as posted (wildcards included).
-        self._posted: dict[tuple[int, int], OrderedDict[int, RecvDescriptor]] = {}
+        self._posted: dict[tuple[int, int], OrderedDict[int, Descriptor]] = {}
         self._n_posted = 0
         self._n_wild_posted = 0
         # Unexpected messages, one FIFO bucket per exact (source, tag).
@@ -137,11 +138,11 @@ class Matcher:
         self._by_source: dict[int, _Queue] | None = None
         self._by_tag: dict[int, _Queue] = {}
         self._all: _Queue = OrderedDict()
-        self._probes: OrderedDict[int, ProbeDescriptor] = OrderedDict()
+        self._probes: OrderedDict[int, Descriptor] = OrderedDict()
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def deliver(self, env: Envelope) -> RecvDescriptor | None:
+    def deliver(self, env: Descriptor) -> Descriptor | None:
         """An envelope arrived: return the posted recv it matched, or None if it was queued
         as unexpected.  Recvs that rejected it on the way are reported as events."""
         self._seq += 1
@@ -173,7 +174,7 @@ class Matcher:
         self._enqueue(env)
         return None
 
-    def post_recv(self, recv: RecvDescriptor) -> Envelope | None:
+    def post_recv(self, recv: Descriptor) -> Descriptor | None:
         """Post a recv: return the unexpected message it matched (now removed), or None.
         None means the recv was queued, or rejected with a ``RecvRejected`` event."""
         self._seq += 1
@@ -184,7 +185,7 @@ class Matcher:
             if bucket is None:
                 self._queue_recv(recv)
                 return None
-            env: Envelope | None = next(iter(bucket.values()))
+            env: Descriptor | None = next(iter(bucket.values()))
         else:
             env = self._earliest_unexpected(source, tag)
         if env is not None:
@@ -192,7 +193,7 @@ class Matcher:
         self._queue_recv(recv)
         return None
 
-    def _take(self, recv: RecvDescriptor, env: Envelope) -> Envelope | None:
+    def _take(self, recv: Descriptor, env: Descriptor) -> Descriptor | None:
         """``recv`` matched unexpected ``env`` by envelope: take it, or reject the recv and
         leave the message first in line (Rule 4)."""
         reason = misfit(recv, env)
@@ -203,7 +204,7 @@ class Matcher:
         self._matched += 1
         return env
 
-    def _queue_recv(self, recv: RecvDescriptor) -> OrderedDict[int, RecvDescriptor]:
+    def _queue_recv(self, recv: Descriptor) -> OrderedDict[int, Descriptor]:
         key = (recv.source, recv.tag)
         bucket = self._posted.get(key)
         if bucket is None:
@@ -214,12 +215,12 @@ class Matcher:
             self._n_wild_posted += 1
         return bucket
 
-    def probe(self, source: int, tag: int) -> Envelope | None:
+    def probe(self, source: int, tag: int) -> Descriptor | None:
         """The earliest unexpected message that a recv (source, tag) would match, if any;
         nothing is removed."""
         return self._earliest_unexpected(source, tag)
 
-    def post_probe(self, probe: ProbeDescriptor) -> Envelope | None:
+    def post_probe(self, probe: Descriptor) -> Descriptor | None:
         """Post a blocking probe: return the message it finds now, or queue the probe and
         report a ``ProbeMatched`` event when a fitting message arrives."""
         env = self._earliest_unexpected(probe.source, probe.tag)
@@ -229,17 +230,19 @@ class Matcher:
             self._probes[probe.seq] = probe
         return env
 
-    def cancel(self, desc: RecvDescriptor | ProbeDescriptor) -> bool:
-        """Withdraw a posted recv or probe; False if it already matched or was rejected."""
-        if isinstance(desc, ProbeDescriptor):
-            return self._probes.pop(desc.seq, None) is not None
-        bucket = self._posted.get((desc.source, desc.tag))
-        if bucket is None or bucket.get(desc.seq) is not desc:
+    def cancel(self, recv: Descriptor) -> bool:
+        """Withdraw a posted recv; False if it already matched or was rejected."""
+        bucket = self._posted.get((recv.source, recv.tag))
+        if bucket is None or bucket.get(recv.seq) is not recv:
             return False
-        self._remove_posted(desc)
+        self._remove_posted(recv)
         return True
 
-    def withdraw(self, env: Envelope) -> bool:
+    def cancel_probe(self, probe: Descriptor) -> bool:
+        """Withdraw a waiting probe; False if it already found its message."""
+        return self._probes.pop(probe.seq, None) is not None
+
+    def withdraw(self, env: Descriptor) -> bool:
         """Withdraw an unexpected message; False if a recv already took it."""
         bucket = self._unexp.get((env.source, env.tag))
         if bucket is None or bucket.get(env.seq) is not env:
@@ -262,28 +265,28 @@ class Matcher:
             matched=self._matched,
         )
 
-    def posted_recvs(self) -> list[RecvDescriptor]:
+    def posted_recvs(self) -> list[Descriptor]:
         """Every posted recv, in posting order."""
         out = [r for bucket in self._posted.values() for r in bucket.values()]
         return sorted(out, key=lambda r: r.seq)
 
-    def unexpected(self) -> list[Envelope]:
+    def unexpected(self) -> list[Descriptor]:
         """Every unexpected message, in arrival order."""
         out = [e for bucket in self._unexp.values() for e in bucket.values()]
         return sorted(out, key=lambda e: e.seq)
 
-    def probes(self) -> list[ProbeDescriptor]:
+    def probes(self) -> list[Descriptor]:
         """Every waiting probe, in posting order."""
         return list(self._probes.values())
 
     # -- posted recvs ---------------------------------------------------------------------
 
-    def _earliest_posted(self, source: int, tag: int) -> RecvDescriptor | None:
+    def _earliest_posted(self, source: int, tag: int) -> Descriptor | None:
         posted = self._posted
         if not self._n_wild_posted:
             bucket = posted.get((source, tag))
             return next(iter(bucket.values())) if bucket else None
-        best: RecvDescriptor | None = None
+        best: Descriptor | None = None
         for key in ((source, tag), (source, ANY_TAG), (ANY_SOURCE, tag), (ANY_SOURCE, ANY_TAG)):
             bucket = posted.get(key)
             if bucket:
@@ -292,7 +295,7 @@ class Matcher:
                     best = recv
         return best
 
-    def _remove_posted(self, recv: RecvDescriptor) -> None:
+    def _remove_posted(self, recv: Descriptor) -> None:
         key = (recv.source, recv.tag)
         bucket = self._posted[key]
         del bucket[recv.seq]
@@ -304,7 +307,7 @@ class Matcher:
 
     # -- unexpected messages --------------------------------------------------------------
 
-    def _enqueue(self, env: Envelope) -> None:
+    def _enqueue(self, env: Descriptor) -> None:
         key = (env.source, env.tag)
         bucket = self._unexp.get(key)
         if bucket is None:
@@ -317,7 +320,7 @@ class Matcher:
         if self._probes:
             self._fire_probes(env)
 
-    def _earliest_unexpected(self, source: int, tag: int) -> Envelope | None:
+    def _earliest_unexpected(self, source: int, tag: int) -> Descriptor | None:
         if source != ANY_SOURCE and tag != ANY_TAG:
             return _first(self._unexp.get((source, tag)))
         by_source = self._wild_index()
@@ -327,7 +330,7 @@ class Matcher:
             return _first(self._by_tag.get(tag))
         return _first(by_source.get(source))
 
-    def _remove_unexpected(self, env: Envelope) -> None:
+    def _remove_unexpected(self, env: Descriptor) -> None:
         key = (env.source, env.tag)
         bucket = self._unexp[key]
         del bucket[env.seq]
@@ -351,12 +354,12 @@ class Matcher:
                 self._index_add(self._by_source, env)
         return self._by_source
 
-    def _index_add(self, by_source: dict[int, _Queue], env: Envelope) -> None:
+    def _index_add(self, by_source: dict[int, _Queue], env: Descriptor) -> None:
         by_source.setdefault(env.source, OrderedDict())[env.seq] = env
         self._by_tag.setdefault(env.tag, OrderedDict())[env.seq] = env
         self._all[env.seq] = env
 
-    def _fire_probes(self, env: Envelope) -> None:
+    def _fire_probes(self, env: Descriptor) -> None:
         for probe in [p for p in self._probes.values() if _fits(p.source, p.tag, env)]:
             del self._probes[probe.seq]
             self.events.append(ProbeMatched(probe, env))

@@ -1,64 +1,35 @@
-"""The MPI transport: the shell that runs one rank's ``Wire`` (``_core/wire.py``) on mpi4py.
+"""The MPI link: one rank's side of the wire protocol (``_core/wire.py``) on mpi4py.
 
 Matching stays in the receiving rank's own ``Matcher`` (MPI's matching is never used for
 user messages), so a program behaves exactly as it does in-process.  Eager messages travel
-inline with their header and are staged in the engine's pool only if no recv is waiting;
-rendezvous data goes from the send buffer straight into the recv buffer, in chunks.
+inline with their header (``INLINE``: the engine consumes or stages them as they land);
+rendezvous ones are announced (``REMOTE``) and their data goes from the send buffer
+straight into the recv buffer, in chunks, on a data tag the receiver picks.  Polling and
+data movement are ``_mpi_progress``'s; this module turns the wire's events into the
+endpoint's.
 
-Progress: MPI cannot be awaited, so one task per world polls it (the control recv at the
-head of the queue with ``Test``, every other request with ``Testsome``) and never blocks
-the loop.  After any activity it polls back to back for a moment, then backs off to at most
-1 ms between polls (``Backoff``); while data moves it keeps polling.
-
-MPI errors become ``TransportError`` through ``_mpi_lib.translate``: at the transport's
-entry points (a failed op), and in the progress task (which fails everything pending).
+MPI errors become ``TransportError`` through ``_mpi_lib.translate``: at the link's entry
+points (a failed op), and in the progress task (which fails everything pending).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import deque
-from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 from .._core import wire as w
-from .._core.chunking import Chunk, ChunkSender
-from .._core.descriptors import Envelope
+from .._core.descriptors import INLINE, REMOTE, STAGED, Message
 from .._core.wire import DTYPE_FIELDS, DTYPE_NAMES, EAGER, HEADER, Wire, decode_dtype, encode_dtype
 from .._exceptions import CommBrokenError, TransportError
-from .._request import ACTIVE, DONE, POSTED, Request
 from . import _mpi_lib as lib
-from ._mpi_lib import Backoff, mpi_errors, translate, yield_now
-from .base import ASKED, TOO_LATE, WITHDRAWN, Transport
+from ._mpi_lib import mpi_errors, translate
+from ._mpi_progress import Progress, Slot
+from .base import ASKED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-    from .._engine import DeviceEngine
-
 __all__ = ["MPITransport"]
-
-#: The MPI tag of every control message; data tags are 1 and up.
-CTRL_TAG = 0
-#: Control recvs kept posted; more let bursts of small messages land without MPI-level
-#: unexpected-message buffering.
-CTRL_SLOTS = 8
-#: Rendezvous data moves in chunks of this size, ``MAX_INFLIGHT`` at a time per transfer,
-#: so MPI's progress calls copy a bounded amount each while the loop waits for them.
-CHUNK_BYTES = 16 << 20
-MAX_INFLIGHT = 2
-#: After anything happens (a completion, or a send from this rank), poll back to back for
-#: this long before backing off.  It must outlast a sleeping peer's reaction time (one
-#: back-off sleep, which uvloop's millisecond timers round up to 1 ms, plus scheduling),
-#: else two ranks can settle into answering each other one sleep late forever.
-SPIN = 5e-3
-#: Each turn of the loop polls back to back for up to this long before yielding to other
-#: tasks: while data moves (MPI copies only inside its calls, and a blocking call would
-#: poll all the time), and while spinning (an answer is seen sooner than one turn later).
-DATA_BURST = 200e-6
-SPIN_BURST = 10e-6
 
 _HSIZE = HEADER.size
 #: Eager payloads up to this size are packed with one concatenation (cheapest for small
@@ -66,79 +37,7 @@ _HSIZE = HEADER.size
 _CONCAT_MAX = 1024
 
 
-class _Slot:
-    """A posted control recv: its buffer and persistent MPI request."""
-
-    __slots__ = ("buf", "payload", "req")
-
-    def __init__(self, comm: MPI.Intracomm, nbytes: int) -> None:
-        self.buf = bytearray(_HSIZE + nbytes)
-        self.payload = memoryview(self.buf)[_HSIZE:]
-        self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
-
-
-class _Staged:
-    """``Envelope.handle`` of an unexpected eager payload, staged in the pool (``pooled``)
-    or, if the pool refused it, in a private buffer (still within the sender's credit)."""
-
-    __slots__ = ("buf", "pooled")
-
-    def __init__(self, buf: memoryview | bytes, pooled: bool) -> None:
-        self.buf = buf
-        self.pooled = pooled
-
-
-class _Remote:
-    """``Envelope.handle`` of a rendezvous message whose payload is still at its sender."""
-
-    __slots__ = ("ident", "source")
-
-    def __init__(self, source: int, ident: int) -> None:
-        self.source = source
-        self.ident = ident
-
-
-class _OneChunk:
-    """``ChunkSender``'s interface for a transfer of a single chunk (most of them), at a
-    fraction of its cost."""
-
-    __slots__ = ("done", "handed_out", "nbytes")
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self.handed_out = False
-        self.done = False
-
-    def next_chunk(self) -> Chunk | None:
-        if self.handed_out:
-            return None
-        self.handed_out = True
-        return Chunk(0, 0, self.nbytes)
-
-    def chunk_done(self, chunk: Chunk) -> None:
-        self.done = True
-
-
-class _Transfer:
-    """One side of a rendezvous data transfer: its chunks and their MPI requests."""
-
-    __slots__ = ("chunks", "env", "ident", "inflight", "mv", "peer", "req", "tag")
-
-    def __init__(self, req: Request, peer: int, ident: int, tag: int, mv: memoryview,
-                 env: Envelope | None) -> None:
-        self.req = req
-        self.peer = peer
-        self.ident = ident
-        self.tag = tag
-        self.mv = mv
-        self.env = env
-        nbytes = len(mv)
-        self.chunks = (_OneChunk(nbytes) if nbytes <= CHUNK_BYTES else
-                       ChunkSender(nbytes, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
-        self.inflight: dict[int, MPI.Request] = {}
-
-
-class MPITransport(Transport):
+class MPITransport(Link):
     """Runs one rank's side of the wire protocol on a private communicator (see module
     docs).  Created by ``open_mpi_world``; it owns its progress task.
 
@@ -149,6 +48,8 @@ class MPITransport(Transport):
             share of it as eager credit.
     """
 
+    remote = True
+
     def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
@@ -158,52 +59,36 @@ class MPITransport(Transport):
                          grant=pools[self.rank] // self.size)
         self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
         self.close_reason = "has closed its communicator"
-        self._engine: DeviceEngine  # set by start()
-        self._slots: deque[_Slot] = deque()
-        # Requests in flight and what to do when each completes (None: a send whose
-        # buffer the request itself keeps alive).
-        self._reqs: list[MPI.Request] = []
-        self._testsome = lib.MPI.Request.Testsome
-        self._cbs: list[Callable[[], None] | None] = []
-        self._data = 0  # data chunks in flight: poll without backing off
-        self._sent = False  # this rank sent something: an answer may follow, spin
-        self._sends: dict[int, Request] = {}  # announced sends, until CTS or WITHDRAWN
-        self._withdraw_exc: dict[int, BaseException | None] = {}  # why each is withdrawn
-        self._announced: dict[tuple[int, int], Envelope] = {}  # RTS not matched yet
-        self._pulls: dict[tuple[int, int], _Transfer] = {}
-        self._pushes: set[_Transfer] = set()
-        self._broken: BaseException | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.endpoint: Endpoint  # set by start()
+        self.progress = Progress(comm, on_control=self._on_control,
+                                 finished=lambda: self.wire.finished, failed=self._failed)
+        self._sends: dict[int, Message] = {}  # announced sends, until CTS or WITHDRAWN
+        self._announced: dict[tuple[int, int], Message] = {}  # arrived, not matched yet
+        self._broken: TransportError | None = None
 
     @property
     def broken(self) -> BaseException | None:
-        """The MPI failure that broke this transport, if one did (it then stops, and the
-        world cannot close cleanly)."""
+        """The MPI failure that broke this link, if one did (it then stops, and the world
+        cannot close cleanly)."""
         return self._broken
 
     # -- lifetime -------------------------------------------------------------------------
 
-    def start(self, engine: DeviceEngine) -> None:
-        """Post the control recvs and start the progress task on the engine's loop.
+    def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+        """Post the control recvs and start the progress task.
 
         Raises:
             TransportError: MPI failed.
         """
-        self._engine = engine
+        self.endpoint = endpoint
         with mpi_errors("posting control recvs", self.rank):
-            for _ in range(CTRL_SLOTS):
-                # Sized for any rank's inline messages, whatever its own eager limit.
-                slot = _Slot(self.comm, w.INLINE_MAX)
-                slot.req.Start()
-                self._slots.append(slot)
-        self._task = engine.loop.create_task(self._progress(),
-                                             name=f"asynccomm-mpi-progress-{self.rank}")
+            self.progress.start(loop, f"asynccomm-mpi-progress-{self.rank}")
 
     async def wait_closed(self) -> None:
         """Wait until every rank has closed (``FIN`` both ways), then free the communicator.
         If this wait is cancelled the progress task is cancelled too and the communicator
         is left as it is (not freed)."""
-        task = self._task
+        task = self.progress.task
         if task is None:
             return
         try:
@@ -212,337 +97,150 @@ class MPITransport(Transport):
             task.cancel()
             raise
 
-    async def _progress(self) -> None:
-        backoff = Backoff(spin=SPIN)
-        clock = time.perf_counter
-        try:
-            while not self._finished():
-                hit = self._poll()
-                if not (hit or self._sent):
-                    delay = 0.0 if self._data else backoff.delay(clock())
-                    if delay:
-                        await asyncio.sleep(delay)
-                        continue
-                    until = clock() + (DATA_BURST if self._data else SPIN_BURST)
-                    while not (hit := self._poll()) and clock() < until:
-                        pass
-                if hit or self._sent:
-                    self._sent = False
-                    backoff.reset(clock())
-                await yield_now()
-            if self._broken is None:
-                await self._teardown(backoff)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            err = (translate(exc, "progress", self.rank) if isinstance(exc, lib.MPI.Exception)
-                   else TransportError(f"rank {self.rank}: the MPI transport failed: {exc!r}",
-                                       rank=self.rank))
-            err.__cause__ = exc
-            self._break(err)
-
-    def _finished(self) -> bool:
-        return self._broken is not None or self.wire.finished
-
-    async def _teardown(self, backoff: Backoff) -> None:
-        # Every rank has sent its last message to this one: the control recvs can only be
-        # cancelled now, and this rank's own last sends complete without anyone's help.
-        slots = [s.req for s in self._slots]
-        for req in slots:
-            req.Cancel()
-        while not lib.MPI.Request.Testall(slots) or self._reqs:
-            if self._reqs:
-                self._test_requests()
-            await asyncio.sleep(backoff.delay(time.perf_counter()))
-        for req in slots:
-            req.Free()
-        self.comm.Free()
+    def _failed(self, exc: Exception) -> None:
+        err = (translate(exc, "progress", self.rank) if isinstance(exc, lib.MPI.Exception)
+               else TransportError(f"rank {self.rank}: the MPI transport failed: {exc!r}",
+                                   rank=self.rank))
+        err.__cause__ = exc
+        self._break(err)
 
     def _break(self, err: TransportError) -> None:
-        """MPI failed underneath: fail everything pending on this rank with ``err``."""
+        """MPI failed underneath: stop, and fail everything pending on this rank."""
         self._broken = err
-        engine = self._engine
-        engine.log.error("mpi.broken", error=str(err))
-        for req in [*self._sends.values(), *(t.req for t in self._pushes),
-                    *(t.req for t in self._pulls.values())]:
-            if req._state < DONE:
-                engine.fail(req, self._error(err))
+        self.progress.stopped = True
         self._sends.clear()
-        self._withdraw_exc.clear()
-        self._pushes.clear()
-        self._pulls.clear()
-        for req in engine.live_requests():
-            if req._state == POSTED and req.kind != "send":
-                engine.withdraw(req, self._error(err))
-
-    def _error(self, err: BaseException) -> TransportError:
-        fresh = TransportError(str(err), rank=self.rank)
-        fresh.__cause__ = err.__cause__
-        return fresh
-
-    # -- polling --------------------------------------------------------------------------
-
-    def _poll(self) -> bool:
-        """Test what is in flight and act on what completed; True if anything did."""
-        slots = self._slots
-        head = slots[0]
-        hit = False
-        while head.req.Test():
-            hit = True
-            self._on_message(head)
-            head.req.Start()
-            slots.rotate(-1)
-            head = slots[0]
-        if self._reqs and self._test_requests():
-            hit = True
-        return hit
-
-    def _test_requests(self) -> bool:
-        reqs = self._reqs
-        done = self._testsome(reqs)
-        if not done:
-            return False
-        cbs = self._cbs
-        finished = set(done)
-        fire = [cbs[i] for i in done]
-        self._reqs = [r for i, r in enumerate(reqs) if i not in finished]
-        self._cbs = [c for i, c in enumerate(cbs) if i not in finished]
-        for cb in fire:
-            if cb is not None:
-                cb()
-        return True
-
-    def _track(self, req: MPI.Request, cb: Callable[[], None] | None) -> None:
-        self._reqs.append(req)
-        self._cbs.append(cb)
-
-    def _send(self, dest: int, msg: bytes | bytearray) -> None:
-        req = self.comm.Isend(msg, dest, CTRL_TAG)
-        if not req.Test():
-            self._track(req, None)
-        self._sent = True
-
-    def _send_all(self, out: list[tuple[int, bytes]]) -> None:
-        for dest, msg in out:
-            self._send(dest, msg)
+        self._announced.clear()
+        self.endpoint.broke(err)
 
     # -- control messages -----------------------------------------------------------------
 
-    def _on_message(self, slot: _Slot) -> None:
+    def _send(self, dest: int, msg: bytes | bytearray) -> None:
+        self.progress.send(dest, msg)
+
+    def _on_control(self, slot: Slot) -> None:
         kind, dlen, src, tag, nbytes, count, ident, dfield = HEADER.unpack_from(slot.buf)
-        engine = self._engine
+        endpoint = self.endpoint
         if kind == EAGER:  # the hot path, outside the wire
-            if engine.closed:  # a closed rank drops what arrives, as in-process
-                return
-            dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
-            engine.deliver(Envelope(src, tag, nbytes, count, dtype, slot))
+            if not endpoint.closed:  # a closed rank drops what arrives, as in-process
+                dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
+                endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE, slot.payload))
             return
         dtype = decode_dtype(dfield, dlen) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE else b""
         event, out = self.wire.receive(kind, src, tag, nbytes, count, ident, dtype, payload)
-        self._send_all(out)
+        for dest, raw in out:
+            self._send(dest, raw)
         match event:
             case w.Announced(source, tag, nbytes, count, dtype, ident):
-                if not engine.closed:
-                    env = Envelope(source, tag, nbytes, count, dtype, _Remote(source, ident))
-                    self._announced[(source, ident)] = env
-                    engine.deliver(env)
+                if not endpoint.closed:
+                    msg = Message(source, tag, nbytes, count, dtype, REMOTE, ident=ident)
+                    self._announced[(source, ident)] = msg
+                    endpoint.arrived(msg)
             case w.ClearToSend(dest, ident, data_tag):
-                self._withdraw_exc.pop(ident, None)  # a withdrawal under way lost
-                req = self._sends.pop(ident)
-                req._state = ACTIVE
-                push = _Transfer(req, dest, ident, data_tag, req.buf.mv, None)  # type: ignore[union-attr]
-                self._pushes.add(push)
-                self._push_more(push)
+                sent = self._sends.pop(ident)
+                endpoint.activate(sent)  # a withdrawal under way, if any, lost
+                assert sent.view is not None
+                self.progress.push(sent.view, dest, data_tag, lambda: endpoint.sent(sent))
             case w.WithdrawRequested(source, ident):
                 dropped = self._announced.pop((source, ident), None)
                 if dropped is not None:
-                    engine.matcher.withdraw(dropped)
+                    endpoint.retract(dropped)
             case w.WithdrawAnswered(dest, ident):
-                self._withdrawn(ident)
-            case w.PeerClosed(source, reason, announced, withdrawing):
-                self._on_peer_closed(source, reason, announced, withdrawing)
+                endpoint.withdrawn(self._sends.pop(ident))
+            case w.PeerClosed(source, _, announced, withdrawing):
+                exc = self._peer_error(source)
+                for ident in announced:  # never matched: it never will be
+                    endpoint.failed(self._sends.pop(ident), exc)
+                for ident in withdrawing:  # dropped unmatched by the closing rank
+                    endpoint.withdrawn(self._sends.pop(ident))
+                endpoint.peer_closed(source, exc)
             case _:
                 pass
 
-    def _withdrawn(self, ident: int) -> None:
-        req = self._sends.pop(ident)
-        self._engine.withdrawn(req, self._withdraw_exc.pop(ident))
-
-    def _on_peer_closed(self, source: int, reason: str, announced: tuple[int, ...],
-                        withdrawing: tuple[int, ...]) -> None:
-        engine = self._engine
-        engine.log.info("mpi.peer_closed", peer=source, reason=reason)
-        exc = self._broken_error(source)
-        for ident in announced:  # never matched: it never will be
-            engine.fail(self._sends.pop(ident), exc)
-        for ident in withdrawing:  # dropped unmatched by the closing rank
-            self._withdrawn(ident)
-        if not engine.closed:
-            engine.peer_gone(source, exc)
-
-    def _broken_error(self, peer: int) -> CommBrokenError:
+    def _peer_error(self, peer: int) -> CommBrokenError:
         reason = self.wire.closed_by.get(peer, "has closed its communicator")
         return CommBrokenError(f"rank {peer} {reason}", rank=self.rank, peer=peer)
 
-    # -- rendezvous data ------------------------------------------------------------------
+    # -- the Link interface ---------------------------------------------------------------
 
-    def _push_more(self, push: _Transfer) -> None:
-        comm, mv = self.comm, push.mv
-        while (chunk := push.chunks.next_chunk()) is not None:
-            end = chunk.offset + chunk.nbytes
-            req = comm.Isend(mv[chunk.offset:end], push.peer, push.tag)
-            push.inflight[chunk.index] = req
-            self._data += 1
-            self._track(req, partial(self._pushed, push, chunk))
-
-    def _pushed(self, push: _Transfer, chunk: Chunk) -> None:
-        self._data -= 1
-        del push.inflight[chunk.index]
-        push.chunks.chunk_done(chunk)
-        if push.chunks.done:
-            self._pushes.discard(push)
-            self._engine.send_done(push.req)
-        else:
-            self._push_more(push)
-
-    def _pull_more(self, pull: _Transfer) -> None:
-        comm, mv = self.comm, pull.mv
-        while (chunk := pull.chunks.next_chunk()) is not None:
-            end = chunk.offset + chunk.nbytes
-            req = comm.Irecv(mv[chunk.offset:end], pull.peer, pull.tag)
-            pull.inflight[chunk.index] = req
-            self._data += 1
-            self._track(req, partial(self._pulled, pull, chunk))
-
-    def _pulled(self, pull: _Transfer, chunk: Chunk) -> None:
-        self._data -= 1
-        del pull.inflight[chunk.index]
-        pull.chunks.chunk_done(chunk)
-        if pull.chunks.done:
-            del self._pulls[(pull.peer, pull.ident)]
-            assert pull.env is not None
-            self._engine.recv_done(pull.req, pull.env)
-        else:
-            self._pull_more(pull)
-
-    # -- the Transport interface ----------------------------------------------------------
-
-    def post_send(self, engine: DeviceEngine, req: Request) -> None:
-        dst = req.peer
+    def send(self, msg: Message, dest: int) -> None:
         wire = self.wire
-        if dst in wire.closed_by or self._broken is not None:
-            engine.fail(req, self._error(self._broken) if self._broken is not None
-                        else self._broken_error(dst))
+        if dest in wire.closed_by or self._broken is not None:
+            self.endpoint.failed(msg, TransportError(str(self._broken), rank=self.rank)
+                                 if self._broken is not None else self._peer_error(dest))
             return
-        buf = req.buf
-        assert buf is not None
-        n = buf.nbytes
+        n = msg.nbytes
+        view = msg.view
+        assert view is not None and msg.dtype is not None
         try:
-            dt = DTYPE_FIELDS.get(buf.dtype) or encode_dtype(buf.dtype)
-            if wire.eager(dst, n):
-                msg: bytes | bytearray
+            dt = DTYPE_FIELDS.get(msg.dtype) or encode_dtype(msg.dtype)
+            if wire.eager(dest, n):
+                packed: bytes | bytearray
                 if n <= _CONCAT_MAX:
-                    msg = wire.pack_eager(req.tag, n, buf.count, dt) + buf.mv.tobytes()
+                    packed = wire.pack_eager(msg.tag, n, msg.count, dt) + view.tobytes()
                 else:
-                    msg = bytearray(_HSIZE + n)
-                    HEADER.pack_into(msg, 0, EAGER, len(dt), self.rank, req.tag, n, buf.count,
-                                     0, dt)
-                    msg[_HSIZE:] = buf.mv
-                self._send(dst, msg)
-                engine.send_done(req)
+                    packed = bytearray(_HSIZE + n)
+                    HEADER.pack_into(packed, 0, EAGER, len(dt), self.rank, msg.tag, n,
+                                     msg.count, 0, dt)
+                    packed[_HSIZE:] = view
+                self._send(dest, packed)
+                self.endpoint.sent(msg)
                 return
-            ident, msg = wire.announce(dst, req.tag, n, buf.count, dt)
-            req.desc = ident
-            self._sends[ident] = req
-            self._send(dst, msg)
+            ident, rts = wire.announce(dest, msg.tag, n, msg.count, dt)
+            msg.ident = ident
+            self._sends[ident] = msg
+            self._send(dest, rts)
         except lib.MPI.Exception as exc:
-            if self._sends.pop(req.desc, None) is not None:
-                wire.unsent(req.desc)
-            engine.fail(req, translate(exc, f"send to rank {dst}", self.rank))
+            if self._sends.pop(msg.ident, None) is not None:
+                wire.unsent(msg.ident)
+            self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
 
-    def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
-        slot = env.handle
-        if type(slot) is not _Slot:
-            return
-        n = env.nbytes
-        staged = engine.pool.acquire(n)
-        if staged is None:  # within the sender's credit, so bounded all the same
-            env.handle = _Staged(bytes(slot.payload[:n]), False)
-        else:
-            staged[:n] = slot.payload[:n]
-            env.handle = _Staged(staged, True)
-
-    def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
-        handle = env.handle
-        n = env.nbytes
-        if type(handle) is _Slot:  # eager, and the recv was waiting: one copy
-            dst[:n] = handle.payload[:n]
-            self._consumed(env)
-            engine.recv_done(req, env)
-            return
-        if type(handle) is _Staged:
-            dst[:n] = handle.buf[:n]
-            self._consumed(env)
-            engine.recv_done(req, env)
-            return
-        assert isinstance(handle, _Remote)
-        key = (handle.source, handle.ident)
-        self._announced.pop(key, None)
-        tag, cts = self.wire.clear_to_send(handle.source, handle.ident)
-        pull = _Transfer(req, handle.source, handle.ident, tag, dst[:n], env)
-        self._pulls[key] = pull
+    def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:
+        source, ident = msg.source, msg.ident
+        self._announced.pop((source, ident), None)
+        tag, cts = self.wire.clear_to_send(source, ident)
         try:
             # Recvs first, so the data never lands as an MPI-level unexpected message.
-            self._pull_more(pull)
-            self._send(handle.source, cts)
+            self.progress.pull(into, source, tag, lambda: ready(None, None))
+            self._send(source, cts)
         except lib.MPI.Exception as exc:
-            del self._pulls[key]
-            engine.fail(req, translate(exc, f"recv from rank {handle.source}", self.rank))
+            self._break(translate(exc, f"recv from rank {source}", self.rank))
 
-    def _consumed(self, env: Envelope) -> None:
-        """An eager message left staging: release its buffer, owe its credit back."""
-        handle = env.handle
-        if type(handle) is _Staged and handle.pooled:
-            self._engine.pool.release(handle.buf)  # type: ignore[arg-type]
-        credit = self.wire.consumed(env.source, env.nbytes)
-        if credit is not None:
-            self._send(env.source, credit)
+    def received(self, msg: Message, rank: int) -> object:
+        if msg.where == INLINE or msg.where == STAGED:  # it left staging: credit back
+            credit = self.wire.consumed(msg.source, msg.nbytes)
+            if credit is not None:
+                self._send(msg.source, credit)
+        return None
 
-    def discard(self, engine: DeviceEngine, env: Envelope) -> None:
-        if type(env.handle) is _Staged:
-            self._consumed(env)
+    def discard(self, msg: Message, rank: int) -> None:
+        self.received(msg, rank)
 
-    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
-                      ask: bool) -> int:
-        ident = req.desc
-        verdict, msg = self.wire.withdraw(ident, ask=ask)
+    def withdraw(self, msg: Message, dest: int, ask: bool) -> int:
+        ident = msg.ident
+        verdict, ask_msg = self.wire.withdraw(ident, ask=ask)
         if verdict == w.TOO_LATE:
             return TOO_LATE
         if verdict == w.GONE:
             del self._sends[ident]
             return WITHDRAWN
-        self._withdraw_exc[ident] = exc
         try:
-            assert msg is not None
-            self._send(req.peer, msg)
+            assert ask_msg is not None
+            self._send(dest, ask_msg)
         except lib.MPI.Exception as err:
             self._break(translate(err, "withdraw", self.rank))
         return ASKED
 
-    def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
+    def describe(self, rank: int, peer: int) -> list[str]:
         closed_by = self.wire.closed_by
-        if peer in closed_by:
-            return [f"nothing more: it {closed_by[peer]}"]
-        if any(e.source == peer for e in engine.matcher.unexpected()):
-            return []  # the engine lists them
-        return [f"no message rank {self.rank} can see yet (its recvs live in its own process)"]
+        return [f"nothing more: it {closed_by[peer]}"] if peer in closed_by else []
 
-    def engine_closed(self, engine: DeviceEngine) -> None:
+    def close(self, rank: int, reason: str) -> None:
         if self._broken is not None:
             return
         self._announced.clear()
         try:
-            self._send_all(self.wire.close(self.close_reason))
+            for dest, raw in self.wire.close(self.close_reason):
+                self._send(dest, raw)
         except lib.MPI.Exception as exc:
             self._break(translate(exc, "close", self.rank))

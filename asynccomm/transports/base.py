@@ -1,79 +1,131 @@
-"""The transport interface: how envelopes and payloads move between device engines.
+"""The boundary between a rank's engine and the transport underneath: plain data both ways.
 
-A transport never matches; matching happens in the receiving engine's ``Matcher`` for
-every transport, so all of them follow the same rules.  The engine calls the transport at
-four points of a message's life:
+A transport (a ``Link``) moves messages between the engines of one world: their headers,
+their payloads, and the news of ranks closing.  It never matches (each receiving engine's
+``Matcher`` does, for every transport) and never sees an engine's requests: it sees
+``Message`` objects (``_core.descriptors``: an envelope, a size, and where the payload is)
+and ``memoryview``s, and reports back through the ``Endpoint`` each engine offers.
 
-1. ``post_send``: a send reached the head of its stream.  The transport carries an
-   ``Envelope`` to the destination, where it calls ``DeviceEngine.deliver(env)``.  The
-   envelope's ``handle`` is either a staged ``memoryview`` holding the whole payload (eager:
-   the destination engine copies it and releases it to its pool) or anything else, which
-   only this transport understands (rendezvous: the payload is still at the sender).
-2. ``unexpected``: the envelope arrived and no recv was posted.  The transport may stage an
-   eager payload now (and complete the sender), or leave it to wait for its recv.
-3. ``pull``: a recv matched a rendezvous envelope.  The transport moves the payload into
-   the recv buffer, then calls ``engine.recv_done`` and completes the sender.
-4. ``withdraw_send``: a posted send is cancelled or timed out.  It is withdrawn at once
-   (``WITHDRAWN``), or it has matched already (``TOO_LATE``), or only its receiver can tell
-   (a receiver in another process): then the transport asks it (``ASKED``) and later calls
-   ``engine.withdrawn(req, exc)`` if the withdrawal won, or completes the send if it lost.
+A message's life, seen from the link:
+
+1. ``send(msg, dest)``: the engine posted a send.  The link carries ``msg`` to ``dest``,
+   whose endpoint gets ``arrived(msg)``; the payload travels with it (``STAGED``,
+   ``INLINE``) or stays at the sender (``AT_SENDER`` in-process, ``REMOTE`` elsewhere).
+   An endpoint may ``stage(msg)``: copy an eager payload into its staging pool.
+2. ``staged(msg)`` (receiver): the payload of an ``AT_SENDER`` message is staged at the
+   receiver; the link tells the sender (``Endpoint.sent``).
+3. ``fetch(msg, rank, into, ready)`` (receiver ``rank``): a recv matched a message whose
+   payload is not here; the link tells the sender (``Endpoint.activate``: it can no longer
+   be withdrawn), then calls ``ready(view, record)`` once the payload can be copied from
+   ``view`` into ``into`` (or ``ready(None, record)`` once it is in ``into`` already).
+4. ``received(msg, rank)`` (receiver): the payload is in its recv buffer; the link
+   completes the sender if it was waiting for that, and returns the receiver's modelled
+   record, if it keeps any.
+5. ``withdraw(msg, dest, ask)`` (sender): withdraw a posted send: ``WITHDRAWN`` at once,
+   ``TOO_LATE`` (a recv matched it), or ``ASKED``: only its receiver, in another process,
+   can tell; the link later calls ``Endpoint.withdrawn`` if the withdrawal won, or
+   ``activate`` and ``sent`` if it lost.  Without ``ask`` it never asks.
+6. ``close(rank, reason)``: the rank's engine closed; the others get ``peer_closed``.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
-    from .._core.descriptors import Envelope
-    from .._engine import DeviceEngine
-    from .._request import Request
+    from .._core.descriptors import Message
 
-__all__ = ["ASKED", "TOO_LATE", "WITHDRAWN", "Transport"]
+__all__ = ["ASKED", "TOO_LATE", "WITHDRAWN", "Endpoint", "Link", "Ready"]
 
-#: Outcomes of ``Transport.withdraw_send``.
+#: Outcomes of ``Link.withdraw``.
 TOO_LATE: Final = 0
 WITHDRAWN: Final = 1
 ASKED: Final = 2
 
+#: ``fetch``'s callback: the payload's readable view (None: already in place) and the
+#: transfer's modelled record (None without a model).
+Ready = Callable[["memoryview | None", object], None]
 
-class Transport(abc.ABC):
-    """Moves envelopes and payloads between the engines of one world (see module docs)."""
+
+class Endpoint(Protocol):
+    """What a rank's engine offers its link (the link calls nothing else)."""
+
+    rank: int
+    closed: bool
+
+    def arrived(self, msg: Message) -> None:
+        """A message for this rank arrived (or was announced)."""
+
+    def stage(self, msg: Message) -> bool:
+        """Copy ``msg``'s eager payload into this rank's staging pool if it fits (then
+        ``msg.where`` is ``STAGED``); False if it is too large or the pool is full."""
+
+    def retract(self, msg: Message) -> bool:
+        """Remove ``msg`` from this rank's unexpected messages; False if a recv took it."""
+
+    def activate(self, msg: Message) -> None:
+        """A recv matched this rank's send ``msg``: it can no longer be withdrawn."""
+
+    def sent(self, msg: Message, record: object = None) -> None:
+        """This rank's send ``msg`` is complete: its buffer may be reused."""
+
+    def withdrawn(self, msg: Message) -> None:
+        """The withdrawal of this rank's send ``msg``, asked of its receiver, won."""
+
+    def failed(self, msg: Message, exc: BaseException) -> None:
+        """This rank's send ``msg`` failed before any recv took it."""
+
+    def peer_closed(self, rank: int, exc: BaseException | None) -> None:
+        """``rank`` closed (or failed with ``exc``): nothing more comes from it."""
+
+    def broke(self, exc: BaseException) -> None:
+        """The transport failed underneath: fail every unfinished op with ``exc``."""
+
+    def describe_pending(self, peer: int) -> list[str]:
+        """This rank's unfinished ops that involve ``peer`` and that ``peer`` cannot see."""
+
+
+class Link(abc.ABC):
+    """Moves messages between the engines of one world (see the module docs)."""
+
+    #: The ranks are in other processes: their pending ops cannot be seen from here.
+    remote = False
 
     @abc.abstractmethod
-    def post_send(self, engine: DeviceEngine, req: Request) -> None:
-        """Carry ``req``'s envelope to its destination engine."""
+    def send(self, msg: Message, dest: int) -> None:
+        """Carry a posted send's ``msg`` to ``dest``."""
 
     @abc.abstractmethod
-    def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
-        """``env`` arrived at ``engine`` and waits for a recv; stage it if it is eager."""
+    def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:
+        """Make the payload of a message that a recv of ``rank`` matched (``AT_SENDER``,
+        ``REMOTE``) available, then call ``ready``."""
 
     @abc.abstractmethod
-    def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
-        """Move a rendezvous payload into ``dst`` for the matched recv ``req``."""
+    def withdraw(self, msg: Message, dest: int, ask: bool) -> int:
+        """Withdraw a posted send: ``WITHDRAWN``, ``TOO_LATE`` or ``ASKED``."""
+
+    def staged(self, msg: Message) -> None:  # noqa: B027
+        """The receiver staged the payload of an ``AT_SENDER`` message."""
+
+    def received(self, msg: Message, rank: int) -> object:
+        """``rank`` has ``msg``'s payload in its recv buffer; returns its modelled record
+        (None without a model)."""
+        return None
+
+    def discard(self, msg: Message, rank: int) -> None:  # noqa: B027
+        """``rank`` closed with ``msg`` unreceived (its staged payload is released by the
+        engine); the link fails or forgets what it holds for it."""
 
     @abc.abstractmethod
-    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
-                      ask: bool) -> int:
-        """Withdraw a posted send: ``WITHDRAWN``, ``TOO_LATE`` (a recv matched it), or
-        ``ASKED`` (only with ``ask``: the receiver decides, see the module docs)."""
-
-    def discard(self, engine: DeviceEngine, env: Envelope) -> None:  # noqa: B027
-        """``engine`` closed with ``env`` unreceived; release what the transport holds for
-        it (staged payloads are the engine's own)."""
+    def close(self, rank: int, reason: str) -> None:
+        """``rank``'s engine closed: tell the other ranks, once what it sent has arrived."""
 
     @abc.abstractmethod
-    def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
-        """What ``peer`` has posted that involves ``engine``'s rank, for error messages."""
+    def describe(self, rank: int, peer: int) -> list[str]:
+        """What ``peer`` has posted that involves ``rank``, for error messages."""
 
-    def matched(self, engine: DeviceEngine, env: Envelope, req: Request) -> None:  # noqa: B027
-        """A recv matched ``env`` (called only in worlds that keep records); an optional
-        hook, a no-op unless the transport keeps per-message records."""
-
-    def link_busy(self, rank: int) -> float:
-        """Seconds of modelled link time used by ``rank``'s transfers (0 without a model)."""
+    def busy_time(self, rank: int) -> float:
+        """Seconds of modelled link time used by ``rank``'s sends (0 without a model)."""
         return 0.0
-
-    @abc.abstractmethod
-    def engine_closed(self, engine: DeviceEngine) -> None:
-        """``engine`` closed: fail what its peers can no longer get from it."""

@@ -1,99 +1,197 @@
-"""The in-process transport: every rank's engine lives on one event loop.
+"""The in-process link: every rank's engine lives on one event loop.
 
-Delivery is a direct call into the destination engine.  An eager message that finds no
-recv is copied into the destination's staging pool and its send completes at once; any
-other message waits at the destination holding a reference to the sender's request, and
-its payload is copied straight from the send buffer into the recv buffer when a recv
-matches (rendezvous: no intermediate copy).  When the pool is full, eager messages wait the
-same way, which is the back-pressure that keeps staging memory bounded.
+Instant (no timing): a send is a direct call into the destination engine
+(``Endpoint.arrived``), with its payload still in the sender's buffer (``AT_SENDER``).  The
+destination matches it at once; if no recv waits, it stages an eager payload in its pool
+(the sender completes) or keeps the message waiting for its recv, whose copy then comes
+straight from the send buffer (rendezvous: no intermediate copy).  When the pool is full,
+eager messages wait the same way: the back-pressure that keeps staging memory bounded.
+
+Timed (``timing``, a ``sim.timing.ModelledTiming``): the same messages, each step at the
+time the cluster model gives (see ``sim/timing.py`` for its rules): eager payloads are
+staged when posted and arrive at their modelled end, rendezvous ones are announced after
+one latency and move when matched.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
-from .._core.descriptors import Envelope
-from .._engine import THREAD_COPY_MIN
-from .._request import ACTIVE
-from .base import TOO_LATE, WITHDRAWN, Transport
+from .._core.descriptors import AT_SENDER, STAGED
+from .._exceptions import CommBrokenError
+from .base import TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
 
 if TYPE_CHECKING:
-    from .._buffers import BufferView
-    from .._engine import DeviceEngine
-    from .._request import Request
+    from .._core.descriptors import Message
+    from ..sim.model import TransferPlan
+    from ..sim.timing import ModelledTiming
 
-__all__ = ["LocalTransport"]
+__all__ = ["LocalLink"]
 
 
-class LocalTransport(Transport):
-    """Connects the engines of one in-process world."""
+class LocalLink(Link):
+    """Connects the engines of one in-process world (see module docs)."""
 
-    def __init__(self) -> None:
-        self.engines: list[DeviceEngine] = []
+    def __init__(self, timing: ModelledTiming | None = None) -> None:
+        self.endpoints: list[Endpoint] = []
+        self.timing = timing
+        # Timed only: messages on their way, per (source, destination), in posting order.
+        self._channels: dict[tuple[int, int], deque[tuple[int, Message]]] = {}
+        self._last_arrival: dict[tuple[int, int], int] = {}
+        self._announced: set[Message] = set()  # requests-to-send in flight
+        self._plans: dict[Message, tuple[int, TransferPlan]] = {}  # (receiver, plan)
 
-    def attach(self, engine: DeviceEngine) -> None:
+    def attach(self, endpoint: Endpoint) -> None:
         """Add the next rank's engine (ranks attach in order)."""
-        self.engines.append(engine)
+        self.endpoints.append(endpoint)
 
-    def post_send(self, engine: DeviceEngine, req: Request) -> None:
-        env = self._envelope(engine, req)
-        if env is not None:
-            self.engines[req.peer].deliver(env)
+    # -- sending --------------------------------------------------------------------------
 
-    def _envelope(self, engine: DeviceEngine, req: Request) -> Envelope | None:
-        """The envelope of a send, or None (and the send failed) if its peer is closed."""
-        if self.engines[req.peer].closed:
-            engine.fail(req, engine.broken(req.peer))
+    def send(self, msg: Message, dest: int) -> None:
+        ep = self.endpoints[dest]
+        if ep.closed:
+            self.endpoints[msg.source].failed(msg, CommBrokenError(
+                f"rank {dest} has closed its communicator", rank=msg.source, peer=dest))
+        elif self.timing is None:
+            ep.arrived(msg)
+        else:
+            self._send_timed(msg, dest, ep)
+
+    def _send_timed(self, msg: Message, dest: int, ep: Endpoint) -> None:
+        timing = self.timing
+        assert timing is not None
+        src, now = msg.source, timing.now()
+        if ep.stage(msg):  # eager (Rule 1)
+            plan = timing.eager(src, dest, msg.nbytes, now)
+            self._plans[msg] = (dest, plan)
+            timing.call_at(plan.sender_done, self._eager_sent, msg, dest, plan)
+            self._arrive(src, dest, plan.end, msg)
+        else:  # rendezvous: announce it, move it when a recv matches (Rule 2)
+            self._announced.add(msg)
+            self._arrive(src, dest, timing.control(src, dest, now), msg)
+
+    def _eager_sent(self, msg: Message, dest: int, plan: TransferPlan) -> None:
+        assert self.timing is not None
+        self.endpoints[msg.source].sent(msg, self.timing.record(
+            msg.source, "send", dest, msg.tag, plan, plan.sender_done))
+
+    def withdraw(self, msg: Message, dest: int, ask: bool) -> int:
+        if msg in self._announced:  # Rule 4
+            self._announced.discard(msg)
+            return WITHDRAWN
+        if msg in self._plans:  # an eager message in flight, or a matched one
+            return TOO_LATE
+        return WITHDRAWN if self.endpoints[dest].retract(msg) else TOO_LATE
+
+    # -- arrival (timed) ------------------------------------------------------------------
+
+    def _arrive(self, src: int, dst: int, when: int, msg: Message) -> None:
+        assert self.timing is not None
+        key = (src, dst)
+        when = max(when, self._last_arrival.get(key, 0))  # Rule 3
+        self._last_arrival[key] = when
+        channel = self._channels.get(key)
+        if channel is None:
+            channel = self._channels[key] = deque()
+        channel.append((when, msg))
+        if len(channel) == 1:
+            self.timing.call_at(when, self._drain, key, when)
+
+    def _drain(self, key: tuple[int, int], due: int) -> None:
+        # A real loop may fire a timer up to its resolution early (uvloop: 1 ms): trust
+        # the time the drain was set for, or a message could be held past a later event.
+        assert self.timing is not None
+        channel = self._channels[key]
+        now = max(self.timing.now(), due)
+        while channel and channel[0][0] <= now:
+            self._deliver(key[1], channel.popleft()[1])
+        if channel:
+            self.timing.call_at(channel[0][0], self._drain, key, channel[0][0])
+
+    def _deliver(self, dest: int, msg: Message) -> None:
+        if msg.where == AT_SENDER:
+            if msg not in self._announced:
+                return  # withdrawn while in flight
+            self._announced.discard(msg)
+        ep = self.endpoints[dest]
+        if not ep.closed:
+            ep.arrived(msg)
+        elif msg.where == AT_SENDER:
+            self.endpoints[msg.source].failed(msg, CommBrokenError(
+                f"rank {dest} has closed its communicator", rank=msg.source, peer=dest))
+        else:
+            self._plans.pop(msg, None)
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:
+        self.endpoints[msg.source].activate(msg)
+        timing = self.timing
+        if timing is None:
+            ready(msg.view, None)
+            return
+        clear_to_send = timing.control(rank, msg.source, timing.now())
+        plan = timing.transfer(msg.source, rank, msg.nbytes, clear_to_send)
+        self._plans[msg] = (rank, plan)
+        timing.call_at(plan.end, ready, msg.view, None)
+
+    def staged(self, msg: Message) -> None:
+        self.endpoints[msg.source].sent(msg)
+
+    def received(self, msg: Message, rank: int) -> object:
+        timing = self.timing
+        if timing is None:
+            if msg.where == AT_SENDER:  # rendezvous: the sender was waiting for this
+                self.endpoints[msg.source].sent(msg)
             return None
-        buf: BufferView = req.buf  # type: ignore[assignment]
-        env = req.desc = Envelope(engine.rank, req.tag, buf.nbytes, buf.count, buf.dtype, req)
-        return env
+        entry = self._plans.pop(msg, None)
+        if entry is None:
+            return None
+        plan = entry[1]
+        if msg.where == AT_SENDER:  # rendezvous: both sides end with the transfer
+            self.endpoints[msg.source].sent(msg, timing.record(
+                msg.source, "send", rank, msg.tag, plan, plan.end))
+            return timing.record(rank, "recv", msg.source, msg.tag, plan, plan.end)
+        return timing.record(rank, "recv", msg.source, msg.tag, plan,
+                             max(plan.end, timing.now()))
 
-    def unexpected(self, engine: DeviceEngine, env: Envelope) -> None:
-        if env.nbytes > engine.eager_limit:
-            return
-        staged = engine.pool.acquire(env.nbytes)
-        if staged is None:
-            return
-        sreq: Request = env.handle  # type: ignore[assignment]
-        staged[: env.nbytes] = sreq.buf.mv  # type: ignore[union-attr]
-        env.handle = staged
-        sreq._engine.send_done(sreq)
+    def discard(self, msg: Message, rank: int) -> None:
+        self._plans.pop(msg, None)
+        if msg.where == AT_SENDER:  # a rendezvous send still waiting: it never will be taken
+            self.endpoints[msg.source].failed(msg, CommBrokenError(
+                f"rank {rank} closed its communicator before receiving this message",
+                rank=msg.source, peer=rank))
+        elif msg.where != STAGED:
+            raise AssertionError(f"an in-process message is never {msg.where}")
 
-    def pull(self, engine: DeviceEngine, env: Envelope, req: Request, dst: memoryview) -> None:
-        sreq: Request = env.handle  # type: ignore[assignment]
-        sreq._state = ACTIVE
-        src: memoryview = sreq.buf.mv  # type: ignore[union-attr]
-        if env.nbytes < THREAD_COPY_MIN:
-            dst[: env.nbytes] = src
-            sreq._engine.send_done(sreq)
-            engine.recv_done(req, env)
-            return
+    # -- closing and diagnostics ----------------------------------------------------------
 
+    def close(self, rank: int, reason: str) -> None:
+        """Every rank hears of every close (O(size) per close, a set insert for ranks with
+        nothing pending).  Timed, a peer learns of it only after everything this rank sent
+        it has arrived (Rule 5): a message in flight is delivered, as on the wire."""
+        timing = self.timing
+        now = timing.now() if timing is not None else 0
+        for other in self.endpoints:
+            if other.rank == rank or other.closed:
+                continue
+            last = self._last_arrival.get((rank, other.rank), 0) if timing is not None else 0
+            if timing is None or last < now:
+                other.peer_closed(rank, None)
+            else:  # one nanosecond after the last arrival's delivery
+                timing.call_at(last + 1, self._tell_closed, other, rank)
 
-        def done() -> None:
-            sreq._engine.send_done(sreq)
-            engine.recv_done(req, env)
+    def _tell_closed(self, other: Endpoint, rank: int) -> None:
+        channel = self._channels.get((rank, other.rank))
+        if channel:  # still in flight (the timers fired in another order): after them
+            assert self.timing is not None
+            self.timing.call_at(channel[-1][0] + 1, self._tell_closed, other, rank)
+        elif not other.closed:
+            other.peer_closed(rank, None)
 
-        engine.copy_on_thread(dst, src, env.nbytes, done)
+    def describe(self, rank: int, peer: int) -> list[str]:
+        return self.endpoints[peer].describe_pending(rank)
 
-    def withdraw_send(self, engine: DeviceEngine, req: Request, exc: BaseException | None,
-                      ask: bool) -> int:
-        return WITHDRAWN if self.engines[req.peer].matcher.withdraw(req.desc) else TOO_LATE
-
-    def describe_peer(self, engine: DeviceEngine, peer: int) -> list[str]:
-        return self.engines[peer].describe_pending(engine.rank)
-
-    def engine_closed(self, engine: DeviceEngine) -> None:
-        # Every rank hears of every close (O(size) per close, kept to a set insert for
-        # ranks with nothing pending); errors are built only for ops that wait on it.
-        rank = engine.rank
-        for other in self.engines:
-            if other is not engine and not other.closed:
-                other.gone.add(rank)
-                if other.pending_ops:
-                    other.peer_gone(rank)
-
-    def _tell_gone(self, other: DeviceEngine, rank: int) -> None:
-        if not other.closed:
-            other.peer_gone(rank)
+    def busy_time(self, rank: int) -> float:
+        return self.timing.busy(rank) if self.timing is not None else 0.0

@@ -237,3 +237,147 @@ def test_no_print_in_the_library() -> None:
     bad = [f"{p.relative_to(PKG.parent)}:{line}" for p in _py_files(PKG)
            for name, line in _calls(p) if name == "print"]
     assert bad == []
+
+
+# -- the layer table ---------------------------------------------------------------------------
+
+#: Every module's layer: a module imports only from its own layer or below, and the imports
+#: form no cycle.  A new module must be placed here (the test below says so).
+LAYERS: dict[str, int] = {
+    # leaves
+    "asynccomm._types": 0, "asynccomm._exceptions": 0, "asynccomm._version": 0,
+    # the sans-IO core
+    "asynccomm._core": 1, "asynccomm._core.descriptors": 1, "asynccomm._core.states": 1,
+    "asynccomm._core.matching": 1, "asynccomm._core.chunking": 1, "asynccomm._core.wire": 1,
+    # buffers, logging, model time
+    "asynccomm._buffers": 2, "asynccomm._logging": 2, "asynccomm._clock": 2,
+    # the cluster model and the virtual-time loop (nothing above them)
+    "asynccomm.sim": 3, "asynccomm.sim.cluster": 3, "asynccomm.sim.model": 3,
+    "asynccomm.sim.records": 3, "asynccomm.sim.device": 3, "asynccomm.sim.loop": 3,
+    "asynccomm.sim.timing": 3,
+    # world options
+    "asynccomm._options": 4,
+    # transports: links between engines
+    "asynccomm.transports": 5, "asynccomm.transports.base": 5,
+    "asynccomm.transports.local": 5, "asynccomm.transports._mpi_lib": 5,
+    "asynccomm.transports._mpi_progress": 5, "asynccomm.transports._mpi_transport": 5,
+    "asynccomm.transports.mpi": 5,
+    # requests and streams: handles the engine owns
+    "asynccomm._request": 6, "asynccomm._stream": 6,
+    # the engine
+    "asynccomm._diagnostics": 7, "asynccomm._engine": 7,
+    # the public API
+    "asynccomm._communicator": 8,
+    "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
+    "asynccomm": 10, "asynccomm.testing": 10,
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An import of one asynccomm module by another."""
+
+    importer: str
+    target: str
+    lineno: int
+    type_checking: bool
+
+
+def _owning_module(name: str) -> str | None:
+    """The module an imported name belongs to (``asynccomm._types.ANY_SOURCE`` ->
+    ``asynccomm._types``), if it is one of ours."""
+    while name:
+        if name in LAYERS:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                for sub in ast.walk(child):
+                    if hasattr(sub, "lineno"):
+                        lines.add(sub.lineno)
+    return lines
+
+
+def edges_in(source: str, module: str, package: str) -> list[Edge]:
+    guarded = _type_checking_lines(ast.parse(source))
+    out = []
+    for imp in imports_in(source, package):
+        target = _owning_module(imp.module)
+        if target is not None and target != module and (target != "asynccomm" or
+                                                          module == "asynccomm"):
+            out.append(Edge(module, target, imp.lineno, imp.lineno in guarded))
+    return list(dict.fromkeys(out))  # ``from X import y`` names X and X.y: one edge
+
+
+def all_edges() -> list[Edge]:
+    return [e for p in _py_files(PKG)
+            for e in edges_in(p.read_text(encoding="utf-8"), _module_name(p), _package_of(p))]
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted({_module_name(p) for p in _py_files(PKG)} - set(LAYERS))
+    assert missing == [], f"place these modules in LAYERS: {missing}"
+
+
+def layer_violations(edges: list[Edge]) -> list[str]:
+    """Imports from a higher layer (a ``TYPE_CHECKING`` import may look up: annotations
+    only)."""
+    return [f"{e.importer}:{e.lineno} imports {e.target} (layer {LAYERS[e.target]} above "
+            f"{LAYERS[e.importer]})" for e in edges
+            if LAYERS[e.target] > LAYERS[e.importer] and not e.type_checking]
+
+
+def cycles(edges: list[Edge]) -> list[list[str]]:
+    """Cycles among the runtime imports (``TYPE_CHECKING`` ones do not run)."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        if not e.type_checking:
+            graph.setdefault(e.importer, set()).add(e.target)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return found
+
+
+def test_no_module_imports_from_a_layer_above() -> None:
+    assert layer_violations(all_edges()) == []
+
+
+def test_the_imports_have_no_cycle() -> None:
+    assert cycles(all_edges()) == []
+
+
+def test_the_layer_checks_can_fail() -> None:
+    source = "\n".join([
+        "from typing import TYPE_CHECKING",
+        "from .._engine import DeviceEngine",
+        "if TYPE_CHECKING:",
+        "    from .._communicator import Communicator",
+    ])
+    edges = edges_in(source, "asynccomm.transports.local", "asynccomm.transports")
+    assert [v.split(" (")[0] for v in layer_violations(edges)] == [
+        "asynccomm.transports.local:2 imports asynccomm._engine"]
+    loop = [Edge("asynccomm._engine", "asynccomm._request", 1, False),
+            Edge("asynccomm._request", "asynccomm._stream", 1, False),
+            Edge("asynccomm._stream", "asynccomm._engine", 1, False),
+            Edge("asynccomm._stream", "asynccomm._communicator", 1, True)]
+    assert cycles(loop) == [["asynccomm._engine", "asynccomm._request", "asynccomm._stream",
+                             "asynccomm._engine"]]

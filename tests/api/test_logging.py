@@ -13,7 +13,7 @@ import structlog
 import structlog.testing
 
 import asynccomm as ac
-from asynccomm import _engine, _logging
+from asynccomm import _logging
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +101,7 @@ async def test_timeout_event() -> None:
 
 async def test_chunk_copied_events_cover_a_large_transfer() -> None:
     # Large enough to be copied in chunks on a worker thread; not chunk-aligned.
-    n = 2 * _engine.THREAD_COPY_MIN + 3
+    n = (8 << 20) + 3  # large enough to be copied on the worker thread
     with structlog.testing.capture_logs() as logs:
         async with ac.open_world(2) as world:
             c0, c1 = world.comms

@@ -29,11 +29,58 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from asynccomm._core.descriptors import Envelope, ProbeDescriptor, RecvDescriptor
+from asynccomm._core.descriptors import STAGED, Descriptor, Message
 from asynccomm._core.matching import Matcher, MatchEvent, ProbeMatched, RecvRejected
+
+
+class Envelope(Message):
+    """A message with a label (``handle``) for the tests to name it by."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str,
+                 handle: object = None) -> None:
+        super().__init__(source, tag, nbytes, count, dtype, STAGED)
+        self.handle = handle
+
+
+class RecvDescriptor(Descriptor):
+    """A posted recv with a label; ``capacity`` None takes any size."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, source: int, tag: int, capacity: int | None, dtype: str | None,
+                 handle: object = None) -> None:
+        super().__init__(source, tag, -1 if capacity is None else capacity, 0, dtype)
+        self.handle = handle
+
+    @property
+    def capacity(self) -> int | None:
+        return None if self.nbytes < 0 else self.nbytes
+
+
+class ProbeDescriptor(Descriptor):
+    """A blocking probe with a label."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, source: int, tag: int, handle: object = None) -> None:
+        super().__init__(source, tag, -1, 0, None)
+        self.handle = handle
+
+
+def cancel(matcher: Matcher, desc: Descriptor) -> bool:
+    """Withdraw a posted recv or probe."""
+    if isinstance(desc, ProbeDescriptor):
+        return matcher.cancel_probe(desc)
+    return matcher.cancel(desc)
 
 __all__ = [
     "F4",
+    "Envelope",
+    "ProbeDescriptor",
+    "RecvDescriptor",
+    "cancel",
     "I4",
     "Cancel",
     "Op",
@@ -174,7 +221,7 @@ def apply(matcher: Matcher, op: Op, descs: dict[str, Desc]) -> list[LogEntry]:
     elif isinstance(op, Cancel):
         target = descs[op.target]
         assert not isinstance(target, Envelope)
-        out.append(("cancel", op.target, matcher.cancel(target)))
+        out.append(("cancel", op.target, cancel(matcher, target)))
     else:
         target = descs[op.target]
         assert isinstance(target, Envelope)
@@ -303,7 +350,7 @@ class WorldSim:
         return self.matchers[dest].probe(source, tag)
 
     def cancel(self, dest: int, desc: RecvDescriptor | ProbeDescriptor) -> bool:
-        return self.matchers[dest].cancel(desc)
+        return cancel(self.matchers[dest], desc)
 
     def withdraw(self, dest: int, env: Envelope) -> bool:
         return self.matchers[dest].withdraw(env)

@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from asynccomm._core.descriptors import Envelope, ProbeDescriptor, RecvDescriptor
 from asynccomm._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from asynccomm._types import ANY_SOURCE, ANY_TAG
 
@@ -23,11 +22,14 @@ from .helpers import (
     F4,
     I4,
     Cancel,
+    Envelope,
     LogEntry,
     Op,
     Peek,
     Probe,
+    ProbeDescriptor,
     Recv,
+    RecvDescriptor,
     Send,
     Withdraw,
     drain,

@@ -18,10 +18,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynccomm._core.descriptors import Envelope, ProbeDescriptor, RecvDescriptor
 from asynccomm._types import ANY_SOURCE, ANY_TAG
 
-from .helpers import F4, I4, LogEntry, WorldSim
+from .helpers import F4, I4, Envelope, LogEntry, ProbeDescriptor, RecvDescriptor, WorldSim
 
 TAGS = (0, 1)
 SIZES = (0, 1, 8, 16, 64)

@@ -22,12 +22,12 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
 
 import numpy as np
 
 import asynccomm as ac
 from asynccomm import open_mpi_world
+from asynccomm.testing import fail_next_mpi_call
 
 
 async def raise_on_rank_1(comm: ac.Communicator) -> str:
@@ -92,33 +92,15 @@ async def two_worlds() -> str:
         return f"rank {a.rank}: world a got {x[0]:g}, world b got {y[0]:g}"
 
 
-class _FailingComm:
-    """An MPI communicator whose next ``Isend`` fails (everything else is the real one)."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def Isend(self, *args: Any) -> Any:  # mpi4py's name
-        from mpi4py import MPI
-
-        raise MPI.Exception(MPI.ERR_OTHER)
-
-
 async def send_error(comm: ac.Communicator) -> str:
-    transport: Any = comm._engine.transport
     if comm.rank == 0:
-        real = transport.comm
-        transport.comm = _FailingComm(real)
+        fail_next_mpi_call(comm, "Isend")
         try:
             await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)
         except ac.TransportError as exc:
             outcome = f"TransportError: {exc}"
         else:
             outcome = "no error"
-        transport.comm = real
         await comm.send(np.ones(1 << 20, np.uint8), 1, 5)
         return outcome
     out = np.zeros(1 << 20, np.uint8)
@@ -127,14 +109,8 @@ async def send_error(comm: ac.Communicator) -> str:
 
 
 async def progress_error(comm: ac.Communicator) -> None:
-    transport: Any = comm._engine.transport
     if comm.rank == 0:
-        from mpi4py import MPI
-
-        def failing_testsome(reqs: Any) -> Any:
-            raise MPI.Exception(MPI.ERR_OTHER)
-
-        transport._testsome = failing_testsome
+        fail_next_mpi_call(comm, "Testsome")
         await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)  # TransportError: raised
     else:
         await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)

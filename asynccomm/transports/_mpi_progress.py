@@ -1,0 +1,236 @@
+"""Progress for the MPI link: MPI cannot be awaited, so one task per world polls it.
+
+It keeps ``CTRL_SLOTS`` persistent control recvs posted and hands each control message
+that lands to the link; it tracks every other MPI request (control sends, data chunks)
+with the callback to run when it completes; and it moves rendezvous payloads in chunks
+with a window (``_core.chunking``).  It never blocks the loop: the control recv at the head
+of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
+polls back to back for a moment, then backs off to at most 1 ms between polls
+(``Backoff``); while data moves it keeps polling.
+
+When the link says the world is finished (``FIN`` both ways with every rank), it cancels
+the control recvs, lets its last sends complete and frees the communicator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .._core.chunking import Chunk, ChunkSender
+from .._core.wire import HEADER, INLINE_MAX
+from . import _mpi_lib as lib
+from ._mpi_lib import Backoff, yield_now
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+__all__ = ["CTRL_TAG", "Progress", "Slot"]
+
+#: The MPI tag of every control message; data tags are 1 and up.
+CTRL_TAG = 0
+#: Control recvs kept posted; more let bursts of small messages land without MPI-level
+#: unexpected-message buffering.
+CTRL_SLOTS = 8
+#: Rendezvous data moves in chunks of this size, ``MAX_INFLIGHT`` at a time per transfer,
+#: so MPI's progress calls copy a bounded amount each while the loop waits for them.
+CHUNK_BYTES = 16 << 20
+MAX_INFLIGHT = 2
+#: After anything happens (a completion, or a send from this rank), poll back to back for
+#: this long before backing off.  It must outlast a sleeping peer's reaction time (one
+#: back-off sleep, which uvloop's millisecond timers round up to 1 ms, plus scheduling),
+#: else two ranks can settle into answering each other one sleep late forever.
+SPIN = 5e-3
+#: Each turn of the loop polls back to back for up to this long before yielding to other
+#: tasks: while data moves (MPI copies only inside its calls, and a blocking call would
+#: poll all the time), and while spinning (an answer is seen sooner than one turn later).
+DATA_BURST = 200e-6
+SPIN_BURST = 10e-6
+
+
+class Slot:
+    """A posted control recv: its buffer and persistent MPI request."""
+
+    __slots__ = ("buf", "payload", "req")
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        # Sized for any rank's inline messages, whatever its own eager limit.
+        self.buf = bytearray(HEADER.size + INLINE_MAX)
+        self.payload = memoryview(self.buf)[HEADER.size:]
+        self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
+
+
+class _OneChunk:
+    """``ChunkSender``'s interface for a transfer of a single chunk (most of them), at a
+    fraction of its cost."""
+
+    __slots__ = ("done", "handed_out", "nbytes")
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.handed_out = False
+        self.done = False
+
+    def next_chunk(self) -> Chunk | None:
+        if self.handed_out:
+            return None
+        self.handed_out = True
+        return Chunk(0, 0, self.nbytes)
+
+    def chunk_done(self, chunk: Chunk) -> None:
+        self.done = True
+
+
+class Progress:
+    """Polls one world's MPI requests on the loop (see module docs).
+
+    Args:
+        comm: the world's private communicator.
+        on_control: called with each control message's slot as it lands (the slot is
+            reposted when it returns).
+        finished: True once the world may be torn down.
+        failed: called with the exception that broke progress (an MPI error).
+    """
+
+    def __init__(self, comm: MPI.Intracomm, *, on_control: Callable[[Slot], None],
+                 finished: Callable[[], bool], failed: Callable[[Exception], None]) -> None:
+        self.comm = comm
+        self._on_control = on_control
+        self._finished = finished
+        self._failed = failed
+        self._slots: deque[Slot] = deque()
+        self._reqs: list[MPI.Request] = []
+        self._cbs: list[Callable[[], None] | None] = []
+        self._testsome = lib.MPI.Request.Testsome
+        self._data = 0  # data chunks in flight: poll without backing off
+        self.sent = False  # this rank sent something: an answer may follow, spin
+        self.stopped = False  # MPI failed: poll no more, tear nothing down
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        """Post the control recvs and start polling."""
+        for _ in range(CTRL_SLOTS):
+            slot = Slot(self.comm)
+            slot.req.Start()
+            self._slots.append(slot)
+        self.task = loop.create_task(self._run(), name=name)
+
+    # -- sending and moving data ----------------------------------------------------------
+
+    def send(self, dest: int, msg: bytes | bytearray) -> None:
+        """Send one control message (kept alive until MPI is done with it)."""
+        req = self.comm.Isend(msg, dest, CTRL_TAG)
+        if not req.Test():
+            self._track(req, None)
+        self.sent = True
+
+    def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
+        """Send ``view`` to ``dest`` on ``tag`` in chunks; ``done()`` once it is all sent."""
+        self._move(view, dest, tag, done, self.comm.Isend)
+
+    def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
+        """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in."""
+        self._move(view, source, tag, done, self.comm.Irecv)
+
+    def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
+              start: Callable[..., MPI.Request]) -> None:
+        n = len(view)
+        chunks = (_OneChunk(n) if n <= CHUNK_BYTES else
+                  ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
+        self._more(chunks, view, peer, tag, done, start)
+
+    def _more(self, chunks: _OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
+              done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
+        while (chunk := chunks.next_chunk()) is not None:
+            req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
+            self._data += 1
+            self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
+
+    def _moved(self, chunks: _OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
+               peer: int, tag: int, done: Callable[[], None],
+               start: Callable[..., MPI.Request]) -> None:
+        self._data -= 1
+        chunks.chunk_done(chunk)
+        if chunks.done:
+            done()
+        else:
+            self._more(chunks, view, peer, tag, done, start)
+
+    # -- polling --------------------------------------------------------------------------
+
+    def _track(self, req: MPI.Request, cb: Callable[[], None] | None) -> None:
+        self._reqs.append(req)
+        self._cbs.append(cb)
+
+    def _poll(self) -> bool:
+        """Test what is in flight and act on what completed; True if anything did."""
+        slots = self._slots
+        head = slots[0]
+        hit = False
+        while head.req.Test():
+            hit = True
+            self._on_control(head)
+            head.req.Start()
+            slots.rotate(-1)
+            head = slots[0]
+        if self._reqs and self._test_requests():
+            hit = True
+        return hit
+
+    def _test_requests(self) -> bool:
+        reqs = self._reqs
+        done = self._testsome(reqs)
+        if not done:
+            return False
+        cbs = self._cbs
+        finished = set(done)
+        fire = [cbs[i] for i in done]
+        self._reqs = [r for i, r in enumerate(reqs) if i not in finished]
+        self._cbs = [c for i, c in enumerate(cbs) if i not in finished]
+        for cb in fire:
+            if cb is not None:
+                cb()
+        return True
+
+    async def _run(self) -> None:
+        backoff = Backoff(spin=SPIN)
+        clock = time.perf_counter
+        try:
+            while not (self.stopped or self._finished()):
+                hit = self._poll()
+                if not (hit or self.sent):
+                    delay = 0.0 if self._data else backoff.delay(clock())
+                    if delay:
+                        await asyncio.sleep(delay)
+                        continue
+                    until = clock() + (DATA_BURST if self._data else SPIN_BURST)
+                    while not (hit := self._poll()) and clock() < until:
+                        pass
+                if hit or self.sent:
+                    self.sent = False
+                    backoff.reset(clock())
+                await yield_now()
+            if not self.stopped:
+                await self._teardown(backoff)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(exc)
+
+    async def _teardown(self, backoff: Backoff) -> None:
+        # Every rank has sent its last message to this one: the control recvs can only be
+        # cancelled now, and this rank's own last sends complete without anyone's help.
+        slots = [s.req for s in self._slots]
+        for req in slots:
+            req.Cancel()
+        while not lib.MPI.Request.Testall(slots) or self._reqs:
+            if self._reqs:
+                self._test_requests()
+            await asyncio.sleep(backoff.delay(time.perf_counter()))
+        for req in slots:
+            req.Free()
+        self.comm.Free()
