@@ -6,7 +6,6 @@ Every check that can fail on a user buffer lives here and raises ``TypeError`` o
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import sys
 from dataclasses import dataclass
@@ -19,8 +18,9 @@ from ._types import DataType
 
 __all__ = [
     "BufferView",
-    "SpanIndex",
+    "PendingBuffers",
     "address",
+    "memory_owner",
     "overlapping",
     "PoolStatistics",
     "StagingPool",
@@ -183,11 +183,12 @@ def as_recv_buffer(buf: object, count: object = None, dtype: object = None) -> B
     return _element_range(mv, dt, count, dtype, "recv")
 
 
-def address(mv: memoryview) -> int:
-    """The address of a non-empty buffer's first byte."""
-    if not mv.readonly:
-        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
-    return int(np.frombuffer(mv, np.uint8).__array_interface__["data"][0])
+def address(buf: Any) -> int:
+    """The address of a non-empty buffer's first byte (an ndarray or a memoryview)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    except TypeError:  # read-only
+        return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
 def overlapping(views: list[memoryview], writes: list[bool]) -> tuple[int, int] | None:
@@ -209,56 +210,68 @@ def overlapping(views: list[memoryview], writes: list[bool]) -> tuple[int, int] 
     return None
 
 
-class SpanIndex:
-    """The memory spans of this rank's pending recv buffers, to refuse a recv into memory
-    that another pending recv will write (two writers, one buffer: data corrupted).
+def memory_owner(buf: Any) -> object:
+    """The object that owns a buffer's memory (an array's base, a memoryview's exporter,
+    followed to the end): two buffers can share memory only if they share an owner."""
+    obj = buf
+    while True:
+        if isinstance(obj, np.ndarray):
+            base = obj.base
+            if base is None:
+                return obj
+            obj = base
+        elif isinstance(obj, memoryview) and obj.obj is not None:
+            obj = obj.obj
+        else:
+            return obj
 
-    Starts are kept sorted (ints bisect fast); a removed span is dropped from the maps at
-    once and from the sorted starts lazily, in one pass once half of them are stale.
+
+class PendingBuffers:
+    """The buffers of this rank's pending recvs, to refuse a recv into memory that another
+    pending recv will write (two writers, one buffer: data corrupted).
+
+    Buffers are grouped by the object that owns their memory, so a recv into an array of
+    its own costs a dict lookup; addresses are taken only among buffers of one owner
+    (disjoint slices of one array are fine, overlapping ones are not).
     """
 
     def __init__(self) -> None:
-        self._starts: list[int] = []
-        self._spans: dict[int, tuple[int, object]] = {}  # start -> (end, owner)
-        self._start_of: dict[int, int] = {}  # id(owner) -> start
+        # id(owner of the memory) -> [(request, its buffer, nbytes, start or -1)]
+        self._by_owner: dict[int, list[list[Any]]] = {}
+        self._key_of: dict[int, int] = {}  # id(request) -> its owner's id
 
     def __len__(self) -> int:
-        return len(self._spans)
+        return len(self._key_of)
 
-    def conflict(self, mv: memoryview) -> object | None:
-        """The owner of a span that ``mv`` overlaps, or None."""
-        if not mv.nbytes or not self._spans:
+    def conflict(self, buf: Any, nbytes: int) -> object | None:
+        """The request whose pending buffer overlaps the first ``nbytes`` of ``buf``."""
+        entries = self._by_owner.get(id(memory_owner(buf)))
+        if not entries or nbytes <= 0:
             return None
-        start = address(mv)
-        end = start + mv.nbytes
-        starts, spans = self._starts, self._spans
-        i = bisect.bisect_left(starts, start)
-        j = i - 1
-        while j >= 0 and starts[j] not in spans:  # the nearest live span before
-            j -= 1
-        if j >= 0 and spans[starts[j]][0] > start:
-            return spans[starts[j]][1]
-        while i < len(starts) and starts[i] not in spans:  # and after
-            i += 1
-        if i < len(starts) and starts[i] < end:
-            return spans[starts[i]][1]
+        start = address(buf)
+        end = start + nbytes
+        for entry in entries:
+            if entry[3] < 0:
+                entry[3] = address(entry[1])
+            if entry[3] < end and start < entry[3] + entry[2]:
+                owner: object = entry[0]
+                return owner
         return None
 
-    def add(self, mv: memoryview, owner: object) -> None:
-        if mv.nbytes:
-            start = address(mv)
-            if start not in self._spans:  # a stale entry may still stand in the list
-                bisect.insort(self._starts, start)
-            self._spans[start] = (start + mv.nbytes, owner)
-            self._start_of[id(owner)] = start
+    def add(self, buf: Any, nbytes: int, owner: object) -> None:
+        key = id(memory_owner(buf))
+        self._by_owner.setdefault(key, []).append([owner, buf, nbytes, -1])
+        self._key_of[id(owner)] = key
 
     def remove(self, owner: object) -> None:
-        start = self._start_of.pop(id(owner), None)
-        if start is None:
+        key = self._key_of.pop(id(owner), None)
+        if key is None:
             return
-        del self._spans[start]
-        if len(self._starts) > 2 * len(self._spans) + 64:
-            self._starts = sorted(self._spans)
+        entries = self._by_owner[key]
+        if len(entries) == 1:
+            del self._by_owner[key]
+        else:
+            entries[:] = [e for e in entries if e[0] is not owner]
 
 
 def new_array(dtype: str, count: int) -> np.ndarray[Any, Any]:
@@ -308,14 +321,17 @@ class StagingPool:
         self._reused = 0
         self._refused = 0
 
-    def acquire(self, nbytes: int, *, force: bool = False) -> memoryview | None:
+    def acquire(self, nbytes: int, *, force: bool = False,
+                tentative: bool = False) -> memoryview | None:
         """A buffer of at least ``nbytes`` bytes, or None if the cap is reached (with
         ``force``, one all the same: for a payload that must be kept, whose sender was
-        already told it fits)."""
+        already told it fits; with ``tentative``, a refusal is not counted: the caller
+        will ask again the usual way)."""
         size = max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0
         cost = size + MESSAGE_OVERHEAD
         if self._in_use + cost > self.capacity_bytes and not force:
-            self._refused += 1
+            if not tentative:
+                self._refused += 1
             return None
         self._acquired += 1
         self._in_use += cost

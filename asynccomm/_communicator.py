@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
 
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer, overlapping
+from ._buffers import _NAMES, BufferView, as_recv_buffer, as_send_buffer, overlapping
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
 from ._options import check_timeout
@@ -155,21 +155,7 @@ class Communicator:
             RuntimeError: called from another thread or event loop.
             CommClosedError: this communicator is closed.
         """
-        # Checks are inlined for the common case and fall back to the helpers, which say
-        # exactly what is wrong: this runs once per message.
-        engine = self._engine
-        if _get_running_loop() is not self._loop or engine.closed:
-            self._check_ready()
-        if type(dst) is not int or not 0 <= dst < self.size:
-            dst = self._check_rank(dst, "dst", wildcard=False)
-        if type(tag) is not int or not 0 <= tag <= TAG_UB:
-            tag = self._check_tag(tag, wildcard=False)
-        view = as_send_buffer(buf, count, dtype)
-        req = Request(engine, SEND, dst, tag, view.mv, view.nbytes, view.count, view.dtype,
-                      engine.default_stream if stream is None else self._check_stream(stream),
-                      self._default_timeout if timeout is None else check_timeout(timeout))
-        req.stream._submit(req)  # type: ignore[union-attr]
-        return req
+        return self._send_op(buf, dst, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
     def irecv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
               stream: Stream | None = None, timeout: float | None = None,
@@ -180,21 +166,7 @@ class Communicator:
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
         """
-        engine = self._engine
-        if _get_running_loop() is not self._loop or engine.closed:
-            self._check_ready()
-        if type(src) is not int or not 0 <= src < self.size:
-            src = self._check_rank(src, "src", wildcard=True)
-        if type(tag) is not int or not 0 <= tag <= TAG_UB:
-            tag = self._check_tag(tag, wildcard=True)
-        view = as_recv_buffer(buf, count, dtype)
-        req = Request(engine, RECV, src, tag, view.mv, view.nbytes, view.count, view.dtype,
-                      engine.default_stream if stream is None else self._check_stream(stream),
-                      self._default_timeout if timeout is None else check_timeout(timeout))
-        if engine._pending_recvs:
-            engine.check_recv_buffer(view)
-        req.stream._submit(req)  # type: ignore[union-attr]
-        return req
+        return self._recv_op(buf, src, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
     async def send(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
                    timeout: float | None = None, count: int | None = None,
@@ -210,9 +182,8 @@ class Communicator:
                 An eager message (up to the eager limit) completes as soon as it is
                 staged, so only larger messages, or ops held on their stream, time out.
         """
-        req = self.isend(buf, dst, tag, stream=stream, timeout=timeout, count=count,
-                         dtype=dtype)
-        if req._state is not DONE or req._exc is not None:
+        req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
+        if req is not None and (req._state is not DONE or req._exc is not None):
             await req
 
     async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -230,12 +201,106 @@ class Communicator:
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
         """
-        req = self.irecv(buf, src, tag, stream=stream, timeout=timeout, count=count,
-                         dtype=dtype)
+        out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
+        if type(out) is Status:
+            return out
+        req: Request = out  # type: ignore[assignment]
+        if req._state is not DONE and req._waiters is None:
+            # What ``await req`` does, one generator fewer: this is the hot path.
+            fut = self._loop.create_future()
+            req._waiters = [fut]
+            try:
+                await fut
+            except asyncio.CancelledError as exc:
+                req._discard_waiter(fut)
+                return await req._after_cancel(exc)  # type: ignore[no-any-return]
         if req._state is DONE and req._exc is None:
-            return req._outcome()  # type: ignore[no-any-return]
+            return req._result  # type: ignore[no-any-return]
         result: Status = await req
         return result
+
+    # The two below run once per message: the checks are inlined for the common case and
+    # fall back to the helpers, which say exactly what is wrong.  The fast lane (an
+    # in-process world without a model, the default stream, a numpy buffer) hands a small
+    # message straight to a recv waiting at its destination, or to its staging pool, and a
+    # recv takes a message already waiting, with no request at all when none is asked for.
+
+    def _send_op(self, buf: Any, dst: Any, tag: Any, stream: Any, timeout: Any, count: Any,
+                 dtype: Any, handle: bool) -> Request | None:
+        engine = self._engine
+        if _get_running_loop() is not self._loop or engine.closed:
+            self._check_ready()
+        if type(dst) is not int or not 0 <= dst < self.size:
+            dst = self._check_rank(dst, "dst", wildcard=False)
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag, wildcard=False)
+        arr = None
+        if (type(buf) is np.ndarray and count is None and dtype is None
+                and (name := _NAMES.get(buf.dtype)) is not None and buf.flags.c_contiguous):
+            nbytes, n = buf.nbytes, buf.size
+            if buf.ndim == 1:
+                arr, mv = buf, None
+            else:
+                mv = buf.data.cast("B")
+        else:
+            view = as_send_buffer(buf, count, dtype)
+            mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
+        timeout = self._default_timeout if timeout is None else check_timeout(timeout)
+        peers = engine.peers
+        if (peers is not None and arr is not None and stream is None
+                and not engine.default_stream._queue
+                and peers[dst].offer(self.rank, tag, arr, nbytes, n, name)):
+            if not handle:
+                return None
+            return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
+                                           engine.default_stream, timeout, arr), None)
+        req = Request(engine, SEND, dst, tag, mv, nbytes, n, name,
+                      engine.default_stream if stream is None else self._check_stream(stream),
+                      timeout, arr)
+        req.stream._submit(req)  # type: ignore[union-attr]
+        return req
+
+    def _recv_op(self, buf: Any, src: Any, tag: Any, stream: Any, timeout: Any, count: Any,
+                 dtype: Any, handle: bool) -> Request | Status:
+        engine = self._engine
+        if _get_running_loop() is not self._loop or engine.closed:
+            self._check_ready()
+        if type(src) is not int or not 0 <= src < self.size:
+            src = self._check_rank(src, "src", wildcard=True)
+        if type(tag) is not int or not 0 <= tag <= TAG_UB:
+            tag = self._check_tag(tag, wildcard=True)
+        arr = None
+        if (type(buf) is np.ndarray and count is None and dtype is None
+                and (name := _NAMES.get(buf.dtype)) is not None
+                and (flags := buf.flags).c_contiguous and flags.writeable):
+            nbytes, n = buf.nbytes, buf.size
+            if buf.ndim == 1:
+                arr, mv = buf, None
+            else:
+                mv = buf.data.cast("B")
+        else:
+            view = as_recv_buffer(buf, count, dtype)
+            mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
+        timeout = self._default_timeout if timeout is None else check_timeout(timeout)
+        if engine._pending_recvs:
+            engine.check_recv_buffer(buf if mv is None else mv, nbytes)
+        if (engine.peers is not None and arr is not None and stream is None and src >= 0
+                and tag >= 0 and not engine.default_stream._queue):
+            status = engine.take_now(src, tag, arr, nbytes, name)
+            if status is not None:
+                if not handle:
+                    return status
+                return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
+                                               engine.default_stream, timeout, arr), status)
+            req = Request(engine, RECV, src, tag, None, nbytes, n, name,
+                          engine.default_stream, timeout, arr)
+            engine.post_now(req)
+            return req
+        req = Request(engine, RECV, src, tag, mv, nbytes, n, name,
+                      engine.default_stream if stream is None else self._check_stream(stream),
+                      timeout, arr)
+        req.stream._submit(req)  # type: ignore[union-attr]
+        return req
 
     async def recv_new(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                        stream: Stream | None = None,
@@ -338,7 +403,7 @@ class Communicator:
                                  "separate buffers")
         if self._engine._pending_recvs:
             for _, view in recvs:
-                self._engine.check_recv_buffer(view)
+                self._engine.check_recv_buffer(view.mv, view.nbytes)
 
     def _batch_op(self, op: object, stream: object,
                   timeout: object) -> tuple[Request, BufferView]:

@@ -20,13 +20,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import numpy as np
 
 from . import _diagnostics as diag
 from . import _logging
-from ._buffers import BufferView, PoolStatistics, SpanIndex, StagingPool, new_array
+from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .sim.records import OpRecord
     from .transports.base import Link
 
-__all__ = ["THREAD_COPY_MIN", "DeviceEngine", "EngineStatistics"]
+__all__ = ["THREAD_COPY_MIN", "DeviceEngine", "EngineStatistics", "byte_view"]
 
 SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
@@ -52,6 +52,24 @@ COMPUTE: Final = Kind.COMPUTE
 #: Payloads at least this large are copied on the rank's worker thread; smaller ones are
 #: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
 THREAD_COPY_MIN = 4 << 20
+
+# Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
+# runs once per message.
+_new_status = tuple.__new__
+
+
+def _bytes_of(array: Any) -> memoryview:
+    """A 1-D array's bytes."""
+    mv: memoryview = array.data
+    return mv if mv.format == "B" else mv.cast("B")
+
+
+def byte_view(req: Request) -> memoryview:
+    """A request's buffer as bytes, made the first time it is needed."""
+    view = req.view
+    if view is None:
+        view = req.view = _bytes_of(req.array)
+    return view
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +117,16 @@ class DeviceEngine:
         # pending requests keep it alive until they finish).
         self._streams: weakref.WeakSet[Stream] = weakref.WeakSet((self.default_stream,))
         self._next_sid = 0
-        self._live: dict[Request, None] = {}
+        self._probes: dict[Request, None] = {}  # waiting probes (on no stream)
+        #: The other ranks' endpoints when the link is instant and in-process: the fast lane
+        #: hands a small message straight to a recv waiting there (set by the world).
+        self.peers: list[DeviceEngine] | None = None
         #: Ranks that have closed (their messages sent before closing were delivered).
         self.gone: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
         self._pending_recvs = 0  # tracked recvs with a non-empty buffer
-        self._recv_spans: SpanIndex | None = None  # their buffers, once two were pending
+        self._recv_buffers: PendingBuffers | None = None  # theirs, once two were pending
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -119,49 +140,66 @@ class DeviceEngine:
         return stream
 
     def track(self, req: Request) -> None:
-        """Keep a request that did not finish as it was posted, and arm its timeout."""
-        self._live[req] = None
+        """Keep a request that did not finish as it was posted, and arm its timeout (its
+        stream keeps it; probes, on no stream, are kept here)."""
         req._tracked = True
-        if req.kind is RECV and req.view is not None and req.nbytes:
+        if req.kind is PROBE:
+            self._probes[req] = None
+        if req.kind is RECV and req.nbytes > 0:
             self._pending_recvs += 1
-            if self._recv_spans is not None:
-                self._recv_spans.add(req.view, req)
+            if self._recv_buffers is not None:
+                self._add_buffer(self._recv_buffers, req)
         if req.timeout is not None and req._timer is None:
             req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
 
     def _untrack(self, req: Request) -> None:
-        del self._live[req]
         req._tracked = False
-        if req.kind is RECV and req.view is not None and req.nbytes:
+        if req.kind is RECV and req.nbytes > 0:
             self._pending_recvs -= 1
-            if self._recv_spans is not None:
+            if self._recv_buffers is not None:
                 if self._pending_recvs:
-                    self._recv_spans.remove(req)
+                    self._recv_buffers.remove(req)
                 else:
-                    self._recv_spans = None
-        if req.stream is not None:
-            req.stream._finished(req)
-        if self._idle is not None and not self._live:
+                    self._recv_buffers = None
+        stream = req.stream
+        if stream is None:
+            del self._probes[req]
+        elif stream._queue or stream._events:
+            stream._finished(req)
+        else:  # nothing waits behind it: what _finished does, inlined
+            del stream._pending[req.sseq]
+        if self._idle is not None and not self.pending_ops:
             self._idle.set_result(None)
             self._idle = None
 
-    def check_recv_buffer(self, buf: BufferView) -> None:
-        """Refuse a recv buffer that overlaps the buffer of a pending recv of this rank.
+    def _live(self) -> list[Request]:
+        """Every unfinished op of this rank: its streams' and its probes'."""
+        out = [r for stream in list(self._streams) for r in stream._pending.values()]
+        out += self._probes
+        return out
+
+    def check_recv_buffer(self, buf: Any, nbytes: int) -> None:
+        """Refuse a recv buffer (its first ``nbytes``) that overlaps the buffer of a pending
+        recv of this rank.
 
         Raises:
             ValueError: it does (nothing is posted).
         """
-        spans = self._recv_spans
-        if spans is None:  # built on first need: most programs never have two pending
-            spans = self._recv_spans = SpanIndex()
-            for r in self._live:
-                if r.kind is RECV and r.view is not None:
-                    spans.add(r.view, r)
-        owner = spans.conflict(buf.mv)
+        pending = self._recv_buffers
+        if pending is None:  # built on first need: most programs never have two pending
+            pending = self._recv_buffers = PendingBuffers()
+            for r in self._live():
+                if r.kind is RECV and r.nbytes > 0:
+                    self._add_buffer(pending, r)
+        owner = pending.conflict(buf, nbytes)
         if isinstance(owner, Request):
             raise ValueError(f"rank {self.rank}: the recv buffer overlaps the buffer of "
                              f"{diag.describe(owner)}, which is still pending: two recvs "
                              "would write the same memory")
+
+    @staticmethod
+    def _add_buffer(pending: PendingBuffers, req: Request) -> None:
+        pending.add(req.array if req.array is not None else req.view, req.nbytes, req)
 
     # -- posting --------------------------------------------------------------------------
 
@@ -171,6 +209,7 @@ class DeviceEngine:
         req._state = POSTED
         kind = req.kind
         if kind is SEND:
+            byte_view(req)  # the link reads it
             if self.trace:
                 self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag, nbytes=req.nbytes)
             self.link.send(req, req.peer)
@@ -199,7 +238,7 @@ class DeviceEngine:
         req._state = POSTED
         msg = self.matcher.post_probe(req)
         if msg is not None:
-            req._result = msg  # type: ignore[assignment]
+            req._result = Status(msg.source, msg.tag, msg.nbytes, msg.count)
             self._finish(req, DONE, None)
             return
         self.track(req)
@@ -222,6 +261,123 @@ class DeviceEngine:
                                   mode="compute")
             self.records.append(req.record)
         self._finish(req, DONE, None)
+
+    # -- the fast lane: small messages in one process ------------------------------------
+
+    def offer(self, source: int, tag: int, array: Any, nbytes: int, count: int,
+              dtype: str) -> bool:
+        """A small message from ``source``'s engine, in this process: a recv waiting here
+        takes it at once, or the staging pool keeps it (its sender is then done).  Returns
+        False, having done nothing, when it must go the usual way (rendezvous, a full pool,
+        wildcards or a misfit to judge)."""
+        if self.closed or nbytes >= THREAD_COPY_MIN:
+            return False
+        matcher = self.matcher
+        recv: Request | Literal[False] | None = matcher.claim_posted(  # type: ignore[assignment]
+            source, tag, nbytes, dtype)
+        if recv is False:
+            return False
+        if recv is not None:
+            if recv.array is not None:  # both 1-D arrays of one dtype: a numpy copy
+                recv.array[:count] = array
+            elif recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
+                recv._result = array.copy()
+            elif nbytes:
+                recv.view[:nbytes] = _bytes_of(array)  # type: ignore[index]
+            status = _new_status(Status, (source, tag, nbytes, count))
+            recv._result = status if recv._result is None else (recv._result, status)
+            if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
+                check(recv._state, DONE)
+            recv._state = DONE
+            waiters = recv._waiters
+            if waiters is not None:
+                recv._waiters = None
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+            if recv._timer is not None:
+                recv._timer.cancel()
+                recv._timer = None
+            if recv._tracked:
+                stream = recv.stream
+                if (self._recv_buffers is None and stream is not None and not stream._queue
+                        and not stream._events and self._idle is None):
+                    recv._tracked = False  # what _untrack does, inlined: the hot path
+                    if recv.nbytes > 0:
+                        self._pending_recvs -= 1
+                    del stream._pending[recv.sseq]
+                else:
+                    self._untrack(recv)
+            return True
+        if nbytes > self.eager_limit:
+            return False
+        buf = self.pool.acquire(nbytes, tentative=True)
+        if buf is None:
+            return False
+        if nbytes:
+            buf[:nbytes] = _bytes_of(array)
+        matcher.enqueue(Message(source, tag, nbytes, count, dtype, STAGED, buf))
+        if matcher.events:  # a probe saw it
+            self._drain()
+        return True
+
+    def post_now(self, req: Request) -> None:
+        """Post a recv on the default stream with nothing queued there (the fast lane's
+        ``Stream._submit`` and ``start`` in one)."""
+        if POSTED not in NEXT[req._state]:
+            check(req._state, POSTED)
+        req._state = POSTED
+        matcher = self.matcher
+        msg = matcher.post_recv(req)
+        if msg is not None:
+            self._take(req, msg)  # type: ignore[arg-type]
+        elif matcher.events:
+            self._drain()
+        if req._state is not POSTED:
+            return
+        stream = self.default_stream  # what Stream._track and track do, inlined
+        stream._seq = seq = stream._seq + 1
+        req.sseq = seq
+        stream._pending[seq] = req
+        req._tracked = True
+        if req.nbytes > 0:
+            self._pending_recvs += 1
+            if self._recv_buffers is not None:
+                self._add_buffer(self._recv_buffers, req)
+        if req.timeout is not None:
+            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+        if self.gone and self._unreachable(req.peer):
+            self.withdraw(req, self.broken(req.peer))
+
+    def finished(self, req: Request, result: Status | None) -> Request:
+        """``req`` finished as it was made (the fast lane did its work): mark it done."""
+        check(req._state, DONE)
+        req._state = DONE
+        req._result = result
+        return req
+
+    def take_now(self, source: int, tag: int, array: Any, nbytes: int,
+                 dtype: str) -> Status | None:
+        """The Status of a recv (exact source and tag, into the 1-D ``array``) that a
+        message already here completes at once; None, having done nothing, when the recv
+        must be posted the usual way."""
+        matcher = self.matcher
+        msg: Message | None = matcher.waiting(source, tag)  # type: ignore[assignment]
+        if msg is None:
+            return None
+        n = msg.nbytes
+        where = msg.where
+        if (msg.dtype != dtype or n > nbytes
+                or not (where == STAGED or (where == AT_SENDER and n < THREAD_COPY_MIN))):
+            return None
+        matcher.take(msg)
+        if n:
+            _bytes_of(array)[:n] = msg.view[:n]  # type: ignore[index]
+        if where == STAGED:
+            self.pool.release(msg.view)  # type: ignore[arg-type]
+        else:
+            self.link.received(msg, self.rank)  # its sender, waiting in this process, is done
+        return _new_status(Status, (source, tag, n, msg.count))
 
     # -- arrivals and matching (the link calls these) -------------------------------------
 
@@ -266,13 +422,13 @@ class DeviceEngine:
         """``recv`` matched ``msg``: move the payload into its buffer."""
         check(recv._state, ACTIVE)
         recv._state = ACTIVE
-        recv._result = msg
         if self.trace:
             self.log.debug("p2p.matched", peer=msg.source, tag=msg.tag, nbytes=msg.nbytes)
-        dst = recv.view
-        if dst is None:  # recv_new: a buffer made to the message's measure
-            arr = recv._array = new_array(msg.dtype, msg.count)  # type: ignore[arg-type]
+        if recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
+            arr = recv._result = new_array(msg.dtype, msg.count)  # type: ignore[arg-type]
             dst = arr.data.cast("B")
+        else:
+            dst = byte_view(recv)
         n = msg.nbytes
         where = msg.where
         if where == STAGED or where == INLINE:
@@ -307,6 +463,8 @@ class DeviceEngine:
         if record is not None and self.records is not None:
             recv.record = record
             self.records.append(record)  # type: ignore[arg-type]
+        status = _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count))
+        recv._result = status if recv._result is None else (recv._result, status)
         self._finish(recv, DONE, None)
 
     def _drain(self) -> None:
@@ -317,7 +475,8 @@ class DeviceEngine:
                     self.rank, event))
             elif isinstance(event, ProbeMatched):
                 probe: Request = event.probe  # type: ignore[assignment]
-                probe._result = event.envelope  # type: ignore[assignment]
+                msg = event.envelope
+                probe._result = Status(msg.source, msg.tag, msg.nbytes, msg.count)
                 self._finish(probe, DONE, None)
 
     # -- the sending side (the link calls these) ------------------------------------------
@@ -343,7 +502,7 @@ class DeviceEngine:
     def withdrawn(self, msg: Message) -> None:
         """The withdrawal asked of the receiver won."""
         req: Request = msg  # type: ignore[assignment]
-        self._withdrawn(req, req._withdraw_exc)
+        self._withdrawn(req, getattr(req, "_withdraw_exc", None))
 
     # -- completion and withdrawal --------------------------------------------------------
 
@@ -434,10 +593,10 @@ class DeviceEngine:
         and wildcard ones once no other rank is left (with ``exc``, or a
         ``CommBrokenError`` naming it)."""
         self.gone.add(rank)
-        if not self._live or self.closed:
+        if self.closed:
             return
         everyone = len(self.gone) >= self.size - 1
-        for req in [r for r in self._live if r.kind is not SEND and r.kind is not COMPUTE
+        for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
                     and (r.peer == rank or (everyone and r.peer == ANY_SOURCE))]:
             if req._state is POSTED:
                 self.withdraw(req, exc if exc is not None and req.peer == rank
@@ -458,7 +617,7 @@ class DeviceEngine:
 
     def broke(self, exc: BaseException) -> None:
         """The link failed underneath: fail every unfinished op of this rank with ``exc``."""
-        for req in list(self._live):
+        for req in self._live():
             if req._state < DONE:
                 self._finish(req, DONE, diag.fresh_copy(exc))
 
@@ -470,19 +629,19 @@ class DeviceEngine:
     @property
     def pending_ops(self) -> int:
         """How many ops of this rank are unfinished."""
-        return len(self._live)
+        return sum(len(s._pending) for s in list(self._streams)) + len(self._probes)
 
     def live_requests(self) -> list[Request]:
         """Every unfinished op of this rank (a copy)."""
-        return list(self._live)
+        return self._live()
 
     def describe_all(self) -> list[str]:
         """Every unfinished op of this rank, for deadlock reports."""
         return [diag.describe(r) + ("" if r._state is not QUEUED else " queued on its stream")
-                for r in self._live]
+                for r in self._live()]
 
     def statistics(self) -> EngineStatistics:
-        return EngineStatistics(pending_ops=len(self._live), active_copies=self._copies,
+        return EngineStatistics(pending_ops=self.pending_ops, active_copies=self._copies,
                                 streams=len(self._streams), matcher=self.matcher.statistics(),
                                 pool=self.pool.statistics())
 
@@ -494,9 +653,9 @@ class DeviceEngine:
         self.closed = True
         exc = CommClosedError(f"rank {self.rank}'s communicator was closed with the op pending",
                               rank=self.rank)
-        for req in list(self._live):
+        for req in self._live():
             self.withdraw(req, exc)
-        if self._live:  # matched transfers still moving: they finish, they are not torn
+        if self.pending_ops:  # matched transfers still moving: they finish, not torn
             self._idle = self.loop.create_future()
             await asyncio.shield(self._idle)
         for desc in self.matcher.unexpected():

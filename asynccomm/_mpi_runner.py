@@ -17,6 +17,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 import traceback
 from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -122,9 +123,16 @@ def _report(text: str) -> None:
     sys.stderr.flush()
 
 
+#: Seconds a rank waits, after writing why it aborts, before MPI_Abort: the launcher
+#: forwards a rank's output asynchronously and drops what it has not forwarded when the
+#: job is killed.
+ABORT_FLUSH = 0.3
+
+
 def _abort(rank: int, why: str, exc: BaseException | None) -> None:
     trace = "".join(traceback.format_exception(exc)).rstrip() if exc is not None else ""
     _report(f"rank {rank}: {why}; aborting the MPI job" + (f" after:\n{trace}" if trace else ""))
+    time.sleep(ABORT_FLUSH)
     comm_world().Abort(1)
 
 

@@ -27,11 +27,6 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-# Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
-# runs once per message.
-_new_status = tuple.__new__
-
-
 class Owner(Protocol):
     """What a request needs of the engine that owns it."""
 
@@ -54,16 +49,23 @@ class Request(Message):
     Instances are created by ``Communicator`` and cannot be created directly.
     """
 
+    # Set only on the ops that use them: the order on a tracked op's stream, a compute
+    # task's duration (model ns), why a send whose withdrawal was asked is withdrawn.
+    sseq: int
+    duration_ns: int
+    _withdraw_exc: BaseException | None
+
     __slots__ = (
-        "_array", "_exc", "_owner", "_result", "_state", "_timer", "_tracked", "_waiters",
-        "_withdraw_exc", "duration_ns", "kind", "matched_at", "peer", "posted_at", "record",
-        "sseq", "stream", "timeout",
+        "_exc", "_owner", "_result", "_state", "_timer", "_tracked", "_waiters",
+        "_withdraw_exc", "array", "duration_ns", "kind", "peer", "record", "sseq", "stream",
+        "timeout",
     )
 
     def __init__(self, owner: Owner, kind: Kind, peer: int, tag: int,
                  view: memoryview | None, nbytes: int, count: int, dtype: str | None,
-                 stream: Stream | None, timeout: float | None) -> None:
-        # Message's fields, set here directly (this runs once per message).
+                 stream: Stream | None, timeout: float | None, array: Any = None) -> None:
+        # Message's fields, set here directly: this runs once per message, so the fields
+        # only some ops use (duration_ns, _withdraw_exc, sseq) are set when they are.
         self.source = owner.rank if kind is SEND else peer
         self.tag = tag
         self.nbytes = nbytes
@@ -73,25 +75,22 @@ class Request(Message):
         self.where = AT_SENDER
         self.view = view
         self.ident = 0
+        #: The buffer as a 1-D numpy array, when it is one: copies between two of them are
+        #: a numpy slice assignment, and ``view`` is made only if a byte view is needed.
+        self.array = array
         self._owner = owner
         self.kind = kind
         #: The other rank: the destination of a send, the source (or ANY_SOURCE) of a recv.
         self.peer = peer
         self.stream = stream
         self.timeout = timeout
-        #: Simulated compute: its duration in model nanoseconds (0 for other ops).
-        self.duration_ns = 0
         #: The op's modelled record (start, end, bytes, chunks) once it completed, in worlds
         #: with a cluster model; None elsewhere.
         self.record: Any = None
-        self.sseq = 0  # order on its stream
-        self.posted_at = 0.0
-        self.matched_at = 0.0
         self._state = QUEUED
-        self._result: Message | None = None  # a recv's or probe's matched message
-        self._array: Any = None  # recv_new's array
+        # A recv's Status (recv_new: its array and Status) or a probe's; None otherwise.
+        self._result: Any = None
         self._exc: BaseException | None = None
-        self._withdraw_exc: BaseException | None = None
         self._waiters: list[Any] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._tracked = False
@@ -141,10 +140,10 @@ class Request(Message):
     @property
     def status(self) -> Status | None:
         """The recv's ``Status`` once it completed; None before, and for sends."""
-        if self._state is not DONE or self._exc is not None or self._result is None:
+        result = self._result
+        if self._state is not DONE or self._exc is not None or result is None:
             return None
-        m = self._result
-        return _new_status(Status, (m.source, m.tag, m.nbytes, m.count))
+        return result if type(result) is Status else result[1]
 
     def exception(self) -> BaseException | None:
         """The op's error once it failed, else None."""
@@ -168,11 +167,11 @@ class Request(Message):
             raise asyncio.CancelledError(f"{self!r} was cancelled")
         if self._exc is not None:
             raise self._exc
-        m = self._result
-        if m is None:  # a send or a compute task
-            return None
-        status = _new_status(Status, (m.source, m.tag, m.nbytes, m.count))
-        return status if self._array is None else (self._array, status)
+        return self._result
+
+    async def _after_cancel(self, exc: asyncio.CancelledError) -> Any:
+        """``_cancelled_while_waiting`` for a coroutine that awaited the op's future itself."""
+        return await _Awaiting(self._cancelled_while_waiting(exc))
 
     def _cancelled_while_waiting(self, exc: asyncio.CancelledError) -> Generator[Any, None, Any]:
         """The task awaiting this op was cancelled: withdraw the op if it has not matched,
@@ -217,6 +216,18 @@ class Request(Message):
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+
+
+class _Awaiting:
+    """Makes a generator (of futures) awaitable."""
+
+    __slots__ = ("gen",)
+
+    def __init__(self, gen: Generator[Any, None, Any]) -> None:
+        self.gen = gen
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.gen
 
 
 def defer_cancellation(exc: asyncio.CancelledError) -> None:

@@ -53,7 +53,7 @@ class Descriptor:
         self.nbytes = nbytes
         self.count = count
         self.dtype = dtype
-        self.seq = -1
+        self.seq = -1  # IDLE: in no queue
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(source={self.source}, tag={self.tag}, "
@@ -73,7 +73,12 @@ class Message(Descriptor):
 
     def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str | None,
                  where: int, view: memoryview | None = None, ident: int = 0) -> None:
-        super().__init__(source, tag, nbytes, count, dtype)
+        self.source = source  # Descriptor's fields, set here: one call fewer per message
+        self.tag = tag
+        self.nbytes = nbytes
+        self.count = count
+        self.dtype = dtype
+        self.seq = -1
         self.where = where
         self.view = view
         self.ident = ident

@@ -36,6 +36,13 @@ the per-source, per-tag and global indexes of unexpected messages are only built
 the first wildcard recv or probe is posted, so programs without wildcards never pay for
 them.  Nothing scans the queues except blocking probes, which are rare.
 
+Buckets are deques: a match always takes a bucket's head (the earliest recv posted for an
+envelope, the earliest message of a (source, tag), whatever the wildcard), and a withdrawal
+in the middle leaves a tombstone that is dropped when it reaches the head.  A descriptor's
+``seq`` is positive exactly while it waits in a queue (``IDLE`` before and after,
+``TOMBSTONE`` once withdrawn), which is how ``cancel`` and ``withdraw`` know it is still
+there.
+
 Events (``RecvRejected``, ``ProbeMatched``) are queued and drained with ``next_event()``,
 as in h11 and aioquic; successful matches are returned directly because they are the hot
 path.
@@ -45,7 +52,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from .._types import ANY_SOURCE, ANY_TAG
 from .descriptors import Descriptor
@@ -111,11 +118,33 @@ def _fits(source: int, tag: int, env: Descriptor) -> bool:
     return (source == ANY_SOURCE or source == env.source) and (tag == ANY_TAG or tag == env.tag)
 
 
-def _first(bucket: OrderedDict[int, Descriptor] | None) -> Descriptor | None:
-    return next(iter(bucket.values())) if bucket else None
+def _first(index: OrderedDict[int, Descriptor] | None) -> Descriptor | None:
+    return next(iter(index.values())) if index else None
 
 
 _Queue = OrderedDict[int, Descriptor]
+_Bucket = deque[Descriptor]
+
+#: ``seq`` of a descriptor that waits in no queue (not yet, or no longer).
+IDLE: Final = -1
+#: ``seq`` of a descriptor withdrawn from the middle of its bucket.
+TOMBSTONE: Final = -2
+#: Tombstones beyond this (and beyond the live items) make the matcher sweep its buckets.
+_SWEEP_AT = 4096
+
+
+def _head(buckets: dict[tuple[int, int], _Bucket], key: tuple[int, int]) -> Descriptor | None:
+    """The live head of a bucket, dropping tombstones (and the bucket once empty)."""
+    bucket = buckets.get(key)
+    if bucket is None:
+        return None
+    while bucket:
+        item = bucket[0]
+        if item.seq > 0:
+            return item
+        bucket.popleft()
+    del buckets[key]
+    return None
 
 
 class Matcher:
@@ -127,13 +156,14 @@ class Matcher:
         self.events: deque[MatchEvent] = deque()
         self._matched = 0
         # Posted recvs, one FIFO bucket per (source, tag) as posted (wildcards included).
-        self._posted: dict[tuple[int, int], OrderedDict[int, Descriptor]] = {}
+        self._posted: dict[tuple[int, int], _Bucket] = {}
         self._n_posted = 0
         self._n_wild_posted = 0
         # Unexpected messages, one FIFO bucket per exact (source, tag).
-        self._unexp: dict[tuple[int, int], _Queue] = {}
+        self._unexp: dict[tuple[int, int], _Bucket] = {}
         self._n_unexp = 0
         self._unexp_bytes = 0
+        self._tombstones = 0
         # Wildcard indexes over the same messages; None until a wildcard first asks.
         self._by_source: dict[int, _Queue] | None = None
         self._by_tag: dict[int, _Queue] = {}
@@ -145,17 +175,11 @@ class Matcher:
     def deliver(self, env: Descriptor) -> Descriptor | None:
         """An envelope arrived: return the posted recv it matched, or None if it was queued
         as unexpected.  Recvs that rejected it on the way are reported as events."""
-        self._seq += 1
-        env.seq = self._seq
         if self._n_posted and not self._n_wild_posted:
             # The hot path, inlined: exact recvs only, so one bucket holds every candidate.
-            key = (env.source, env.tag)
-            bucket = self._posted.get(key)
-            if bucket:
-                recv = bucket.popitem(last=False)[1]
-                if not bucket:
-                    del self._posted[key]
-                self._n_posted -= 1
+            recv = _head(self._posted, (env.source, env.tag))
+            if recv is not None:
+                self._pop_posted(recv)
                 reason = misfit(recv, env)
                 if reason is None:
                     self._matched += 1
@@ -165,27 +189,21 @@ class Matcher:
             candidate = self._earliest_posted(env.source, env.tag)
             if candidate is None:
                 break
-            self._remove_posted(candidate)
+            self._pop_posted(candidate)
             reason = misfit(candidate, env)
             if reason is None:
                 self._matched += 1
                 return candidate
             self.events.append(RecvRejected(candidate, env, reason))
-        self._enqueue(env)
+        self.enqueue(env)
         return None
 
     def post_recv(self, recv: Descriptor) -> Descriptor | None:
         """Post a recv: return the unexpected message it matched (now removed), or None.
         None means the recv was queued, or rejected with a ``RecvRejected`` event."""
-        self._seq += 1
-        recv.seq = self._seq
         source, tag = recv.source, recv.tag
         if source != ANY_SOURCE and tag != ANY_TAG:
-            bucket = self._unexp.get((source, tag))
-            if bucket is None:
-                self._queue_recv(recv)
-                return None
-            env: Descriptor | None = next(iter(bucket.values()))
+            env = _head(self._unexp, (source, tag)) if self._n_unexp else None
         else:
             env = self._earliest_unexpected(source, tag)
         if env is not None:
@@ -200,20 +218,22 @@ class Matcher:
         if reason is not None:
             self.events.append(RecvRejected(recv, env, reason))
             return None
-        self._remove_unexpected(env)
+        self._pop_unexpected(env)
         self._matched += 1
         return env
 
-    def _queue_recv(self, recv: Descriptor) -> OrderedDict[int, Descriptor]:
+    def _queue_recv(self, recv: Descriptor) -> None:
+        self._seq += 1
+        recv.seq = self._seq
         key = (recv.source, recv.tag)
         bucket = self._posted.get(key)
         if bucket is None:
-            bucket = self._posted[key] = OrderedDict()
-        bucket[recv.seq] = recv
+            self._posted[key] = deque((recv,))
+        else:
+            bucket.append(recv)
         self._n_posted += 1
         if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
             self._n_wild_posted += 1
-        return bucket
 
     def probe(self, source: int, tag: int) -> Descriptor | None:
         """The earliest unexpected message that a recv (source, tag) would match, if any;
@@ -232,23 +252,87 @@ class Matcher:
 
     def cancel(self, recv: Descriptor) -> bool:
         """Withdraw a posted recv; False if it already matched or was rejected."""
-        bucket = self._posted.get((recv.source, recv.tag))
-        if bucket is None or bucket.get(recv.seq) is not recv:
+        if recv.seq <= 0:
             return False
-        self._remove_posted(recv)
+        self._n_posted -= 1
+        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+            self._n_wild_posted -= 1
+        self._bury(recv)
         return True
 
     def cancel_probe(self, probe: Descriptor) -> bool:
         """Withdraw a waiting probe; False if it already found its message."""
-        return self._probes.pop(probe.seq, None) is not None
+        if self._probes.pop(probe.seq, None) is None:
+            return False
+        probe.seq = IDLE
+        return True
 
     def withdraw(self, env: Descriptor) -> bool:
         """Withdraw an unexpected message; False if a recv already took it."""
-        bucket = self._unexp.get((env.source, env.tag))
-        if bucket is None or bucket.get(env.seq) is not env:
+        if env.seq <= 0:
             return False
-        self._remove_unexpected(env)
+        self._n_unexp -= 1
+        self._unexp_bytes -= env.nbytes
+        self._unindex(env)
+        self._bury(env)
         return True
+
+    def _bury(self, item: Descriptor) -> None:
+        """Leave a tombstone where ``item`` waited; sweep when they pile up."""
+        item.seq = TOMBSTONE
+        self._tombstones += 1
+        if self._tombstones > _SWEEP_AT and self._tombstones > self._n_posted + self._n_unexp:
+            for buckets in (self._posted, self._unexp):
+                for key in list(buckets):
+                    live = deque(d for d in buckets[key] if d.seq > 0)
+                    if live:
+                        buckets[key] = live
+                    else:
+                        del buckets[key]
+            self._tombstones = 0
+
+    # -- the fast lane: exact envelopes, no wildcard in sight --------------------------------
+
+    def claim_posted(self, source: int, tag: int, nbytes: int,
+                     dtype: str) -> Descriptor | Literal[False] | None:
+        """What an arriving message (``source``, ``tag``, ``nbytes``, ``dtype``) would
+        meet, when no wildcard recv is posted: the earliest recv posted for (source, tag),
+        removed, if it takes the message; None if no recv is posted for it (it would wait
+        unexpected).  False when the full rules are needed (wildcard recvs are posted, or
+        the recv would reject the message): then ``deliver`` decides."""
+        if self._n_wild_posted:
+            return False
+        if not self._n_posted:
+            return None
+        key = (source, tag)
+        bucket = self._posted.get(key)
+        if not bucket:
+            return None
+        recv = bucket[0]
+        if recv.seq < 0:  # a tombstone first: the long way
+            recv = _head(self._posted, key)  # type: ignore[assignment]
+            if recv is None:
+                return None
+        if (recv.dtype is not None and recv.dtype != dtype) or 0 <= recv.nbytes < nbytes:
+            return False  # it would reject the message: the full rules say what follows
+        bucket.popleft()
+        if not bucket:
+            del self._posted[key]
+        recv.seq = IDLE
+        self._n_posted -= 1
+        self._matched += 1
+        return recv
+
+    def waiting(self, source: int, tag: int) -> Descriptor | None:
+        """The earliest unexpected message from ``source`` with ``tag`` (exact), if any;
+        nothing is removed.  A recv (source, tag) takes it unless it misfits (Rule 4)."""
+        return _head(self._unexp, (source, tag)) if self._n_unexp else None
+
+    def take(self, env: Descriptor) -> None:
+        """A recv (never posted) takes the unexpected ``env`` that ``waiting`` showed it
+        and that fits it: ``env`` is removed, as ``post_recv`` would have."""
+        self._pop_unexpected(env)
+        self._matched += 1
 
     # -- outputs --------------------------------------------------------------------------
 
@@ -267,12 +351,12 @@ class Matcher:
 
     def posted_recvs(self) -> list[Descriptor]:
         """Every posted recv, in posting order."""
-        out = [r for bucket in self._posted.values() for r in bucket.values()]
+        out = [r for bucket in self._posted.values() for r in bucket if r.seq > 0]
         return sorted(out, key=lambda r: r.seq)
 
     def unexpected(self) -> list[Descriptor]:
         """Every unexpected message, in arrival order."""
-        out = [e for bucket in self._unexp.values() for e in bucket.values()]
+        out = [e for bucket in self._unexp.values() for e in bucket if e.seq > 0]
         return sorted(out, key=lambda e: e.seq)
 
     def probes(self) -> list[Descriptor]:
@@ -284,35 +368,39 @@ class Matcher:
     def _earliest_posted(self, source: int, tag: int) -> Descriptor | None:
         posted = self._posted
         if not self._n_wild_posted:
-            bucket = posted.get((source, tag))
-            return next(iter(bucket.values())) if bucket else None
+            return _head(posted, (source, tag))
         best: Descriptor | None = None
         for key in ((source, tag), (source, ANY_TAG), (ANY_SOURCE, tag), (ANY_SOURCE, ANY_TAG)):
-            bucket = posted.get(key)
-            if bucket:
-                recv = next(iter(bucket.values()))
-                if best is None or recv.seq < best.seq:
-                    best = recv
+            recv = _head(posted, key)
+            if recv is not None and (best is None or recv.seq < best.seq):
+                best = recv
         return best
 
-    def _remove_posted(self, recv: Descriptor) -> None:
+    def _pop_posted(self, recv: Descriptor) -> None:
+        """Remove ``recv``, the live head of its bucket (``_head`` found it)."""
         key = (recv.source, recv.tag)
         bucket = self._posted[key]
-        del bucket[recv.seq]
+        bucket.popleft()
         if not bucket:
             del self._posted[key]
+        recv.seq = IDLE
         self._n_posted -= 1
         if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
             self._n_wild_posted -= 1
 
     # -- unexpected messages --------------------------------------------------------------
 
-    def _enqueue(self, env: Descriptor) -> None:
+    def enqueue(self, env: Descriptor) -> None:
+        """Queue an arriving message as unexpected, when no posted recv can take it
+        (``claim_posted`` said None): what ``deliver`` would do, without looking."""
+        self._seq += 1
+        env.seq = self._seq
         key = (env.source, env.tag)
         bucket = self._unexp.get(key)
         if bucket is None:
-            bucket = self._unexp[key] = OrderedDict()
-        bucket[env.seq] = env
+            self._unexp[key] = deque((env,))
+        else:
+            bucket.append(env)
         self._n_unexp += 1
         self._unexp_bytes += env.nbytes
         if self._by_source is not None:
@@ -322,7 +410,7 @@ class Matcher:
 
     def _earliest_unexpected(self, source: int, tag: int) -> Descriptor | None:
         if source != ANY_SOURCE and tag != ANY_TAG:
-            return _first(self._unexp.get((source, tag)))
+            return _head(self._unexp, (source, tag)) if self._n_unexp else None
         by_source = self._wild_index()
         if source == ANY_SOURCE and tag == ANY_TAG:
             return _first(self._all)
@@ -330,14 +418,23 @@ class Matcher:
             return _first(self._by_tag.get(tag))
         return _first(by_source.get(source))
 
-    def _remove_unexpected(self, env: Descriptor) -> None:
+    def _pop_unexpected(self, env: Descriptor) -> None:
+        """Remove ``env``: a match takes the head of its exact bucket, whichever index led
+        to it (the earliest message of any wildcard is the earliest of its own bucket)."""
         key = (env.source, env.tag)
         bucket = self._unexp[key]
-        del bucket[env.seq]
+        while bucket[0] is not env:  # tombstones ahead of it
+            if bucket.popleft().seq > 0:
+                raise AssertionError("a match must take the head of its bucket")
+        bucket.popleft()
         if not bucket:
             del self._unexp[key]
         self._n_unexp -= 1
         self._unexp_bytes -= env.nbytes
+        self._unindex(env)
+        env.seq = IDLE
+
+    def _unindex(self, env: Descriptor) -> None:
         if self._by_source is not None:
             for index, k in ((self._by_source, env.source), (self._by_tag, env.tag)):
                 queue = index[k]
@@ -362,4 +459,5 @@ class Matcher:
     def _fire_probes(self, env: Descriptor) -> None:
         for probe in [p for p in self._probes.values() if _fits(p.source, p.tag, env)]:
             del self._probes[probe.seq]
+            probe.seq = IDLE
             self.events.append(ProbeMatched(probe, env))
