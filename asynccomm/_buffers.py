@@ -6,6 +6,7 @@ Every check that can fail on a user buffer lives here and raises ``TypeError`` o
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import sys
 from dataclasses import dataclass
@@ -226,52 +227,100 @@ def memory_owner(buf: Any) -> object:
             return obj
 
 
+class _Spans:
+    """Sorted, non-overlapping spans of one memory owner's pending buffers (starts kept
+    sorted: ints bisect fast; a removed span leaves its start until a sweep)."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: dict[int, tuple[int, object]] = {}  # start -> (end, request)
+
+    def conflict(self, start: int, end: int) -> object | None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(starts, start)
+        j = i - 1
+        while j >= 0 and starts[j] not in ends:  # the nearest live span before
+            j -= 1
+        if j >= 0 and ends[starts[j]][0] > start:
+            return ends[starts[j]][1]
+        while i < len(starts) and starts[i] not in ends:  # and after
+            i += 1
+        if i < len(starts) and starts[i] < end:
+            return ends[starts[i]][1]
+        return None
+
+    def add(self, start: int, end: int, req: object) -> None:
+        bisect.insort(self.starts, start)
+        self.ends[start] = (end, req)
+
+    def remove(self, start: int) -> None:
+        del self.ends[start]
+        if len(self.starts) > 2 * len(self.ends) + 32:
+            self.starts = sorted(self.ends)
+
+
 class PendingBuffers:
     """The buffers of this rank's pending recvs, to refuse a recv into memory that another
     pending recv will write (two writers, one buffer: data corrupted).
 
     Buffers are grouped by the object that owns their memory, so a recv into an array of
-    its own costs a dict lookup; addresses are taken only among buffers of one owner
-    (disjoint slices of one array are fine, overlapping ones are not).
+    its own costs a dict lookup: addresses are taken only when a second pending buffer
+    shares an owner (disjoint slices of one array are fine, overlapping ones are not), and
+    then kept sorted, so each check is a bisection.
     """
 
     def __init__(self) -> None:
-        # id(owner of the memory) -> [(request, its buffer, nbytes, start or -1)]
-        self._by_owner: dict[int, list[list[Any]]] = {}
-        self._key_of: dict[int, int] = {}  # id(request) -> its owner's id
+        # id(memory owner) -> the one pending (request, buffer, nbytes) of that owner, or
+        # the spans of several
+        self._by_owner: dict[int, tuple[object, Any, int] | _Spans] = {}
+        self._where: dict[int, tuple[int, int]] = {}  # id(request) -> (owner id, start)
 
     def __len__(self) -> int:
-        return len(self._key_of)
+        return len(self._where)
 
     def conflict(self, buf: Any, nbytes: int) -> object | None:
         """The request whose pending buffer overlaps the first ``nbytes`` of ``buf``."""
-        entries = self._by_owner.get(id(memory_owner(buf)))
-        if not entries or nbytes <= 0:
+        group = self._by_owner.get(id(memory_owner(buf)))
+        if group is None or nbytes <= 0:
             return None
         start = address(buf)
-        end = start + nbytes
-        for entry in entries:
-            if entry[3] < 0:
-                entry[3] = address(entry[1])
-            if entry[3] < end and start < entry[3] + entry[2]:
-                owner: object = entry[0]
-                return owner
-        return None
+        if isinstance(group, _Spans):
+            return group.conflict(start, start + nbytes)
+        req, other, size = group
+        other_start = address(other)
+        return req if other_start < start + nbytes and start < other_start + size else None
 
-    def add(self, buf: Any, nbytes: int, owner: object) -> None:
+    def add(self, buf: Any, nbytes: int, req: object) -> None:
         key = id(memory_owner(buf))
-        self._by_owner.setdefault(key, []).append([owner, buf, nbytes, -1])
-        self._key_of[id(owner)] = key
-
-    def remove(self, owner: object) -> None:
-        key = self._key_of.pop(id(owner), None)
-        if key is None:
+        group = self._by_owner.get(key)
+        if group is None:
+            self._by_owner[key] = (req, buf, nbytes)
+            self._where[id(req)] = (key, -1)
             return
-        entries = self._by_owner[key]
-        if len(entries) == 1:
-            del self._by_owner[key]
+        if not isinstance(group, _Spans):  # a second buffer of one owner: index them
+            first, first_buf, first_size = group
+            group = self._by_owner[key] = _Spans()
+            first_start = address(first_buf)
+            group.add(first_start, first_start + first_size, first)
+            self._where[id(first)] = (key, first_start)
+        start = address(buf)
+        group.add(start, start + nbytes, req)
+        self._where[id(req)] = (key, start)
+
+    def remove(self, req: object) -> None:
+        where = self._where.pop(id(req), None)
+        if where is None:
+            return
+        key, start = where
+        group = self._by_owner[key]
+        if isinstance(group, _Spans):
+            group.remove(start)
+            if not group.ends:
+                del self._by_owner[key]
         else:
-            entries[:] = [e for e in entries if e[0] is not owner]
+            del self._by_owner[key]
 
 
 def new_array(dtype: str, count: int) -> np.ndarray[Any, Any]:

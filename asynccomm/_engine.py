@@ -125,7 +125,8 @@ class DeviceEngine:
         self.gone: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
-        self._pending_recvs = 0  # tracked recvs with a non-empty buffer
+        self._n_pending = 0  # tracked (unfinished) ops
+        self._pending_recvs = 0  # of them, recvs with a non-empty buffer
         self._recv_buffers: PendingBuffers | None = None  # theirs, once two were pending
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
@@ -143,6 +144,7 @@ class DeviceEngine:
         """Keep a request that did not finish as it was posted, and arm its timeout (its
         stream keeps it; probes, on no stream, are kept here)."""
         req._tracked = True
+        self._n_pending += 1
         if req.kind is PROBE:
             self._probes[req] = None
         if req.kind is RECV and req.nbytes > 0:
@@ -154,6 +156,7 @@ class DeviceEngine:
 
     def _untrack(self, req: Request) -> None:
         req._tracked = False
+        self._n_pending -= 1
         if req.kind is RECV and req.nbytes > 0:
             self._pending_recvs -= 1
             if self._recv_buffers is not None:
@@ -168,7 +171,7 @@ class DeviceEngine:
             stream._finished(req)
         else:  # nothing waits behind it: what _finished does, inlined
             del stream._pending[req.sseq]
-        if self._idle is not None and not self.pending_ops:
+        if self._idle is not None and not self._n_pending:
             self._idle.set_result(None)
             self._idle = None
 
@@ -303,6 +306,7 @@ class DeviceEngine:
                 if (self._recv_buffers is None and stream is not None and not stream._queue
                         and not stream._events and self._idle is None):
                     recv._tracked = False  # what _untrack does, inlined: the hot path
+                    self._n_pending -= 1
                     if recv.nbytes > 0:
                         self._pending_recvs -= 1
                     del stream._pending[recv.sseq]
@@ -340,6 +344,7 @@ class DeviceEngine:
         req.sseq = seq
         stream._pending[seq] = req
         req._tracked = True
+        self._n_pending += 1
         if req.nbytes > 0:
             self._pending_recvs += 1
             if self._recv_buffers is not None:
@@ -593,9 +598,11 @@ class DeviceEngine:
         and wildcard ones once no other rank is left (with ``exc``, or a
         ``CommBrokenError`` naming it)."""
         self.gone.add(rank)
-        if self.closed:
+        if self.closed or not self._n_pending:
             return
         everyone = len(self.gone) >= self.size - 1
+        if not self.matcher.waits_for(rank, wildcards=everyone):
+            return  # (a queued recv meets the closed peer when it is posted)
         for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
                     and (r.peer == rank or (everyone and r.peer == ANY_SOURCE))]:
             if req._state is POSTED:
@@ -629,7 +636,7 @@ class DeviceEngine:
     @property
     def pending_ops(self) -> int:
         """How many ops of this rank are unfinished."""
-        return sum(len(s._pending) for s in list(self._streams)) + len(self._probes)
+        return self._n_pending
 
     def live_requests(self) -> list[Request]:
         """Every unfinished op of this rank (a copy)."""

@@ -77,7 +77,7 @@ class Settings:
 
 @dataclass
 class Check:
-    """One §7 target, judged on one loop."""
+    """One performance target, judged on one loop."""
 
     loop: str
     what: str
@@ -86,7 +86,7 @@ class Check:
     target: str
     passed: bool
     binding: bool = True
-    """False where §7 states the target for another loop: shown, not judged."""
+    """False where the target is set for another loop: shown, not judged."""
 
     @property
     def verdict(self) -> str:
@@ -107,7 +107,7 @@ class SectionResult:
 
 def run_on(loop_name: str, main: Callable[[], Coroutine[Any, Any, T]], *,
            limit: float = SECTION_LIMIT_S) -> T:
-    """Run ``main()`` in a fresh event loop of the named kind (asyncio.Runner, §4).
+    """Run ``main()`` in a fresh event loop of the named kind (through asyncio.Runner).
 
     A hang (a lost wake-up in the library, say) would stall ``make bench`` silently, so past
     ``limit`` seconds every thread's stack is dumped to stderr and the process exits.

@@ -2,7 +2,7 @@
 
 - bandwidth: rank 1 pre-posts ``irecv``, rank 0 ``await send``; beside ``np.copyto`` of the
   same size between the same (already touched) buffers, alternating, on the same loop (the
-  §7 baseline), and the same copy in ``asyncio.to_thread`` (what one worker thread gets);
+  baseline), and the same copy in ``asyncio.to_thread`` (what one worker thread gets);
 - memory: the extra memory one transfer needs, as the rise of the process's peak RSS
   (VmHWM, reset through ``/proc/self/clear_refs``) over its RSS before, and as the
   tracemalloc peak of a second transfer; ``np.copyto`` is measured the same way (the noise
@@ -44,10 +44,10 @@ from ._common import (
     size_label,
 )
 
-BANDWIDTH_TARGET = 0.90  # §7: >= 90% of np.copyto at 16 MB - 1 GB
+BANDWIDTH_TARGET = 0.90  # >= 90% of np.copyto at 16 MB - 1 GB
 BANDWIDTH_CHECK_MIN = 16 * MiB
-MEMORY_TARGET = 0.05  # §7: extra memory < 5% of the message size
-GAP_TARGET_MS = 10.0  # §7: no other task starved for more than ~10 ms
+MEMORY_TARGET = 0.05  # extra memory < 5% of the message size
+GAP_TARGET_MS = 10.0  # no other task starved for more than ~10 ms
 
 Array = np.ndarray[Any, np.dtype[np.uint8]]
 

@@ -7,9 +7,10 @@
    model never goes above the line rate).
 2. A step of transfer plus compute, issued one after the other and together.
 3. Scale: a ring exchange over 64 to 1024 ranks on the virtual clock, with the wall time it
-   took, wall time per message and peak memory.
+   took, wall time per message and the memory each size needed.
 
-Every simulation's wall time is printed beside its model time.
+Every simulation's wall time is printed beside its model time.  Exit status: 1 when a
+target was missed (a full run; ``--quick`` judges nothing), else 0.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -28,7 +29,22 @@ import numpy as np
 import asynccomm as ac
 from asynccomm.sim import Cluster, Pipelined, StoreAndForward, Strategy
 
-from ._common import print_table, size_label
+from ._common import (
+    peak_rss_bytes,
+    print_table,
+    reset_peak_rss,
+    rss_bytes,
+    rss_probe_available,
+    size_label,
+)
+
+#: Targets: pipelining on a three-stage path at >= 128 MB; overlap of a step.
+PIPELINE_SPEEDUP = 2.8
+PIPELINE_OF_SLOWEST = 0.95
+PIPELINE_MIN = 128 * (1 << 20)
+#: The engine's wall cost per message may not grow with the rank count beyond this factor
+#: (largest ring over smallest).
+SCALE_GROWTH = 2.0
 
 MB = 1 << 20
 OUT = Path(__file__).resolve().parent / "results"
@@ -73,10 +89,11 @@ def bandwidth_section(sizes: list[int]) -> list[dict[str, Any]]:
         for nbytes in sizes:
             saf, wall_a = p2p_time(cluster, size, src, dst, nbytes, StoreAndForward())
             pipe, wall_b = p2p_time(cluster, size, src, dst, nbytes, Pipelined())
+            slowest = min(line.effective_bandwidth, cluster.device.copy_bandwidth)
             rows.append({"path": name, "link": line.name, "nbytes": nbytes,
-                         "line_rate": line.bandwidth, "saf_bw": nbytes / saf,
-                         "pipe_bw": nbytes / pipe, "speedup": saf / pipe,
-                         "wall_s": wall_a + wall_b})
+                         "line_rate": line.bandwidth, "slowest_stage": slowest,
+                         "saf_bw": nbytes / saf, "pipe_bw": nbytes / pipe,
+                         "speedup": saf / pipe, "wall_s": wall_a + wall_b})
     print_table("Modelled P2P bandwidth (GB/s = 1e9 B/s), recv pre-posted",
                 ["path", "size", "line rate", "store-and-forward", "pipelined", "speed-up",
                  "of line rate", "wall s"],
@@ -112,7 +129,8 @@ def overlap_section(nbytes: int) -> dict[str, Any]:
     chunk = Pipelined().choose(nbytes, cluster.fit(2).link(0, 1), cluster.device, 2).chunk_bytes
     bound = 1.05 * max(comm_s, compute_s) + chunk / cluster.fit(2).link(0, 1).bandwidth
     row = {"nbytes": nbytes, "comm_s": comm_s, "compute_s": compute_s, "serial_s": serial,
-           "overlapped_s": together, "bound_s": bound, "wall_s": wall_a + wall_b}
+           "overlapped_s": together, "bound_s": bound, "wall_s": wall_a + wall_b,
+           "passed": together <= bound}
     print_table("A step of transfer + compute on roce100g (model ms)",
                 ["size", "comm", "compute", "one after the other", "together",
                  "target: <= 1.05 max + chunk", "status", "wall s"],
@@ -135,7 +153,11 @@ def ring_section(sizes: list[int], nbytes: int, steps: int) -> list[dict[str, An
         return asyncio.get_running_loop().time(), started, time.perf_counter()
 
     rows = []
+    probe = rss_probe_available()
     for size in sizes:
+        if probe:
+            reset_peak_rss()
+            before = rss_bytes()
         results, wall = simulate(main, size, Cluster.preset("ascend910b"))
         steps_wall = max(r[2] for r in results) - min(r[1] for r in results)
         messages = size * steps
@@ -143,19 +165,49 @@ def ring_section(sizes: list[int], nbytes: int, steps: int) -> list[dict[str, An
                      "model_s": max(r[0] for r in results), "wall_s": wall,
                      "steps_wall_s": steps_wall,
                      "wall_us_per_message": steps_wall / messages * 1e6,
-                     "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+                     "rss_rise_mb": (peak_rss_bytes() - before) / (1 << 20) if probe else None})
     print_table(f"Ring exchange on ascend910b, {steps} steps of 1 ms compute + "
                 f"{size_label(nbytes)} sendrecv, virtual clock (wall: whole run, with the "
-                "world's set-up and teardown; per message: the steps alone)",
+                "world's set-up and teardown; per message: the steps alone; memory: the rise "
+                "of the peak resident set during that run)",
                 ["ranks", "model ms", "wall s", "steps wall s", "wall us / message",
-                 "peak RSS MB (process)"],
+                 "memory MB"],
                 [[r["ranks"], f"{r['model_s'] * 1e3:.2f}", f"{r['wall_s']:.2f}",
                   f"{r['steps_wall_s']:.2f}", f"{r['wall_us_per_message']:.1f}",
-                  f"{r['peak_rss_mb']:.0f}"] for r in rows])
+                  "n/a" if r["rss_rise_mb"] is None else f"{r['rss_rise_mb']:.0f}"]
+                 for r in rows])
     return rows
 
 
-def main() -> None:
+def judge(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets this benchmark measures, each with its value and verdict."""
+    out = [{"what": f"{r['path']} {size_label(r['nbytes'])} under the line rate",
+            "value": f"{r['pipe_bw'] / 1e9:.2f} GB/s",
+            "target": f"<= {r['line_rate'] / 1e9:.1f} GB/s", "passed": False}
+           for r in result["bandwidth"] if r["pipe_bw"] > r["line_rate"]]
+    big = [r for r in result["bandwidth"] if r["path"] == "roce100g"
+           and r["nbytes"] >= PIPELINE_MIN]
+    for r in big:
+        out.append({"what": f"pipelined / store-and-forward, roce100g {size_label(r['nbytes'])}",
+                    "value": f"{r['speedup']:.2f}x", "target": f">= {PIPELINE_SPEEDUP}x",
+                    "passed": r["speedup"] >= PIPELINE_SPEEDUP})
+        of = r["pipe_bw"] / r["slowest_stage"]
+        out.append({"what": f"pipelined / slowest stage, roce100g {size_label(r['nbytes'])}",
+                    "value": f"{of:.1%}", "target": f">= {PIPELINE_OF_SLOWEST:.0%}",
+                    "passed": of >= PIPELINE_OF_SLOWEST})
+    ov = result["overlap"]
+    out.append({"what": f"comm + compute together, {size_label(ov['nbytes'])}",
+                "value": f"{ov['overlapped_s'] * 1e3:.2f} ms",
+                "target": f"<= {ov['bound_s'] * 1e3:.2f} ms", "passed": ov["passed"]})
+    ring = result["ring"]
+    growth = ring[-1]["wall_us_per_message"] / ring[0]["wall_us_per_message"]
+    out.append({"what": f"wall per message, {ring[-1]['ranks']} vs {ring[0]['ranks']} ranks",
+                "value": f"{growth:.2f}x", "target": f"<= {SCALE_GROWTH}x",
+                "passed": growth <= SCALE_GROWTH})
+    return out
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cluster",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -169,11 +221,18 @@ def main() -> None:
         "ring": ring_section([8, 32] if args.quick else [64, 256, 1024], 64 << 10,
                              2 if args.quick else 4),
     }
+    checks = judge(result)
+    print_table("Targets (cluster model)", ["check", "value", "target", "status"],
+                [[c["what"], c["value"], c["target"], "PASS" if c["passed"] else "FAIL"]
+                 for c in checks])
+    print(f"\n{sum(c['passed'] for c in checks)}/{len(checks)} targets met")
+    result["checks"] = checks
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "cluster.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
+    return 1 if not args.quick and not all(c["passed"] for c in checks) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

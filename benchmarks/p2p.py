@@ -13,7 +13,9 @@ reported figure is the median over repeats.
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import gc
+import pstats
 import time
 from typing import Any
 
@@ -23,9 +25,9 @@ import asynccomm as ac
 
 from ._common import Check, SectionResult, Settings, median, print_table, run_on, size_label
 
-LATENCY_TARGET = 3.0  # §7: one-way latency <= 3x the Future hand-off (goal 2x)
+LATENCY_TARGET = 3.0  # one-way latency <= 3x the Future hand-off (goal 2x)
 LATENCY_GOAL = 2.0
-RATE_TARGET = 200_000.0  # §7: messages/s one way
+RATE_TARGET = 200_000.0  # messages/s one way
 
 
 # -- latency ------------------------------------------------------------------------------
@@ -81,6 +83,19 @@ async def _comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
     return (time.perf_counter() - t0) / (2 * iters)
 
 
+async def _calls_per_message(c0: ac.Communicator, c1: ac.Communicator, nbytes: int) -> float:
+    """Python-level function calls per one-way message of the ping-pong (cProfile counts
+    every call, the library's, asyncio's and numpy's, minus the benchmark's own loop)."""
+    iters = 2000
+    await _comm_pingpong(c0, c1, nbytes, 100)
+    profile = cProfile.Profile()
+    profile.enable()
+    await _comm_pingpong(c0, c1, nbytes, iters)
+    profile.disable()
+    stats = pstats.Stats(profile)
+    return float(stats.total_calls) / (2 * iters)  # type: ignore[attr-defined]
+
+
 async def _latency_main(s: Settings) -> list[dict[str, Any]]:
     rows = []
     async with ac.open_world(2) as world:
@@ -95,8 +110,10 @@ async def _latency_main(s: Settings) -> list[dict[str, Any]]:
                 gc.collect()
                 ours.append(await _comm_pingpong(c0, c1, nbytes, s.latency_iters))
             ours_us, base_us = median(ours) * 1e6, median(base) * 1e6
+            calls = await _calls_per_message(c0, c1, nbytes)
             rows.append({
                 "nbytes": nbytes, "dtype": "float64", "iterations": s.latency_iters,
+                "calls_per_message": calls,
                 "repeats": s.latency_repeats, "one_way_us": ours_us,
                 "baseline_one_way_us": base_us, "ratio": ours_us / base_us,
                 "one_way_us_all": [x * 1e6 for x in ours],
@@ -119,11 +136,12 @@ def table_latency(results: dict[str, SectionResult]) -> None:
     for loop, res in results.items():
         for r, c in zip(res.rows, res.checks, strict=True):
             out.append([loop, size_label(r["nbytes"]), f"{r['one_way_us']:.2f}",
-                        f"{r['baseline_one_way_us']:.2f}", f"{r['ratio']:.2f}x", c.target,
-                        c.verdict])
-    print_table("One-way latency (half a ping-pong, median of repeats; us)",
-                ["loop", "size", "asynccomm", "Future hand-off", "ratio", "target", "status"],
-                out)
+                        f"{r['baseline_one_way_us']:.2f}", f"{r['ratio']:.2f}x",
+                        f"{r['calls_per_message']:.0f}", c.target, c.verdict])
+    print_table("One-way latency (half a ping-pong, median of repeats; us; calls: Python "
+                "function calls per one-way message)",
+                ["loop", "size", "asynccomm", "Future hand-off", "ratio", "calls", "target",
+                 "status"], out)
 
 
 # -- rate ---------------------------------------------------------------------------------

@@ -14,17 +14,18 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("latency", "rate", "bandwidth", "responsiveness")
+SECTIONS = ("latency", "rate", "bandwidth", "responsiveness", "waits")
 LOOPS = ("uvloop", "asyncio")
 
 # Numbers every row of a section must carry, each > 0.
 POSITIVE: dict[str, tuple[str, ...]] = {
-    "latency": ("nbytes", "one_way_us", "baseline_one_way_us", "ratio"),
+    "latency": ("nbytes", "one_way_us", "baseline_one_way_us", "ratio", "calls_per_message"),
     "rate": ("messages", "rate_per_s", "baseline_rate_per_s", "ratio"),
     "bandwidth": ("nbytes", "gbps", "baseline_gbps", "ratio", "to_thread_gbps"),
     "memory": ("nbytes",),
     "responsiveness": ("nbytes", "ticks", "max_gap_ms", "baseline_max_gap_ms",
                        "to_thread_max_gap_ms", "transfer_gbps_with_ticker"),
+    "waits": ("requests", "one_by_one_s", "wait_all_s", "ratio"),
 }
 
 
@@ -84,3 +85,13 @@ def test_bad_arguments_are_refused() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "latency" in proc.stderr
+
+
+def test_the_cluster_benchmark_judges_its_targets(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cluster", "--quick", "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Targets (cluster model)" in proc.stdout
+    doc = json.loads((tmp_path / "cluster.json").read_text())
+    assert doc["checks"] and all(isinstance(c["passed"], bool) for c in doc["checks"])

@@ -334,6 +334,16 @@ class Matcher:
         self._pop_unexpected(env)
         self._matched += 1
 
+    def waits_for(self, source: int, *, wildcards: bool) -> bool:
+        """Whether a posted recv or a probe names ``source`` (or, with ``wildcards``,
+        ``ANY_SOURCE``): what a rank that closed could have left waiting."""
+        for (src, _), bucket in self._posted.items():
+            if (src == source or (wildcards and src == ANY_SOURCE)) and any(
+                    d.seq > 0 for d in bucket):
+                return True
+        return any(p.source == source or (wildcards and p.source == ANY_SOURCE)
+                   for p in self._probes.values())
+
     # -- outputs --------------------------------------------------------------------------
 
     def next_event(self) -> MatchEvent | None:
