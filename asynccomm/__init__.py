@@ -24,6 +24,7 @@ from ._request import wait_all as wait_all
 from ._request import wait_any as wait_any
 from ._runner import World as World
 from ._runner import launched_by_mpi as launched_by_mpi
+from ._runner import mpi_world_size as mpi_world_size
 from ._runner import open_world as open_world
 from ._runner import run as run
 from ._stream import Event as Event
@@ -89,6 +90,7 @@ __all__ = (
     "int32",
     "int64",
     "launched_by_mpi",
+    "mpi_world_size",
     "open_mpi_world",
     "open_world",
     "run",

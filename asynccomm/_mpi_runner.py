@@ -14,7 +14,10 @@ MPI itself is initialised when the first world opens, not when this module is im
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,6 +44,19 @@ T = TypeVar("T")
 ABORT_GRACE = 10.0
 
 
+def _host_id() -> int:
+    """This host, as a number every process on it agrees on."""
+    digest = hashlib.blake2b(socket.gethostname().encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class _MPIWorld:
     """This process's rank of a world: its transport and Communicator."""
 
@@ -63,10 +79,15 @@ class _MPIWorld:
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
-            # Every rank's staging cap: each grants every rank a share of it as credit.
-            pools = array("q", [0]) * mpi_comm.Get_size()
-            await wait_request(mpi_comm.Iallgather(array("q", [pool_bytes]), pools))
-        transport = MPITransport(mpi_comm, eager_limit=eager_limit, pools=list(pools))
+            # Every rank's staging cap (each grants every rank a share of it as credit) and
+            # host (ranks that outnumber their host's cores must not spin).
+            mine = array("q", [pool_bytes, _host_id()])
+            every = array("q", [0]) * (2 * mpi_comm.Get_size())
+            await wait_request(mpi_comm.Iallgather(mine, every))
+        pools = list(every[0::2])
+        neighbours = sum(1 for host in every[1::2] if host == mine[1])
+        transport = MPITransport(mpi_comm, eager_limit=eager_limit, pools=pools)
+        transport.progress.crowded = neighbours > _usable_cores()
         rank, size = transport.rank, transport.size
         device = Device(rank, f"mpi:{rank}")
         engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
@@ -234,7 +255,8 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         Exception: what ``main`` raised on this rank (with a note naming the rank).
     """
     if cluster is not None:
-        raise ValueError("cluster models run in-process only; use cluster=None under MPI")
+        raise ValueError("cluster models run in-process only: under an MPI launcher, pass "
+                         "backend='local' to run one in each process, or run without mpiexec")
     if clock not in ("auto", "wall"):
         raise ValueError(f"clock must be 'auto' or 'wall' under MPI, got {clock!r}")
     if world_size is not None and (type(world_size) is not int or world_size < 1):
@@ -246,8 +268,9 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
     with mpi_errors("initialisation"):
         size = comm_world().Get_size()
     if world_size is not None and world_size != size:
-        raise ValueError(f"world_size={world_size} but MPI started {size} processes; pass "
-                         "world_size=None (or the same number) under mpiexec")
+        raise ValueError(f"world_size={world_size} but MPI started {size} processes: under "
+                         f"mpiexec the world is its processes (pass world_size={size} or None), "
+                         "or pass backend='local' for an in-process world in each process")
     opts: dict[str, Any] = {"eager_limit": EAGER_LIMIT, "pool_bytes": POOL_BYTES,
                             "timeout": None, **options}
     with asyncio.Runner(loop_factory=loop_factory) as runner:

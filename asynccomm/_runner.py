@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .sim.cluster import Cluster
     from .sim.model import Strategy
 
-__all__ = ["World", "launched_by_mpi", "open_world", "run"]
+__all__ = ["World", "launched_by_mpi", "mpi_world_size", "open_world", "run"]
 
 T = TypeVar("T")
 
@@ -195,6 +195,28 @@ def launched_by_mpi() -> bool:
     return any(var in os.environ for var in _MPI_LAUNCH_VARS)
 
 
+#: Variables that carry the number of processes, by launcher (MPICH/Hydra and Intel MPI,
+#: Open MPI, Slurm).
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+
+
+def mpi_world_size() -> int | None:
+    """The number of processes an MPI launcher started, or None when this process was not
+    started by one: the world size ``run`` uses there, known before anything runs (so a
+    program can size its work for ``mpiexec -n N`` as for ``world_size=N``).  Read from the
+    launcher's environment, or from MPI itself (which it then starts) when that is silent.
+    """
+    if not launched_by_mpi():
+        return None
+    for var in _MPI_SIZE_VARS:
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    from .transports._mpi_lib import comm_world
+
+    return int(comm_world().Get_size())
+
+
 def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None = None,
         *, cluster: Cluster | None = None, clock: str = "auto", loop: str | None = None,
         backend: str | None = None, **options: Any) -> Any:
@@ -207,11 +229,14 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
 
     Args:
         main: an async function taking a Communicator.
-        world_size: the number of in-process ranks; under MPI, None or the MPI world size.
+        world_size: the number of ranks: in-process, how many to make; under an MPI
+            launcher, None or the number of processes it started (another number is an
+            error: ``backend="local"`` asks for an in-process world there).
         cluster, clock: as ``open_world``.
         loop: ``"uvloop"`` (the default on the wall clock) or ``"asyncio"``; the virtual
             clock always runs on asynccomm's virtual-time loop.
-        backend: ``"local"`` (in-process) or ``"mpi"``; None picks MPI when launched by MPI.
+        backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
+            in-process elsewhere.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
 
     Raises:
@@ -230,7 +255,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
                          "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
     if backend is None:
-        backend = "mpi" if world_size is None and launched_by_mpi() else "local"
+        backend = "mpi" if launched_by_mpi() else "local"
     if backend == "mpi":
         from ._mpi_runner import run_mpi  # mpi4py is imported only when a world opens
 

@@ -21,7 +21,7 @@ Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
      [--workers N] [--compression none|fp16|int8|onebit|topk] [--epochs E]
      [--no-overlap] [--loop uvloop|asyncio] [--seed S]
      [--cluster none|ascend910|ascend910b|nvlink4|roce100g] [--clock auto|wall|virtual]
- or, one rank per process: mpiexec -n N+1 python examples/parameter_server.py --workers N
+ or, one rank per process: mpiexec -n N+1 .venv/bin/python examples/parameter_server.py
  or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
      [--workers N] [--servers S] [--batch-size B] [--steps T]
 """
@@ -50,7 +50,8 @@ WORKLOAD_PRESETS = ("ascend910", "roce100g")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=MODES, default="sync")
     parser.add_argument("--staleness", type=int, default=2,
                         help="ssp: how many steps a worker may run ahead of the slowest")
@@ -58,7 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mlp: train the MLP for real; resnet50, dlrm: a real model's "
                              "sizes and FLOPs on the cluster model, nothing trained")
     parser.add_argument("--workers", type=int, default=None,
-                        help="worker ranks, besides the servers (default 4; 8 for a workload)")
+                        help="worker ranks, besides the servers (default 4, or N-1 under "
+                             "mpiexec -n N; 8 for a workload)")
     parser.add_argument("--servers", type=int, default=4,
                         help="--workload: server ranks of the sharded configuration")
     parser.add_argument("--steps", type=int, default=3,
@@ -91,9 +93,13 @@ def world_options(args: argparse.Namespace) -> dict[str, Any]:
         options["clock"] = args.clock
     if uses_virtual_clock(args):  # the virtual clock brings its own loop
         del options["loop"]
-    if ac.launched_by_mpi():  # mpiexec -n N: this process runs one rank on MPI
-        options["backend"] = "mpi"
     return options
+
+
+def default_workers() -> int:
+    """4 workers and a server, or under ``mpiexec -n N`` one rank per process: N - 1."""
+    processes = ac.mpi_world_size()
+    return 4 if processes is None else max(1, processes - 1)
 
 
 def uses_virtual_clock(args: argparse.Namespace) -> bool:
@@ -167,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         cfg = Config(mode=args.mode, staleness=args.staleness,
-                     workers=4 if args.workers is None else args.workers,
+                     workers=default_workers() if args.workers is None else args.workers,
                      compression=args.compression, epochs=args.epochs,
                      overlap=not args.no_overlap, seed=args.seed,
                      train_samples=args.train_samples,

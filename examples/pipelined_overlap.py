@@ -14,6 +14,7 @@ Run: python examples/pipelined_overlap.py [--preset roce100g] [--layers 8] [--la
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,9 @@ def main() -> None:
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="backward time per layer (default: about one layer's transfer)")
     args = parser.parse_args()
+    if ac.launched_by_mpi():
+        sys.exit("pipelined_overlap.py runs on the in-process cluster model only: start it "
+                 "with python, not under mpiexec")
     cluster = ac.Cluster.preset(args.preset)
     layer_bytes = args.layer_mb << 20
     link = cluster.fit(2).link(0, 1)

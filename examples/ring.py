@@ -1,7 +1,7 @@
 """Pass a token around a ring of ranks, exchange arrays with neighbours, gather a table.
 
-Run: python examples/ring.py [--ranks N] [--loop uvloop|asyncio]    (in-process ranks)
- or: mpiexec -n N python examples/ring.py                         (one rank per process)
+Run: .venv/bin/python examples/ring.py [--ranks N] [--loop uvloop|asyncio]  (in-process)
+ or: .venv/bin/mpiexec -n N .venv/bin/python examples/ring.py         (one rank per process)
 """
 
 from __future__ import annotations
@@ -42,14 +42,16 @@ async def ring(comm: ac.Communicator) -> list[list[int]] | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--ranks", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="ranks (default 4, or N under mpiexec -n N)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     args = parser.parse_args()
-    # Under mpiexec this process runs one rank and gets that rank's result.
-    under_mpi = ac.launched_by_mpi()
-    results = ac.run(ring, world_size=None if under_mpi else args.ranks, loop=args.loop)
-    table = results if under_mpi else results[0]
+    ranks = args.ranks if args.ranks is not None else ac.mpi_world_size() or 4
+    results = ac.run(ring, world_size=ranks, loop=args.loop)
+    # In-process run() returns every rank's value; under mpiexec, this process's own.
+    table = results if ac.launched_by_mpi() else results[0]
     if table is None:  # not rank 0
         return
     print(f"{'rank':>4}  {'token seen':>10}  {'block from':>10}  {'value':>5}  {'bytes':>9}")

@@ -18,7 +18,7 @@ at least 95% held-out accuracy (``TARGET_ACCURACY``) in three epochs on four ran
 
 Run: python examples/training_loop.py [--ranks N] [--epochs E] [--no-overlap]
      [--loop uvloop|asyncio] [--seed S]
- or, one rank per process: mpiexec -n N python examples/training_loop.py --ranks N
+ or, one rank per process: mpiexec -n N .venv/bin/python examples/training_loop.py
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def train(cfg: Config, **world: Any) -> Result | None:
     outcome = ac.run(program, world_size=cfg.ranks, **world)
     seconds = perf_counter() - start
     # in-process, run() returns every rank's value; one rank per process, its own
-    mine = outcome[0] if isinstance(outcome, list) else outcome
+    mine = outcome if ac.launched_by_mpi() and "backend" not in world else outcome[0]
     if mine is None:
         return None
     log, tables, identical = mine
@@ -244,22 +244,22 @@ def train(cfg: Config, **world: Any) -> Result | None:
 
 def world_options(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``ac.run`` gets besides the world size: where and how the ranks run."""
-    options: dict[str, Any] = {"loop": args.loop}
-    if ac.launched_by_mpi():  # mpiexec -n N: this process runs one rank on MPI
-        options["backend"] = "mpi"
-    return options
+    return {"loop": args.loop}
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ranks", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="replicas (default 4, or N under mpiexec -n N)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--no-overlap", action="store_true")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-samples", type=int, default=24_000)
     args = parser.parse_args(argv)
-    cfg = Config(ranks=args.ranks, epochs=args.epochs, overlap=not args.no_overlap,
+    ranks = args.ranks if args.ranks is not None else ac.mpi_world_size() or 4
+    cfg = Config(ranks=ranks, epochs=args.epochs, overlap=not args.no_overlap,
                  seed=args.seed, train_samples=args.train_samples)
     result = train(cfg, **world_options(args))
     if result is None:  # not rank 0, when each rank has a process of its own

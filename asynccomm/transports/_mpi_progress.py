@@ -15,6 +15,7 @@ the control recvs, lets its last sends complete and frees the communicator.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,13 @@ from ._mpi_lib import Backoff, yield_now
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["CTRL_TAG", "Progress", "Slot"]
+__all__ = ["CTRL_TAG", "Progress", "Slot", "sched_yield"]
+
+
+def sched_yield() -> None:
+    """Give the core to another runnable process, if one waits (a no-op elsewhere)."""
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
 
 #: The MPI tag of every control message; data tags are 1 and up.
 CTRL_TAG = 0
@@ -109,6 +116,9 @@ class Progress:
         self._data = 0  # data chunks in flight: poll without backing off
         self.sent = False  # this rank sent something: an answer may follow, spin
         self.stopped = False  # MPI failed: poll no more, tear nothing down
+        #: More ranks on this host than cores for them: a rank that spins waiting for an
+        #: answer holds the core its peer needs to give it, so it yields between polls.
+        self.crowded = False
         self.task: asyncio.Task[None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
@@ -209,7 +219,8 @@ class Progress:
                         continue
                     until = clock() + (DATA_BURST if self._data else SPIN_BURST)
                     while not (hit := self._poll()) and clock() < until:
-                        pass
+                        if self.crowded:  # let a rank that shares this core answer
+                            sched_yield()
                 if hit or self.sent:
                     self.sent = False
                     backoff.reset(clock())

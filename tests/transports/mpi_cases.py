@@ -9,6 +9,9 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   the job after its grace period instead of hanging.
 - ``kill``: rank 1 is killed (SIGKILL) while rank 0 waits for it; the launcher ends the job.
 - ``size-mismatch``: ``run(main, world_size=wrong)`` raises ValueError on every rank.
+- ``run-rules``: under mpiexec ``run(main)`` and ``run(main, world_size=<MPI size>)`` run
+  this process's rank on MPI; another size names both numbers; ``backend="local"`` runs an
+  in-process world in each process.
 - ``two-worlds``: two worlds open at once in each process never see each other's messages.
 - ``send-error``: an MPI error in a send fails that send with ``TransportError`` (the
   communicator stays usable).
@@ -117,6 +120,25 @@ async def progress_error(comm: ac.Communicator) -> None:
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
 
 
+async def who(comm: ac.Communicator) -> str:
+    return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
+
+
+def run_rules() -> str:
+    from mpi4py import MPI
+
+    size = MPI.COMM_WORLD.Get_size()
+    plain = ac.run(who)
+    sized = ac.run(who, world_size=size)
+    try:
+        ac.run(who, world_size=size + 1)
+        wrong = "no error"
+    except ValueError as exc:
+        wrong = f"ValueError: {exc}"
+    local = ac.run(who, world_size=3, backend="local")
+    return f"plain={plain!r} sized={sized!r} wrong={wrong!r} local={local!r}"
+
+
 def main(case: str) -> int:
     if case == "raise":
         sys.stdout.write(f"{ac.run(raise_on_rank_1)}\n")
@@ -132,6 +154,8 @@ def main(case: str) -> int:
         ac.run(progress_error)
     elif case == "two-worlds":
         sys.stdout.write(asyncio.run(two_worlds()) + "\n")
+    elif case == "run-rules":
+        sys.stdout.write(run_rules() + "\n")
     elif case == "size-mismatch":
         try:
             ac.run(nothing, world_size=99, backend="mpi")

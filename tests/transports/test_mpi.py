@@ -114,6 +114,17 @@ def test_world_size_must_match_the_mpi_world() -> None:
     assert proc.stdout.count("ValueError: world_size=99 but MPI started 2") == 2, _output(proc)
 
 
+def test_the_run_rules_under_mpiexec() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "run-rules", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    lines = sorted(proc.stdout.strip().splitlines())
+    for rank, line in enumerate(lines):
+        assert f"plain='mpi {rank}/2' sized='mpi {rank}/2'" in line, _output(proc)
+        assert "ValueError: world_size=3 but MPI started 2 processes" in line, _output(proc)
+        assert "pass world_size=2 or None" in line and "backend='local'" in line, _output(proc)
+        assert "local=['sim 0/3', 'sim 1/3', 'sim 2/3']" in line, _output(proc)
+
+
 def test_worlds_open_at_once_do_not_see_each_others_messages() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "two-worlds", limit=60)
     assert proc.returncode == 0, _output(proc)
@@ -136,7 +147,7 @@ def test_the_readme_mpi_example_runs_on_two_processes(tmp_path: Path) -> None:
     proc = mpiexec(2, str(script), limit=60)
     assert proc.returncode == 0, _output(proc)
     # Two processes print at once: their lines may interleave, so only the values count.
-    assert sorted(re.findall(r"got (\d\.\d)", proc.stdout)) == ["0.0", "1.0"], _output(proc)
+    assert sorted(re.findall(r"\d\.\d", proc.stdout)) == ["0.0", "1.0"], _output(proc)
     local = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=60, check=False)
     assert local.returncode == 0 and local.stdout.strip() == "[1.0, 0.0]", _output(local)
