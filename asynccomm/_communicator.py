@@ -12,11 +12,18 @@ import math
 from asyncio.events import _get_running_loop
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import numpy as np
 
-from ._buffers import _NAMES, BufferView, as_recv_buffer, as_send_buffer, overlapping
+from ._buffers import (
+    _NAMES,
+    BufferView,
+    as_recv_buffer,
+    as_send_buffer,
+    memory_owner,
+    overlapping,
+)
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
 from ._options import check_timeout
@@ -246,10 +253,11 @@ class Communicator:
             view = as_send_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
-        peers = engine.peers
-        if (peers is not None and arr is not None and stream is None
+        if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue
-                and peers[dst].offer(self.rank, tag, arr, nbytes, n, name)):
+                and (peers[dst].offer(self.rank, tag, arr, nbytes, n, name)
+                     if (peers := engine.peers) is not None
+                     else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if not handle:
                 return None
             return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
@@ -284,8 +292,8 @@ class Communicator:
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
         if engine._pending_recvs:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
-        if (engine.peers is not None and arr is not None and stream is None and src >= 0
-                and tag >= 0 and not engine.default_stream._queue):
+        if (engine.fast and arr is not None and stream is None and src >= 0 and tag >= 0
+                and not engine.default_stream._queue):
             status = engine.take_now(src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
@@ -328,11 +336,47 @@ class Communicator:
         Raises:
             As ``batch``.
         """
+        if stream is None and self._simple_pair(sendbuf, dst, sendtag, recvbuf, src, recvtag):
+            # Every check batch makes holds already: post the two at once the fast way.
+            recv = cast(Request, self._recv_op(recvbuf, src, recvtag, None, timeout, None,
+                                               None, True))
+            send = cast(Request, self._send_op(sendbuf, dst, sendtag, None, timeout, None,
+                                               None, True))
+            reqs = [send, recv]
+            if not (recv._state is DONE and send._state is DONE):
+                try:
+                    await settle(reqs)
+                except asyncio.CancelledError as exc:
+                    await self._cancel_batch(reqs, exc)
+            failed = [r.exception() for r in reqs if r.exception() is not None]
+            if len(failed) == 1:
+                raise failed[0]  # type: ignore[misc]
+            if failed:
+                raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
+                                     failed)  # type: ignore[type-var]
+            return recv._outcome()  # type: ignore[no-any-return]
         results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
                                    stream=stream, timeout=timeout)
         status = results[1]
         assert status is not None
         return status
+
+    def _simple_pair(self, sendbuf: Any, dst: Any, sendtag: Any, recvbuf: Any, src: Any,
+                     recvtag: Any) -> bool:
+        """A sendrecv of 1-D contiguous arrays of known dtypes and plain ranks and tags, whose
+        buffers share no memory: nothing the checks of ``batch`` would refuse."""
+        size = self.size
+        if not (type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray
+                and sendbuf.ndim == 1 and recvbuf.ndim == 1
+                and type(dst) is int and 0 <= dst < size and type(src) is int
+                and (0 <= src < size or src == ANY_SOURCE)
+                and type(sendtag) is int and 0 <= sendtag <= TAG_UB
+                and type(recvtag) is int and (0 <= recvtag <= TAG_UB or recvtag == ANY_TAG)
+                and sendbuf.dtype in _NAMES and recvbuf.dtype in _NAMES
+                and sendbuf.flags.c_contiguous and (flags := recvbuf.flags).c_contiguous
+                and flags.writeable):
+            return False
+        return memory_owner(sendbuf) is not memory_owner(recvbuf)
 
     async def batch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
                     timeout: float | None = None) -> list[Status | None]:

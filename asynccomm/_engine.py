@@ -121,6 +121,10 @@ class DeviceEngine:
         #: The other ranks' endpoints when the link is instant and in-process: the fast lane
         #: hands a small message straight to a recv waiting there (set by the world).
         self.peers: list[DeviceEngine] | None = None
+        #: The fast lane is open: small messages on the default stream skip requests where
+        #: they can (in-process and instant, or across processes; never while logging every
+        #: message; set by the world).
+        self.fast = False
         #: Ranks that have closed (their messages sent before closing were delivered).
         self.gone: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
@@ -287,31 +291,7 @@ class DeviceEngine:
                 recv._result = array.copy()
             elif nbytes:
                 recv.view[:nbytes] = _bytes_of(array)  # type: ignore[index]
-            status = _new_status(Status, (source, tag, nbytes, count))
-            recv._result = status if recv._result is None else (recv._result, status)
-            if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
-                check(recv._state, DONE)
-            recv._state = DONE
-            waiters = recv._waiters
-            if waiters is not None:
-                recv._waiters = None
-                for fut in waiters:
-                    if not fut.done():
-                        fut.set_result(None)
-            if recv._timer is not None:
-                recv._timer.cancel()
-                recv._timer = None
-            if recv._tracked:
-                stream = recv.stream
-                if (self._recv_buffers is None and stream is not None and not stream._queue
-                        and not stream._events and self._idle is None):
-                    recv._tracked = False  # what _untrack does, inlined: the hot path
-                    self._n_pending -= 1
-                    if recv.nbytes > 0:
-                        self._pending_recvs -= 1
-                    del stream._pending[recv.sseq]
-                else:
-                    self._untrack(recv)
+            self._complete_fast(recv, source, tag, nbytes, count)
             return True
         if nbytes > self.eager_limit:
             return False
@@ -324,6 +304,54 @@ class DeviceEngine:
         if matcher.events:  # a probe saw it
             self._drain()
         return True
+
+    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+                    dtype: str) -> bool:
+        """``offer`` for a message whose payload is bytes that are readable only now (one
+        that arrived inline from another process): a recv waiting here takes it at once;
+        False, having done nothing, when it must be delivered the usual way."""
+        recv: Request | Literal[False] | None = self.matcher.claim_posted(  # type: ignore[assignment]
+            source, tag, nbytes, dtype)
+        if not recv:
+            return False
+        if recv.nbytes < 0:  # recv_new
+            arr = recv._result = new_array(dtype, count)
+            dst = arr.data.cast("B")
+        else:
+            dst = byte_view(recv)
+        if nbytes:
+            dst[:nbytes] = view[:nbytes]
+        self._complete_fast(recv, source, tag, nbytes, count)
+        return True
+
+    def _complete_fast(self, recv: Request, source: int, tag: int, nbytes: int,
+                       count: int) -> None:
+        """What ``_received`` and ``_finish`` do for a recv the fast lane filled."""
+        status = _new_status(Status, (source, tag, nbytes, count))
+        recv._result = status if recv._result is None else (recv._result, status)
+        if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
+            check(recv._state, DONE)
+        recv._state = DONE
+        waiters = recv._waiters
+        if waiters is not None:
+            recv._waiters = None
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        if recv._timer is not None:
+            recv._timer.cancel()
+            recv._timer = None
+        if recv._tracked:
+            stream = recv.stream
+            if (self._recv_buffers is None and stream is not None and not stream._queue
+                    and not stream._events and self._idle is None):
+                recv._tracked = False  # what _untrack does, inlined: the hot path
+                self._n_pending -= 1
+                if recv.nbytes > 0:
+                    self._pending_recvs -= 1
+                del stream._pending[recv.sseq]
+            else:
+                self._untrack(recv)
 
     def post_now(self, req: Request) -> None:
         """Post a recv on the default stream with nothing queued there (the fast lane's
@@ -372,16 +400,15 @@ class DeviceEngine:
             return None
         n = msg.nbytes
         where = msg.where
-        if (msg.dtype != dtype or n > nbytes
-                or not (where == STAGED or (where == AT_SENDER and n < THREAD_COPY_MIN))):
+        if (msg.dtype != dtype or n > nbytes or not (
+                where == STAGED or (where == AT_SENDER and self.instant and n < THREAD_COPY_MIN))):
             return None
         matcher.take(msg)
         if n:
             _bytes_of(array)[:n] = msg.view[:n]  # type: ignore[index]
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]
-        else:
-            self.link.received(msg, self.rank)  # its sender, waiting in this process, is done
+        self.link.received(msg, self.rank)  # its sender may complete, its credit go back
         return _new_status(Status, (source, tag, n, msg.count))
 
     # -- arrivals and matching (the link calls these) -------------------------------------

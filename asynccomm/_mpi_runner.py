@@ -92,6 +92,7 @@ class _MPIWorld:
         device = Device(rank, f"mpi:{rank}")
         engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
                               pool_bytes=pool_bytes, clock=ModelClock(loop), device=device)
+        engine.fast = not engine.trace  # the fast lane, unless logging every message
         comm = Communicator(engine, default_timeout=op_timeout, device=device)
         transport.start(engine, loop)  # last: from here on its progress task runs
         engine.log.info("comm.opened", transport="mpi")

@@ -97,6 +97,7 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
     if link.timing is None and not any(e.trace for e in engines):
         for engine in engines:  # instant, in this process, not logging every message:
             engine.peers = engines  # the fast lane is open
+            engine.fast = True
     if isinstance(loop, VirtualTimeLoop):
         loop.on_idle = lambda: _fail_deadlocked(engines)
     try:

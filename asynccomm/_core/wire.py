@@ -253,6 +253,11 @@ class Wire:
         self.credit[dest] -= cost
         return True
 
+    def refund(self, dest: int, nbytes: int) -> None:
+        """An eager message ``eager`` allowed could not be sent after all: its credit
+        returns."""
+        self.credit[dest] += charge(nbytes)
+
     def pack_eager(self, tag: int, nbytes: int, count: int, dtype: bytes) -> bytes:
         """The header of an eager message (the payload follows it)."""
         return HEADER.pack(EAGER, len(dtype), self.rank, tag, nbytes, count, 0, dtype)

@@ -15,7 +15,7 @@ points (a failed op), and in the progress task (which fails everything pending).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, REMOTE, STAGED, Message
@@ -123,7 +123,13 @@ class MPITransport(Link):
         if kind == EAGER:  # the hot path, outside the wire
             if not endpoint.closed:  # a closed rank drops what arrives, as in-process
                 dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
-                endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE, slot.payload))
+                if endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
+                    credit = self.wire.consumed(src, nbytes)
+                    if credit is not None:
+                        self._send(src, credit)
+                else:
+                    endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
+                                             slot.payload))
             return
         dtype = decode_dtype(dfield, dlen) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE else b""
@@ -194,6 +200,20 @@ class MPITransport(Link):
             if self._sends.pop(msg.ident, None) is not None:
                 wire.unsent(msg.ident)
             self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
+
+    def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
+                 dtype: str) -> bool:
+        wire = self.wire
+        if (self._broken is not None or dest in wire.closed_by
+                or not wire.eager(dest, nbytes)):
+            return False
+        dt = DTYPE_FIELDS.get(dtype) or encode_dtype(dtype)
+        try:
+            self.progress.send(dest, wire.pack_eager(tag, nbytes, count, dt) + array.tobytes())
+        except lib.MPI.Exception:
+            wire.refund(dest, nbytes)
+            return False  # the usual way reports the error on a request
+        return True
 
     def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:
         source, ident = msg.source, msg.ident

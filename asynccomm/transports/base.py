@@ -62,6 +62,11 @@ class Endpoint(Protocol):
         """Copy ``msg``'s eager payload into this rank's staging pool if it fits (then
         ``msg.where`` is ``STAGED``); False if it is too large or the pool is full."""
 
+    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+                    dtype: str) -> bool:
+        """A small message whose bytes are readable only now: a recv waiting here takes it
+        at once (True), or nothing happens and it is delivered as a ``Message``."""
+
     def retract(self, msg: Message) -> bool:
         """Remove ``msg`` from this rank's unexpected messages; False if a recv took it."""
 
@@ -105,6 +110,12 @@ class Link(abc.ABC):
     @abc.abstractmethod
     def withdraw(self, msg: Message, dest: int, ask: bool) -> int:
         """Withdraw a posted send: ``WITHDRAWN``, ``TOO_LATE`` or ``ASKED``."""
+
+    def send_now(self, dest: int, tag: int, array: object, nbytes: int, count: int,
+                 dtype: str) -> bool:
+        """The fast lane: send a small message (a 1-D numpy array) that no request tracks,
+        if it can go eagerly now; False, having done nothing, for the usual way."""
+        return False
 
     def staged(self, msg: Message) -> None:  # noqa: B027
         """The receiver staged the payload of an ``AT_SENDER`` message."""
