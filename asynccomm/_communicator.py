@@ -26,6 +26,7 @@ from ._buffers import (
 )
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
+from ._groups import Family, GroupsMixin
 from ._options import check_timeout
 from ._request import Request, defer_cancellation, settle, wait_all
 from ._stream import Stream
@@ -65,20 +66,30 @@ class RecvOp:
 
 
 @final
-class Communicator:
-    """One rank's endpoint: point-to-point operations with the other ranks of its world.
+class Communicator(GroupsMixin):
+    """One rank's endpoint: point-to-point operations with the other ranks of its world
+    (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
     Instances are created by ``open_world``/``run`` and cannot be created directly.
     """
 
     def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,
-                 device: Device) -> None:
+                 device: Device, family: Family) -> None:
         self._engine = engine
         self._loop = engine.loop
         self._default_timeout = default_timeout
         self.rank: int = engine.rank
         self.size: int = engine.size
         self.device = device
+        self._family = family
+        self._children = set()
+        self._private_comm = None
+        self._private_task = None
+        self._seq = 0
+        self._tag_block = 0
+        self._parent = None
+        self._after_close = None
+        self._lingering = set()
 
     def __repr__(self) -> str:
         return f"<Communicator rank={self.rank} size={self.size}>"
@@ -582,6 +593,16 @@ class Communicator:
     async def aclose(self) -> None:
         """Close this rank's communicator: unmatched ops fail with ``CommClosedError``,
         matched transfers finish, peers waiting for this rank get ``CommBrokenError``.
-        Idempotent."""
+        Idempotent.  Closes its sub-communicators first."""
+        await self._close_children()
         await self._engine.aclose()
+        parent = self._parent
+        self._orphan()
+        after, self._after_close = self._after_close, None
+        if after is not None:  # the link's goodbyes with the other ranks: not waited for
+            task = asyncio.ensure_future(after())  # here, but by the parent's close
+            if parent is not None:
+                parent._lingering.add(task)
+                task.add_done_callback(parent._lingering.discard)
+        await self._wait_lingering()
 

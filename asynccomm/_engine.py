@@ -95,6 +95,10 @@ class DeviceEngine:
                  instant: bool = False) -> None:
         self.rank = rank
         self.size = size
+        #: This rank in the world, and where these ops are if not on the world's
+        #: communicator (for reports that span a world's communicators).
+        self.world_rank = rank
+        self.context = ""
         self.loop = loop
         self.link = link
         self.eager_limit = eager_limit

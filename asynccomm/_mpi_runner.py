@@ -33,6 +33,7 @@ from ._engine import DeviceEngine
 from ._options import POOL_BYTES, check_timeout, check_world, default_timeout
 from ._types import EAGER_LIMIT
 from .sim.device import Device
+from .transports import _mpi_lib
 from .transports._mpi_lib import comm_world, mpi_errors, wait_request
 from .transports.mpi import MPITransport
 
@@ -75,7 +76,6 @@ class _MPIWorld:
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
-        loop = asyncio.get_running_loop()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
@@ -86,16 +86,11 @@ class _MPIWorld:
             await wait_request(mpi_comm.Iallgather(mine, every))
         pools = list(every[0::2])
         neighbours = sum(1 for host in every[1::2] if host == mine[1])
-        transport = MPITransport(mpi_comm, eager_limit=eager_limit, pools=pools)
-        transport.progress.crowded = neighbours > _usable_cores()
-        rank, size = transport.rank, transport.size
-        device = Device(rank, f"mpi:{rank}")
-        engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
-                              pool_bytes=pool_bytes, clock=ModelClock(loop), device=device)
-        engine.fast = not engine.trace  # the fast lane, unless logging every message
-        comm = Communicator(engine, default_timeout=op_timeout, device=device)
-        transport.start(engine, loop)  # last: from here on its progress task runs
-        engine.log.info("comm.opened", transport="mpi")
+        family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
+                            eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout)
+        transport, comm = family.open(mpi_comm, pools, Device(mpi_comm.Get_rank(),
+                                                              f"mpi:{mpi_comm.Get_rank()}"))
+        comm._engine.log.info("comm.opened", transport="mpi")
         return cls(transport, comm)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
@@ -108,6 +103,61 @@ class _MPIWorld:
             self.transport.close_reason = why
         await self.comm.aclose()
         await self.transport.wait_closed()
+
+
+class _MPIFamily:
+    """Makes the communicators of an MPI world: each one runs on an MPI communicator of its
+    own (``Idup`` for ``dup`` and private contexts; ``Split`` for ``split``, run on a
+    thread so that this rank's progress goes on while the others arrive)."""
+
+    def __init__(self, mpi_comm: Any, pools: list[int], *, crowded: bool, eager_limit: int,
+                 pool_bytes: int, timeout: float | None) -> None:
+        self.mpi_comm = mpi_comm
+        self.pools = pools
+        self.crowded = crowded
+        self.eager_limit = eager_limit
+        self.pool_bytes = pool_bytes
+        self.timeout = timeout
+
+    def open(self, mpi_comm: Any, pools: list[int],
+             device: Device) -> tuple[MPITransport, Communicator]:
+        """This rank's communicator on ``mpi_comm``, its progress task started."""
+        loop = asyncio.get_running_loop()
+        transport = MPITransport(mpi_comm, eager_limit=self.eager_limit, pools=pools)
+        transport.progress.crowded = self.crowded
+        engine = DeviceEngine(transport.rank, transport.size, transport, loop=loop,
+                              eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
+                              clock=ModelClock(loop), device=device)
+        engine.fast = not engine.trace  # the fast lane, unless logging every message
+        family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
+                            eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
+                            timeout=self.timeout)
+        comm = Communicator(engine, default_timeout=self.timeout, device=device,
+                            family=family)
+        transport.start(engine, loop)  # last: from here on its progress task runs
+        return transport, comm
+
+    async def child(self, parent: Communicator, members: list[int] | None, color: int,
+                    key: tuple[Any, ...]) -> Communicator | None:
+        with mpi_errors(f"making a communicator ({key[0]})", parent.rank):
+            if key[0] == "split":
+                position = 0 if members is None else members.index(parent.rank)
+                new = await asyncio.to_thread(
+                    self.mpi_comm.Split, _mpi_lib.MPI.UNDEFINED if members is None else color,
+                    position)
+            else:
+                new, req = self.mpi_comm.Idup()
+                await wait_request(req)
+        if members is None:
+            return None
+        pools = [self.pools[m] for m in members]
+        transport, comm = self.open(new, pools, parent.device)
+        comm._default_timeout = parent._default_timeout
+        if members != list(range(parent.size)):
+            comm._engine.context = (f"(on a sub-communicator, as its rank {comm.rank} "
+                                    f"of {comm.size})")
+        comm._after_close = transport.wait_closed
+        return comm
 
 
 @asynccontextmanager

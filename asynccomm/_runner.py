@@ -83,23 +83,16 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                          "loop_factory=asynccomm.sim.new_virtual_loop)")
     model_clock = ModelClock(loop, time_scale=time_scale if mode == "wall" else 1.0)
     link, devices = _fabric(size, cluster, model_clock, strategy)
-    engines = []
-    comms = []
-    for rank in range(size):
-        engine = DeviceEngine(rank, size, link, loop=loop, eager_limit=eager_limit,
-                              pool_bytes=pool_bytes, clock=model_clock, device=devices[rank],
-                              record=cluster is not None, inline_copies=mode == "virtual",
-                              instant=link.timing is None)
-        link.attach(engine)
-        engines.append(engine)
-        comms.append(Communicator(engine, default_timeout=op_timeout, device=devices[rank]))
-        engine.log.info("comm.opened", clock=mode)
-    if link.timing is None and not any(e.trace for e in engines):
-        for engine in engines:  # instant, in this process, not logging every message:
-            engine.peers = engines  # the fast lane is open
-            engine.fast = True
+    registry: list[DeviceEngine] = []  # every engine of the world, sub-communicators' too
+    family = _LocalFamily(link, list(range(size)), devices, registry, loop=loop,
+                          clock=model_clock, eager_limit=eager_limit, pool_bytes=pool_bytes,
+                          timeout=op_timeout, mode=mode, record=cluster is not None)
+    comms = [family.make(rank, size) for rank in range(size)]
+    family.connect([c._engine for c in comms])
+    for comm in comms:
+        comm._engine.log.info("comm.opened", clock=mode)
     if isinstance(loop, VirtualTimeLoop):
-        loop.on_idle = lambda: _fail_deadlocked(engines)
+        loop.on_idle = lambda: _fail_deadlocked(registry)
     try:
         yield World(tuple(comms))
     finally:
@@ -107,6 +100,93 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             await comm.aclose()
         if isinstance(loop, VirtualTimeLoop):
             loop.on_idle = None
+
+
+class _Forming:
+    """A new group's communicators while its members arrive (in-process)."""
+
+    def __init__(self, family: _LocalFamily, size: int) -> None:
+        self.family = family
+        self.comms: dict[int, Communicator] = {}
+        self.size = size
+        self.ready = asyncio.Event()
+
+
+class _LocalFamily:
+    """Makes the communicators of an in-process world and of its sub-communicators: each
+    group gets a link of its own (its own matching context), timed on the world's model
+    with its ranks mapped to the world's devices."""
+
+    def __init__(self, link: LocalLink, ranks: list[int], devices: list[Device],
+                 registry: list[DeviceEngine], *, loop: asyncio.AbstractEventLoop,
+                 clock: ModelClock, eager_limit: int, pool_bytes: int,
+                 timeout: float | None, mode: str, record: bool,
+                 world: list[int] | None = None) -> None:
+        self.link = link
+        self.ranks = ranks  # world rank of each rank of this link
+        self.devices = devices  # the world's, by world rank
+        self.registry = registry
+        self.loop = loop
+        self.clock = clock
+        self.eager_limit = eager_limit
+        self.pool_bytes = pool_bytes
+        self.timeout = timeout
+        self.mode = mode
+        self.record = record
+        self.forming: dict[tuple[Any, ...], _Forming] = {}
+        self.registry_ranks = ranks if world is None else world
+
+
+    def make(self, rank: int, size: int) -> Communicator:
+        """Rank ``rank``'s communicator on this family's link (not attached yet)."""
+        device = self.devices[self.ranks[rank]]
+        engine = DeviceEngine(rank, size, self.link, loop=self.loop,
+                              eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
+                              clock=self.clock, device=device, record=self.record,
+                              inline_copies=self.mode == "virtual",
+                              instant=self.link.timing is None)
+        engine.world_rank = self.ranks[rank]
+        if self.ranks is not self.registry_ranks:
+            engine.context = f"(on a sub-communicator, as its rank {rank} of {size})"
+        if len(self.registry) > 64 and len(self.registry) & 63 == 0:  # forget closed ones
+            self.registry[:] = [e for e in self.registry if not e.closed]
+        self.registry.append(engine)
+        return Communicator(engine, default_timeout=self.timeout, device=device, family=self)
+
+    def connect(self, engines: list[DeviceEngine]) -> None:
+        """Attach every rank's engine to the link, in rank order."""
+        for engine in engines:
+            self.link.attach(engine)
+        if self.link.timing is None and not any(e.trace for e in engines):
+            for engine in engines:  # instant, in this process, not logging every message:
+                engine.peers = engines  # the fast lane is open
+                engine.fast = True
+
+    async def child(self, parent: Communicator, members: list[int] | None, color: int,
+                    key: tuple[Any, ...]) -> Communicator | None:
+        if members is None:
+            return None
+        forming = self.forming.get(key)
+        if forming is None:
+            ranks = [self.ranks[m] for m in members]
+            timing = self.link.timing
+            link = LocalLink(None if timing is None else timing.for_ranks(members))
+            sub = _LocalFamily(link, ranks, self.devices, self.registry, loop=self.loop,
+                               clock=self.clock, eager_limit=self.eager_limit,
+                               pool_bytes=self.pool_bytes, timeout=self.timeout,
+                               mode=self.mode, record=self.record,
+                               world=self.registry_ranks)
+            forming = self.forming[key] = _Forming(sub, len(members))
+        rank = members.index(parent.rank)
+        comm = forming.comms[rank] = forming.family.make(rank, forming.size)
+        comm._default_timeout = parent._default_timeout
+        if len(forming.comms) == forming.size:  # the last member: connect the group
+            del self.forming[key]
+            forming.family.connect([forming.comms[r]._engine for r in range(forming.size)])
+            forming.ready.set()
+        else:
+            await forming.ready.wait()
+        return comm
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
@@ -128,7 +208,12 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
 def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
     """The virtual loop found every task waiting with nothing to wake them: fail every
     unmatched op with one ``DeadlockError`` that lists them all, per rank."""
-    pending = {e.rank: e.describe_all() for e in engines if e.pending_ops}
+    pending: dict[int, list[str]] = {}
+    for e in engines:
+        if e.pending_ops:
+            where = e.context
+            pending.setdefault(e.world_rank, []).extend(
+                e.describe_all() if not where else [f"{op} {where}" for op in e.describe_all()])
     if not pending:
         return False
     lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())

@@ -33,9 +33,20 @@ __all__ = ["ModelledTiming"]
 class ModelledTiming:
     """Times every step of in-process messages with a ``ClusterModel`` (see module docs)."""
 
-    def __init__(self, model: ClusterModel, clock: ModelClock) -> None:
+    def __init__(self, model: ClusterModel, clock: ModelClock,
+                 ranks: list[int] | None = None) -> None:
         self.model = model
         self.clock = clock
+        #: The world rank of each rank of the link this times (a sub-communicator's), or
+        #: None for the world's own link.
+        self.ranks = ranks
+
+    def for_ranks(self, ranks: list[int]) -> ModelledTiming:
+        """The same model and clock for a link whose rank ``i`` is ``ranks[i]`` here: a
+        sub-communicator's messages cost the links of its ranks' devices."""
+        mine = self.ranks
+        return ModelledTiming(self.model, self.clock,
+                              ranks if mine is None else [mine[r] for r in ranks])
 
     def now(self) -> int:
         """Model time now, ns."""
@@ -49,15 +60,21 @@ class ModelledTiming:
         """An eager message staged at ``now``: store-and-forward whose sender is free once
         its data is staged, whatever the strategy picks for this size (the world's eager
         limit may differ from the strategy's)."""
+        if (ranks := self.ranks) is not None:
+            src, dst = ranks[src], ranks[dst]
         return self.model.transfer(src, dst, nbytes, now=now,
                                    plan=ChunkPlan("async", max(nbytes, 1)))
 
     def control(self, src: int, dst: int, now: int) -> int:
         """When a control message (request- or clear-to-send) sent at ``now`` arrives."""
+        if (ranks := self.ranks) is not None:
+            src, dst = ranks[src], ranks[dst]
         return self.model.control(src, dst, now=now)
 
     def transfer(self, src: int, dst: int, nbytes: int, now: int) -> TransferPlan:
         """A rendezvous payload cleared to move at ``now``."""
+        if (ranks := self.ranks) is not None:
+            src, dst = ranks[src], ranks[dst]
         return self.model.transfer(src, dst, nbytes, now=now)
 
     @staticmethod
@@ -70,4 +87,6 @@ class ModelledTiming:
 
     def busy(self, rank: int) -> float:
         """Seconds of link time held by ``rank``'s sends."""
+        if (ranks := self.ranks) is not None:
+            rank = ranks[rank]
         return self.model.link_busy(rank) * 1e-9

@@ -684,6 +684,94 @@ async def closed_peer_breaks_pending_ops(comm: ac.Communicator) -> None:
         await comm.send(np.zeros(BIG, np.uint8), 1, 99)
 
 
+# -- sub-communicators -------------------------------------------------------------------------
+
+
+async def split_orders_and_isolates(comm: ac.Communicator) -> None:
+    """``split`` ranks by (key, rank) per color; a wildcard recv on the sub-communicator
+    never takes a message sent on the parent with the same source and tag, nor the reverse;
+    ``color=None`` gives None; a nested split and a dup work too."""
+    size, rank = comm.size, comm.rank
+    color = rank % 2
+    sub = await comm.split(color, key=-rank)  # reversed order within each color
+    assert sub is not None
+    mates = sorted((r for r in range(size) if r % 2 == color), reverse=True)
+    check(sub.size == len(mates) and sub.rank == mates.index(rank),
+          f"split gave rank {sub.rank} of {sub.size}, expected {mates.index(rank)} of "
+          f"{len(mates)}")
+    # The same (source, tag) on the parent and on the sub-communicator: each recv takes
+    # the message of its own communicator, whatever arrives first.
+    right, left = (sub.rank + 1) % sub.size, (sub.rank - 1) % sub.size
+    parent_right, parent_left = mates[right], mates[left]
+    box = np.zeros(1, np.int64)
+    await comm.send(np.array([1000 + rank]), parent_right, 7)
+    await sub.send(np.array([2000 + rank]), right, 7)
+    st = await sub.recv(box, ac.ANY_SOURCE, ac.ANY_TAG)
+    check(int(box[0]) == 2000 + parent_left and st.source == left and st.tag == 7,
+          f"sub-communicator recv took {int(box[0])} from {st.source}")
+    st = await comm.recv(box, ac.ANY_SOURCE, 7)
+    check(int(box[0]) == 1000 + parent_left and st.source == parent_left,
+          f"parent recv took {int(box[0])} from {st.source}")
+    nothing = await comm.split(None if rank == 0 else 0)
+    check((nothing is None) == (rank == 0), "color=None must give None, and only it")
+    if nothing is not None:
+        check(nothing.size == size - 1 and nothing.rank == rank - 1, "split without rank 0")
+        await nothing.aclose()
+    twin = await sub.dup()
+    check((twin.rank, twin.size) == (sub.rank, sub.size), "dup keeps the ranks")
+    await twin.send(np.array([rank]), right, 3)
+    await sub.send(np.array([-rank]), right, 3)
+    await sub.recv(box, left, ac.ANY_TAG)
+    check(int(box[0]) == -parent_left, "dup's message matched on its parent")
+    await twin.recv(box, ac.ANY_SOURCE, ac.ANY_TAG)
+    check(int(box[0]) == parent_left, "parent's message matched on the dup")
+    async with await sub.split(0, key=0) as same:  # nested: one group, same order
+        check((same.rank, same.size) == (sub.rank, sub.size), "nested split")
+        data = pattern(BIG, rank)
+        got = np.empty(BIG, np.uint8)
+        await same.sendrecv(data, right, got, left)
+        check(np.array_equal(got, pattern(BIG, parent_left)), "nested split data")
+    check(same.closed and not sub.closed, "closing a sub-communicator leaves its parent")
+    await twin.aclose()
+    await sub.aclose()
+    check(sub.closed and twin.closed and not comm.closed, "sub-communicators close alone")
+
+
+async def split_bad_input(comm: ac.Communicator) -> None:
+    """A bad color or key is a typed error before anything is sent, on every rank, and
+    the communicator keeps working (the next split matches everyone's)."""
+    with raises(TypeError, "split(color='a')"):
+        await comm.split("a")  # type: ignore[arg-type]
+    with raises(ValueError, "split(color=-1)"):
+        await comm.split(-1)
+    with raises(TypeError, "split(key=1.5)"):
+        await comm.split(0, key=1.5)  # type: ignore[arg-type]
+    sub = await comm.split(0)
+    assert sub is not None
+    check(sub.size == comm.size and sub.rank == comm.rank, "split after errors")
+    await sub.aclose()
+    sub_closed = await comm.dup()
+    await sub_closed.aclose()
+    with raises(ac.CommClosedError, "split on a closed communicator"):
+        await sub_closed.split(0)
+
+
+async def a_closed_world_closes_its_groups(comm: ac.Communicator) -> None:
+    """Sub-communicators left open close with their parent; a rank whose sub-communicator
+    peer closed gets CommBrokenError there, as with a world."""
+    sub = await comm.split(0)
+    assert sub is not None
+    await comm.dup()  # left open on purpose: the world closes it
+    if comm.size > 1:
+        if sub.rank == 1:
+            await sub.aclose()
+            await marker(comm, 0)
+        elif sub.rank == 0:
+            await wait_marker(comm, 1)
+            with raises(ac.CommBrokenError, "recv from a rank that closed the group"):
+                await sub.recv(np.zeros(1), 1, 0)
+
+
 PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     ring_sizes, ring_sizes_without_eager, ring_sizes_with_a_large_eager_limit,
     dtypes_and_counts, ring_exchange, self_messages, tags_select_messages,
@@ -694,6 +782,7 @@ PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     cancelled_sends_lose_nothing, send_withdrawn_after_match, cancellation_storm,
     a_withdrawn_large_send_keeps_the_order, timeouts, bad_input,
     closed_peer_breaks_pending_ops, wildcards_fail_once_every_peer_has_closed,
+    split_orders_and_isolates, split_bad_input, a_closed_world_closes_its_groups,
 )}
 
 #: World options a program needs (``ac.run(program, **OPTIONS.get(name, {}))``).

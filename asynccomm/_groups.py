@@ -1,0 +1,202 @@
+"""Sub-communicators: ``split`` and ``dup``, and each communicator's private context.
+
+Rule 1: a communicator is a matching context.  Messages on different communicators never
+match each other, whatever their source and tag, wildcards included: each has its own
+engine (matcher, streams, staging pool) and its own link (in-process, a link object of its
+own; on MPI, a communicator of its own).
+Rule 2: ``split`` and ``dup`` are collective over the parent: every rank calls them, in
+the same order as every other collective call on that parent.  ``split`` orders the new
+ranks by (key, old rank), as ``MPI_Comm_split`` does; ``color=None`` returns None.
+Rule 3: the first collective call on a communicator (``split``, ``dup`` or a collective)
+creates its private context, a hidden duplicate that carries the traffic of collectives,
+so they never match the program's messages.  Each collective call takes the next block of
+``TAG_SPAN`` tags of it, in call order, so calls in flight at once never match each other.
+Rule 4: a communicator closes its sub-communicators (and its private context) before
+itself; closing one sub-communicator leaves its parent and siblings open.
+
+The world makes the new communicators (``Family.child``): in-process worlds share one
+link per new group, MPI worlds create an MPI communicator for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ._options import check_timeout
+from ._types import TAG_UB
+
+if TYPE_CHECKING:
+    from ._communicator import Communicator
+
+__all__ = ["TAG_SPAN", "Family", "GroupsMixin"]
+
+#: The tags one collective call may use on the private context (its base is a multiple).
+TAG_SPAN = 4096
+_BLOCKS = (TAG_UB + 1) // TAG_SPAN
+
+
+class Family(Protocol):
+    """How a world makes new communicators for a group of a parent's ranks."""
+
+    async def child(self, parent: Communicator, members: list[int] | None, color: int,
+                    key: tuple[Any, ...]) -> Communicator | None:
+        """The new communicator of this rank: ``members`` are parent ranks in new-rank
+        order (None: this rank joins none, but must still take part).  ``key`` names the
+        group the same way on every member rank; ``color`` is the same for all members."""
+        ...
+
+
+def _check_int(value: object, what: str, *, minimum: int | None = None) -> int:
+    if type(value) is bool or not isinstance(value, int | np.integer):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    v = int(value)
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {v}")
+    if not -(2**62) <= v < 2**62:
+        raise ValueError(f"{what}={v} is out of range")
+    return v
+
+
+class GroupsMixin:
+    """``split``, ``dup``, the private context and the lifetime of sub-communicators."""
+
+    rank: int
+    size: int
+    _family: Family
+    _children: set[Communicator]
+    _private_comm: Communicator | None
+    _private_task: asyncio.Future[Communicator] | None
+    _seq: int
+    _tag_block: int
+    _parent: GroupsMixin | None
+    _after_close: Any
+    _lingering: set[asyncio.Future[Any]]
+
+    def _check_ready(self) -> None:
+        raise NotImplementedError  # the communicator's
+
+    def _self(self) -> Communicator:
+        return self  # type: ignore[return-value]
+
+    async def split(self, color: int | None, key: int = 0, *,
+                    timeout: float | None = None) -> Communicator | None:
+        """A new communicator for the ranks that pass the same ``color``, ranked by
+        (``key``, rank here): ``MPI_Comm_split``.  Collective: every rank calls it.
+
+        Args:
+            color: an int >= 0, or None to join no group (returns None).
+            key: orders the ranks of the new communicator (ties keep this one's order).
+            timeout: bounds the exchange of colors and keys (None: the default op timeout).
+
+        Raises:
+            TypeError, ValueError: a bad color or key (nothing is sent).
+            CommClosedError, CommBrokenError, CommTimeoutError: as the point-to-point ops.
+        """
+        self._check_ready()
+        c = -1 if color is None else _check_int(color, "color", minimum=0)
+        k = _check_int(key, "key")
+        if timeout is not None:
+            check_timeout(timeout)
+        private = await self._private()
+        table = await _allgather_pair(private, (c, k), self._next_tags(), timeout)
+        seq = self._next_seq()
+        if c < 0:
+            members = None
+        else:
+            members = sorted((r for r in range(self.size) if table[r][0] == c),
+                             key=lambda r: (table[r][1], r))
+        return await self._adopt(await self._family.child(self._self(), members, c,
+                                                          ("split", seq, c)))
+
+    async def dup(self) -> Communicator:
+        """A new communicator with the same ranks: messages on it never match this one's.
+        Collective: every rank calls it.
+
+        Raises:
+            CommClosedError, TransportError: this communicator is closed, or MPI failed.
+        """
+        self._check_ready()
+        await self._private()
+        seq = self._next_seq()
+        sub = await self._adopt(await self._family.child(
+            self._self(), list(range(self.size)), 0, ("dup", seq)))
+        assert sub is not None
+        return sub
+
+    async def _adopt(self, sub: Communicator | None) -> Communicator | None:
+        if sub is not None:
+            sub._parent = self
+            self._children.add(sub)
+        return sub
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _next_tags(self) -> int:
+        """The tag base of the next collective call on the private context (Rule 3)."""
+        block = self._tag_block
+        self._tag_block = (block + 1) % _BLOCKS
+        return block * TAG_SPAN
+
+    async def _private(self) -> Communicator:
+        """This communicator's private context, made on first use (Rule 3)."""
+        if self._private_comm is not None:
+            return self._private_comm
+        if self._private_task is None:
+            self._private_task = asyncio.ensure_future(self._family.child(  # type: ignore[arg-type]
+                self._self(), list(range(self.size)), 0, ("private",)))
+        comm = await asyncio.shield(self._private_task)
+        self._private_comm = comm
+        return comm
+
+    async def _close_children(self) -> None:
+        for sub in list(self._children):
+            await sub.aclose()
+        if self._private_task is not None and self._private_comm is None:
+            try:
+                self._private_comm = await self._private_task
+            except BaseException:  # it never opened: nothing to close
+                self._private_task = None
+        if self._private_comm is not None:
+            await self._private_comm.aclose()
+
+    async def _wait_lingering(self) -> None:
+        """Wait until the sub-communicators closed here have said goodbye to their peers
+        (on MPI: every member closed too); errors there are their own ranks' to report."""
+        while self._lingering:
+            await asyncio.gather(*list(self._lingering), return_exceptions=True)
+
+    def _orphan(self) -> None:
+        if self._parent is not None:
+            self._parent._children.discard(self._self())
+            self._parent = None
+
+    async def __aenter__(self) -> Communicator:
+        return self._self()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._self().aclose()
+
+
+async def _allgather_pair(comm: Communicator, pair: tuple[int, int], tag: int,
+                          timeout: float | None) -> list[tuple[int, int]]:
+    """Every rank's ``pair``, in rank order: gathered at rank 0 and sent back (2(p-1)
+    small messages; used by ``split`` before the collectives module is needed)."""
+    size, rank = comm.size, comm.rank
+    table = np.zeros((size, 2), np.int64)
+    table[rank] = pair
+    if size > 1:
+        if rank == 0:
+            reqs = [comm.irecv(table[r], r, tag, timeout=timeout) for r in range(1, size)]
+            for req in reqs:
+                await req
+            for dst in range(1, size):
+                await comm.send(table, dst, tag + 1, timeout=timeout)
+        else:
+            await comm.send(table[rank].copy(), 0, tag, timeout=timeout)
+            await comm.recv(table, 0, tag + 1, timeout=timeout)
+    return [(int(a), int(b)) for a, b in table]
