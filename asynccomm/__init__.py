@@ -20,6 +20,7 @@ from ._exceptions import TransportError as TransportError
 from ._exceptions import TruncationError as TruncationError
 from ._mpi_runner import open_mpi_world as open_mpi_world
 from ._request import Request as Request
+from ._request import TaskRequest as TaskRequest
 from ._request import wait_all as wait_all
 from ._request import wait_any as wait_any
 from ._runner import World as World
@@ -73,6 +74,7 @@ __all__ = (
     "OutOfDeviceMemoryError",
     "RecvOp",
     "Request",
+    "TaskRequest",
     "SendOp",
     "Status",
     "Stream",

@@ -27,6 +27,7 @@ from ._buffers import (
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
 from ._groups import Family, GroupsMixin
+from ._objects import ObjectsMixin
 from ._options import check_timeout
 from ._request import Request, defer_cancellation, settle, wait_all
 from ._stream import Stream
@@ -65,8 +66,16 @@ class RecvOp:
     dtype: Any = None
 
 
+def _shape_of(buf: object, count: object, dtype: object) -> tuple[int, ...] | None:
+    """The shape a send of ``buf`` tells its receiver, if it is not the flat ``(count,)``:
+    that of a whole numpy array that is not 1-D."""
+    if count is None and dtype is None and isinstance(buf, np.ndarray) and buf.ndim != 1:
+        return tuple(int(d) for d in buf.shape)
+    return None
+
+
 @final
-class Communicator(GroupsMixin):
+class Communicator(GroupsMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -84,12 +93,12 @@ class Communicator(GroupsMixin):
         self._family = family
         self._children = set()
         self._private_comm = None
-        self._private_task = None
         self._seq = 0
         self._tag_block = 0
         self._parent = None
         self._after_close = None
         self._lingering = set()
+        self._obj_seq = 0
 
     def __repr__(self) -> str:
         return f"<Communicator rank={self.rank} size={self.size}>"
@@ -259,7 +268,7 @@ class Communicator(GroupsMixin):
             if buf.ndim == 1:
                 arr, mv = buf, None
             else:
-                mv = buf.data.cast("B")
+                mv = buf.reshape(-1).data.cast("B")  # 0-d and empty n-d too
         else:
             view = as_send_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
@@ -276,6 +285,8 @@ class Communicator(GroupsMixin):
         req = Request(engine, SEND, dst, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       timeout, arr)
+        if arr is None:
+            req.shape = _shape_of(buf, count, dtype)
         req.stream._submit(req)  # type: ignore[union-attr]
         return req
 
@@ -296,7 +307,7 @@ class Communicator(GroupsMixin):
             if buf.ndim == 1:
                 arr, mv = buf, None
             else:
-                mv = buf.data.cast("B")
+                mv = buf.reshape(-1).data.cast("B")  # 0-d and empty n-d too
         else:
             view = as_recv_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
@@ -324,7 +335,8 @@ class Communicator(GroupsMixin):
     async def recv_new(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                        stream: Stream | None = None,
                        timeout: float | None = None) -> tuple[np.ndarray[Any, Any], Status]:
-        """Receive a message of unknown size into a new 1-D array of the sender's dtype.
+        """Receive a message of unknown size into a new array of the sender's dtype and
+        shape (``Status.shape``).
 
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError, CommBrokenError,
@@ -333,8 +345,10 @@ class Communicator(GroupsMixin):
         self._check_ready()
         req = self._make(RECV, None, src, tag, stream, timeout)
         req.stream._submit(req)  # type: ignore[union-attr]
-        result: tuple[np.ndarray[Any, Any], Status] = await req
-        return result
+        arr, status = await req
+        if arr.shape != status.shape:
+            arr = arr.reshape(status.shape)
+        return arr, status
 
     async def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any, src: int = ANY_SOURCE, *,
                        sendtag: int = 0, recvtag: int = ANY_TAG,
@@ -402,13 +416,9 @@ class Communicator(GroupsMixin):
             Exception: the error of the one op that failed, once all are done, or an
                 ``ExceptionGroup`` if several failed.
         """
-        self._check_ready()
-        made = [self._batch_op(op, stream, timeout) for op in ops]
-        if not made:
+        reqs = self.ibatch(ops, stream=stream, timeout=timeout)
+        if not reqs:
             return []
-        reqs = [r for r, _ in made]
-        self._check_aliasing(reqs, [v for _, v in made])
-        reqs[0].stream._submit(reqs)  # type: ignore[union-attr]
         try:
             await settle(reqs)
         except asyncio.CancelledError as exc:
@@ -420,6 +430,23 @@ class Communicator(GroupsMixin):
             raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
                                  failed)  # type: ignore[type-var]
         return await wait_all(reqs)
+
+    def ibatch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
+               timeout: float | None = None) -> list[Request]:
+        """Post every op at once, as ``batch`` does, and return their requests without
+        waiting (torch's ``batch_isend_irecv``): ``await ac.wait_all(reqs)``.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``batch`` (every op is
+                checked before any is posted).
+        """
+        self._check_ready()
+        made = [self._batch_op(op, stream, timeout) for op in ops]
+        reqs = [r for r, _ in made]
+        if reqs:
+            self._check_aliasing(reqs, [v for _, v in made])
+            reqs[0].stream._submit(reqs)  # type: ignore[union-attr]
+        return reqs
 
     async def _cancel_batch(self, reqs: list[Request], exc: asyncio.CancelledError) -> None:
         """A batch's task was cancelled: withdraw the ops that have not matched and wait for
@@ -464,7 +491,9 @@ class Communicator(GroupsMixin):
                   timeout: object) -> tuple[Request, BufferView]:
         if isinstance(op, SendOp):
             view = as_send_buffer(op.buf, op.count, op.dtype)
-            return self._make(SEND, view, op.dst, op.tag, stream, timeout), view
+            req = self._make(SEND, view, op.dst, op.tag, stream, timeout)
+            req.shape = _shape_of(op.buf, op.count, op.dtype)
+            return req, view
         if isinstance(op, RecvOp):
             view = as_recv_buffer(op.buf, op.count, op.dtype)
             return self._make(RECV, view, op.src, op.tag, stream, timeout), view
@@ -599,10 +628,12 @@ class Communicator(GroupsMixin):
         parent = self._parent
         self._orphan()
         after, self._after_close = self._after_close, None
-        if after is not None:  # the link's goodbyes with the other ranks: not waited for
-            task = asyncio.ensure_future(after())  # here, but by the parent's close
-            if parent is not None:
-                parent._lingering.add(task)
-                task.add_done_callback(parent._lingering.discard)
-        await self._wait_lingering()
+        if after is not None:  # the link's goodbyes with the other ranks (on MPI: until
+            self._linger(asyncio.ensure_future(after()))  # every member closed too)
+        if parent is None:
+            await self._wait_lingering()
+        else:  # waited for by the parent's close, not here
+            for task in self._lingering:
+                parent._linger(task)
+            self._lingering.clear()
 

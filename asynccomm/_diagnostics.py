@@ -43,6 +43,8 @@ def rejection(rank: int, event: RecvRejected) -> Exception:
     what = (f"message dtype {env.dtype} differs from the recv buffer's {recv.dtype}"
             if event.reason == "dtype" else
             f"message of {env.nbytes} B does not fit the recv buffer of {recv.nbytes} B")
+    if env.dtype == "|V1" and recv.dtype != "|V1":
+        what += " (the message is an object, sent with send_obj: receive it with recv_obj)"
     return cls(f"rank {rank}: recv from rank {env.source} tag {env.tag}: {what}; "
                "the buffer is untouched and the message waits for the next recv that fits",
                rank=rank, source=env.source, tag=env.tag, nbytes=env.nbytes,

@@ -27,7 +27,7 @@ import numpy as np
 from . import _diagnostics as diag
 from . import _logging
 from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
-from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
+from ._core.descriptors import AT_SENDER, INLINE, STAGED, Descriptor, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
 from ._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
@@ -56,6 +56,13 @@ THREAD_COPY_MIN = 4 << 20
 # Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
 # runs once per message.
 _new_status = tuple.__new__
+
+
+def _status_of(msg: Descriptor) -> Status:
+    """The Status of a message a recv or probe took (only messages wait unexpected)."""
+    shape = cast(Message, msg).shape
+    return _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count,
+                                (msg.count,) if shape is None else shape))
 
 
 def _bytes_of(array: Any) -> memoryview:
@@ -99,6 +106,8 @@ class DeviceEngine:
         #: communicator (for reports that span a world's communicators).
         self.world_rank = rank
         self.context = ""
+        #: A private context's engine: it does not log its opening and closing.
+        self.private = False
         self.loop = loop
         self.link = link
         self.eager_limit = eager_limit
@@ -241,7 +250,7 @@ class DeviceEngine:
 
     def probe_now(self, source: int, tag: int) -> Status | None:
         msg = self.matcher.probe(source, tag)
-        return None if msg is None else Status(msg.source, msg.tag, msg.nbytes, msg.count)
+        return None if msg is None else _status_of(msg)
 
     def post_probe(self, req: Request) -> None:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
@@ -249,7 +258,7 @@ class DeviceEngine:
         req._state = POSTED
         msg = self.matcher.post_probe(req)
         if msg is not None:
-            req._result = Status(msg.source, msg.tag, msg.nbytes, msg.count)
+            req._result = _status_of(msg)
             self._finish(req, DONE, None)
             return
         self.track(req)
@@ -331,7 +340,7 @@ class DeviceEngine:
     def _complete_fast(self, recv: Request, source: int, tag: int, nbytes: int,
                        count: int) -> None:
         """What ``_received`` and ``_finish`` do for a recv the fast lane filled."""
-        status = _new_status(Status, (source, tag, nbytes, count))
+        status = _new_status(Status, (source, tag, nbytes, count, (count,)))
         recv._result = status if recv._result is None else (recv._result, status)
         if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
             check(recv._state, DONE)
@@ -413,7 +422,8 @@ class DeviceEngine:
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]
         self.link.received(msg, self.rank)  # its sender may complete, its credit go back
-        return _new_status(Status, (source, tag, n, msg.count))
+        return _new_status(Status, (source, tag, n, msg.count, (msg.count,)
+                                    if msg.shape is None else msg.shape))
 
     # -- arrivals and matching (the link calls these) -------------------------------------
 
@@ -499,7 +509,7 @@ class DeviceEngine:
         if record is not None and self.records is not None:
             recv.record = record
             self.records.append(record)  # type: ignore[arg-type]
-        status = _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count))
+        status = _status_of(msg)
         recv._result = status if recv._result is None else (recv._result, status)
         self._finish(recv, DONE, None)
 
@@ -512,7 +522,7 @@ class DeviceEngine:
             elif isinstance(event, ProbeMatched):
                 probe: Request = event.probe  # type: ignore[assignment]
                 msg = event.envelope
-                probe._result = Status(msg.source, msg.tag, msg.nbytes, msg.count)
+                probe._result = _status_of(msg)
                 self._finish(probe, DONE, None)
 
     # -- the sending side (the link calls these) ------------------------------------------
@@ -705,4 +715,5 @@ class DeviceEngine:
         self.link.close(self.rank, reason)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
-        self.log.info("comm.closed")
+        if not self.private:
+            self.log.info("comm.closed")

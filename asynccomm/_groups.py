@@ -7,10 +7,11 @@ own; on MPI, a communicator of its own).
 Rule 2: ``split`` and ``dup`` are collective over the parent: every rank calls them, in
 the same order as every other collective call on that parent.  ``split`` orders the new
 ranks by (key, old rank), as ``MPI_Comm_split`` does; ``color=None`` returns None.
-Rule 3: the first collective call on a communicator (``split``, ``dup`` or a collective)
-creates its private context, a hidden duplicate that carries the traffic of collectives,
-so they never match the program's messages.  Each collective call takes the next block of
-``TAG_SPAN`` tags of it, in call order, so calls in flight at once never match each other.
+Rule 3: every communicator comes with a private context, a hidden duplicate made with it
+that carries the traffic of collectives and of objects' buffers, so it never matches the
+program's messages.  Each collective call takes the next block of ``TAG_SPAN`` tags of its
+lower half, in call order, so calls in flight at once never match each other; the upper
+half (from ``OBJECT_TAGS``) carries objects' out-of-band buffers.
 Rule 4: a communicator closes its sub-communicators (and its private context) before
 itself; closing one sub-communicator leaves its parent and siblings open.
 
@@ -31,11 +32,13 @@ from ._types import TAG_UB
 if TYPE_CHECKING:
     from ._communicator import Communicator
 
-__all__ = ["TAG_SPAN", "Family", "GroupsMixin"]
+__all__ = ["OBJECT_TAGS", "TAG_SPAN", "Family", "GroupsMixin"]
 
 #: The tags one collective call may use on the private context (its base is a multiple).
 TAG_SPAN = 4096
-_BLOCKS = (TAG_UB + 1) // TAG_SPAN
+#: The private context's tags from here up carry objects' buffers (see ``_objects.py``).
+OBJECT_TAGS = (TAG_UB + 1) // 2
+_BLOCKS = OBJECT_TAGS // TAG_SPAN
 
 
 class Family(Protocol):
@@ -68,7 +71,6 @@ class GroupsMixin:
     _family: Family
     _children: set[Communicator]
     _private_comm: Communicator | None
-    _private_task: asyncio.Future[Communicator] | None
     _seq: int
     _tag_block: int
     _parent: GroupsMixin | None
@@ -100,7 +102,7 @@ class GroupsMixin:
         k = _check_int(key, "key")
         if timeout is not None:
             check_timeout(timeout)
-        private = await self._private()
+        private = self._private()
         table = await _allgather_pair(private, (c, k), self._next_tags(), timeout)
         seq = self._next_seq()
         if c < 0:
@@ -119,7 +121,6 @@ class GroupsMixin:
             CommClosedError, TransportError: this communicator is closed, or MPI failed.
         """
         self._check_ready()
-        await self._private()
         seq = self._next_seq()
         sub = await self._adopt(await self._family.child(
             self._self(), list(range(self.size)), 0, ("dup", seq)))
@@ -142,27 +143,25 @@ class GroupsMixin:
         self._tag_block = (block + 1) % _BLOCKS
         return block * TAG_SPAN
 
-    async def _private(self) -> Communicator:
-        """This communicator's private context, made on first use (Rule 3)."""
-        if self._private_comm is not None:
-            return self._private_comm
-        if self._private_task is None:
-            self._private_task = asyncio.ensure_future(self._family.child(  # type: ignore[arg-type]
-                self._self(), list(range(self.size)), 0, ("private",)))
-        comm = await asyncio.shield(self._private_task)
-        self._private_comm = comm
-        return comm
+    def _private(self) -> Communicator:
+        """This communicator's private context (Rule 3)."""
+        private = self._private_comm
+        assert private is not None, "a private context has no private context"
+        return private
+
+    def _adopt_private(self, private: Communicator) -> None:
+        self._private_comm = private
+        private._parent = self  # its close is waited for by this one's
 
     async def _close_children(self) -> None:
         for sub in list(self._children):
             await sub.aclose()
-        if self._private_task is not None and self._private_comm is None:
-            try:
-                self._private_comm = await self._private_task
-            except BaseException:  # it never opened: nothing to close
-                self._private_task = None
         if self._private_comm is not None:
             await self._private_comm.aclose()
+
+    def _linger(self, task: asyncio.Future[Any]) -> None:
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
 
     async def _wait_lingering(self) -> None:
         """Wait until the sub-communicators closed here have said goodbye to their peers

@@ -88,7 +88,7 @@ class _MPIWorld:
         neighbours = sum(1 for host in every[1::2] if host == mine[1])
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
                             eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout)
-        transport, comm = family.open(mpi_comm, pools, Device(mpi_comm.Get_rank(),
+        transport, comm = await family.open(mpi_comm, pools, Device(mpi_comm.Get_rank(),
                                                               f"mpi:{mpi_comm.Get_rank()}"))
         comm._engine.log.info("comm.opened", transport="mpi")
         return cls(transport, comm)
@@ -119,9 +119,23 @@ class _MPIFamily:
         self.pool_bytes = pool_bytes
         self.timeout = timeout
 
-    def open(self, mpi_comm: Any, pools: list[int],
-             device: Device) -> tuple[MPITransport, Communicator]:
-        """This rank's communicator on ``mpi_comm``, its progress task started."""
+    async def open(self, mpi_comm: Any, pools: list[int],
+                   device: Device) -> tuple[MPITransport, Communicator]:
+        """This rank's communicator on ``mpi_comm`` and its private context (on a duplicate
+        of it), their progress tasks started."""
+        with mpi_errors("duplicating a communicator for its private context"):
+            private_comm, req = mpi_comm.Idup()
+            await wait_request(req)
+        transport, comm = self._open(mpi_comm, pools, device)
+        private_transport, private = self._open(private_comm, pools, device)
+        private._engine.context = "(inside a collective)"
+        private._engine.private = True
+        private._after_close = private_transport.wait_closed
+        comm._adopt_private(private)
+        return transport, comm
+
+    def _open(self, mpi_comm: Any, pools: list[int],
+              device: Device) -> tuple[MPITransport, Communicator]:
         loop = asyncio.get_running_loop()
         transport = MPITransport(mpi_comm, eager_limit=self.eager_limit, pools=pools)
         transport.progress.crowded = self.crowded
@@ -151,11 +165,11 @@ class _MPIFamily:
         if members is None:
             return None
         pools = [self.pools[m] for m in members]
-        transport, comm = self.open(new, pools, parent.device)
-        comm._default_timeout = parent._default_timeout
-        if members != list(range(parent.size)):
-            comm._engine.context = (f"(on a sub-communicator, as its rank {comm.rank} "
-                                    f"of {comm.size})")
+        transport, comm = await self.open(new, pools, parent.device)
+        comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
+        where = f"(on a sub-communicator, as its rank {comm.rank} of {comm.size})"
+        comm._engine.context = where
+        comm._private()._engine.context += where
         comm._after_close = transport.wait_closed
         return comm
 

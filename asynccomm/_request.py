@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from asyncio.events import _get_running_loop
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from ._core.descriptors import AT_SENDER, Message
@@ -20,7 +20,8 @@ from ._types import Status
 if TYPE_CHECKING:
     from ._stream import Stream
 
-__all__ = ["Owner", "Request", "defer_cancellation", "settle", "wait_all", "wait_any"]
+__all__ = ["Owner", "Request", "TaskRequest", "defer_cancellation", "settle", "wait_all",
+           "wait_any"]
 
 SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
@@ -75,6 +76,7 @@ class Request(Message):
         self.where = AT_SENDER
         self.view = view
         self.ident = 0
+        self.shape = None
         #: The buffer as a 1-D numpy array, when it is one: copies between two of them are
         #: a numpy slice assignment, and ``view`` is made only if a byte view is needed.
         self.array = array
@@ -256,10 +258,111 @@ def defer_cancellation(exc: asyncio.CancelledError) -> None:
     task.get_loop().call_soon(deliver)
 
 
+class TaskRequest:
+    """The request of an op that is several messages (``isend_obj``, ``irecv_obj``): a
+    first op (the object's header), then a task that finishes the rest.  Await it for its
+    result, or pass it to ``wait_all``/``wait_any`` with other requests.  Cancelling it, or
+    a task awaiting it, withdraws the first op if it has not matched; once it has, the op
+    completes all the same (and a cancelled awaiting task gets its result, the cancellation
+    being delivered at its next await), as for a single op."""
+
+    __slots__ = ("_cancel_on_start", "_first", "_started", "_task", "_waiters", "_what")
+
+    def __init__(self, first: Request, body: Callable[[], Coroutine[Any, Any, Any]],
+                 what: str) -> None:
+        self._first = first
+        self._what = what
+        self._started = False
+        self._cancel_on_start = False
+        self._waiters: dict[Any, Any] = {}
+        self._task = first._owner.loop.create_task(self._run(body))
+
+    async def _run(self, body: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+        self._started = True
+        if self._cancel_on_start:  # cancelled before it ran, too late to withdraw at once:
+            task = asyncio.current_task()  # the first op's own rules decide
+            assert task is not None
+            task.cancel()
+        return await body()
+
+    def __repr__(self) -> str:
+        state = ("cancelled" if self._task.cancelled() else "done" if self._task.done()
+                 else "pending")
+        return f"<TaskRequest {self._what} {state}>"
+
+    def done(self) -> bool:
+        """True once the op finished, failed or was cancelled."""
+        return self._task.done()
+
+    def cancelled(self) -> bool:
+        """True if the op was withdrawn."""
+        return self._task.cancelled()
+
+    def cancel(self) -> bool:
+        """Ask to withdraw the op (see the class docs).
+
+        Returns:
+            False if it had finished, else True: it is withdrawn, or it completes if its
+            first op had matched (``cancelled()`` tells which, once it is done).
+        """
+        task = self._task
+        if task.done():
+            return False
+        if not self._started:
+            if self._first.cancel():
+                return task.cancel()
+            self._cancel_on_start = True
+            return True
+        return task.cancel()
+
+    def exception(self) -> BaseException | None:
+        """The op's error once it failed, else None."""
+        task = self._task
+        return None if not task.done() or task.cancelled() else task.exception()
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        task = self._task
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError as exc:
+            if not task.done():
+                self.cancel()
+                while not task.done():
+                    try:
+                        await asyncio.shield(task)
+                    except asyncio.CancelledError:
+                        continue  # it finishes either way
+                    except Exception:  # reported below, as the op's error
+                        break
+            if task.cancelled():
+                raise exc from None
+            defer_cancellation(exc)  # it completed: its outcome wins
+            return task.result()
+
+    # what wait_all and wait_any use
+    def _add_waiter(self, waiter: Any) -> None:
+        def wake(_: asyncio.Task[Any]) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters[waiter] = wake
+        self._task.add_done_callback(wake)
+
+    def _discard_waiter(self, waiter: Any) -> None:
+        wake = self._waiters.pop(waiter, None)
+        if wake is not None:
+            self._task.remove_done_callback(wake)
+
+    def _outcome(self) -> Any:
+        return self._task.result()
+
+
 def _check_requests(reqs: Sequence[Request]) -> list[Request]:
     out = list(reqs)
     for r in out:
-        if not isinstance(r, Request):
+        if not isinstance(r, Request | TaskRequest):
             raise TypeError(f"expected Request objects, got {type(r).__name__}")
     return out
 

@@ -25,6 +25,7 @@ from .transports.local import LocalLink
 if TYPE_CHECKING:
     from .sim.cluster import Cluster
     from .sim.model import Strategy
+    from .sim.timing import ModelledTiming
 
 __all__ = ["World", "launched_by_mpi", "mpi_world_size", "open_world", "run"]
 
@@ -82,13 +83,13 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                          "ac.run(main, n, clock='virtual') or asyncio.Runner("
                          "loop_factory=asynccomm.sim.new_virtual_loop)")
     model_clock = ModelClock(loop, time_scale=time_scale if mode == "wall" else 1.0)
-    link, devices = _fabric(size, cluster, model_clock, strategy)
+    timing, devices = _fabric(size, cluster, model_clock, strategy)
     registry: list[DeviceEngine] = []  # every engine of the world, sub-communicators' too
-    family = _LocalFamily(link, list(range(size)), devices, registry, loop=loop,
+    family = _LocalFamily(timing, list(range(size)), devices, registry, loop=loop,
                           clock=model_clock, eager_limit=eager_limit, pool_bytes=pool_bytes,
                           timeout=op_timeout, mode=mode, record=cluster is not None)
     comms = [family.make(rank, size) for rank in range(size)]
-    family.connect([c._engine for c in comms])
+    family.connect(comms)
     for comm in comms:
         comm._engine.log.info("comm.opened", clock=mode)
     if isinstance(loop, VirtualTimeLoop):
@@ -113,17 +114,19 @@ class _Forming:
 
 
 class _LocalFamily:
-    """Makes the communicators of an in-process world and of its sub-communicators: each
-    group gets a link of its own (its own matching context), timed on the world's model
-    with its ranks mapped to the world's devices."""
+    """Makes the communicators of one group of an in-process world (the world itself, or a
+    sub-communicator): each group has a link of its own (its own matching context), and
+    its private context another, both timed on the world's model with the group's ranks
+    mapped to the world's devices."""
 
-    def __init__(self, link: LocalLink, ranks: list[int], devices: list[Device],
-                 registry: list[DeviceEngine], *, loop: asyncio.AbstractEventLoop,
-                 clock: ModelClock, eager_limit: int, pool_bytes: int,
-                 timeout: float | None, mode: str, record: bool,
+    def __init__(self, timing: ModelledTiming | None, ranks: list[int],
+                 devices: list[Device], registry: list[DeviceEngine], *,
+                 loop: asyncio.AbstractEventLoop, clock: ModelClock, eager_limit: int,
+                 pool_bytes: int, timeout: float | None, mode: str, record: bool,
                  world: list[int] | None = None) -> None:
-        self.link = link
-        self.ranks = ranks  # world rank of each rank of this link
+        self.link = LocalLink(timing)
+        self.private_link = LocalLink(timing)
+        self.ranks = ranks  # world rank of each rank of this group
         self.devices = devices  # the world's, by world rank
         self.registry = registry
         self.loop = loop
@@ -134,33 +137,45 @@ class _LocalFamily:
         self.mode = mode
         self.record = record
         self.forming: dict[tuple[Any, ...], _Forming] = {}
-        self.registry_ranks = ranks if world is None else world
+        self.world = ranks if world is None else world
 
-
-    def make(self, rank: int, size: int) -> Communicator:
-        """Rank ``rank``'s communicator on this family's link (not attached yet)."""
-        device = self.devices[self.ranks[rank]]
-        engine = DeviceEngine(rank, size, self.link, loop=self.loop,
+    def _engine(self, link: LocalLink, rank: int, size: int, context: str) -> DeviceEngine:
+        engine = DeviceEngine(rank, size, link, loop=self.loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
-                              clock=self.clock, device=device, record=self.record,
-                              inline_copies=self.mode == "virtual",
-                              instant=self.link.timing is None)
+                              clock=self.clock, device=self.devices[self.ranks[rank]],
+                              record=self.record, inline_copies=self.mode == "virtual",
+                              instant=link.timing is None)
         engine.world_rank = self.ranks[rank]
-        if self.ranks is not self.registry_ranks:
-            engine.context = f"(on a sub-communicator, as its rank {rank} of {size})"
+        engine.context = context
         if len(self.registry) > 64 and len(self.registry) & 63 == 0:  # forget closed ones
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
-        return Communicator(engine, default_timeout=self.timeout, device=device, family=self)
+        return engine
 
-    def connect(self, engines: list[DeviceEngine]) -> None:
-        """Attach every rank's engine to the link, in rank order."""
-        for engine in engines:
-            self.link.attach(engine)
-        if self.link.timing is None and not any(e.trace for e in engines):
-            for engine in engines:  # instant, in this process, not logging every message:
-                engine.peers = engines  # the fast lane is open
-                engine.fast = True
+    def make(self, rank: int, size: int) -> Communicator:
+        """Rank ``rank``'s communicator and its private context (not connected yet)."""
+        device = self.devices[self.ranks[rank]]
+        where = ("" if self.ranks is self.world
+                 else f"(on a sub-communicator, as its rank {rank} of {size})")
+        comm = Communicator(self._engine(self.link, rank, size, where),
+                            default_timeout=self.timeout, device=device, family=self)
+        private = Communicator(
+            self._engine(self.private_link, rank, size, f"(inside a collective){where}"),
+            default_timeout=self.timeout, device=device, family=self)
+        private._engine.private = True
+        comm._adopt_private(private)
+        return comm
+
+    def connect(self, comms: list[Communicator]) -> None:
+        """Attach every rank's engines to the links, in rank order."""
+        for link, engines in ((self.link, [c._engine for c in comms]),
+                              (self.private_link, [c._private()._engine for c in comms])):
+            for engine in engines:
+                link.attach(engine)
+            if link.timing is None and not any(e.trace for e in engines):
+                for engine in engines:  # instant, in this process, not logging every
+                    engine.peers = engines  # message: the fast lane is open
+                    engine.fast = True
 
     async def child(self, parent: Communicator, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:
@@ -168,21 +183,20 @@ class _LocalFamily:
             return None
         forming = self.forming.get(key)
         if forming is None:
-            ranks = [self.ranks[m] for m in members]
             timing = self.link.timing
-            link = LocalLink(None if timing is None else timing.for_ranks(members))
-            sub = _LocalFamily(link, ranks, self.devices, self.registry, loop=self.loop,
-                               clock=self.clock, eager_limit=self.eager_limit,
-                               pool_bytes=self.pool_bytes, timeout=self.timeout,
-                               mode=self.mode, record=self.record,
-                               world=self.registry_ranks)
+            sub = _LocalFamily(None if timing is None else timing.for_ranks(members),
+                               [self.ranks[m] for m in members], self.devices,
+                               self.registry, loop=self.loop, clock=self.clock,
+                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
+                               timeout=self.timeout, mode=self.mode, record=self.record,
+                               world=self.world)
             forming = self.forming[key] = _Forming(sub, len(members))
         rank = members.index(parent.rank)
         comm = forming.comms[rank] = forming.family.make(rank, forming.size)
-        comm._default_timeout = parent._default_timeout
+        comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
         if len(forming.comms) == forming.size:  # the last member: connect the group
             del self.forming[key]
-            forming.family.connect([forming.comms[r]._engine for r in range(forming.size)])
+            forming.family.connect([forming.comms[r] for r in range(forming.size)])
             forming.ready.set()
         else:
             await forming.ready.wait()
@@ -190,10 +204,10 @@ class _LocalFamily:
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
-            strategy: Strategy | None) -> tuple[LocalLink, list[Device]]:
-    """The link and devices of a world: instant, or timed by a cluster model."""
+            strategy: Strategy | None) -> tuple[ModelledTiming | None, list[Device]]:
+    """The timing and devices of a world: instant, or timed by a cluster model."""
     if cluster is None:
-        return LocalLink(), [Device(rank, f"sim:{rank}") for rank in range(size)]
+        return None, [Device(rank, f"sim:{rank}") for rank in range(size)]
     from .sim.model import ClusterModel
     from .sim.timing import ModelledTiming
 
@@ -202,7 +216,7 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
     devices = [Device(rank, f"{fitted.name}:{rank}", flops=spec.flops, capacity=spec.memory)
                for rank in range(size)]
     model = ClusterModel(fitted, size, strategy=strategy)
-    return LocalLink(ModelledTiming(model, clock)), devices
+    return ModelledTiming(model, clock), devices
 
 
 def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:

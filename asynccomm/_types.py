@@ -38,7 +38,15 @@ TAG_UB: Final = 2**31 - 1
 EAGER_LIMIT: Final = 65_536
 
 
-class Status(NamedTuple):
+class _StatusFields(NamedTuple):
+    source: int
+    tag: int
+    nbytes: int
+    count: int  # type: ignore[assignment]  # the MPI name; shadows tuple.count
+    shape: tuple[int, ...]
+
+
+class Status(_StatusFields):
     """What a completed recv (or a probe) found.
 
     Attributes:
@@ -46,12 +54,17 @@ class Status(NamedTuple):
         tag: the message's tag.
         nbytes: the message's size in bytes.
         count: the number of elements of the message's dtype.
+        shape: the shape of the array the sender sent: ``(count,)`` for a 1-D array,
+            bytes, or a send given ``count=``.  ``Status(source, tag, nbytes, count)``
+            means that flat shape.
     """
 
-    source: int
-    tag: int
-    nbytes: int
-    count: int  # type: ignore[assignment]  # the MPI name; shadows tuple.count
+    __slots__ = ()
+
+    def __new__(cls, source: int, tag: int, nbytes: int, count: int,
+                shape: tuple[int, ...] | None = None) -> Status:
+        return tuple.__new__(cls, (source, tag, nbytes, count,
+                                   (count,) if shape is None else tuple(shape)))
 
 
 class DataType(enum.Enum):

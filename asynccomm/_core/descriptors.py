@@ -67,9 +67,10 @@ class Message(Descriptor):
         where: ``AT_SENDER``, ``STAGED``, ``INLINE`` or ``REMOTE`` (see the module docs).
         view: the payload's bytes where they are readable in this process, else None.
         ident: the message's id at its sender (``REMOTE``), else 0.
+        shape: the sender's array shape when it is not 1-D (``(count,)``), else None.
     """
 
-    __slots__ = ("ident", "view", "where")
+    __slots__ = ("ident", "shape", "view", "where")
 
     def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str | None,
                  where: int, view: memoryview | None = None, ident: int = 0) -> None:
@@ -82,3 +83,4 @@ class Message(Descriptor):
         self.where = where
         self.view = view
         self.ident = ident
+        self.shape: tuple[int, ...] | None = None

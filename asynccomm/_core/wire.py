@@ -65,6 +65,8 @@ __all__ = [
     "charge",
     "decode_dtype",
     "encode_dtype",
+    "split_shape",
+    "with_shape",
 ]
 
 #: The largest payload that travels inside a control message; larger ones use rendezvous.
@@ -94,10 +96,11 @@ GONE: Final = 1
 ASKED: Final = 2
 
 #: kind, dtype name length, source rank, tag (the data tag in CTS), nbytes (the credit in
-#: CREDIT, the reason's length in CLOSE), count, message id, dtype name; padded to 56 bytes
-#: so that payloads start 8-byte aligned.
-HEADER: Final = struct.Struct("<BBxxiiqqq16s4x")
-_DTYPE_MAX = 16
+#: CREDIT, the reason's length in CLOSE), count, message id, dtype name (and the sender's
+#: shape, if not 1-D: ``"<f8;3x4"``, see ``encode_dtype``); padded to 88 bytes so that
+#: payloads start 8-byte aligned.
+HEADER: Final = struct.Struct("<BBxxiiqqq48s4x")
+_DTYPE_MAX = 48
 
 #: Caches of both directions (a program sends few dtypes); hot paths look here first.
 DTYPE_FIELDS: dict[str, bytes] = {}
@@ -117,6 +120,22 @@ def encode_dtype(name: str) -> bytes:
             raise ValueError(f"dtype name {name!r} is longer than {_DTYPE_MAX} bytes")
         DTYPE_FIELDS[name] = raw
     return raw
+
+
+def with_shape(name: str, shape: tuple[int, ...] | None) -> str:
+    """The dtype field's text for a message of ``shape`` (None: 1-D): the name, then
+    ``;`` and the dimensions joined by ``x`` (``;`` alone for a 0-d array).  A shape too
+    long for the header travels as 1-D (the receiver sees ``(count,)``)."""
+    if shape is None:
+        return name
+    text = f"{name};{'x'.join(map(str, shape))}"
+    return text if len(text) <= _DTYPE_MAX else name
+
+
+def split_shape(text: str) -> tuple[str, tuple[int, ...] | None]:
+    """The dtype name and shape of a dtype field's text (``with_shape`` reversed)."""
+    name, _, dims = text.partition(";")
+    return name, tuple(int(d) for d in dims.split("x")) if dims else ()
 
 
 def decode_dtype(field: bytes, length: int) -> str:

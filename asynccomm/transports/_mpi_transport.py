@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, REMOTE, STAGED, Message
-from .._core.wire import DTYPE_FIELDS, DTYPE_NAMES, EAGER, HEADER, Wire, decode_dtype, encode_dtype
+from .._core.wire import (
+    DTYPE_FIELDS,
+    DTYPE_NAMES,
+    EAGER,
+    HEADER,
+    Wire,
+    decode_dtype,
+    encode_dtype,
+    split_shape,
+    with_shape,
+)
 from .._exceptions import CommBrokenError, TransportError
 from . import _mpi_lib as lib
 from ._mpi_lib import mpi_errors, translate
@@ -123,7 +133,12 @@ class MPITransport(Link):
         if kind == EAGER:  # the hot path, outside the wire
             if not endpoint.closed:  # a closed rank drops what arrives, as in-process
                 dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
-                if endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
+                if ";" in dtype:  # not 1-D: the usual way, which keeps its shape
+                    dtype, shape = split_shape(dtype)
+                    msg = Message(src, tag, nbytes, count, dtype, INLINE, slot.payload)
+                    msg.shape = shape
+                    endpoint.arrived(msg)
+                elif endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
                     credit = self.wire.consumed(src, nbytes)
                     if credit is not None:
                         self._send(src, credit)
@@ -139,7 +154,9 @@ class MPITransport(Link):
         match event:
             case w.Announced(source, tag, nbytes, count, dtype, ident):
                 if not endpoint.closed:
-                    msg = Message(source, tag, nbytes, count, dtype, REMOTE, ident=ident)
+                    name, shape = split_shape(dtype) if ";" in dtype else (dtype, None)
+                    msg = Message(source, tag, nbytes, count, name, REMOTE, ident=ident)
+                    msg.shape = shape
                     self._announced[(source, ident)] = msg
                     endpoint.arrived(msg)
             case w.ClearToSend(dest, ident, data_tag):
@@ -179,7 +196,8 @@ class MPITransport(Link):
         view = msg.view
         assert view is not None and msg.dtype is not None
         try:
-            dt = DTYPE_FIELDS.get(msg.dtype) or encode_dtype(msg.dtype)
+            dt = (DTYPE_FIELDS.get(msg.dtype) or encode_dtype(msg.dtype)
+                  if msg.shape is None else encode_dtype(with_shape(msg.dtype, msg.shape)))
             if wire.eager(dest, n):
                 packed: bytes | bytearray
                 if n <= _CONCAT_MAX:

@@ -188,7 +188,7 @@ def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
 #: testing helpers built on the public API, and the communicator's own parts (its
 #: mixins, which name it for type checking only).
 MAY_IMPORT_COMMUNICATOR = {"asynccomm", "asynccomm._runner", "asynccomm._mpi_runner",
-                           "asynccomm.testing", "asynccomm._groups"}
+                           "asynccomm.testing", "asynccomm._groups", "asynccomm._objects"}
 
 
 @pytest.mark.parametrize("path", _py_files(PKG), ids=lambda p: str(p.relative_to(PKG)))
@@ -268,7 +268,7 @@ LAYERS: dict[str, int] = {
     # the engine
     "asynccomm._diagnostics": 7, "asynccomm._engine": 7,
     # the public API
-    "asynccomm._communicator": 8, "asynccomm._groups": 8,
+    "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
     "asynccomm": 10, "asynccomm.testing": 10,
 }

@@ -164,7 +164,9 @@ def test_design_names_are_exported(name: str) -> None:
 
 
 def test_status_fields() -> None:
-    assert ac.Status._fields == ("source", "tag", "nbytes", "count")
+    assert ac.Status._fields == ("source", "tag", "nbytes", "count", "shape")
+    assert ac.Status(0, 1, 16, 4) == ac.Status(0, 1, 16, 4, (4,))  # flat unless told
+    assert ac.Status(0, 1, 16, 4, [2, 2]).shape == (2, 2)
 
 
 def test_constants() -> None:

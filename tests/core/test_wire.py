@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynccomm._core import wire as w
-from asynccomm._core.wire import HEADER, Wire, charge, decode_dtype, encode_dtype
+from asynccomm._core.wire import (
+    HEADER,
+    Wire,
+    charge,
+    decode_dtype,
+    encode_dtype,
+    split_shape,
+    with_shape,
+)
 
 DT = encode_dtype("|u1")
 
@@ -86,8 +94,21 @@ def test_every_travelling_dtype_name_fits_the_header(dtype: str) -> None:
 
 
 def test_a_dtype_name_too_long_for_the_header_is_refused() -> None:
-    with pytest.raises(ValueError, match="longer than 16 bytes"):
-        encode_dtype("<" + "x" * 20)
+    with pytest.raises(ValueError, match="longer than 48 bytes"):
+        encode_dtype("<" + "x" * 50)
+
+
+@pytest.mark.parametrize("shape", [None, (), (3, 4), (0, 5), (2, 1, 7, 1), (1 << 40, 3)])
+def test_shapes_travel_in_the_dtype_field(shape: tuple[int, ...] | None) -> None:
+    text = with_shape("<f8", shape)
+    field_ = encode_dtype(text)
+    padded = HEADER.unpack(HEADER.pack(1, len(field_), 0, 0, 0, 0, 0, field_))[7]
+    back = decode_dtype(padded, len(field_))
+    assert (split_shape(back) if ";" in back else (back, None)) == ("<f8", shape)
+
+
+def test_a_shape_too_long_for_the_header_travels_flat() -> None:
+    assert with_shape("<f8", (10**9,) * 6) == "<f8"
 
 
 # -- eager and credit ----------------------------------------------------------------------------

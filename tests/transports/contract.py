@@ -684,6 +684,99 @@ async def closed_peer_breaks_pending_ops(comm: ac.Communicator) -> None:
         await comm.send(np.zeros(BIG, np.uint8), 1, 99)
 
 
+async def shapes_travel(comm: ac.Communicator) -> None:
+    """``recv_new`` gives the sender's shape (0-d, 2-D, 3-D past the eager limit, a batch's
+    send), ``Status.shape`` says it, and a recv into a flat buffer of the same byte size
+    still works; a send with ``count=`` is flat."""
+    right, left = neighbours(comm)
+    shapes = [(3, 4), (), (2, 3, BIG // 6 + 1), (0, 5), (7,)]
+    sends = [comm.isend((np.arange(int(np.prod(s)), dtype=np.int32) + comm.rank).reshape(s),
+                        right, 40 + i) for i, s in enumerate(shapes)]
+    for i, shape in enumerate(shapes):
+        arr, st = await comm.recv_new(left, 40 + i)
+        check(arr.shape == shape and st.shape == shape and arr.dtype == np.int32,
+              f"recv_new gave {arr.shape}/{st.shape}, sent {shape}")
+        check(np.array_equal(arr.ravel(), np.arange(arr.size, dtype=np.int32) + left),
+              "shaped data")
+    await ac.wait_all(sends)
+    await comm.batch([ac.SendOp(np.ones((2, 5), np.float32), right, 50),
+                      ac.SendOp(np.ones((4, 4), np.float32), right, 51, count=6)])
+    flat = np.zeros(10, np.float32)
+    st = await comm.recv(flat, left, 50)
+    check(st.shape == (2, 5) and st.count == 10 and flat.sum() == 10, "recv into flat")
+    arr, st = await comm.recv_new(left, 51)
+    check(arr.shape == (6,) and st.shape == (6,), "count= sends flat")
+
+
+# -- objects and non-blocking batches ----------------------------------------------------------
+
+
+async def objects_round_trip(comm: ac.Communicator) -> None:
+    """Objects (nested dicts of arrays, past the eager limit too) arrive intact and in
+    order, by exact source and tag or wildcards; an array recv never takes an object nor
+    ``recv_obj`` an array (each waits for the right recv); an unpicklable object is a
+    TypeError before anything is sent; requests from ``isend_obj``/``irecv_obj`` go to
+    ``wait_all``; a ``recv_obj`` cancelled before anything arrived takes nothing."""
+    right, left = neighbours(comm)
+
+    def payload(rank: int, i: int) -> dict[str, Any]:
+        return {"rank": rank, "i": i, "grads": {"w": pattern(BIG, rank + i).reshape(-1, 1),
+                                               "b": np.full((2, 3), i, np.float32)},
+                "meta": ["x" * i, (rank, None)]}
+
+    with raises(TypeError, "send_obj of an unpicklable object"):
+        await comm.send_obj(lambda: None, right)
+    lost = comm.irecv_obj(left, 99)
+    lost.cancel()
+    with raises(asyncio.CancelledError, "cancelled irecv_obj"):
+        await lost
+    sends = [comm.isend_obj(payload(comm.rank, i), right, 5) for i in range(3)]
+    await comm.send(np.arange(3, dtype=np.int64), right, 6)
+    with raises(ac.DTypeMismatchError, "recv of an object into an array"):
+        await comm.recv(np.zeros(1 << 20, np.uint8), left, 5)
+    with raises(ac.DTypeMismatchError, "recv_obj of an array"):
+        await comm.recv_obj(left, 6)
+    for i in range(3):
+        obj, st = await (comm.recv_obj(left, 5) if i else comm.recv_obj())
+        want = payload(left, i)
+        check(st.source == left and st.tag == 5 and obj["i"] == i and obj["meta"] ==
+              want["meta"], f"object {i}: {obj['i']} from {st.source}")
+        check(np.array_equal(obj["grads"]["w"], want["grads"]["w"])
+              and obj["grads"]["w"].shape == (BIG, 1)
+              and np.array_equal(obj["grads"]["b"], want["grads"]["b"]), "arrays intact")
+    await ac.wait_all(sends)
+    arr, _ = await comm.recv_new(left, 6)
+    check(arr.tolist() == [0, 1, 2], "the array waited for its recv")
+    recv = comm.irecv_obj(left, 7)
+    await ac.wait_all([comm.isend_obj({"k": comm.rank}, right, 7)])
+    (obj, _), = await ac.wait_all([recv])
+    check(obj == {"k": left}, "irecv_obj through wait_all")
+    with raises(ac.CommTimeoutError, "recv_obj that timed out"):
+        await comm.recv_obj(left, 98, timeout=SHORT)
+    await marker(comm, left)  # my recv timed out: the left may send to me now
+    await wait_marker(comm, right)
+    # The cancelled and timed-out recvs took nothing: these find their objects.
+    await comm.send_obj({"late": comm.rank}, right, 99)
+    await comm.send_obj({"later": comm.rank}, right, 98)
+    check((await comm.recv_obj(left, 99))[0] == {"late": left}, "after a cancelled recv_obj")
+    check((await comm.recv_obj(left, 98))[0] == {"later": left}, "after a timed-out one")
+
+
+async def ibatch_returns_requests(comm: ac.Communicator) -> None:
+    """``ibatch`` posts like ``batch`` and returns the requests at once; a bad op posts
+    nothing."""
+    right, left = neighbours(comm)
+    out = np.zeros(BIG, np.uint8)
+    with raises(TypeError, "ibatch of a non-op"):
+        comm.ibatch([ac.RecvOp(out, left, 1), "send"])  # type: ignore[list-item]
+    reqs = comm.ibatch([ac.RecvOp(out, left, 1), ac.SendOp(pattern(BIG, comm.rank), right, 1)])
+    check(len(reqs) == 2 and all(isinstance(r, ac.Request) for r in reqs), "requests")
+    status, sent = await ac.wait_all(reqs)
+    check(status.source == left and sent is None, "ibatch results")
+    check(np.array_equal(out, pattern(BIG, left)), "ibatch data")
+    check(comm.ibatch([]) == [], "an empty ibatch")
+
+
 # -- sub-communicators -------------------------------------------------------------------------
 
 
@@ -782,7 +875,8 @@ PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     cancelled_sends_lose_nothing, send_withdrawn_after_match, cancellation_storm,
     a_withdrawn_large_send_keeps_the_order, timeouts, bad_input,
     closed_peer_breaks_pending_ops, wildcards_fail_once_every_peer_has_closed,
-    split_orders_and_isolates, split_bad_input, a_closed_world_closes_its_groups,
+    shapes_travel, objects_round_trip, ibatch_returns_requests, split_orders_and_isolates,
+    split_bad_input, a_closed_world_closes_its_groups,
 )}
 
 #: World options a program needs (``ac.run(program, **OPTIONS.get(name, {}))``).
