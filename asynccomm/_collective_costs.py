@@ -111,8 +111,10 @@ class CollectiveCosts:
         return self.step(((0, 1 % self.size, 0),))
 
     def bandwidth(self, nbytes: int = 64 * MiB) -> float:
-        """Bytes/s one message of ``nbytes`` moves at between ranks 0 and 1, α excluded."""
-        t = self.step(((0, 1 % self.size, nbytes),)) - self.step(((0, 1 % self.size, 1),))
+        """B: the marginal bytes/s of messages of about ``nbytes`` between ranks 0 and 1
+        (``nbytes`` more bytes cost nbytes/B more), α excluded."""
+        dst = 1 % self.size
+        t = self.step(((0, dst, 2 * nbytes),)) - self.step(((0, dst, nbytes),))
         return nbytes / t if t > 0 else math.inf
 
     # -- closed forms -------------------------------------------------------------------------

@@ -91,11 +91,11 @@ def _array(where: str, name: str, buf: object, *, writable: bool = False,
 
 
 def _same(where: str, name: str, buf: Array, shape: tuple[int, ...], dtype: np.dtype[Any],
-          other: str) -> None:
+          shape_of: str, dtype_of: str) -> None:
     if buf.shape != shape:
-        raise ValueError(f"{where}: {name} shape {buf.shape} does not match {other} {shape}")
+        raise ValueError(f"{where}: {name} shape {buf.shape} does not match {shape_of} {shape}")
     if buf.dtype != dtype:
-        raise TypeError(f"{where}: {name} dtype {buf.dtype} does not match {other}'s "
+        raise TypeError(f"{where}: {name} dtype {buf.dtype} does not match {dtype_of}'s "
                         f"{dtype}")
 
 
@@ -232,7 +232,7 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     out: Array | None = None
     if c.rank == r:
         out = _array("reduce", "recvbuf", recvbuf, writable=True)
-        _same("reduce", "recvbuf", out, s.shape, s.dtype, "sendbuf")
+        _same("reduce", "recvbuf", out, s.shape, s.dtype, "sendbuf shape", "sendbuf")
         if out is not s:
             _apart("reduce", out, "recvbuf", s, "sendbuf")
     limit = check_timeout(timeout)
@@ -262,7 +262,7 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     out = s
     if recvbuf is not None and recvbuf is not s:
         out = _array("allreduce", "recvbuf", recvbuf, writable=True)
-        _same("allreduce", "recvbuf", out, s.shape, s.dtype, "sendbuf")
+        _same("allreduce", "recvbuf", out, s.shape, s.dtype, "sendbuf shape", "sendbuf")
         _apart("allreduce", out, "recvbuf", s, "sendbuf")
     elif recvbuf is s:
         _array("allreduce", "recvbuf", s, writable=True)
@@ -280,7 +280,8 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
 
 def _rows(where: str, big: Array, big_name: str, small: Array, small_name: str,
           size: int) -> None:
-    _same(where, big_name, big, (size, *small.shape), small.dtype, f"(size, *{small_name}.shape)")
+    _same(where, big_name, big, (size, *small.shape), small.dtype,
+          f"(size, *{small_name}.shape) =", small_name)
 
 
 async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
@@ -381,7 +382,7 @@ async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     if s.ndim == 0 or s.shape[0] != c.size:
         raise ValueError(f"alltoall: sendbuf shape {s.shape} must start with the world size "
                          f"{c.size}")
-    _same("alltoall", "recvbuf", out, s.shape, s.dtype, "sendbuf")
+    _same("alltoall", "recvbuf", out, s.shape, s.dtype, "sendbuf shape", "sendbuf")
     _apart("alltoall", out, "recvbuf", s, "sendbuf")
     limit = check_timeout(timeout)
     algo = _choose("alltoall", choose, s.nbytes, c.size)
