@@ -296,7 +296,7 @@ async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     s = _array("allgather", "sendbuf", sendbuf)
     out = _array("allgather", "recvbuf", recvbuf, writable=True)
     _rows("allgather", out, "recvbuf", s, "sendbuf", c.size)
-    _apart("allgather", s, "sendbuf", out, "recvbuf", allowed=out[c.rank])
+    _apart("allgather", s, "sendbuf", out, "recvbuf", allowed=out[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("allgather", choose, out.nbytes, c.size)
     await _run("allgather", algo, c, t, limit,
@@ -317,7 +317,7 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     s = _array("reduce_scatter", "sendbuf", sendbuf, reduce=True)
     out = _array("reduce_scatter", "recvbuf", recvbuf, writable=True)
     _rows("reduce_scatter", s, "sendbuf", out, "recvbuf", c.size)
-    _apart("reduce_scatter", out, "recvbuf", s, "sendbuf", allowed=s[c.rank])
+    _apart("reduce_scatter", out, "recvbuf", s, "sendbuf", allowed=s[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
     await _run("reduce_scatter", algo, c, t, limit,
@@ -339,7 +339,7 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
     if c.rank == r:
         out = _array("gather", "recvbuf", recvbuf, writable=True)
         _rows("gather", out, "recvbuf", s, "sendbuf", c.size)
-        _apart("gather", s, "sendbuf", out, "recvbuf", allowed=out[r])
+        _apart("gather", s, "sendbuf", out, "recvbuf", allowed=out[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
@@ -361,7 +361,7 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
     if c.rank == r:
         s = _array("scatter", "sendbuf", sendbuf)
         _rows("scatter", s, "sendbuf", out, "recvbuf", c.size)
-        _apart("scatter", out, "recvbuf", s, "sendbuf", allowed=s[r])
+        _apart("scatter", out, "recvbuf", s, "sendbuf", allowed=s[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](

@@ -120,7 +120,7 @@ async def call(comm: ac.Communicator, case: Case,
         return out
     if c == "allgather":
         out = np.empty((p, *x.shape), x.dtype)
-        send = out[r] if case.in_place else x
+        send = out[r, ...] if case.in_place else x
         send[...] = x
         await coll.allgather(comm, send, out, **kw)
         return out

@@ -49,3 +49,29 @@ def test_allreduce_gives_the_same_bits_on_every_rank(algorithm: str) -> None:
     for size in (3, 6, 7):
         results = ac.run(bounded(main), world_size=size)
         assert len(set(results)) == 1
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3,)])
+def test_in_place_forms(shape: tuple[int, ...]) -> None:
+    """MPI's in-place forms: sendbuf is recvbuf's own row (allgather, gather at the root),
+    recvbuf is sendbuf's own row (reduce_scatter, scatter at the root)."""
+    async def main(comm: ac.Communicator) -> None:
+        p, r = comm.size, comm.rank
+        rows = np.stack([np.full(shape, i + 1, np.int64) for i in range(p)])
+        out = np.zeros((p, *shape), np.int64)
+        out[r, ...] = rows[r]
+        await coll.allgather(comm, out[r, ...], out, tag=0)
+        assert (out == rows).all()
+        out = np.zeros((p, *shape), np.int64)
+        out[r, ...] = rows[r]
+        await coll.gather(comm, out[r, ...], out, root=p - 1, tag=0)
+        assert r != p - 1 or (out == rows).all()
+        send = rows * (r + 1)
+        await coll.reduce_scatter(comm, send, send[r, ...], tag=0)
+        assert (send[r] == rows[r] * p * (p + 1) // 2).all()
+        send = rows.copy()
+        await coll.scatter(comm, send if r == 0 else None, send[r, ...], root=0, tag=0)
+        assert (send[r] == rows[r]).all()
+
+    for size in (1, 3, 4):
+        ac.run(bounded(main), world_size=size)
