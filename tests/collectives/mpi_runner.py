@@ -8,11 +8,15 @@ any rank failed.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import traceback
 from typing import Any
 
+import numpy as np
+
 import asynccomm as ac
+from asynccomm import _collectives as coll
 
 from .cases import Case, all_cases, bounded, call, check
 
@@ -25,6 +29,27 @@ def table(size: int) -> list[Case]:
                             root=(i + j) % size, tag=(2 * i + j) * 4096,
                             in_place=bool(j) and case.collective == "allreduce"))
     return out
+
+
+async def timed_out(comm: ac.Communicator) -> None:
+    """The last rank stays out of a ring allreduce past the eager limit: the others time
+    out, their ops (a large send announced to the absent rank among them) are withdrawn,
+    and a collective on fresh tags then works on every rank."""
+    tag = 1000 * 4096
+    if comm.rank < comm.size - 1:
+        try:
+            await coll.allreduce(comm, np.ones(20000), tag=tag, timeout=0.5,
+                                 choose=lambda *_: "ring")
+        except ac.CommTimeoutError as exc:
+            assert "during allreduce (ring" in "\n".join(exc.__notes__)
+        else:
+            raise AssertionError("the allreduce did not time out")
+    else:
+        await asyncio.sleep(1.0)
+    assert comm.statistics().pending_ops == 0
+    x = np.full(20000, comm.rank + 1.0)
+    await coll.allreduce(comm, x, tag=tag + 4096, timeout=20.0)
+    assert (x == comm.size * (comm.size + 1) / 2).all()
 
 
 def main() -> int:
@@ -44,6 +69,11 @@ def main() -> int:
             except Exception as exc:
                 failures.append(f"{case} on rank {comm.rank}: {exc!r}")
                 traceback.print_exc()
+        try:
+            await timed_out(comm)
+        except Exception as exc:
+            failures.append(f"timeout case on rank {comm.rank}: {exc!r}")
+            traceback.print_exc()
         return failures
 
     failures: Any = ac.run(bounded(program, 60.0))
