@@ -270,6 +270,9 @@ LAYERS: dict[str, int] = {
     # the public API
     "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
+    # collectives: built on the communicator's public point-to-point API
+    "asynccomm._reduce_ops": 9, "asynccomm._collective_costs": 9,
+    "asynccomm._collective_algorithms": 9, "asynccomm._collectives": 9,
     "asynccomm": 10, "asynccomm.testing": 10,
 }
 

@@ -1,0 +1,33 @@
+"""Every collective and algorithm on MPI: ``mpiexec -n 3`` runs ``mpi_runner``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import asynccomm as ac
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+pytestmark = [
+    pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv "
+                       "(pip install -e '.[mpi]')"),
+    pytest.mark.skipif(ac.launched_by_mpi(), reason="this test starts mpiexec itself"),
+]
+
+
+def test_every_collective_on_mpi() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    proc = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, "-m",
+                           "tests.collectives.mpi_runner"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=90, check=False)
+    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, out
+    assert "collectives on MPI, 3 ranks: 28 passed, 0 failed" in proc.stdout, out
