@@ -42,6 +42,7 @@ bench: $(STAMP)
 	@status=0; \
 	$(PY) -m benchmarks || status=1; \
 	$(PY) -m benchmarks.cluster || status=1; \
+	$(PY) -m benchmarks.collectives || status=1; \
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_p2p || status=1; \
 	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above)"; fi; \
 	exit $$status

@@ -19,6 +19,11 @@ from ._exceptions import OutOfDeviceMemoryError as OutOfDeviceMemoryError
 from ._exceptions import TransportError as TransportError
 from ._exceptions import TruncationError as TruncationError
 from ._mpi_runner import open_mpi_world as open_mpi_world
+from ._reduce_ops import MAX as MAX
+from ._reduce_ops import MIN as MIN
+from ._reduce_ops import PROD as PROD
+from ._reduce_ops import SUM as SUM
+from ._reduce_ops import ReduceOp as ReduceOp
 from ._request import Request as Request
 from ._request import TaskRequest as TaskRequest
 from ._request import wait_all as wait_all
@@ -73,7 +78,12 @@ __all__ = (
     "MatchError",
     "OutOfDeviceMemoryError",
     "RecvOp",
+    "MAX",
+    "MIN",
+    "PROD",
+    "ReduceOp",
     "Request",
+    "SUM",
     "TaskRequest",
     "SendOp",
     "Status",

@@ -24,6 +24,7 @@ from ._buffers import (
     memory_owner,
     overlapping,
 )
+from ._collective_api import CollectivesMixin
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
 from ._groups import Family, GroupsMixin
@@ -75,7 +76,7 @@ def _shape_of(buf: object, count: object, dtype: object) -> tuple[int, ...] | No
 
 
 @final
-class Communicator(GroupsMixin, ObjectsMixin):
+class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -99,6 +100,7 @@ class Communicator(GroupsMixin, ObjectsMixin):
         self._after_close = None
         self._lingering = set()
         self._obj_seq = 0
+        self._chooser = None
 
     def __repr__(self) -> str:
         return f"<Communicator rank={self.rank} size={self.size}>"

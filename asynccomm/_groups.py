@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ._collectives import allgather
 from ._options import check_timeout
 from ._types import TAG_UB
 
@@ -183,19 +184,7 @@ class GroupsMixin:
 
 async def _allgather_pair(comm: Communicator, pair: tuple[int, int], tag: int,
                           timeout: float | None) -> list[tuple[int, int]]:
-    """Every rank's ``pair``, in rank order: gathered at rank 0 and sent back (2(p-1)
-    small messages; used by ``split`` before the collectives module is needed)."""
-    size, rank = comm.size, comm.rank
-    table = np.zeros((size, 2), np.int64)
-    table[rank] = pair
-    if size > 1:
-        if rank == 0:
-            reqs = [comm.irecv(table[r], r, tag, timeout=timeout) for r in range(1, size)]
-            for req in reqs:
-                await req
-            for dst in range(1, size):
-                await comm.send(table, dst, tag + 1, timeout=timeout)
-        else:
-            await comm.send(table[rank].copy(), 0, tag, timeout=timeout)
-            await comm.recv(table, 0, tag + 1, timeout=timeout)
+    """Every rank's ``pair``, in rank order (an allgather on ``comm``)."""
+    table = np.zeros((comm.size, 2), np.int64)
+    await allgather(comm, np.array(pair, np.int64), table, tag=tag, timeout=timeout)
     return [(int(a), int(b)) for a, b in table]

@@ -1,20 +1,16 @@
-"""Data-parallel training: every rank trains a replica, gradients meet in a ring all-reduce.
+"""Data-parallel training: every rank trains a replica, gradients meet in an all-reduce.
 
 Each rank holds the same MLP (same seed) and trains it on its own shard of the data set of
 ``examples/ps`` (10 classes, 32 features).  After every step the replicas must agree on the
-summed gradient; there is no server: peers exchange chunks point to point in a ring.
-
-The all-reduce is built from ``isend``/``irecv`` on two streams of the rank, one for each
-direction.  Reduce-scatter (n - 1 steps): send a chunk right, receive one from the left
-and add it in, so each rank ends with one chunk fully summed.  All-gather (n - 1 steps):
-pass the summed chunks around.  The all-gather is posted in one go: each send waits, on
-its stream (``stream.wait(event)``), for the receive it forwards (``stream.record()``),
-so the host does not have to wake between hops.  Every rank ends with the same bits.
+summed gradient; there is no server: ``comm.allreduce`` sums each gradient over the ranks
+(a ring for large buffers, recursive doubling for small ones), every rank getting the same
+bits.
 
 Gradients are all-reduced bucket by bucket (a bucket is a layer) as backward produces
 them, while the rank's compute stream goes on with the next layer (``--no-overlap``: after
-the whole backward pass).  The replicas stay bit-for-bit identical, and the model reaches
-at least 95% held-out accuracy (``TARGET_ACCURACY``) in three epochs on four ranks.
+the whole backward pass).  The replicas stay bit-for-bit identical (checked with
+``comm.gather``), and the model reaches at least 95% held-out accuracy
+(``TARGET_ACCURACY``) in three epochs on four ranks.
 
 Run: python examples/training_loop.py [--ranks N] [--epochs E] [--no-overlap]
      [--loop uvloop|asyncio] [--seed S]
@@ -42,69 +38,15 @@ from ps.device import ComputeStream
 from ps.model import MLP, Params, sgd_momentum
 
 TARGET_ACCURACY = 0.95
-GATHER_TAG = 10  # the table, then one tag per layer
-RING_TAG = 100  # then 2 * ranks tags per bucket
 
 
-class RingAllReduce:
-    """Sums float32 buffers over every rank of ``comm``, in place (see module docs).
-
-    Every rank must all-reduce the same buckets, of the same sizes, in the same order.
-    """
-
-    def __init__(self, comm: ac.Communicator) -> None:
-        self.comm = comm
-        self.sends = comm.stream()
-        self.recvs = comm.stream()
-
-    async def allreduce(self, buf: np.ndarray, bucket: int,
-                        after: asyncio.Task[None] | None = None) -> None:
-        """Replace ``buf`` by its sum over all ranks; start once ``after`` is done.
-
-        Raises:
-            ac.AsyncCommError: a ring neighbour failed or closed.
-        """
-        if after is not None:
-            await after
-        n = self.comm.size
-        if n == 1:
-            return
-        chunks = np.array_split(buf, n)  # views; the first chunk is the largest
-        tag = RING_TAG + bucket * 2 * n
-        sends = await self._reduce_scatter(chunks, tag)
-        # the all-gather overwrites chunks that those sends may still be reading
-        self.recvs.wait(self.sends.record())
-        await ac.wait_all(sends + self._all_gather(chunks, tag + n))
-
-    async def _reduce_scatter(self, chunks: list[np.ndarray], tag: int) -> list[ac.Request]:
-        """n - 1 hops; after hop k, chunk (r - k - 1) holds k + 2 ranks' sum, so rank r
-        ends with chunk r + 1 summed over every rank.  The host adds what arrives."""
-        comm, n = self.comm, len(chunks)
-        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
-        incoming = np.empty_like(chunks[0])
-        sends = []
-        for k in range(n - 1):
-            out, into = chunks[(r - k) % n], chunks[(r - k - 1) % n]
-            got = comm.irecv(incoming[:into.size], left, tag + k, stream=self.recvs)
-            sends.append(comm.isend(out, right, tag + k, stream=self.sends))
-            await got
-            into += incoming[:into.size]
-        return sends
-
-    def _all_gather(self, chunks: list[np.ndarray], tag: int) -> list[ac.Request]:
-        """n - 1 hops passing the summed chunks on, all posted at once: each send waits on
-        its stream for the receive it forwards, with no host round trip in between."""
-        comm, n = self.comm, len(chunks)
-        r, right, left = comm.rank, (comm.rank + 1) % n, (comm.rank - 1) % n
-        reqs = []
-        arrived: ac.Event | None = None
-        for k in range(n - 1):
-            if arrived is not None:
-                self.sends.wait(arrived)
-            reqs.append(comm.isend(chunks[(r + 1 - k) % n], right, tag + k, stream=self.sends))
-            reqs.append(comm.irecv(chunks[(r - k) % n], left, tag + k, stream=self.recvs))
-            arrived = self.recvs.record()
-        return reqs
+async def allreduce_after(comm: ac.Communicator, buf: np.ndarray,
+                          after: asyncio.Task[None] | None) -> None:
+    """Sum ``buf`` over every rank, in place, once ``after`` (the bucket before) is done:
+    every rank all-reduces the same buckets in the same order."""
+    if after is not None:
+        await after
+    await comm.allreduce(buf)
 
 
 @dataclass(frozen=True)
@@ -143,12 +85,11 @@ async def replica(comm: ac.Communicator, cfg: Config, data: Dataset, model: MLP)
     steps = cfg.epochs * cfg.steps_per_epoch()
     log = ReplicaLog(model.init(cfg.seed), np.zeros((3, steps)))
     velocity = [np.zeros_like(p) for p in log.params]
-    ring = RingAllReduce(comm)
-    lr = cfg.lr / comm.size  # the ring sums; the step uses the mean
+    lr = cfg.lr / comm.size  # the all-reduce sums; the step uses the mean
     with ComputeStream(f"rank-{comm.rank}") as device:
         for step in range(steps):
             start = perf_counter()
-            loss, grads, waited = await _gradients(device, ring, model, log.params,
+            loss, grads, waited = await _gradients(device, comm, model, log.params,
                                                    next(batches), cfg.overlap)
             await device.run(_update, log.params, velocity, grads, lr, cfg.momentum)
             log.table[:, step] = loss, perf_counter() - start, waited
@@ -157,7 +98,7 @@ async def replica(comm: ac.Communicator, cfg: Config, data: Dataset, model: MLP)
     return log
 
 
-async def _gradients(device: ComputeStream, ring: RingAllReduce, model: MLP, params: Params,
+async def _gradients(device: ComputeStream, comm: ac.Communicator, model: MLP, params: Params,
                      batch: tuple[np.ndarray, np.ndarray],
                      overlap: bool) -> tuple[float, Params, float]:
     """The batch's loss, the gradients summed over every replica, and the time spent
@@ -171,9 +112,9 @@ async def _gradients(device: ComputeStream, ring: RingAllReduce, model: MLP, par
         for done in layers:
             layer, grads[layer] = await done
             if overlap:
-                last = group.create_task(ring.allreduce(grads[layer], layer, last))
+                last = group.create_task(allreduce_after(comm, grads[layer], last))
         for layer in () if overlap else reversed(range(model.layers)):
-            last = group.create_task(ring.allreduce(grads[layer], layer, last))
+            last = group.create_task(allreduce_after(comm, grads[layer], last))
         waited = perf_counter()
     return loss, grads, perf_counter() - waited
 
@@ -185,22 +126,16 @@ def _update(params: Params, velocity: Params, grads: Params, lr: float, momentum
 
 async def gather(comm: ac.Communicator, log: ReplicaLog) -> tuple[list[np.ndarray], bool] | None:
     """On rank 0: every rank's table, and whether every replica's parameters are exactly
-    rank 0's.  Other ranks send theirs and get None."""
-    tag = GATHER_TAG
-    if comm.rank != 0:
-        await comm.send(log.table, 0, tag)
-        for i, p in enumerate(log.params):
-            await comm.send(p, 0, tag + 1 + i)
-        return None
-    tables, identical = [log.table], True
-    for src in range(1, comm.size):
-        tables.append(np.empty_like(log.table))
-        await comm.recv(tables[-1], src, tag)
-        for i, p in enumerate(log.params):
-            theirs = np.empty_like(p)
-            await comm.recv(theirs, src, tag + 1 + i)
-            identical = identical and np.array_equal(theirs, p)
-    return tables, identical
+    rank 0's.  Other ranks get None."""
+    root = comm.rank == 0
+    tables = np.empty((comm.size, *log.table.shape)) if root else None
+    await comm.gather(log.table, tables)
+    identical = True
+    for p in log.params:
+        theirs = np.empty((comm.size, *p.shape), p.dtype) if root else None
+        await comm.gather(p, theirs)
+        identical = identical and (theirs is None or all(np.array_equal(t, p) for t in theirs))
+    return (list(tables), identical) if tables is not None else None
 
 
 @dataclass(frozen=True)
@@ -264,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     result = train(cfg, **world_options(args))
     if result is None:  # not rank 0, when each rank has a process of its own
         return
-    print(f"ring all-reduce: {cfg.ranks} replicas, overlap {'on' if cfg.overlap else 'off'}")
+    print(f"all-reduce: {cfg.ranks} replicas, overlap {'on' if cfg.overlap else 'off'}")
     print(f"{'epoch':>5}  {'loss':>7}  {'test acc':>8}  {'comm share':>10}")
     for epoch, loss, accuracy, share in result.rows:
         print(f"{epoch:>5}  {loss:>7.4f}  {accuracy:>8.2%}  {share:>10.1%}")

@@ -82,9 +82,6 @@ def _costs(workload: Any, workers: int) -> Any:
 def ring_simulated(workers: int, *, byte_scale: int = BYTE_SCALE,
                    workload: Any = None) -> dict[str, Any]:
     """Ring all-reduce of every bucket, overlapped with backward, on the virtual clock."""
-    examples_on_path()
-    from training_loop import RingAllReduce
-
     workload = workload or _workload()
     buckets, costs = _costs(workload, workers)
     sizes = [scaled_bytes(4 * b.params, byte_scale) for b in buckets]
@@ -92,14 +89,15 @@ def ring_simulated(workers: int, *, byte_scale: int = BYTE_SCALE,
 
     async def main(comm: ac.Communicator) -> float:
         loop = asyncio.get_running_loop()
-        ring = RingAllReduce(comm)
         grads = [np.zeros(n, np.uint8) for n in sizes]
         pending: dict[int, asyncio.Task[None]] = {}
         summed = [0.0] * STEPS  # when each step's last bucket was summed
         last: asyncio.Task[None] | None = None
 
         async def reduce(b: int, step: int, after: asyncio.Task[None] | None) -> None:
-            await ring.allreduce(grads[b], b, after)
+            if after is not None:
+                await after
+            await comm.allreduce(grads[b], algorithm="ring")
             summed[step] = loop.time()  # buckets finish in order: the last one stays
 
         for step in range(STEPS):

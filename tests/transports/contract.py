@@ -777,6 +777,59 @@ async def ibatch_returns_requests(comm: ac.Communicator) -> None:
     check(comm.ibatch([]) == [], "an empty ibatch")
 
 
+# -- collectives -------------------------------------------------------------------------------
+
+
+async def collectives_keep_to_themselves(comm: ac.Communicator) -> None:
+    """Collectives as methods: results equal numpy's, two in flight at once don't mix, a
+    pending wildcard recv of the program takes none of their messages, and they work on a
+    sub-communicator too."""
+    size, rank = comm.size, comm.rank
+    pending = comm.irecv(np.zeros(8, np.int64), ac.ANY_SOURCE, ac.ANY_TAG)
+    a = np.full(BIG // 8, rank + 1, np.int64)  # past the eager limit
+    b = np.arange(5, dtype=np.float64) * (rank + 1)
+    await asyncio.gather(comm.allreduce(a), comm.allreduce(b, op=ac.MAX))
+    check(np.all(a == size * (size + 1) // 2), "allreduce sum")
+    check(np.array_equal(b, np.arange(5) * size), "allreduce max")
+    rows = np.zeros((size, 3), np.int32)
+    await comm.allgather(np.full(3, rank, np.int32), rows)
+    check(np.array_equal(rows[:, 0], np.arange(size)), "allgather")
+    root = size - 1
+    buf = np.arange(4.0) if rank == root else np.zeros(4)
+    await comm.bcast(buf, root=root)
+    check(np.array_equal(buf, np.arange(4.0)), "bcast")
+    total = np.zeros(2, np.int64) if rank == 0 else None
+    await comm.reduce(np.array([rank, 1]), total, op="sum", root=0)
+    check(rank != 0 or total is not None and total.tolist() == [size * (size - 1) // 2, size],
+          "reduce")
+    mine = np.zeros(2, np.int64)
+    await comm.reduce_scatter(np.ones((size, 2), np.int64) * rank, mine)
+    check(mine.tolist() == [size * (size - 1) // 2] * 2, "reduce_scatter")
+    everyone = np.zeros((size, 1), np.int64) if rank == 0 else None
+    await comm.gather(np.array([rank * 10]), everyone)
+    check(rank != 0 or everyone is not None and everyone[:, 0].tolist() ==
+          [10 * r for r in range(size)], "gather")
+    part = np.zeros(1, np.int64)
+    await comm.scatter(np.arange(size).reshape(size, 1) if rank == 0 else None, part)
+    check(int(part[0]) == rank, "scatter")
+    swapped = np.zeros((size, 1), np.int64)
+    await comm.alltoall(np.array([[rank * 100 + j] for j in range(size)]), swapped)
+    check(swapped[:, 0].tolist() == [r * 100 + rank for r in range(size)], "alltoall")
+    await comm.barrier()
+    sub = await comm.split(rank % 2)
+    assert sub is not None
+    x = np.array([rank])
+    await sub.allreduce(x)
+    check(int(x[0]) == sum(r for r in range(size) if r % 2 == rank % 2), "sub allreduce")
+    await sub.aclose()
+    check(not pending.done(), "a pending wildcard recv took a collective's message")
+    await comm.barrier()  # every rank checked before anyone sends it a message
+    right, left = neighbours(comm)
+    await comm.send(np.full(8, rank, np.int64), right, 3)
+    status = await pending
+    check(status.source == left and status.tag == 3, "the wildcard recv took its message")
+
+
 # -- sub-communicators -------------------------------------------------------------------------
 
 
@@ -876,7 +929,7 @@ PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     a_withdrawn_large_send_keeps_the_order, timeouts, bad_input,
     closed_peer_breaks_pending_ops, wildcards_fail_once_every_peer_has_closed,
     shapes_travel, objects_round_trip, ibatch_returns_requests, split_orders_and_isolates,
-    split_bad_input, a_closed_world_closes_its_groups,
+    split_bad_input, a_closed_world_closes_its_groups, collectives_keep_to_themselves,
 )}
 
 #: World options a program needs (``ac.run(program, **OPTIONS.get(name, {}))``).
