@@ -47,21 +47,19 @@ def world_model(comm: ac.Communicator) -> ClusterModel:
     return model
 
 
-async def one(comm: ac.Communicator, collective: str, nbytes: int, name: str,
-              tag: int) -> tuple[float, float]:
-    """(start, end) in model seconds of one call; every rank starts at the same instant,
-    the next whole millisecond after a barrier."""
+async def one(comm: ac.Communicator, collective: str, nbytes: int) -> tuple[float, float]:
+    """(start, end) in model seconds of one call of the communicator's method (which asks
+    the cluster model for the algorithm itself); every rank starts at the same instant, the
+    next whole millisecond after a barrier."""
     p, n = comm.size, nbytes // 4
-    await coll.barrier(comm, tag=tag + coll.TAG_SPAN)
+    await comm.barrier()
     now = comm.model_time()
     await asyncio.sleep(math.floor(now * 1000 + 1) / 1000 - now)
     start = comm.model_time()
-    choose = lambda *_: name  # noqa: E731
     if collective == "allreduce":
-        await coll.allreduce(comm, np.ones(n, np.float32), tag=tag, choose=choose)
+        await comm.allreduce(np.ones(n, np.float32))
     else:
-        await coll.allgather(comm, np.ones(n // p, np.float32),
-                             np.empty((p, n // p), np.float32), tag=tag, choose=choose)
+        await comm.allgather(np.ones(n // p, np.float32), np.empty((p, n // p), np.float32))
     return start, comm.model_time()
 
 
@@ -73,10 +71,10 @@ def run(sizes: list[int]) -> list[dict[str, Any]]:
         costs = CollectiveCosts(world_model(comm), range(comm.size))
         choose = costs.chooser()
         out = []
-        for i, (collective, nbytes) in enumerate(plan):
+        for collective, nbytes in plan:
             names = [f"{collective}.{a}" for a in coll.algorithms(collective)]
             name = choose(names, nbytes, comm.size)
-            start, end = await one(comm, collective, nbytes, name, 2 * i * coll.TAG_SPAN)
+            start, end = await one(comm, collective, nbytes)
             out.append((name, start, end, costs.cost(name, nbytes)))
         return out
 

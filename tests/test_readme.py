@@ -33,3 +33,8 @@ def test_the_cluster_example() -> None:
     assert lines[0].startswith("RankSummary(rank=0, bytes_sent=67108864")
     times = [float(t) for t in lines[-1].strip("[]").split(",")]
     assert len(times) == 16 and times[0] > times[1] > 0  # senders also computed
+
+
+def test_the_groups_example() -> None:
+    out = run(python_block("## Groups, collectives and objects"))
+    assert out.strip().splitlines()[-1] == "(28.0, 3, 3)"
