@@ -7,15 +7,27 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test test-core test-mpi test-stress bench results lint clean
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev,mpi,plot]'
-	touch $(STAMP)
+# The runtime alone (what `make demo` needs), then everything the suite and tools need.
+# PIP_QUIET and PYTHONWARNINGS keep set-up to pip's own errors (setuptools' editable-install
+# banner is a warning printed by the build backend).
+RUNTIME := $(VENV)/.runtime
+PIP := PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore $(PY) -m pip
+QUIET := grep -iv -e "editable" -e "careful" -e "precedence" -e "\*\*\*" -e "!!" \
+	-e "with strategy" -e "is ignored: it is neither" -e "^\s*$$" || true
+
+$(RUNTIME): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PIP) install --upgrade pip 2>&1 | $(QUIET)
+	@$(PIP) install -e . 2>&1 | $(QUIET)
+	@$(PY) -c "import asynccomm" && touch $(RUNTIME) && echo "set up $(VENV) (runtime)"
+
+$(STAMP): $(RUNTIME)
+	@$(PIP) install -e '.[test,dev,mpi,plot]' 2>&1 | $(QUIET)
+	@$(PY) -c "import pytest, mpi4py, hypothesis" && touch $(STAMP) && echo "set up $(VENV) (tests, tools, MPI)"
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(PY) examples/parameter_server.py
 
 test: $(STAMP)

@@ -104,7 +104,12 @@ def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
         dt = buf.dtype
         dtype_name(dt, what)
         if not buf.flags.c_contiguous:
-            raise ValueError(f"{what} buffer must be C-contiguous (use numpy.ascontiguousarray)")
+            raise ValueError(f"{what} buffer must be C-contiguous: "
+                             + ("send numpy.ascontiguousarray(buf) (a contiguous copy)"
+                                if what == "send" else
+                                "receive into a contiguous buffer, then copy it into this "
+                                "view (numpy.ascontiguousarray would make a copy, and the "
+                                "data would land in the copy)"))
         try:
             mv = buf.data
         except ValueError:

@@ -84,7 +84,9 @@ def _array(where: str, name: str, buf: object, *, writable: bool = False,
     if reduce and not reducible(buf.dtype):
         raise TypeError(f"{where}: cannot reduce dtype {buf.dtype}")
     if not buf.flags.c_contiguous:
-        raise ValueError(f"{where}: {name} must be C-contiguous (use np.ascontiguousarray)")
+        raise ValueError(f"{where}: {name} must be C-contiguous" + (
+            "" if not writable else ": pass a contiguous buffer, then copy it into this view "
+            "(numpy.ascontiguousarray would make a copy, and the result would land there)"))
     if writable and not buf.flags.writeable:
         raise ValueError(f"{where}: {name} is read-only")
     return buf

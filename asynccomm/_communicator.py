@@ -80,7 +80,13 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
-    Instances are created by ``open_world``/``run`` and cannot be created directly.
+    Instances are created by ``open_world``/``run`` (and ``split``/``dup``), not directly.
+
+    Attributes:
+        rank: this rank, 0 .. size - 1.
+        size: the number of ranks.
+        device: this rank's device (``device.name``; on a cluster world its compute rate
+            ``flops`` and memory, with ``device.alloc``/``free``).
     """
 
     def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,

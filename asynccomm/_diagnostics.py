@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ._core.states import QUEUED, Kind
 from ._exceptions import (
     CommBrokenError,
@@ -36,11 +38,24 @@ def describe(req: Request) -> str:
     return f"{kind.value}(src={src}, tag={tag})"
 
 
+def dtype_label(code: str | None) -> str:
+    """A dtype's name for people (``int64``, not ``<i8``)."""
+    if code is None:
+        return "any"
+    if code == "|V1":
+        return "object (send_obj)"
+    try:
+        return np.dtype(code).name
+    except TypeError:
+        return code
+
+
 def rejection(rank: int, event: RecvRejected) -> Exception:
     """The error of a recv that matched a message it cannot take (Rule 4 of matching)."""
     recv, env = event.recv, event.envelope
     cls = DTypeMismatchError if event.reason == "dtype" else TruncationError
-    what = (f"message dtype {env.dtype} differs from the recv buffer's {recv.dtype}"
+    what = (f"message dtype {dtype_label(env.dtype)} differs from the recv buffer's "
+            f"{dtype_label(recv.dtype)}"
             if event.reason == "dtype" else
             f"message of {env.nbytes} B does not fit the recv buffer of {recv.nbytes} B")
     if env.dtype == "|V1" and recv.dtype != "|V1":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import os
 import signal
 import socket
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
-from ._options import POOL_BYTES, check_timeout, check_world, default_timeout
+from ._options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
 from ._types import EAGER_LIMIT
 from .sim.device import Device
 from .transports import _mpi_lib
@@ -270,7 +271,10 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     comm = world.comm
     interrupt.rank = comm.rank
     try:
-        result = await main(comm)
+        coro = main(comm)
+        if not inspect.isawaitable(coro):
+            raise not_async(main, coro)
+        result = await coro
     except BaseException as caught:
         exc = KeyboardInterrupt() if interrupt.hit else caught
         exc.add_note(f"(raised on rank {comm.rank})")

@@ -8,7 +8,8 @@ from typing import Final
 
 from .sim.cluster import Cluster
 
-__all__ = ["POOL_BYTES", "check_timeout", "check_world", "clock_mode", "default_timeout"]
+__all__ = ["POOL_BYTES", "check_timeout", "check_world", "clock_mode", "default_timeout",
+           "not_async"]
 
 #: Default cap on staged eager messages per rank.
 POOL_BYTES: Final = 64 << 20
@@ -76,3 +77,8 @@ def check_world(size: object, cluster: object, clock: object, eager_limit: objec
     return clock_mode(cluster, clock)
 
 
+def not_async(main: object, returned: object) -> TypeError:
+    """The error for a ``main`` that is not an async function."""
+    name = getattr(main, "__name__", repr(main))
+    return TypeError(f"main must be an async function (async def {name}(comm): ...); "
+                     f"{name}(comm) returned {type(returned).__name__}, not an awaitable")

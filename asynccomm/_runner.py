@@ -4,6 +4,7 @@ program on every rank and returns (or raises) what the ranks did."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -16,7 +17,14 @@ from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
 from ._exceptions import DeadlockError
-from ._options import POOL_BYTES, check_timeout, check_world, clock_mode, default_timeout
+from ._options import (
+    POOL_BYTES,
+    check_timeout,
+    check_world,
+    clock_mode,
+    default_timeout,
+    not_async,
+)
 from ._types import EAGER_LIMIT
 from .sim.device import Device
 from .sim.loop import VirtualTimeLoop, new_virtual_loop
@@ -251,12 +259,20 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         Exception: the failure of the one rank that failed (with a note naming the rank),
             or an ``ExceptionGroup`` of every rank's failure.
     """
-    async def one(comm: Communicator) -> T:
-        result = await main(comm)
+    coros = [main(c) for c in comms]
+    if not all(inspect.isawaitable(c) for c in coros):
+        for c in coros:
+            if inspect.iscoroutine(c):
+                c.close()
+        raise not_async(main, coros[0])
+
+    async def one(comm: Communicator, coro: Awaitable[T]) -> T:
+        result = await coro
         await comm.aclose()
         return result
 
-    tasks = [asyncio.create_task(one(c), name=f"asynccomm-rank-{c.rank}") for c in comms]
+    tasks = [asyncio.create_task(one(c, coro), name=f"asynccomm-rank-{c.rank}")
+             for c, coro in zip(comms, coros, strict=True)]
     try:
         pending: set[asyncio.Task[T]] = set(tasks)
         while pending:
@@ -340,8 +356,10 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
 
     Raises:
-        TypeError, ValueError: bad arguments.
-        Exception: as ``run_ranks``.
+        TypeError, ValueError: bad arguments (``main`` that is not an async function
+            among them: said before any rank runs).
+        Exception: the failure of the one rank that failed (with a note naming the
+            rank), or an ``ExceptionGroup`` of every rank's failure.
     """
     if not callable(main):
         raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")

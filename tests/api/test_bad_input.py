@@ -81,7 +81,10 @@ Case = Callable[[C, C], object]
 # -- argument errors, table driven ---------------------------------------------------------
 
 SIZE_2 = "for a world of size 2"
-CONTIG = r"C-contiguous \(use numpy\.ascontiguousarray\)"
+SEND_CONTIG = r"C-contiguous: send numpy\.ascontiguousarray\(buf\) \(a contiguous copy\)"
+RECV_CONTIG = (r"C-contiguous: receive into a contiguous buffer, then copy it into this view "
+               r"\(numpy\.ascontiguousarray would make a copy, and the data would land in the "
+               r"copy\)")
 NOT_A_BUFFER = (r"buffer must be a numpy array or a buffer-protocol object "
                 r"\(bytes, bytearray, memoryview\), got ")
 OBJECTS = ", which holds Python objects; only numeric, bool and fixed-size dtypes can be sent"
@@ -152,15 +155,15 @@ ARG_CASES: list[Any] = [
                  r"^tag must be an int, got float$", id="isend-tag-float"),
     # -- buffers: layout, writability, element type
     pytest.param(lambda c0, c1: c0.isend(np.arange(8)[::2], 1), ValueError,
-                 rf"^send buffer must be {CONTIG}$", id="isend-non-contiguous"),
+                 rf"^send buffer must be {SEND_CONTIG}$", id="isend-non-contiguous"),
     pytest.param(lambda c0, c1: c0.send(np.arange(8)[::2], 1), ValueError,
-                 rf"^send buffer must be {CONTIG}$", id="send-non-contiguous"),
+                 rf"^send buffer must be {SEND_CONTIG}$", id="send-non-contiguous"),
     pytest.param(lambda c0, c1: c0.irecv(np.zeros(8)[::2], 1), ValueError,
-                 rf"^recv buffer must be {CONTIG}$", id="irecv-non-contiguous"),
+                 rf"^recv buffer must be {RECV_CONTIG}$", id="irecv-non-contiguous"),
     pytest.param(lambda c0, c1: c0.recv(np.zeros(8)[::2], 1), ValueError,
-                 rf"^recv buffer must be {CONTIG}$", id="recv-non-contiguous"),
+                 rf"^recv buffer must be {RECV_CONTIG}$", id="recv-non-contiguous"),
     pytest.param(lambda c0, c1: c0.isend(np.zeros((3, 4), order="F"), 1), ValueError,
-                 rf"^send buffer must be {CONTIG}$", id="isend-fortran-order"),
+                 rf"^send buffer must be {SEND_CONTIG}$", id="isend-fortran-order"),
     pytest.param(lambda c0, c1: c0.isend(memoryview(bytearray(8))[::2], 1), ValueError,
                  r"^send buffer must be C-contiguous", id="isend-non-contiguous-memoryview"),
     pytest.param(lambda c0, c1: c0.irecv(_readonly(out8()), 1), ValueError,
@@ -463,8 +466,8 @@ async def test_dtype_mismatch_keeps_the_message(protocol: str, order: str) -> No
         c0, c1 = world.comms
         data = np.arange(n, dtype=np.int64) + 1
         wrong = np.full(n, -7.5, dtype=np.float64)
-        expected = (r"^rank 1: recv from rank 0 tag 5: message dtype <i8 differs from the recv "
-                    r"buffer's <f8; the buffer is untouched and the message waits for the next "
+        expected = (r"^rank 1: recv from rank 0 tag 5: message dtype int64 differs from the recv "
+                    r"buffer's float64; the buffer is untouched and the message waits for the next "
                     r"recv that fits$")
         if order == "recv-first":
             rreq = c1.irecv(wrong, 0, 5)
@@ -787,3 +790,52 @@ async def test_env_timeout_when_the_peer_posted_nothing(monkeypatch: pytest.Monk
                 r"rank 1 had posted nothing for rank 0$")):
             await c0.recv(out8(), 1, 3)
         await check_works(world)
+
+
+def test_a_plain_def_main_is_refused_before_any_rank_runs() -> None:
+    ran: list[int] = []
+
+    def main(comm: ac.Communicator) -> int:  # forgot async
+        ran.append(comm.rank)
+        return comm.rank
+
+    with pytest.raises(TypeError, match=r"async function \(async def main\(comm\)"):
+        ac.run(main, world_size=3)  # type: ignore[arg-type]
+
+    async def inner(comm: ac.Communicator, x: int) -> int:
+        return x + comm.rank
+
+    assert ac.run(lambda comm: inner(comm, 10), world_size=2) == [10, 11]  # a lambda is fine
+
+
+def test_match_errors_name_dtypes_as_people_do() -> None:
+    async def main(comm: ac.Communicator) -> str:
+        if comm.rank == 0:
+            await comm.send(np.arange(3, dtype=np.int64), 1)
+            return ""
+        with pytest.raises(ac.DTypeMismatchError) as info:
+            await comm.recv(np.zeros(3, np.float32), 0)
+        await comm.recv(np.zeros(3, np.int64), 0)
+        return str(info.value)
+
+    message = ac.run(main, world_size=2)[1]
+    assert "message dtype int64 differs from the recv buffer's float32" in message
+
+
+def test_a_non_contiguous_recv_buffer_gets_advice_that_works() -> None:
+    async def main(comm: ac.Communicator) -> None:
+        with pytest.raises(ValueError, match="receive into a contiguous buffer, then copy"):
+            comm.irecv(np.zeros((4, 4))[:, 0], 0)
+        with pytest.raises(ValueError, match=r"send numpy.ascontiguousarray\(buf\)"):
+            comm.isend(np.zeros((4, 4))[:, 0], 0)
+
+    ac.run(main, world_size=1)
+
+
+def test_help_lists_the_public_attributes() -> None:
+    import pydoc
+
+    text = pydoc.render_doc(ac.Communicator, renderer=pydoc.plaintext)
+    for name in ("rank:", "size:", "device:", "split(", "allreduce(", "send_obj(", "ibatch("):
+        assert name in text
+    assert "run_ranks" not in pydoc.render_doc(ac.run, renderer=pydoc.plaintext)

@@ -68,7 +68,7 @@ async def test_dtype_mismatch_error_fields(order: str) -> None:
         assert isinstance(exc, ac.DTypeMismatchError)
         assert (exc.rank, exc.source, exc.tag, exc.nbytes, exc.capacity) == (1, 0, 2, 12, 64)
         assert (exc.send_dtype, exc.recv_dtype) == ("<i4", "<f8")
-        assert "message dtype <i4 differs from the recv buffer's <f8" in str(exc)
+        assert "message dtype int32 differs from the recv buffer's float64" in str(exc)
         assert "recv from rank 0 tag 2" in str(exc)
         await c1.recv(np.zeros(3, dtype=np.int32), 0, 2)
 
