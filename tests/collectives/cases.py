@@ -142,6 +142,54 @@ async def call(comm: ac.Communicator, case: Case,
     return out
 
 
+async def call_method(comm: ac.Communicator, case: Case) -> np.ndarray[Any, Any] | None:
+    """``call`` through the communicator's methods (its private context and tags), naming
+    the case's algorithm where the collective has a choice."""
+    r, p, c = comm.rank, comm.size, case.collective
+    x = data(case, r, p)
+    algo: dict[str, Any] = {"algorithm": case.algorithm} if len(ALGORITHMS[c]) > 1 else {}
+    if c == "barrier":
+        await comm.barrier()
+        return None
+    if c == "bcast":
+        buf = x if r == case.root else np.zeros_like(x)
+        await comm.bcast(buf, case.root)
+        return buf
+    if c == "reduce":
+        out = x if case.in_place else np.empty_like(x)
+        await comm.reduce(x, out if r == case.root else None, case.op, case.root)
+        return out if r == case.root else None
+    if c == "allreduce":
+        if case.in_place:
+            await comm.allreduce(x, None, case.op, **algo)
+            return x
+        out = np.empty_like(x)
+        await comm.allreduce(x, out, case.op, **algo)
+        return out
+    if c == "allgather":
+        out = np.empty((p, *x.shape), x.dtype)
+        send = out[r, ...] if case.in_place else x
+        send[...] = x
+        await comm.allgather(send, out, **algo)
+        return out
+    if c == "reduce_scatter":
+        out = np.empty(x.shape[1:], x.dtype)
+        await comm.reduce_scatter(x, out, case.op, **algo)
+        return out
+    if c == "gather":
+        out = np.empty((p, *x.shape), x.dtype)
+        await comm.gather(x, out if r == case.root else None, case.root, **algo)
+        return out if r == case.root else None
+    if c == "scatter":
+        out = np.empty(x.shape[1:], x.dtype)
+        await comm.scatter(x if r == case.root else None, out, case.root, **algo)
+        return out
+    assert c == "alltoall"
+    out = np.empty_like(x)
+    await comm.alltoall(x, out)
+    return out
+
+
 def check(case: Case, rank: int, size: int, got: np.ndarray[Any, Any] | None) -> None:
     want = expected(case, rank, size)
     if want is None:

@@ -31,3 +31,17 @@ def test_every_collective_on_mpi() -> None:
     out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, out
     assert "collectives on MPI, 3 ranks: 28 passed, 0 failed" in proc.stdout, out
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_random_collectives_on_mpi_through_the_methods(ranks: int) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
+                           "tests.collectives.mpi_property_runner", "--examples", "25"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, out
+    assert f"random collectives on MPI, {ranks} ranks: 25 examples, 0 failures" in proc.stdout

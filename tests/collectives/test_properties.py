@@ -13,14 +13,29 @@ from hypothesis import strategies as st
 import asynccomm as ac
 from asynccomm._collective_algorithms import ALGORITHMS
 
-from .cases import DTYPES, ENVIRONMENTS, REDUCING, ROOTED, Case, bounded, call, check
+from .cases import (
+    DTYPES,
+    ENVIRONMENTS,
+    REDUCING,
+    ROOTED,
+    Case,
+    bounded,
+    call,
+    call_method,
+    check,
+)
 
 IN_PLACE = {"allreduce", "allgather", "reduce"}
 
 
+SIZES = st.integers(1, 9)
+ENVS = st.sampled_from(sorted(ENVIRONMENTS))
+
+
 @st.composite
-def cases(draw: st.DrawFn) -> tuple[Case, int, str]:
-    size = draw(st.integers(1, 9))
+def cases(draw: st.DrawFn, sizes: st.SearchStrategy[int] = SIZES,
+          envs: st.SearchStrategy[str] = ENVS) -> tuple[Case, int, str]:
+    size = draw(sizes)
     collective = draw(st.sampled_from(sorted(ALGORITHMS)))
     algorithm = draw(st.sampled_from(sorted(ALGORITHMS[collective])))
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
@@ -39,18 +54,19 @@ def cases(draw: st.DrawFn) -> tuple[Case, int, str]:
         else "sum"
     root = draw(st.integers(0, size - 1)) if collective in ROOTED else 0
     in_place = collective in IN_PLACE and draw(st.booleans())
-    env = draw(st.sampled_from(sorted(ENVIRONMENTS)))
+    env = draw(envs)
     return Case(collective, algorithm, per_block, dtype.name, op, root, in_place), size, env
 
 
 @settings(max_examples=40, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(drawn=cases())
-def test_collectives_equal_numpy(drawn: tuple[Case, int, str]) -> None:
+@given(drawn=cases(), methods=st.booleans())
+def test_collectives_equal_numpy(drawn: tuple[Case, int, str], methods: bool) -> None:
+    """Through the functions, or the communicator's methods (on its private context)."""
     case, size, env = drawn
 
     async def main(comm: ac.Communicator) -> Any:
-        return await call(comm, case)
+        return await (call_method(comm, case) if methods else call(comm, case))
 
     results = ac.run(bounded(main), world_size=size, **ENVIRONMENTS[env])
     for rank in range(size):
