@@ -71,7 +71,7 @@ import asynccomm as ac
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ps.data import make_blobs
-from ps.device import ComputeStream
+from ps.device import ComputeStream, limit_blas_threads
 from ps.model import softmax_cross_entropy
 
 T = TypeVar("T")
@@ -363,6 +363,7 @@ async def train_rank(comm: ac.Communicator, cfg: Config,
     stage_comm = await comm.split(color=replica, key=index)
     dp_comm = await comm.split(color=index, key=replica)
     assert stage_comm is not None and dp_comm is not None
+    limit_blas_threads()  # small products: BLAS threads would only fight over the cores
     data = make_blobs(cfg.seed, train=cfg.train_samples)
     layers = cfg.layers_per_stage
     stage = Stage(cfg.sizes(data.features, data.classes), index * layers,
