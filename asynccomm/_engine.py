@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import numpy as np
 
 from . import _diagnostics as diag
-from . import _logging
+from . import _flight, _logging
 from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
@@ -38,6 +38,7 @@ from .transports.base import ASKED, WITHDRAWN
 
 if TYPE_CHECKING:
     from ._clock import ModelClock
+    from ._trace import RankTrace
     from .sim.device import Device
     from .sim.records import OpRecord
     from .transports.base import Link
@@ -102,6 +103,11 @@ class DeviceEngine:
         self.pool = StagingPool(pool_bytes)
         self.closed = False
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
+        #: The clock ops are timed with (seconds), and the last ops of this rank.
+        self.now = _flight.clock_for(loop)
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now())
+        #: Collects every op for a trace file (set by the world when tracing), or None.
+        self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
         self.clock = clock
         self.device = device
@@ -214,11 +220,14 @@ class DeviceEngine:
         """Post a request that reached its turn on its stream (streams only)."""
         check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         kind = req.kind
         if kind is SEND:
             byte_view(req)  # the link reads it
             if self.trace:
                 self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag, nbytes=req.nbytes)
+            if self.tracer is not None:
+                self.tracer.flow_out(req)
             self.link.send(req, req.peer)
         elif kind is RECV:
             if self.trace:
@@ -243,6 +252,7 @@ class DeviceEngine:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
         check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         msg = self.matcher.post_probe(req)
         if msg is not None:
             req._result = Status(msg.source, msg.tag, msg.nbytes, msg.count)
@@ -310,6 +320,8 @@ class DeviceEngine:
         """``offer`` for a message whose payload is bytes that are readable only now (one
         that arrived inline from another process): a recv waiting here takes it at once;
         False, having done nothing, when it must be delivered the usual way."""
+        if self.tracer is not None:  # every message through ``arrived``: it counts them
+            return False
         recv: Request | Literal[False] | None = self.matcher.claim_posted(  # type: ignore[assignment]
             source, tag, nbytes, dtype)
         if not recv:
@@ -332,6 +344,9 @@ class DeviceEngine:
         if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
             check(recv._state, DONE)
         recv._state = DONE
+        recv.t_fin = t = self.now()
+        self.flight.add((RECV, source, tag, nbytes, recv.stream.sid, "done",  # type: ignore[union-attr]
+                         recv.t_post, t, t))
         waiters = recv._waiters
         if waiters is not None:
             recv._waiters = None
@@ -359,6 +374,7 @@ class DeviceEngine:
         if POSTED not in NEXT[req._state]:
             check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         matcher = self.matcher
         msg = matcher.post_recv(req)
         if msg is not None:
@@ -387,6 +403,8 @@ class DeviceEngine:
         check(req._state, DONE)
         req._state = DONE
         req._result = result
+        req.t_post = req.t_match = req.t_fin = t = self.now()
+        self.flight.add((req.kind, req.peer, req.tag, req.nbytes, 0, "done", t, t, t))
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,
@@ -415,6 +433,8 @@ class DeviceEngine:
 
     def arrived(self, msg: Message) -> None:
         """A message for this rank arrived (or was announced)."""
+        if self.tracer is not None:
+            self.tracer.arrival(msg)
         matcher = self.matcher
         recv = matcher.deliver(msg)
         if recv is not None:
@@ -454,6 +474,9 @@ class DeviceEngine:
         """``recv`` matched ``msg``: move the payload into its buffer."""
         check(recv._state, ACTIVE)
         recv._state = ACTIVE
+        recv.t_match = t = self.now()
+        if type(msg) is Request:  # in-process, the message is the send: it matched now
+            msg.t_match = t
         if self.trace:
             self.log.debug("p2p.matched", peer=msg.source, tag=msg.tag, nbytes=msg.nbytes)
         if recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
@@ -497,6 +520,8 @@ class DeviceEngine:
             self.records.append(record)  # type: ignore[arg-type]
         status = _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count))
         recv._result = status if recv._result is None else (recv._result, status)
+        if self.tracer is not None:
+            recv.flow = self.tracer.flow_in(msg)
         self._finish(recv, DONE, None)
 
     def _drain(self) -> None:
@@ -518,6 +543,7 @@ class DeviceEngine:
         req: Request = msg  # type: ignore[assignment]
         if req._state is POSTED:
             req._state = ACTIVE
+            req.t_match = self.now()
 
     def sent(self, msg: Message, record: object = None) -> None:
         """This rank's send is complete: its buffer may be reused."""
@@ -544,6 +570,13 @@ class DeviceEngine:
             check(req._state, state)
         req._state = state
         req._exc = exc
+        req.t_fin = t = self.now()
+        entry = _flight.entry(req, _flight.outcome(state, exc), t)
+        self.flight.add(entry)
+        if self.tracer is not None:
+            self.tracer.add(entry, getattr(req, "flow", 0), req._record)
+        if self.trace:
+            _logging.op_finished(self.log, entry)
         if req._waiters is not None or req._timer is not None:
             req._wake()
         if req._tracked:

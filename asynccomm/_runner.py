@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 
+from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
@@ -52,7 +54,8 @@ class World:
 async def open_world(size: int, cluster: Cluster | None = None, clock: str = "auto", *,
                      eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
                      timeout: float | None = None, time_scale: float = 1.0,
-                     strategy: Strategy | None = None) -> AsyncIterator[World]:
+                     strategy: Strategy | None = None,
+                     trace: str | os.PathLike[str] | None = None) -> AsyncIterator[World]:
     """Open ``size`` in-process ranks on the running loop; close them all on exit.
 
     Args:
@@ -69,12 +72,15 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             have millisecond resolution: a scale of 1000 makes modelled microseconds real).
         strategy: how the cluster model chooses store-and-forward or pipelined transfers
             and chunk sizes (``asynccomm.sim.DefaultStrategy`` unless given).
+        trace: write a Chrome trace-event JSON file of every op here when the world
+            closes (None: ``ASYNCCOMM_TRACE``, if set).  See ``asynccomm.trace``.
 
     Raises:
         TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``, or
             ``clock="virtual"`` on a loop that is not the virtual-time loop.
     """
     mode = check_world(size, cluster, clock, eager_limit, pool_bytes)
+    trace_file = _trace.trace_path(trace)
     op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
     loop = asyncio.get_running_loop()
     if mode == "virtual" and not isinstance(loop, VirtualTimeLoop):
@@ -94,12 +100,15 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
         engines.append(engine)
         comms.append(Communicator(engine, default_timeout=op_timeout, device=devices[rank]))
         engine.log.info("comm.opened", clock=mode)
-    if link.timing is None and not any(e.trace for e in engines):
+    sink = None if trace_file is None else _trace.attach(
+        trace_file, engines, model=cluster is not None,
+        time_scale=time_scale if mode == "wall" and cluster is not None else 1.0)
+    if link.timing is None and sink is None and not any(e.trace for e in engines):
         for engine in engines:  # instant, in this process, not logging every message:
             engine.peers = engines  # the fast lane is open
             engine.fast = True
     if isinstance(loop, VirtualTimeLoop):
-        loop.on_idle = lambda: _fail_deadlocked(engines)
+        loop.on_idle = lambda: _hang.fail_deadlocked(engines)
     try:
         yield World(tuple(comms))
     finally:
@@ -107,6 +116,8 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             await comm.aclose()
         if isinstance(loop, VirtualTimeLoop):
             loop.on_idle = None
+        if sink is not None:
+            sink.write()
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
@@ -125,24 +136,21 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
     return LocalLink(ModelledTiming(model, clock)), devices
 
 
-def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
-    """The virtual loop found every task waiting with nothing to wake them: fail every
-    unmatched op with one ``DeadlockError`` that lists them all, per rank."""
-    pending = {e.rank: e.describe_all() for e in engines if e.pending_ops}
-    if not pending:
-        return False
-    lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
-    exc = DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
-                        f"unmatched operations: {lines}", pending=pending)
-    woke = False
-    for engine in engines:
-        for req in engine.live_requests():
-            woke = engine.withdraw(req, exc) or woke
-    return woke
+def _watch(comms: tuple[Communicator, ...]) -> _hang.Watch:
+    """The hang watchdog of a world, with the deadlock proof when its ranks are instant
+    and on the wall clock (the virtual clock proves deadlocks itself)."""
+    engines = [c._engine for c in comms]
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, VirtualTimeLoop):  # a timer there would keep virtual time moving
+        return _hang.Watch(engines, loop, timeout=0.0, driver=None)
+    provable = all(isinstance(e.link, LocalLink) and e.link.timing is None for e in engines)
+    return _hang.Watch(engines, loop, timeout=_hang.hang_timeout(),
+                       driver=asyncio.current_task() if provable else None)
 
 
 async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
-                    comms: tuple[Communicator, ...]) -> list[T]:
+                    comms: tuple[Communicator, ...],
+                    on_cancel: Callable[[], None] | None = None) -> list[T]:
     """Run ``main(comm)`` for every rank concurrently; each rank's communicator closes when
     its ``main`` returns, so peers still waiting for it get ``CommBrokenError`` instead of
     hanging.  When a rank fails the others are cancelled first (so they do not fail in turn
@@ -158,13 +166,20 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         return result
 
     tasks = [asyncio.create_task(one(c), name=f"asynccomm-rank-{c.rank}") for c in comms]
+    watch = _watch(comms)
+    watch.start()
     try:
         pending: set[asyncio.Task[T]] = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
             if any(not t.cancelled() and t.exception() is not None for t in done):
                 break
+    except asyncio.CancelledError:
+        if on_cancel is not None:  # before the ranks are cancelled: what they waited for
+            on_cancel()
+        raise
     finally:
+        watch.stop()
         for t in tasks:
             t.cancel()
         await asyncio.wait(tasks)
@@ -238,7 +253,11 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             clock always runs on asynccomm's virtual-time loop.
         backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
             in-process elsewhere.
-        options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
+        options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
+            ``trace``; under MPI each process writes ``<name>.rank<N>.json``).
+
+    Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
+    ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
 
     Raises:
         TypeError, ValueError: bad arguments.
@@ -271,13 +290,28 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
                 options.get("pool_bytes", 0))
 
     results: list[T] = []
+    interrupted: list[str] = []
 
     async def world_main() -> None:
         # The results leave through `results`, not as the task's value: asyncio formats a
         # main task's result on the way out, which costs real time for large arrays.
         async with open_world(world_size, cluster, clock, **options) as world:
-            results.extend(await run_ranks(main, world.comms))
+            engines = [c._engine for c in world.comms]
+            uninstall = _hang.install_dump_signal(asyncio.get_running_loop(),
+                                                  lambda: engines)
+            try:
+                results.extend(await run_ranks(main, world.comms, on_cancel=lambda: (
+                    interrupted.append(_hang.dump(engines)))))
+            finally:
+                uninstall()
 
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(world_main())
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(world_main())
+    except KeyboardInterrupt:
+        if interrupted:
+            sys.stderr.write(f"asynccomm: interrupted; every rank's pending ops and last "
+                             f"ops:\n{interrupted[0]}\n")
+            sys.stderr.flush()
+        raise
     return results

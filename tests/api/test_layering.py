@@ -264,12 +264,15 @@ LAYERS: dict[str, int] = {
     "asynccomm.transports.mpi": 5,
     # requests and streams: handles the engine owns
     "asynccomm._request": 6, "asynccomm._stream": 6,
+    # the flight recorder and trace collection: what handles record
+    "asynccomm._flight": 6, "asynccomm._trace": 6,
     # the engine
-    "asynccomm._diagnostics": 7, "asynccomm._engine": 7,
+    "asynccomm._diagnostics": 7, "asynccomm._engine": 7, "asynccomm._summary": 7,
     # the public API
-    "asynccomm._communicator": 8,
+    "asynccomm._communicator": 8, "asynccomm._hang": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
-    "asynccomm": 10, "asynccomm.testing": 10,
+    "asynccomm": 10, "asynccomm.testing": 10, "asynccomm.trace": 10,
+    "asynccomm.timeline": 10,
 }
 
 
