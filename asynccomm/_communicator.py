@@ -259,8 +259,10 @@ class Communicator:
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if not handle:
-                t = engine.now()  # the flight recorder's entry, as engine.finished makes it
-                engine.flight.add((SEND, dst, tag, nbytes, 0, "done", t, t, t))
+                t = engine.now()  # FlightRecorder.add, inlined (done as posted)
+                (flight := engine.flight).ring.append((0, dst, tag, nbytes, 0, 0, t, t, t))
+                flight.count[dst + dst] += 1
+                flight.nbytes[dst + dst] += nbytes
                 return None
             return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
                                            engine.default_stream, timeout, arr), None)
@@ -299,8 +301,11 @@ class Communicator:
             status = engine.take_now(src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
-                    t = engine.now()
-                    engine.flight.add((RECV, src, tag, status.nbytes, 0, "done", t, t, t))
+                    t = engine.now()  # FlightRecorder.add, inlined (done as posted)
+                    (flight := engine.flight).ring.append(
+                        (1, src, tag, status.nbytes, 0, 0, t, t, t))
+                    flight.count[src + src + 1] += 1
+                    flight.nbytes[src + src + 1] += status.nbytes
                     return status
                 return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
                                                engine.default_stream, timeout, arr), status)

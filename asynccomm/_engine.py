@@ -105,7 +105,7 @@ class DeviceEngine:
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
         #: The clock ops are timed with (seconds), and the last ops of this rank.
         self.now = _flight.clock_for(loop)
-        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now())
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now(), size)
         #: Collects every op for a trace file (set by the world when tracing), or None.
         self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
@@ -345,8 +345,12 @@ class DeviceEngine:
             check(recv._state, DONE)
         recv._state = DONE
         recv.t_fin = t = self.now()
-        self.flight.add((RECV, source, tag, nbytes, recv.stream.sid, "done",  # type: ignore[union-attr]
-                         recv.t_post, t, t))
+        flight = self.flight  # what FlightRecorder.add does, inlined: the hot path
+        flight.ring.append((1, source, tag, nbytes, recv.stream.sid, 0, recv.t_post, t, t))  # type: ignore[union-attr]
+        i = source + source + 1
+        flight.count[i] += 1
+        flight.nbytes[i] += nbytes
+        flight.wait[i] += t - recv.t_post
         waiters = recv._waiters
         if waiters is not None:
             recv._waiters = None
@@ -404,7 +408,8 @@ class DeviceEngine:
         req._state = DONE
         req._result = result
         req.t_post = req.t_match = req.t_fin = t = self.now()
-        self.flight.add((req.kind, req.peer, req.tag, req.nbytes, 0, "done", t, t, t))
+        self.flight.add((_flight.KIND_CODE[req.kind], req.peer, req.tag, req.nbytes, 0, 0,
+                         t, t, t))
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,
@@ -576,7 +581,7 @@ class DeviceEngine:
         if self.tracer is not None:
             self.tracer.add(entry, getattr(req, "flow", 0), req._record)
         if self.trace:
-            _logging.op_finished(self.log, entry)
+            _logging.op_finished(self.log, _flight.named(entry))
         if req._waiters is not None or req._timer is not None:
             req._wake()
         if req._tracked:

@@ -2,13 +2,14 @@
 
 How it works
 ------------
-Rule 1: the engine adds one small tuple per finished op (``Entry``: kind, peer, tag, bytes,
-stream, outcome, post/match/finish times); dicts are built only when someone asks
-(``Communicator.flight_record()``, a dump).  That is one method call and one list append
-per op on the hot path.
-Rule 2: entries go to a current list; when it holds N, it becomes the previous list and
-the one before that is folded into the totals.  So the last N ops are always at hand, and
-``totals()`` (what ``Communicator.summary()`` reports on every world) counts every op.
+Rule 1: the engine adds one small tuple per finished op (``Entry``: kind and outcome as
+small ints, peer, tag, bytes, stream, post/match/finish times) to a ring of N (a
+``deque`` with ``maxlen``); dicts are built only when someone asks
+(``Communicator.flight_record()``, a dump).
+Rule 2: the same step adds the op to per-peer totals (ops, bytes, seconds waiting and
+copying: what ``Communicator.summary()`` reports on every world), kept in flat lists
+indexed by ``2 * peer + kind``.  The fast lane does both inline: a clock read, a tuple, an
+append and two or three list updates per op.
 Rule 3: times are seconds on the engine's clock (``clock_for``: the virtual loop's clock,
 else ``time.perf_counter``); dicts give them relative to the world's start, None when
 unknown (a send never sees its match when its message was staged; a queued op never
@@ -22,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from ._core.states import CANCELLED, QUEUED, Kind, State
+from ._core.states import ACTIVE, CANCELLED, QUEUED, Kind, State
 from ._exceptions import CommTimeoutError
 from ._types import ANY_SOURCE
 from .sim.records import PeerTotals
@@ -39,14 +41,21 @@ __all__ = ["DEFAULT_SIZE", "Entry", "FlightRecorder", "PeerTotals", "clock_for",
 #: Ops kept by default (``ASYNCCOMM_FLIGHT`` overrides).
 DEFAULT_SIZE: Final = 1024
 
-DONE_S: Final = "done"
-CANCELLED_S: Final = "cancelled"
-TIMED_OUT_S: Final = "timed out"
-FAILED_S: Final = "failed"
+#: Kind codes in entries, and their names.
+SEND_C: Final = 0
+RECV_C: Final = 1
+KIND_NAMES: Final = ("send", "recv", "probe", "compute")
+KIND_CODE: Final = {Kind.SEND: 0, Kind.RECV: 1, Kind.PROBE: 2, Kind.COMPUTE: 3}
+#: Outcome codes in entries (the last three only for ops still pending), and their names.
+DONE_C: Final = 0
+CANCELLED_C: Final = 1
+TIMED_OUT_C: Final = 2
+FAILED_C: Final = 3
+OUTCOMES: Final = ("done", "cancelled", "timed out", "failed", "queued", "posted", "matched")
 
-#: (kind, peer, tag, nbytes, stream id (-1: none), outcome, t_post, t_match, t_finish);
-#: times on the engine clock, negative where unknown.
-Entry = tuple[Kind, int, int, int, int, str, float, float, float]
+#: (kind code, peer, tag, nbytes, stream id (-1: none), outcome code, t_post, t_match,
+#: t_finish); times on the engine clock, negative where unknown.
+Entry = tuple[int, int, int, int, int, int, float, float, float]
 
 
 def flight_size() -> int:
@@ -71,76 +80,67 @@ def clock_for(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     return loop.time if isinstance(loop, VirtualTimeLoop) else time.perf_counter
 
 
-def outcome(state: State, exc: BaseException | None) -> str:
-    """How an op ended, in words."""
+def outcome(state: State, exc: BaseException | None) -> int:
+    """How an op ended (an ``OUTCOMES`` code)."""
     if state is CANCELLED:
-        return CANCELLED_S
+        return CANCELLED_C
     if exc is None:
-        return DONE_S
-    return TIMED_OUT_S if isinstance(exc, CommTimeoutError) else FAILED_S
+        return DONE_C
+    return TIMED_OUT_C if isinstance(exc, CommTimeoutError) else FAILED_C
 
 
 class FlightRecorder:
     """One rank's recorder (see module docs)."""
 
-    __slots__ = ("_cap", "_cur", "_ops", "_peers", "_prev", "origin", "size")
+    __slots__ = ("copy", "count", "nbytes", "origin", "others", "ring", "size", "wait")
 
-    def __init__(self, size: int, origin: float) -> None:
+    def __init__(self, size: int, origin: float, ranks: int) -> None:
         self.size = size
-        self._cap = max(size, 64)  # a list this long is rotated (size 0 keeps none)
         self.origin = origin
-        self._cur: list[Entry] = []
-        self._prev: list[Entry] = []
-        self._peers: dict[int, list[Any]] = {}
-        self._ops = 0  # folded ops of every kind
+        #: The last ``size`` entries, oldest first.
+        self.ring: deque[Entry] = deque(maxlen=size)
+        # Totals of finished sends and recvs, at 2 * peer + kind (0 send, 1 recv): ops,
+        # bytes, seconds from post to match, from match to finish.  The fast lane updates
+        # them inline.
+        self.count = [0] * (2 * ranks)
+        self.nbytes = [0] * (2 * ranks)
+        self.wait = [0.0] * (2 * ranks)
+        self.copy = [0.0] * (2 * ranks)
+        self.others = 0  # other finished ops: probes, computes, failed or cancelled ones
 
     def add(self, entry: Entry) -> None:
-        """Record a finished op (the hot path: an append, a length test)."""
-        cur = self._cur
-        cur.append(entry)
-        if len(cur) >= self._cap:
-            self._prev, self._cur = cur, self._prev
-            self._fold(self._cur)
-            self._cur.clear()
-
-    def _fold(self, entries: Iterable[Entry]) -> None:
-        peers = self._peers
-        for kind, peer, _tag, nbytes, _sid, how, t_post, t_match, t_fin in entries:
-            self._ops += 1
-            if how != DONE_S or (kind is not Kind.SEND and kind is not Kind.RECV):
-                continue
-            row = peers.get(peer)
-            if row is None:
-                row = peers[peer] = [0, 0, 0, 0, 0.0, 0.0]
-            if kind is Kind.SEND:
-                row[0] += 1
-                row[2] += nbytes
-            else:
-                row[1] += 1
-                row[3] += nbytes
-            if t_match >= 0:
-                row[4] += max(t_match - t_post, 0.0) if t_post >= 0 else 0.0
-                row[5] += max(t_fin - t_match, 0.0)
-            elif t_post >= 0:
-                row[5] += max(t_fin - t_post, 0.0)
+        """Record a finished op."""
+        self.ring.append(entry)
+        kind, peer, _tag, nbytes, _sid, how, t_post, t_match, t_fin = entry
+        if how != DONE_C or kind > RECV_C or peer < 0:
+            self.others += 1
+            return
+        i = 2 * peer + kind
+        post = t_post if t_post >= 0 else t_fin
+        match = t_match if t_match >= 0 else post
+        self.count[i] += 1
+        self.nbytes[i] += nbytes
+        self.wait[i] += max(match - post, 0.0)
+        self.copy[i] += max(t_fin - match, 0.0)
 
     def finished(self) -> int:
         """How many ops have finished since the world opened."""
-        return self._ops + len(self._prev) + len(self._cur)
+        return sum(self.count) + self.others
 
     def entries(self) -> list[Entry]:
         """The last ``size`` entries, oldest first."""
-        both = self._prev + self._cur
-        return both[len(both) - self.size:] if self.size else []
+        return list(self.ring)
 
     def totals(self) -> tuple[int, list[PeerTotals]]:
         """(ops finished, per-peer totals), over every op since the world opened."""
-        snapshot = FlightRecorder(0, self.origin)
-        snapshot._peers = {p: list(row) for p, row in self._peers.items()}
-        snapshot._ops = self._ops
-        snapshot._fold(self._prev)
-        snapshot._fold(self._cur)
-        return snapshot._ops, [PeerTotals(p, *row) for p, row in sorted(snapshot._peers.items())]
+        out = []
+        for peer in range(len(self.count) // 2):
+            s, r = 2 * peer, 2 * peer + 1
+            if self.count[s] or self.count[r]:
+                out.append(PeerTotals(peer, self.count[s], self.count[r], self.nbytes[s],
+                                      self.nbytes[r], self.wait[s] + self.wait[r],
+                                      self.copy[s] + self.copy[r]))
+        return self.finished(), out
 
     def dicts(self, rank: int, pending: Iterable[Request] = ()) -> list[dict[str, Any]]:
         """The last ops as dicts (``Communicator.flight_record()``), then the pending ones."""
@@ -154,19 +154,18 @@ class FlightRecorder:
         def rel(t: float) -> float | None:
             return t - self.origin if t >= 0 else None
 
-        return {"rank": rank, "op": kind.value, "peer": peer, "tag": tag, "nbytes": nbytes,
-                "stream": sid if sid >= 0 else None, "state": how,
+        return {"rank": rank, "op": KIND_NAMES[kind], "peer": peer, "tag": tag,
+                "nbytes": nbytes, "stream": sid if sid >= 0 else None, "state": OUTCOMES[how],
                 "post": rel(t_post), "match": rel(t_match), "finish": rel(t_fin)}
 
 
 def pending_entry(req: Request) -> Entry:
     """An entry for an op that has not finished (state: queued, posted or matched)."""
     state = req.state
-    how = "queued" if state is QUEUED else state.name.lower()
-    if how == "active":
-        how = "matched"
+    how = 4 if state is QUEUED else 6 if state is ACTIVE else 5
     sid = req.stream.sid if req.stream is not None else -1
-    return (req.kind, req.peer, req.tag, req.nbytes, sid, how, req.t_post, req.t_match, -1.0)
+    return (KIND_CODE[req.kind], req.peer, req.tag, req.nbytes, sid, how, req.t_post,
+            req.t_match, -1.0)
 
 
 def _fmt_t(t: float | None) -> str:
@@ -222,12 +221,17 @@ def measured_record(req: Request, rank: int, origin: float) -> Any:
                     start=start, end=max(t_fin - origin, start), mode="measured")
 
 
-def entry(req: Request, how: str, t_fin: float) -> Entry:
+def named(e: Entry) -> tuple[Any, ...]:
+    """An entry with its kind and outcome as words."""
+    return (KIND_NAMES[e[0]], *e[1:5], OUTCOMES[e[5]], *e[6:])
+
+
+def entry(req: Request, how: int, t_fin: float) -> Entry:
     """The entry of an op that just finished (a recv names the rank it took from)."""
     peer, tag, nbytes = req.peer, req.tag, req.nbytes
-    if how == DONE_S and req.kind is Kind.RECV:  # what arrived, not what was asked
+    if how == DONE_C and req.kind is Kind.RECV:  # what arrived, not what was asked
         status = req.status
         if status is not None:
             peer, tag, nbytes = status.source, status.tag, status.nbytes
     sid = req.stream.sid if req.stream is not None else -1
-    return (req.kind, peer, tag, nbytes, sid, how, req.t_post, req.t_match, t_fin)
+    return (KIND_CODE[req.kind], peer, tag, nbytes, sid, how, req.t_post, req.t_match, t_fin)

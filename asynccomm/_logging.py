@@ -94,10 +94,11 @@ def engine_logger(**context: Any) -> tuple[Any, bool]:
 
 
 def op_finished(log: Any, entry: tuple[Any, ...]) -> None:
-    """The ``p2p.done`` debug event of a flight-recorder entry, with its durations."""
+    """The ``p2p.done`` debug event of a flight-recorder entry (kind and outcome in words),
+    with its durations."""
     kind, peer, tag, nbytes, sid, how, t_post, t_match, t_fin = entry
     post = t_post if t_post >= 0 else t_fin  # negative: unknown (it finished as posted)
     match = t_match if t_match >= 0 else post
-    log.debug("p2p.done", op=kind.value, peer=peer, tag=tag, nbytes=nbytes, stream=sid,
+    log.debug("p2p.done", op=kind, peer=peer, tag=tag, nbytes=nbytes, stream=sid,
               outcome=how, wait_us=round((match - post) * 1e6, 3),
               copy_us=round((t_fin - match) * 1e6, 3), total_us=round((t_fin - post) * 1e6, 3))

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
@@ -60,13 +61,18 @@ def _usable_cores() -> int:
 class _MPIWorld:
     """This process's rank of a world: its transport and Communicator."""
 
-    def __init__(self, transport: MPITransport, comm: Communicator) -> None:
+    def __init__(self, transport: MPITransport, comm: Communicator,
+                 sink: _trace.TraceSink | None = None) -> None:
         self.transport = transport
         self.comm = comm
+        self.sink = sink  # this rank's trace file, written once every rank has closed
+        self.watch = _hang.Watch([comm._engine], comm._engine.loop,
+                                 timeout=_hang.hang_timeout(), driver=None)
+        self.watch.start()
 
     @classmethod
-    async def open(cls, *, eager_limit: int, pool_bytes: int,
-                   timeout: float | None) -> _MPIWorld:
+    async def open(cls, *, eager_limit: int, pool_bytes: int, timeout: float | None,
+                   trace: str | os.PathLike[str] | None = None) -> _MPIWorld:
         """Open this rank (collective over ``COMM_WORLD``).
 
         Raises:
@@ -75,6 +81,8 @@ class _MPIWorld:
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
+        trace_file = _trace.trace_path(trace)
+        _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
         loop = asyncio.get_running_loop()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
@@ -92,11 +100,14 @@ class _MPIWorld:
         device = Device(rank, f"mpi:{rank}")
         engine = DeviceEngine(rank, size, transport, loop=loop, eager_limit=eager_limit,
                               pool_bytes=pool_bytes, clock=ModelClock(loop), device=device)
-        engine.fast = not engine.trace  # the fast lane, unless logging every message
+        sink = None if trace_file is None else _trace.attach(
+            _trace.rank_path(trace_file, rank), [engine], model=False, partial=True)
+        # The fast lane, unless logging or tracing every message.
+        engine.fast = not engine.trace and sink is None
         comm = Communicator(engine, default_timeout=op_timeout, device=device)
         transport.start(engine, loop)  # last: from here on its progress task runs
         engine.log.info("comm.opened", transport="mpi")
-        return cls(transport, comm)
+        return cls(transport, comm, sink)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
@@ -106,13 +117,18 @@ class _MPIWorld:
         elif failure is not None:
             why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
             self.transport.close_reason = why
+        self.watch.stop()
         await self.comm.aclose()
         await self.transport.wait_closed()
+        if self.sink is not None:
+            self.sink.write()
 
 
 @asynccontextmanager
 async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
-                         timeout: float | None = None) -> AsyncIterator[Communicator]:
+                         timeout: float | None = None,
+                         trace: str | os.PathLike[str] | None = None
+                         ) -> AsyncIterator[Communicator]:
     """Open this process's rank of an MPI world and yield its ``Communicator``.
 
     Every process of ``COMM_WORLD`` must open its worlds in the same order (it is
@@ -122,13 +138,16 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
 
     Args:
         eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.
+        trace: a trace file name (None: ``ASYNCCOMM_TRACE``): this rank writes
+            ``<name>.rank<N>.json`` once every rank has closed; ``python -m
+            asynccomm.trace merge`` joins the ranks' files.
 
     Raises:
         TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
         TransportError: MPI failed.
     """
     world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,
-                                 timeout=timeout)
+                                 timeout=timeout, trace=trace)
     failure: BaseException | None = None
     try:
         yield world.comm
@@ -166,6 +185,7 @@ class _Interrupt:
     def __init__(self) -> None:
         self.hit = False
         self.rank = -1
+        self.engines: list[DeviceEngine] = []
 
     def install(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -178,6 +198,9 @@ class _Interrupt:
             if self.hit:
                 _abort(self.rank, "interrupted twice (KeyboardInterrupt)", None)
             self.hit = True
+            if self.engines:  # this rank's own ops: the others dump theirs
+                _report(f"rank {self.rank} interrupted; its pending ops and last ops:\n"
+                        f"{_hang.dump(self.engines)}")
             task.cancel("KeyboardInterrupt")
 
         try:
@@ -205,6 +228,8 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     world = await _MPIWorld.open(**options)
     comm = world.comm
     interrupt.rank = comm.rank
+    interrupt.engines = [comm._engine]
+    uninstall = _hang.install_dump_signal(comm._engine.loop, lambda: interrupt.engines)
     try:
         result = await main(comm)
     except BaseException as caught:
@@ -223,6 +248,8 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
         if exc is caught:
             raise
         raise exc from None
+    finally:
+        uninstall()
     await world.aclose()
     if world.transport.broken is not None:  # the others may wait for this rank forever
         _abort(comm.rank, f"MPI failed ({world.transport.broken})", None)
@@ -248,7 +275,8 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         cluster: must be None (cluster models are in-process only).
         clock: ``"auto"`` or ``"wall"``.
         abort_grace: seconds a failed rank waits for the others before aborting the job.
-        options: ``eager_limit``, ``pool_bytes``, ``timeout`` (as ``open_world``).
+        options: ``eager_limit``, ``pool_bytes``, ``timeout``, ``trace`` (as
+            ``open_mpi_world``).
 
     Raises:
         TypeError, ValueError: bad arguments, or ``world_size`` is not the MPI world size.
@@ -262,7 +290,7 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         raise ValueError(f"clock must be 'auto' or 'wall' under MPI, got {clock!r}")
     if world_size is not None and (type(world_size) is not int or world_size < 1):
         raise ValueError(f"world_size must be None or an int >= 1, got {world_size!r}")
-    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout"}
+    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout", "trace"}
     if unknown:
         raise TypeError(f"unexpected options for the MPI backend: {sorted(unknown)}")
     grace = check_timeout(abort_grace)

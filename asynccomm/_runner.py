@@ -165,8 +165,8 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         await comm.aclose()
         return result
 
-    tasks = [asyncio.create_task(one(c), name=f"asynccomm-rank-{c.rank}") for c in comms]
     watch = _watch(comms)
+    tasks = [asyncio.create_task(one(c), name=f"asynccomm-rank-{c.rank}") for c in comms]
     watch.start()
     try:
         pending: set[asyncio.Task[T]] = set(tasks)

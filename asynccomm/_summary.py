@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ._flight import DONE_C, KIND_NAMES
 from .sim.records import OpRecord, RankSummary, summarize
 
 if TYPE_CHECKING:
@@ -39,10 +40,10 @@ def measured_records(engine: DeviceEngine) -> list[OpRecord]:
     origin = engine.flight.origin
     out = []
     for kind, peer, tag, nbytes, _sid, how, t_post, _t_match, t_fin in engine.flight.entries():
-        if how != "done" or kind.value not in ("send", "recv", "compute"):
+        if how != DONE_C or kind == 2:  # finished sends, recvs and computes, not probes
             continue
         start = (t_post if t_post >= 0 else t_fin) - origin
-        out.append(OpRecord(rank=engine.rank, kind=kind.value, peer=peer, tag=max(tag, 0),
+        out.append(OpRecord(rank=engine.rank, kind=KIND_NAMES[kind], peer=peer, tag=max(tag, 0),
                             nbytes=max(nbytes, 0), chunks=1, start=start,
                             end=max(t_fin - origin, start), mode="measured"))
     return out

@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Final
 
-from ._core.states import Kind
+from ._flight import KIND_NAMES, OUTCOMES
 
 __all__ = ["RankTrace", "TraceSink", "attach", "paired_flows", "rank_path", "trace_path"]
 
@@ -149,22 +149,23 @@ class TraceSink:
         slices: dict[tuple[int, str], list[tuple[float, float, dict[str, Any]]]] = (
             defaultdict(list))
         for entry, flow, record in trace.ops:
-            kind, peer, tag, nbytes, sid, how, t_post, t_match, t_fin = entry
+            code, peer, tag, nbytes, sid, how_code, t_post, t_match, t_fin = entry
+            kind, how = KIND_NAMES[code], OUTCOMES[how_code]
             start = self._us(t_post if t_post >= 0 else t_fin)
             end = max(self._us(t_fin), start)
-            group = ((1, "compute") if kind is Kind.COMPUTE else (2, "probes")
+            group = ((1, "compute") if kind == "compute" else (2, "probes")
                      if sid < 0 else (0, f"stream {sid}" + (" (default)" if sid == 0 else "")))
-            op = {"name": _name(kind, peer), "cat": kind.value, "args": {
-                "op": kind.value, "peer": peer, "tag": tag, "nbytes": nbytes,
+            op = {"name": _name(kind, peer), "cat": kind, "args": {
+                "op": kind, "peer": peer, "tag": tag, "nbytes": nbytes,
                 "stream": sid if sid >= 0 else None, "outcome": how}}
             children = []
-            if t_match >= 0 and t_post >= 0 and kind is not Kind.COMPUTE:
+            if t_match >= 0 and t_post >= 0 and kind != "compute":
                 mid = min(max(self._us(t_match), start), end)
                 children = [("wait", start, mid), ("copy", mid, end)]
             slices[group].append((start, end, {"op": op, "children": children, "flow": flow,
                                                "kind": kind, "match": children[0][2]
                                                if children else end}))
-            if (record is not None and kind is Kind.SEND and self.model):
+            if record is not None and kind == "send" and self.model:
                 rs, re_ = round(record.start * 1e6, 3), round(record.end * 1e6, 3)
                 slices[(3, f"link {pid}->{peer}")].append((rs, max(re_, rs), {
                     "op": {"name": f"{record.mode} x{record.chunks}", "cat": "link", "args": {
@@ -196,12 +197,12 @@ class TraceSink:
         return events
 
 
-def _name(kind: Kind, peer: int) -> str:
-    if kind is Kind.SEND:
+def _name(kind: str, peer: int) -> str:
+    if kind == "send":
         return f"send to {peer}"
-    if kind is Kind.RECV:
+    if kind == "recv":
         return f"recv from {peer}" if peer >= 0 else "recv"
-    return str(kind.value)
+    return kind
 
 
 def _op_events(pid: int, tid: int, start: float, end: float,
@@ -213,12 +214,13 @@ def _op_events(pid: int, tid: int, start: float, end: float,
                     "name": name, "cat": "phase"})
     flow = item["flow"]
     if flow:
-        if item["kind"] is Kind.SEND:
+        if item["kind"] == "send":
             out.append({"ph": "s", "pid": pid, "tid": tid, "ts": start, "id": flow,
                         "name": "message", "cat": "message"})
         else:
             out.append({"ph": "f", "bp": "e", "pid": pid, "tid": tid, "ts": item["match"],
                         "id": flow, "name": "message", "cat": "message"})
+    out.sort(key=lambda e: e["ts"])  # stable: the op before its phases at one time
     return out
 
 
