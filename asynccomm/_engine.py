@@ -226,8 +226,12 @@ class DeviceEngine:
             byte_view(req)  # the link reads it
             if self.trace:
                 self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag, nbytes=req.nbytes)
-            if self.tracer is not None:
-                self.tracer.flow_out(req)
+            tracer = self.tracer
+            if tracer is not None:  # RankTrace.flow_out, inlined: number the message
+                sent = tracer.sent
+                dst = req.peer
+                sent[dst] += 1
+                req.flow = ((self.rank * self.size + dst) << 32) + sent[dst]
             self.link.send(req, req.peer)
         elif kind is RECV:
             if self.trace:
@@ -438,7 +442,7 @@ class DeviceEngine:
 
     def arrived(self, msg: Message) -> None:
         """A message for this rank arrived (or was announced)."""
-        if self.tracer is not None:
+        if self.tracer is not None and type(msg) is not Request:  # from another process
             self.tracer.arrival(msg)
         matcher = self.matcher
         recv = matcher.deliver(msg)
@@ -525,8 +529,8 @@ class DeviceEngine:
             self.records.append(record)  # type: ignore[arg-type]
         status = _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count))
         recv._result = status if recv._result is None else (recv._result, status)
-        if self.tracer is not None:
-            recv.flow = self.tracer.flow_in(msg)
+        if self.tracer is not None:  # in-process, the message is the send, numbered
+            recv.flow = msg.flow if type(msg) is Request else self.tracer.flow_in(msg)
         self._finish(recv, DONE, None)
 
     def _drain(self) -> None:
@@ -576,10 +580,9 @@ class DeviceEngine:
         req._state = state
         req._exc = exc
         req.t_fin = t = self.now()
-        entry = _flight.entry(req, _flight.outcome(state, exc), t)
-        self.flight.add(entry)
-        if self.tracer is not None:
-            self.tracer.add(entry, getattr(req, "flow", 0), req._record)
+        entry = _flight.finish(self.flight, req, state, exc, t)
+        if self.tracer is not None:  # RankTrace.add, inlined
+            self.tracer.ops.append((entry, getattr(req, "flow", 0), req._record))
         if self.trace:
             _logging.op_finished(self.log, _flight.named(entry))
         if req._waiters is not None or req._timer is not None:

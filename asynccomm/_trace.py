@@ -66,13 +66,13 @@ def rank_path(path: Path, rank: int) -> Path:
 class RankTrace:
     """One rank's collected ops and message counters (see module docs)."""
 
-    __slots__ = ("_arrived", "_flows", "_sent", "ops", "rank", "size")
+    __slots__ = ("_arrived", "_flows", "ops", "rank", "sent", "size")
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
         self.size = size
         self.ops: list[tuple[tuple[Any, ...], int, Any]] = []
-        self._sent: dict[int, int] = defaultdict(int)
+        self.sent = [0] * size  # messages posted to each rank so far
         self._arrived: dict[int, int] = defaultdict(int)
         self._flows: dict[Any, int] = {}  # arrived messages from other processes -> flow id
 
@@ -81,8 +81,9 @@ class RankTrace:
 
     def flow_out(self, req: Any) -> None:
         """A send is posted: number its message."""
-        self._sent[req.peer] += 1
-        req.flow = self._fid(self.rank, req.peer, self._sent[req.peer])
+        dst = req.peer
+        self.sent[dst] += 1
+        req.flow = self._fid(self.rank, dst, self.sent[dst])
 
     def arrival(self, msg: Any) -> None:
         """A message arrived; one from another process is numbered here (in-process, the
