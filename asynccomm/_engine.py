@@ -626,7 +626,10 @@ class DeviceEngine:
     def _on_timeout(self, req: Request) -> None:
         req._timer = None
         if req._state < ACTIVE:
-            self.withdraw(req, diag.timeout_error(self, req))
+            exc = diag.timeout_error(self, req)
+            if not isinstance(self.log, _logging.NullLogger):
+                self.log.info("p2p.timeout.flight", error=str(exc), flight=diag.flight_dump(self))
+            self.withdraw(req, exc)
 
     # -- copies ---------------------------------------------------------------------------
 

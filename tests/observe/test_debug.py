@@ -45,3 +45,20 @@ def test_a_bad_debug_level_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASYNCCOMM_DEBUG", "loud")
     with pytest.raises(ValueError, match="ASYNCCOMM_DEBUG"):
         ac.run(_one_message, 2)
+
+
+def test_a_timeout_logs_every_ranks_flight_record(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ASYNCCOMM_DEBUG", "info")
+
+    async def main(comm: ac.Communicator) -> None:
+        if comm.rank == 0:
+            with pytest.raises(ac.CommTimeoutError):
+                await comm.recv(np.zeros(1), 1, tag=4, timeout=1.0)
+        else:
+            await comm.compute(seconds=2.0)
+
+    ac.run(main, 2, clock="virtual")
+    err = capsys.readouterr().err
+    assert "p2p.timeout.flight" in err and "pending  recv src=1 tag=4" in err
+    assert "rank 1: 1 pending op(s)" in err  # the other rank's record too
