@@ -262,9 +262,11 @@ def _loop_quiet(loop: asyncio.AbstractEventLoop, own: asyncio.TimerHandle | None
 def install_dump_signal(loop: asyncio.AbstractEventLoop,
                         engines: Callable[[], Sequence[DeviceEngine]]) -> Callable[[], None]:
     """Write every rank's flight record to stderr on SIGUSR1; returns the uninstaller (a
-    no-op where signals cannot be handled: another thread, another platform)."""
+    no-op where signals cannot be handled, on another thread or platform, or when the
+    program handles SIGUSR1 itself)."""
     sig = getattr(signal, "SIGUSR1", None)
-    if sig is None or threading.current_thread() is not threading.main_thread():
+    if (sig is None or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(sig) is not signal.SIG_DFL):  # the program's own: leave it
         return lambda: None
 
     def on_signal() -> None:

@@ -33,3 +33,13 @@ def test_the_cluster_example() -> None:
     assert lines[0].startswith("RankSummary(rank=0, bytes_sent=67108864")
     times = [float(t) for t in lines[-1].strip("[]").split(",")]
     assert len(times) == 16 and times[0] > times[1] > 0  # senders also computed
+
+
+def test_the_deadlock_of_the_debugging_section_is_reported_within_two_seconds() -> None:
+    code = python_block("## Debugging: traces, the flight recorder and hangs")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert "DeadlockError: deadlock: every rank is blocked" in proc.stderr
+    assert ("wait-for cycle: rank 0 waits for 1 on tag 0 (recv), rank 1 waits for 0 on "
+            "tag 0 (recv)") in proc.stderr

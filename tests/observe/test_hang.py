@@ -190,3 +190,33 @@ def test_sigusr1_dumps_the_flight_record_and_goes_on() -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=20)
+
+
+_SLOW_RANK = textwrap.dedent("""
+    import asyncio
+    import numpy as np
+    import asynccomm as ac
+
+    async def main(comm):
+        buf = np.arange(4.0)
+        if comm.rank == 0:
+            await asyncio.sleep(1.5)
+            await comm.send(buf, 1, tag=2)
+        else:
+            await comm.recv(buf, 0, tag=2)
+        return float(buf[-1])
+
+    print(ac.run(main))
+""")
+
+
+@pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
+                    reason="needs mpiexec")
+def test_the_watchdog_watches_each_mpi_rank() -> None:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_TIMEOUT": "0.4"}
+    proc = subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
+                           sys.executable, "-c", _SLOW_RANK], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["3.0", "3.0"] or sorted(proc.stdout.split()) == ["3.0"] * 2
+    assert "no op finished for" in proc.stderr and "pending  recv src=0 tag=2" in proc.stderr
