@@ -261,8 +261,9 @@ class Communicator:
             if not handle:
                 t = engine.now()  # FlightRecorder.add, inlined (done as posted)
                 (flight := engine.flight).ring.append((0, dst, tag, nbytes, 0, 0, t, t, t))
-                flight.count[dst + dst] += 1
-                flight.nbytes[dst + dst] += nbytes
+                tally = flight.sends[dst]
+                tally.n += 1
+                tally.nbytes += nbytes
                 return None
             return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
                                            engine.default_stream, timeout, arr), None)
@@ -304,8 +305,9 @@ class Communicator:
                     t = engine.now()  # FlightRecorder.add, inlined (done as posted)
                     (flight := engine.flight).ring.append(
                         (1, src, tag, status.nbytes, 0, 0, t, t, t))
-                    flight.count[src + src + 1] += 1
-                    flight.nbytes[src + src + 1] += status.nbytes
+                    tally = flight.recvs[src]
+                    tally.n += 1
+                    tally.nbytes += status.nbytes
                     return status
                 return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
                                                engine.default_stream, timeout, arr), status)

@@ -93,23 +93,31 @@ def outcome(state: State, exc: BaseException | None) -> int:
     return TIMED_OUT_C if isinstance(exc, CommTimeoutError) else FAILED_C
 
 
+class Tally:
+    """Running totals of one kind of op (sends or recvs) with one peer."""
+
+    __slots__ = ("c", "n", "nbytes", "w")
+
+    def __init__(self) -> None:
+        self.n = 0  # ops
+        self.nbytes = 0
+        self.w = 0.0  # seconds from post to match
+        self.c = 0.0  # seconds from match to finish
+
+
 class FlightRecorder:
     """One rank's recorder (see module docs)."""
 
-    __slots__ = ("copy", "count", "nbytes", "origin", "others", "ring", "size", "wait")
+    __slots__ = ("origin", "others", "recvs", "ring", "sends", "size")
 
     def __init__(self, size: int, origin: float, ranks: int) -> None:
         self.size = size
         self.origin = origin
         #: The last ``size`` entries, oldest first.
         self.ring: deque[Entry] = deque(maxlen=size)
-        # Totals of finished sends and recvs, at 2 * peer + kind (0 send, 1 recv): ops,
-        # bytes, seconds from post to match, from match to finish.  The fast lane updates
-        # them inline.
-        self.count = [0] * (2 * ranks)
-        self.nbytes = [0] * (2 * ranks)
-        self.wait = [0.0] * (2 * ranks)
-        self.copy = [0.0] * (2 * ranks)
+        # Totals of finished sends and recvs, per peer.  The fast lane updates them inline.
+        self.sends = [Tally() for _ in range(ranks)]
+        self.recvs = [Tally() for _ in range(ranks)]
         self.others = 0  # other finished ops: probes, computes, failed or cancelled ones
 
     def add(self, entry: Entry) -> None:
@@ -119,17 +127,17 @@ class FlightRecorder:
         if how != DONE_C or kind > RECV_C or peer < 0:
             self.others += 1
             return
-        i = peer + peer + kind
+        tally = (self.recvs if kind else self.sends)[peer]
         post = t_post if t_post >= 0 else t_fin
         match = t_match if t_match >= 0 else post
-        self.count[i] += 1
-        self.nbytes[i] += nbytes
-        self.wait[i] += match - post
-        self.copy[i] += t_fin - match
+        tally.n += 1
+        tally.nbytes += nbytes
+        tally.w += match - post
+        tally.c += t_fin - match
 
     def finished(self) -> int:
         """How many ops have finished since the world opened."""
-        return sum(self.count) + self.others
+        return sum(t.n for t in self.sends) + sum(t.n for t in self.recvs) + self.others
 
     def entries(self) -> list[Entry]:
         """The last ``size`` entries, oldest first."""
@@ -137,13 +145,9 @@ class FlightRecorder:
 
     def totals(self) -> tuple[int, list[PeerTotals]]:
         """(ops finished, per-peer totals), over every op since the world opened."""
-        out = []
-        for peer in range(len(self.count) // 2):
-            s, r = 2 * peer, 2 * peer + 1
-            if self.count[s] or self.count[r]:
-                out.append(PeerTotals(peer, self.count[s], self.count[r], self.nbytes[s],
-                                      self.nbytes[r], self.wait[s] + self.wait[r],
-                                      self.copy[s] + self.copy[r]))
+        out = [PeerTotals(peer, s.n, r.n, s.nbytes, r.nbytes, s.w + r.w, s.c + r.c)
+               for peer, (s, r) in enumerate(zip(self.sends, self.recvs, strict=True))
+               if s.n or r.n]
         return self.finished(), out
 
     def dicts(self, rank: int, pending: Iterable[Request] = ()) -> list[dict[str, Any]]:
@@ -254,15 +258,15 @@ def finish(flight: FlightRecorder, req: Request, state: State, exc: BaseExceptio
          t_fin)
     flight.ring.append(e)
     if how == DONE_C and k < 2 and peer >= 0:
-        i = peer + peer + k
-        flight.count[i] += 1
-        flight.nbytes[i] += nbytes
+        tally = (flight.recvs if k else flight.sends)[peer]
+        tally.n += 1
+        tally.nbytes += nbytes
         post = t_post if t_post >= 0 else t_fin
         if t_match >= 0:
-            flight.wait[i] += t_match - post
-            flight.copy[i] += t_fin - t_match
+            tally.w += t_match - post
+            tally.c += t_fin - t_match
         else:
-            flight.copy[i] += t_fin - post
+            tally.c += t_fin - post
     else:
         flight.others += 1
     return e
