@@ -233,7 +233,9 @@ def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
     """The futures asynccomm will resolve, if nothing is moving; None otherwise."""
     out: set[Any] = set()
     for e in engines:
-        if e._copies or e._idle is not None or e.closed:
+        if e.closed and not e._copies and e._idle is None:
+            continue  # a rank that has finished: nothing of it can wake another
+        if e._copies or e._idle is not None:
             return None
         for r in e.live_requests():
             if r._timer is not None or r._state is ACTIVE:  # a timeout or a copy will wake

@@ -220,3 +220,14 @@ def test_the_watchdog_watches_each_mpi_rank() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["3.0", "3.0"] or sorted(proc.stdout.split()) == ["3.0"] * 2
     assert "no op finished for" in proc.stderr and "pending  recv src=0 tag=2" in proc.stderr
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_deadlock_between_two_ranks_while_a_third_has_finished(loop: str) -> None:
+    async def main(comm: ac.Communicator) -> None:
+        if comm.rank < 2:
+            await _both_recv_first(comm)
+
+    with pytest.raises(ac.DeadlockError) as info:
+        ac.run(main, 3, loop=loop)
+    assert set(info.value.pending) == {0, 1}
