@@ -231,3 +231,36 @@ def test_a_deadlock_between_two_ranks_while_a_third_has_finished(loop: str) -> N
     with pytest.raises(ac.DeadlockError) as info:
         ac.run(main, 3, loop=loop)
     assert set(info.value.pending) == {0, 1}
+
+
+_MPI_SIGNALS = textwrap.dedent("""
+    import asyncio, os, signal
+    import numpy as np
+    import asynccomm as ac
+
+    async def main(comm):
+        if comm.rank == 1:
+            comm.irecv(np.zeros(2), 0, tag=7)
+            os.kill(os.getpid(), signal.SIGUSR1)  # a dump, and on
+            os.kill(os.getpid(), signal.SIGINT)  # a dump, and Ctrl-C
+            await asyncio.sleep(3600)
+        try:
+            await comm.recv(np.zeros(1), 1, tag=1)
+        except ac.CommBrokenError:
+            pass
+
+    ac.run(main)
+""")
+
+
+@pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
+                    reason="needs mpiexec")
+def test_each_mpi_rank_dumps_its_own_ops_on_a_signal() -> None:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
+                           sys.executable, "-c", _MPI_SIGNALS], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT)
+    err = proc.stderr
+    assert "flight record (SIGUSR1)" in err and "rank 1 interrupted; its pending ops" in err
+    assert err.count("pending  recv src=0 tag=7 16 B") == 2, err
+    assert "rank 0:" not in err  # each process dumps its own rank only
