@@ -11,8 +11,9 @@ has a timeout armed, none has matched (its copy is moving), no copy runs on a wo
 thread, and (on asyncio) the loop has no ready callback and no timer but the check's own.
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
-uvloop does not show its timers: a bare ``call_later`` callback (no task waiting for it)
-that would post an op is the one thing the proof cannot see there.
+What the proof cannot see is an op posted from outside any task: by a thread through
+``call_soon_threadsafe``, or on uvloop, which does not show its timers, by a bare
+``call_later`` callback.
 Rule 2 (the verdict).  A proven deadlock fails every unmatched op with one
 ``DeadlockError`` naming each rank's ops, the wait-for cycle, and each rank's flight
 record, exactly as the virtual clock does.
