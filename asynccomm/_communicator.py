@@ -287,6 +287,11 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if not handle:
+                t = engine.now()  # FlightRecorder.add, inlined (done as posted)
+                (flight := engine.flight).ring.append((0, dst, tag, nbytes, 0, 0, t, t, t))
+                tally = flight.sends[dst]
+                tally.n += 1
+                tally.nbytes += nbytes
                 return None
             return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
                                            engine.default_stream, timeout, arr), None)
@@ -327,6 +332,12 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
             status = engine.take_now(src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
+                    t = engine.now()  # FlightRecorder.add, inlined (done as posted)
+                    (flight := engine.flight).ring.append(
+                        (1, src, tag, status.nbytes, 0, 0, t, t, t))
+                    tally = flight.recvs[src]
+                    tally.n += 1
+                    tally.nbytes += status.nbytes
                     return status
                 return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
                                                engine.default_stream, timeout, arr), status)
@@ -549,24 +560,34 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
         return float(amount) / self.device.flops
 
     def summary(self) -> RankSummary:
-        """This rank's modelled totals: bytes moved, link busy time, compute time, and how
-        much communication was hidden behind compute.
+        """This rank's totals on every world: ops, bytes sent and received, time waiting
+        (post to match) and copying (match to finish), per peer (``peers``).  With a
+        cluster model it adds the modelled figures: link busy time, compute time, and how
+        much communication was hidden behind compute (``modelled`` is then True)."""
+        from ._summary import rank_summary
 
-        Raises:
-            ValueError: if the world keeps no records (it has no cluster model).
-        """
-        from .sim.records import summarize
-
-        records = self._engine.records
-        if records is None:
-            raise ValueError("summary() needs a world with a cluster model (cluster=...)")
-        return summarize(self.rank, records, link_busy=self._engine.link.busy_time(self.rank))
+        return rank_summary(self._engine)
 
     def records(self) -> list[OpRecord]:
-        """This rank's completed ops' modelled records so far (start, end, bytes, chunks,
-        mode), in completion order; empty in a world without a cluster model."""
+        """This rank's completed ops' records so far, in completion order: modelled (start,
+        end, bytes, chunks, mode) with a cluster model; elsewhere measured from the flight
+        recorder (its last ``ASYNCCOMM_FLIGHT`` ops, seconds since the world opened,
+        ``mode="measured"``)."""
         records = self._engine.records
-        return list(records) if records is not None else []
+        if records is not None:
+            return list(records)
+        from ._summary import measured_records
+
+        return measured_records(self._engine)
+
+    def flight_record(self) -> list[dict[str, Any]]:
+        """This rank's last ops (``ASYNCCOMM_FLIGHT``, default 1024), oldest first, then its
+        pending ones: dicts with ``op``, ``peer``, ``tag``, ``nbytes``, ``stream``,
+        ``state`` (done, cancelled, timed out, failed; pending: queued, posted, matched)
+        and the ``post``, ``match`` and ``finish`` times (seconds since the world opened,
+        model time on the virtual clock; None where unknown).  Always on."""
+        engine = self._engine
+        return engine.flight.dicts(self.rank, engine.live_requests())
 
     def model_time(self) -> float:
         """Model seconds since the world opened: the virtual clock, or wall time divided

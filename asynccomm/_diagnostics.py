@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ._engine import DeviceEngine
     from ._request import Request
 
-__all__ = ["broken", "describe", "fresh_copy", "pending_for", "rejection", "timeout_error"]
+__all__ = ["broken", "describe", "flight_dump", "fresh_copy", "pending_for", "rejection",
+           "timeout_error"]
 
 
 def describe(req: Request) -> str:
@@ -102,6 +103,16 @@ def pending_for(engine: DeviceEngine, peer: int) -> list[str]:
         if r.peer in (peer, ANY_SOURCE) and (r.kind is not Kind.SEND or r.peer == peer):
             out.append(f"{describe(r)}, which {how} {now - when:.3g} s before")
     return out
+
+
+def flight_dump(engine: DeviceEngine, last: int = 16) -> str:
+    """The flight records of ``engine``'s rank and, in-process, of every rank of its world
+    (their pending ops and last ``last`` finished ones), for a timeout's log event."""
+    from ._flight import format_dump
+
+    engines = getattr(engine.link, "endpoints", None) or [engine]
+    return format_dump({e.rank: e.flight.dicts(e.rank, e.live_requests()) for e in engines},
+                       last=last)
 
 
 def timeout_error(engine: DeviceEngine, req: Request) -> CommTimeoutError:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import numpy as np
 
 from . import _diagnostics as diag
-from . import _logging
+from . import _flight, _logging
 from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, INLINE, STAGED, Descriptor, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
@@ -38,6 +38,7 @@ from .transports.base import ASKED, WITHDRAWN
 
 if TYPE_CHECKING:
     from ._clock import ModelClock
+    from ._trace import RankTrace
     from .sim.device import Device
     from .sim.records import OpRecord
     from .transports.base import Link
@@ -105,6 +106,7 @@ class DeviceEngine:
         #: This rank in the world, and where these ops are if not on the world's
         #: communicator (for reports that span a world's communicators).
         self.world_rank = rank
+        self.world_ranks: list[int] | None = None  # of every rank here (None: the same)
         self.context = ""
         #: A private context's engine: it does not log its opening and closing.
         self.private = False
@@ -115,6 +117,11 @@ class DeviceEngine:
         self.pool = StagingPool(pool_bytes)
         self.closed = False
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
+        #: The clock ops are timed with (seconds), and the last ops of this rank.
+        self.now = _flight.clock_for(loop)
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now(), size)
+        #: Collects every op for a trace file (set by the world when tracing), or None.
+        self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
         self.clock = clock
         self.device = device
@@ -227,11 +234,18 @@ class DeviceEngine:
         """Post a request that reached its turn on its stream (streams only)."""
         check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         kind = req.kind
         if kind is SEND:
             byte_view(req)  # the link reads it
             if self.trace:
                 self.log.debug("p2p.send.posted", peer=req.peer, tag=req.tag, nbytes=req.nbytes)
+            tracer = self.tracer
+            if tracer is not None:  # RankTrace.flow_out, inlined: number the message
+                sent = tracer.sent
+                dst = req.peer
+                sent[dst] += 1
+                req.flow = tracer.fid(self.rank, dst, sent[dst])
             self.link.send(req, req.peer)
         elif kind is RECV:
             if self.trace:
@@ -256,6 +270,7 @@ class DeviceEngine:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
         check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         msg = self.matcher.post_probe(req)
         if msg is not None:
             req._result = _status_of(msg)
@@ -323,6 +338,8 @@ class DeviceEngine:
         """``offer`` for a message whose payload is bytes that are readable only now (one
         that arrived inline from another process): a recv waiting here takes it at once;
         False, having done nothing, when it must be delivered the usual way."""
+        if self.tracer is not None:  # every message through ``arrived``: it counts them
+            return False
         recv: Request | Literal[False] | None = self.matcher.claim_posted(  # type: ignore[assignment]
             source, tag, nbytes, dtype)
         if not recv:
@@ -345,6 +362,14 @@ class DeviceEngine:
         if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
             check(recv._state, DONE)
         recv._state = DONE
+        recv.t_fin = t = self.now()
+        flight = self.flight  # what FlightRecorder.add does, inlined: the hot path
+        t_post = recv.t_post
+        flight.ring.append((1, source, tag, nbytes, recv.stream.sid, 0, t_post, t, t))  # type: ignore[union-attr]
+        tally = flight.recvs[source]
+        tally.n += 1
+        tally.nbytes += nbytes
+        tally.w += t - t_post
         waiters = recv._waiters
         if waiters is not None:
             recv._waiters = None
@@ -372,6 +397,7 @@ class DeviceEngine:
         if POSTED not in NEXT[req._state]:
             check(req._state, POSTED)
         req._state = POSTED
+        req.t_post = self.now()
         matcher = self.matcher
         msg = matcher.post_recv(req)
         if msg is not None:
@@ -400,6 +426,9 @@ class DeviceEngine:
         check(req._state, DONE)
         req._state = DONE
         req._result = result
+        req.t_post = req.t_match = req.t_fin = t = self.now()
+        self.flight.add((0 if req.kind is SEND else 1, req.peer, req.tag, req.nbytes, 0, 0,
+                         t, t, t))  # the fast lane makes sends and recvs only
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,
@@ -429,6 +458,8 @@ class DeviceEngine:
 
     def arrived(self, msg: Message) -> None:
         """A message for this rank arrived (or was announced)."""
+        if self.tracer is not None and type(msg) is not Request:  # from another process
+            self.tracer.arrival(msg)
         matcher = self.matcher
         recv = matcher.deliver(msg)
         if recv is not None:
@@ -468,6 +499,9 @@ class DeviceEngine:
         """``recv`` matched ``msg``: move the payload into its buffer."""
         check(recv._state, ACTIVE)
         recv._state = ACTIVE
+        recv.t_match = t = self.now()
+        if type(msg) is Request:  # in-process, the message is the send: it matched now
+            msg.t_match = t
         if self.trace:
             self.log.debug("p2p.matched", peer=msg.source, tag=msg.tag, nbytes=msg.nbytes)
         if recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
@@ -511,6 +545,8 @@ class DeviceEngine:
             self.records.append(record)  # type: ignore[arg-type]
         status = _status_of(msg)
         recv._result = status if recv._result is None else (recv._result, status)
+        if self.tracer is not None:  # in-process, the message is the send, numbered
+            recv.flow = msg.flow if type(msg) is Request else self.tracer.flow_in(msg)
         self._finish(recv, DONE, None)
 
     def _drain(self) -> None:
@@ -532,6 +568,7 @@ class DeviceEngine:
         req: Request = msg  # type: ignore[assignment]
         if req._state is POSTED:
             req._state = ACTIVE
+            req.t_match = self.now()
 
     def sent(self, msg: Message, record: object = None) -> None:
         """This rank's send is complete: its buffer may be reused."""
@@ -558,6 +595,12 @@ class DeviceEngine:
             check(req._state, state)
         req._state = state
         req._exc = exc
+        req.t_fin = t = self.now()
+        entry = _flight.finish(self.flight, req, state, exc, t)
+        if self.tracer is not None:  # RankTrace.add, inlined
+            self.tracer.ops.append((entry, getattr(req, "flow", 0), req._record))
+        if self.trace:
+            _logging.op_finished(self.log, _flight.named(entry))
         if req._waiters is not None or req._timer is not None:
             req._wake()
         if req._tracked:
@@ -599,7 +642,10 @@ class DeviceEngine:
     def _on_timeout(self, req: Request) -> None:
         req._timer = None
         if req._state < ACTIVE:
-            self.withdraw(req, diag.timeout_error(self, req))
+            exc = diag.timeout_error(self, req)
+            if not isinstance(self.log, _logging.NullLogger):
+                self.log.info("p2p.timeout.flight", error=str(exc), flight=diag.flight_dump(self))
+            self.withdraw(req, exc)
 
     # -- copies ---------------------------------------------------------------------------
 

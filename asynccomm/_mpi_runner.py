@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
@@ -62,13 +63,19 @@ def _usable_cores() -> int:
 class _MPIWorld:
     """This process's rank of a world: its transport and Communicator."""
 
-    def __init__(self, transport: MPITransport, comm: Communicator) -> None:
+    def __init__(self, transport: MPITransport, comm: Communicator,
+                 sink: _trace.TraceSink | None, engines: list[DeviceEngine]) -> None:
         self.transport = transport
         self.comm = comm
+        self.sink = sink  # this rank's trace file, written once every rank has closed
+        # every engine of this rank: its sub-communicators' and private contexts' too
+        self.watch = _hang.Watch(engines, comm._engine.loop,
+                                 timeout=_hang.hang_timeout(), driver=None)
+        self.watch.start()
 
     @classmethod
-    async def open(cls, *, eager_limit: int, pool_bytes: int,
-                   timeout: float | None) -> _MPIWorld:
+    async def open(cls, *, eager_limit: int, pool_bytes: int, timeout: float | None,
+                   trace: str | os.PathLike[str] | None = None) -> _MPIWorld:
         """Open this rank (collective over ``COMM_WORLD``).
 
         Raises:
@@ -77,6 +84,8 @@ class _MPIWorld:
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
+        trace_file = _trace.trace_path(trace)
+        _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
@@ -87,12 +96,17 @@ class _MPIWorld:
             await wait_request(mpi_comm.Iallgather(mine, every))
         pools = list(every[0::2])
         neighbours = sum(1 for host in every[1::2] if host == mine[1])
+        registry: list[DeviceEngine] = []
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
-                            eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout)
-        transport, comm = await family.open(mpi_comm, pools, Device(mpi_comm.Get_rank(),
-                                                              f"mpi:{mpi_comm.Get_rank()}"))
+                            eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout,
+                            registry=registry)
+        rank = mpi_comm.Get_rank()
+        transport, comm = await family.open(mpi_comm, pools, Device(rank, f"mpi:{rank}"))
+        sink = None if trace_file is None else _trace.attach(
+            _trace.rank_path(trace_file, rank), [comm._engine], model=False, partial=True)
+        family.trace(sink, comm)
         comm._engine.log.info("comm.opened", transport="mpi")
-        return cls(transport, comm)
+        return cls(transport, comm, sink, registry)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
@@ -102,8 +116,11 @@ class _MPIWorld:
         elif failure is not None:
             why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
             self.transport.close_reason = why
+        self.watch.stop()
         await self.comm.aclose()
         await self.transport.wait_closed()
+        if self.sink is not None:
+            self.sink.write()
 
 
 class _MPIFamily:
@@ -112,8 +129,13 @@ class _MPIFamily:
     thread so that this rank's progress goes on while the others arrive)."""
 
     def __init__(self, mpi_comm: Any, pools: list[int], *, crowded: bool, eager_limit: int,
-                 pool_bytes: int, timeout: float | None) -> None:
+                 pool_bytes: int, timeout: float | None, registry: list[DeviceEngine],
+                 ranks: list[int] | None = None, label: str = "") -> None:
         self.mpi_comm = mpi_comm
+        self.registry = registry  # every engine of this rank
+        self.ranks = ranks  # the world rank of each rank here (None: the world itself)
+        self.label = label  # where in the world's communicators (traces): "" the world
+        self.sink: _trace.TraceSink | None = None
         self.pools = pools
         self.crowded = crowded
         self.eager_limit = eager_limit
@@ -135,6 +157,21 @@ class _MPIFamily:
         comm._adopt_private(private)
         return transport, comm
 
+    def trace(self, sink: _trace.TraceSink | None, comm: Communicator) -> None:
+        """Trace this rank's ops on ``comm`` and its private context into ``sink``, each
+        under its label (the world's own communicator is traced by the world)."""
+        self.sink = sink
+        comm._family.sink = comm._private()._family.sink = sink  # type: ignore[attr-defined]
+        if sink is None:
+            return
+        engines = [(comm._private()._engine, _trace.join(self.label, "collectives"))]
+        if self.label:
+            engines.append((comm._engine, self.label))
+        for engine, label in engines:
+            engine.tracer = sink.rank(engine.rank, label=label, pid=engine.world_rank)
+        for engine in (comm._engine, comm._private()._engine):
+            engine.fast = False
+
     def _open(self, mpi_comm: Any, pools: list[int],
               device: Device) -> tuple[MPITransport, Communicator]:
         loop = asyncio.get_running_loop()
@@ -143,10 +180,19 @@ class _MPIFamily:
         engine = DeviceEngine(transport.rank, transport.size, transport, loop=loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                               clock=ModelClock(loop), device=device)
-        engine.fast = not engine.trace  # the fast lane, unless logging every message
+        # The fast lane, unless logging or tracing every message.
+        engine.fast = not engine.trace and self.sink is None
+        engine.world_ranks = self.ranks
+        if self.ranks is not None:
+            engine.world_rank = self.ranks[engine.rank]
+        if len(self.registry) > 64 and len(self.registry) & 63 == 0:  # forget closed ones
+            self.registry[:] = [e for e in self.registry if not e.closed]
+        self.registry.append(engine)
         family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
                             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
-                            timeout=self.timeout)
+                            timeout=self.timeout, registry=self.registry, ranks=self.ranks,
+                            label=self.label)
+        family.sink = self.sink
         comm = Communicator(engine, default_timeout=self.timeout, device=device,
                             family=family)
         transport.start(engine, loop)  # last: from here on its progress task runs
@@ -166,7 +212,14 @@ class _MPIFamily:
         if members is None:
             return None
         pools = [self.pools[m] for m in members]
-        transport, comm = await self.open(new, pools, parent.device)
+        sub = _MPIFamily(new, pools, crowded=self.crowded, eager_limit=self.eager_limit,
+                         pool_bytes=self.pool_bytes, timeout=self.timeout,
+                         registry=self.registry, label=_trace.join(
+                             self.label, _trace.context_label(key)),
+                         ranks=[m if self.ranks is None else self.ranks[m] for m in members])
+        sub.sink = self.sink
+        transport, comm = await sub.open(new, pools, parent.device)
+        sub.trace(self.sink, comm)
         comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
         where = f"(on a sub-communicator, as its rank {comm.rank} of {comm.size})"
         comm._engine.context = where
@@ -177,7 +230,9 @@ class _MPIFamily:
 
 @asynccontextmanager
 async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
-                         timeout: float | None = None) -> AsyncIterator[Communicator]:
+                         timeout: float | None = None,
+                         trace: str | os.PathLike[str] | None = None
+                         ) -> AsyncIterator[Communicator]:
     """Open this process's rank of an MPI world and yield its ``Communicator``.
 
     Every process of ``COMM_WORLD`` must open its worlds in the same order (it is
@@ -187,13 +242,16 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
 
     Args:
         eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.
+        trace: a trace file name (None: ``ASYNCCOMM_TRACE``): this rank writes
+            ``<name>.rank<N>.json`` once every rank has closed; ``python -m
+            asynccomm.trace merge`` joins the ranks' files.
 
     Raises:
         TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
         TransportError: MPI failed.
     """
     world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,
-                                 timeout=timeout)
+                                 timeout=timeout, trace=trace)
     failure: BaseException | None = None
     try:
         yield world.comm
@@ -231,6 +289,7 @@ class _Interrupt:
     def __init__(self) -> None:
         self.hit = False
         self.rank = -1
+        self.engines: list[DeviceEngine] = []
 
     def install(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -243,6 +302,9 @@ class _Interrupt:
             if self.hit:
                 _abort(self.rank, "interrupted twice (KeyboardInterrupt)", None)
             self.hit = True
+            if self.engines:  # this rank's own ops: the others dump theirs
+                _report(f"rank {self.rank} interrupted; its pending ops and last ops:\n"
+                        f"{_hang.dump(self.engines)}")
             task.cancel("KeyboardInterrupt")
 
         try:
@@ -270,6 +332,8 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     world = await _MPIWorld.open(**options)
     comm = world.comm
     interrupt.rank = comm.rank
+    interrupt.engines = [comm._engine]
+    uninstall = _hang.install_dump_signal(comm._engine.loop, lambda: interrupt.engines)
     try:
         coro = main(comm)
         if not inspect.isawaitable(coro):
@@ -291,6 +355,8 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
         if exc is caught:
             raise
         raise exc from None
+    finally:
+        uninstall()
     await world.aclose()
     if world.transport.broken is not None:  # the others may wait for this rank forever
         _abort(comm.rank, f"MPI failed ({world.transport.broken})", None)
@@ -316,7 +382,8 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         cluster: must be None (cluster models are in-process only).
         clock: ``"auto"`` or ``"wall"``.
         abort_grace: seconds a failed rank waits for the others before aborting the job.
-        options: ``eager_limit``, ``pool_bytes``, ``timeout`` (as ``open_world``).
+        options: ``eager_limit``, ``pool_bytes``, ``timeout``, ``trace`` (as
+            ``open_mpi_world``).
 
     Raises:
         TypeError, ValueError: bad arguments, or ``world_size`` is not the MPI world size.
@@ -330,7 +397,7 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         raise ValueError(f"clock must be 'auto' or 'wall' under MPI, got {clock!r}")
     if world_size is not None and (type(world_size) is not int or world_size < 1):
         raise ValueError(f"world_size must be None or an int >= 1, got {world_size!r}")
-    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout"}
+    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout", "trace"}
     if unknown:
         raise TypeError(f"unexpected options for the MPI backend: {sorted(unknown)}")
     grace = check_timeout(abort_grace)

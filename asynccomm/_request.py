@@ -18,6 +18,7 @@ from ._core.states import ACTIVE, CANCELLED, DONE, QUEUED, Kind, State
 from ._types import Status
 
 if TYPE_CHECKING:
+    from ._flight import FlightRecorder
     from ._stream import Stream
 
 __all__ = ["Owner", "Request", "TaskRequest", "defer_cancellation", "settle", "wait_all",
@@ -33,6 +34,7 @@ class Owner(Protocol):
 
     rank: int
     loop: asyncio.AbstractEventLoop
+    flight: FlightRecorder
 
     def withdraw(self, req: Request, exc: BaseException | None, *, ask: bool = True) -> bool:
         ...
@@ -55,11 +57,15 @@ class Request(Message):
     sseq: int
     duration_ns: int
     _withdraw_exc: BaseException | None
+    #: When the op finished (the engine's clock), and its message's id in a trace: set
+    #: when known.
+    t_fin: float
+    flow: int | str
 
     __slots__ = (
-        "_exc", "_owner", "_result", "_state", "_timer", "_tracked", "_waiters",
-        "_withdraw_exc", "array", "duration_ns", "kind", "peer", "record", "sseq", "stream",
-        "timeout",
+        "_exc", "_owner", "_record", "_result", "_state", "_timer", "_tracked", "_waiters",
+        "_withdraw_exc", "array", "duration_ns", "flow", "kind", "peer", "sseq", "stream",
+        "t_fin", "t_match", "t_post", "timeout",
     )
 
     def __init__(self, owner: Owner, kind: Kind, peer: int, tag: int,
@@ -86,9 +92,11 @@ class Request(Message):
         self.peer = peer
         self.stream = stream
         self.timeout = timeout
-        #: The op's modelled record (start, end, bytes, chunks) once it completed, in worlds
-        #: with a cluster model; None elsewhere.
-        self.record: Any = None
+        self._record: Any = None
+        #: When the op was posted and matched, on the engine's clock (-1.0: not yet, or
+        #: unknown); the flight recorder and traces read them.
+        self.t_post = -1.0
+        self.t_match = -1.0
         self._state = QUEUED
         # A recv's Status (recv_new: its array and Status) or a probe's; None otherwise.
         self._result: Any = None
@@ -103,6 +111,22 @@ class Request(Message):
                 f"tag={self.tag} {self._state.name.lower()}>")
 
     # -- public ---------------------------------------------------------------------------
+
+    @property
+    def record(self) -> Any:
+        """The op's record once it completed (an ``asynccomm.sim.OpRecord``): modelled
+        (start, end, bytes, chunks) in worlds with a cluster model; elsewhere measured, in
+        seconds since the world opened (``mode="measured"``).  None before it completed,
+        and for ops that failed or were cancelled."""
+        if self._record is None and self._state is DONE and self._exc is None:
+            from ._flight import measured_record
+
+            self._record = measured_record(self, self._owner.rank, self._owner.flight.origin)
+        return self._record
+
+    @record.setter
+    def record(self, value: Any) -> None:
+        self._record = value
 
     @property
     def state(self) -> State:

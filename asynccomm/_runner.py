@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 
+from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
@@ -61,7 +63,8 @@ class World:
 async def open_world(size: int, cluster: Cluster | None = None, clock: str = "auto", *,
                      eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
                      timeout: float | None = None, time_scale: float = 1.0,
-                     strategy: Strategy | None = None) -> AsyncIterator[World]:
+                     strategy: Strategy | None = None,
+                     trace: str | os.PathLike[str] | None = None) -> AsyncIterator[World]:
     """Open ``size`` in-process ranks on the running loop; close them all on exit.
 
     Args:
@@ -78,12 +81,15 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             have millisecond resolution: a scale of 1000 makes modelled microseconds real).
         strategy: how the cluster model chooses store-and-forward or pipelined transfers
             and chunk sizes (``asynccomm.sim.DefaultStrategy`` unless given).
+        trace: write a Chrome trace-event JSON file of every op here when the world
+            closes (None: ``ASYNCCOMM_TRACE``, if set).  See ``asynccomm.trace``.
 
     Raises:
         TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``, or
             ``clock="virtual"`` on a loop that is not the virtual-time loop.
     """
     mode = check_world(size, cluster, clock, eager_limit, pool_bytes)
+    trace_file = _trace.trace_path(trace)
     op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
     loop = asyncio.get_running_loop()
     if mode == "virtual" and not isinstance(loop, VirtualTimeLoop):
@@ -97,11 +103,15 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                           clock=model_clock, eager_limit=eager_limit, pool_bytes=pool_bytes,
                           timeout=op_timeout, mode=mode, record=cluster is not None)
     comms = [family.make(rank, size) for rank in range(size)]
+    sink = None if trace_file is None else _trace.attach(
+        trace_file, [c._engine for c in comms], model=cluster is not None,
+        time_scale=time_scale if mode == "wall" and cluster is not None else 1.0)
+    family.trace(sink, comms)
     family.connect(comms)
     for comm in comms:
         comm._engine.log.info("comm.opened", clock=mode)
     if isinstance(loop, VirtualTimeLoop):
-        loop.on_idle = lambda: _fail_deadlocked(registry)
+        loop.on_idle = lambda: _hang.fail_deadlocked(registry)
     try:
         yield World(tuple(comms))
     finally:
@@ -109,6 +119,8 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             await comm.aclose()
         if isinstance(loop, VirtualTimeLoop):
             loop.on_idle = None
+        if sink is not None:
+            sink.write()
 
 
 class _Forming:
@@ -131,8 +143,10 @@ class _LocalFamily:
                  devices: list[Device], registry: list[DeviceEngine], *,
                  loop: asyncio.AbstractEventLoop, clock: ModelClock, eager_limit: int,
                  pool_bytes: int, timeout: float | None, mode: str, record: bool,
-                 world: list[int] | None = None) -> None:
+                 world: list[int] | None = None, label: str = "") -> None:
         self.link = LocalLink(timing)
+        self.label = label  # where in the world's communicators (traces): "" the world
+        self.sink: _trace.TraceSink | None = None
         self.private_link = LocalLink(timing)
         self.ranks = ranks  # world rank of each rank of this group
         self.devices = devices  # the world's, by world rank
@@ -154,6 +168,7 @@ class _LocalFamily:
                               record=self.record, inline_copies=self.mode == "virtual",
                               instant=link.timing is None)
         engine.world_rank = self.ranks[rank]
+        engine.world_ranks = self.ranks
         engine.context = context
         if len(self.registry) > 64 and len(self.registry) & 63 == 0:  # forget closed ones
             self.registry[:] = [e for e in self.registry if not e.closed]
@@ -174,13 +189,26 @@ class _LocalFamily:
         comm._adopt_private(private)
         return comm
 
+    def trace(self, sink: _trace.TraceSink | None, comms: list[Communicator]) -> None:
+        """Trace the group's ops into ``sink`` (its world's), each context under a label
+        of its own (the world's own communicator is traced by the world)."""
+        self.sink = sink
+        if sink is None:
+            return
+        for comm in comms:
+            engines = [(comm._private()._engine, _trace.join(self.label, "collectives"))]
+            if self.label:
+                engines.append((comm._engine, self.label))
+            for engine, label in engines:
+                engine.tracer = sink.rank(engine.rank, label=label, pid=engine.world_rank)
+
     def connect(self, comms: list[Communicator]) -> None:
         """Attach every rank's engines to the links, in rank order."""
         for link, engines in ((self.link, [c._engine for c in comms]),
                               (self.private_link, [c._private()._engine for c in comms])):
             for engine in engines:
                 link.attach(engine)
-            if link.timing is None and not any(e.trace for e in engines):
+            if link.timing is None and self.sink is None and not any(e.trace for e in engines):
                 for engine in engines:  # instant, in this process, not logging every
                     engine.peers = engines  # message: the fast lane is open
                     engine.fast = True
@@ -197,14 +225,17 @@ class _LocalFamily:
                                self.registry, loop=self.loop, clock=self.clock,
                                eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                                timeout=self.timeout, mode=self.mode, record=self.record,
-                               world=self.world)
+                               world=self.world, label=_trace.join(
+                                   self.label, _trace.context_label(key)))
             forming = self.forming[key] = _Forming(sub, len(members))
         rank = members.index(parent.rank)
         comm = forming.comms[rank] = forming.family.make(rank, forming.size)
         comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
         if len(forming.comms) == forming.size:  # the last member: connect the group
             del self.forming[key]
-            forming.family.connect([forming.comms[r] for r in range(forming.size)])
+            group = [forming.comms[r] for r in range(forming.size)]
+            forming.family.trace(self.sink, group)
+            forming.family.connect(group)
             forming.ready.set()
         else:
             await forming.ready.wait()
@@ -227,29 +258,24 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
     return ModelledTiming(model, clock), devices
 
 
-def _fail_deadlocked(engines: list[DeviceEngine]) -> bool:
-    """The virtual loop found every task waiting with nothing to wake them: fail every
-    unmatched op with one ``DeadlockError`` that lists them all, per rank."""
-    pending: dict[int, list[str]] = {}
-    for e in engines:
-        if e.pending_ops:
-            where = e.context
-            pending.setdefault(e.world_rank, []).extend(
-                e.describe_all() if not where else [f"{op} {where}" for op in e.describe_all()])
-    if not pending:
-        return False
-    lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
-    exc = DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
-                        f"unmatched operations: {lines}", pending=pending)
-    woke = False
-    for engine in engines:
-        for req in engine.live_requests():
-            woke = engine.withdraw(req, exc) or woke
-    return woke
+def _watch(comms: tuple[Communicator, ...]) -> _hang.Watch:
+    """The hang watchdog of a world, with the deadlock proof when its ranks are instant
+    and on the wall clock (the virtual clock proves deadlocks itself).  It watches every
+    engine of the world: its sub-communicators' and private contexts' too."""
+    family = comms[0]._family
+    engines = (family.registry if isinstance(family, _LocalFamily)
+               else [c._engine for c in comms])
+    loop = asyncio.get_running_loop()
+    if isinstance(loop, VirtualTimeLoop):  # a timer there would keep virtual time moving
+        return _hang.Watch(engines, loop, timeout=0.0, driver=None)
+    provable = all(isinstance(e.link, LocalLink) and e.link.timing is None for e in engines)
+    return _hang.Watch(engines, loop, timeout=_hang.hang_timeout(),
+                       driver=asyncio.current_task() if provable else None)
 
 
 async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
-                    comms: tuple[Communicator, ...]) -> list[T]:
+                    comms: tuple[Communicator, ...],
+                    on_cancel: Callable[[], None] | None = None) -> list[T]:
     """Run ``main(comm)`` for every rank concurrently; each rank's communicator closes when
     its ``main`` returns, so peers still waiting for it get ``CommBrokenError`` instead of
     hanging.  When a rank fails the others are cancelled first (so they do not fail in turn
@@ -259,6 +285,7 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         Exception: the failure of the one rank that failed (with a note naming the rank),
             or an ``ExceptionGroup`` of every rank's failure.
     """
+    watch = _watch(comms)  # first: it may refuse a bad ASYNCCOMM_HANG_TIMEOUT
     coros = [main(c) for c in comms]
     if not all(inspect.isawaitable(c) for c in coros):
         for c in coros:
@@ -273,13 +300,19 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
 
     tasks = [asyncio.create_task(one(c, coro), name=f"asynccomm-rank-{c.rank}")
              for c, coro in zip(comms, coros, strict=True)]
+    watch.start()
     try:
         pending: set[asyncio.Task[T]] = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
             if any(not t.cancelled() and t.exception() is not None for t in done):
                 break
+    except asyncio.CancelledError:
+        if on_cancel is not None:  # before the ranks are cancelled: what they waited for
+            on_cancel()
+        raise
     finally:
+        watch.stop()
         for t in tasks:
             t.cancel()
         await asyncio.wait(tasks)
@@ -353,7 +386,11 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             clock always runs on asynccomm's virtual-time loop.
         backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
             in-process elsewhere.
-        options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``).
+        options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
+            ``trace``; under MPI each process writes ``<name>.rank<N>.json``).
+
+    Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
+    ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
 
     Raises:
         TypeError, ValueError: bad arguments (``main`` that is not an async function
@@ -388,13 +425,28 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
                 options.get("pool_bytes", 0))
 
     results: list[T] = []
+    interrupted: list[str] = []
 
     async def world_main() -> None:
         # The results leave through `results`, not as the task's value: asyncio formats a
         # main task's result on the way out, which costs real time for large arrays.
         async with open_world(world_size, cluster, clock, **options) as world:
-            results.extend(await run_ranks(main, world.comms))
+            engines = [c._engine for c in world.comms]
+            uninstall = _hang.install_dump_signal(asyncio.get_running_loop(),
+                                                  lambda: engines)
+            try:
+                results.extend(await run_ranks(main, world.comms, on_cancel=lambda: (
+                    interrupted.append(_hang.dump(engines)))))
+            finally:
+                uninstall()
 
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(world_main())
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(world_main())
+    except KeyboardInterrupt:
+        if interrupted:
+            sys.stderr.write(f"asynccomm: interrupted; every rank's pending ops and last "
+                             f"ops:\n{interrupted[0]}\n")
+            sys.stderr.flush()
+        raise
     return results

@@ -9,12 +9,18 @@ sends each layer's gradient to rank 1. Three ways to do it, on the virtual clock
   overlapped, pipelined       send layer k (isend on a stream) while layer k-1 computes
 
 Run: python examples/pipelined_overlap.py [--preset roce100g] [--layers 8] [--layer-mb 64]
+     [--plot [timeline.png]]
+
+--plot traces the first and the last way (trace=...) and draws both runs' timelines, one
+above the other on one model-time axis (python -m asynccomm.timeline; needs matplotlib).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +68,9 @@ def main() -> None:
     parser.add_argument("--layer-mb", type=int, default=64)
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="backward time per layer (default: about one layer's transfer)")
+    parser.add_argument("--plot", nargs="?", const="pipelined_overlap.png", default=None,
+                        metavar="PNG", help="draw the timelines of store-and-forward and of "
+                        "overlapped pipelining (default file: pipelined_overlap.png)")
     args = parser.parse_args()
     if ac.launched_by_mpi():
         sys.exit("pipelined_overlap.py runs on the in-process cluster model only: start it "
@@ -91,6 +100,26 @@ def main() -> None:
     print("\ntimeline of the overlapped run (model seconds):")
     assert last is not None
     print(format_table(last))
+    if args.plot:
+        plot(args.plot, args.layers, layer_bytes, compute_s, cluster)
+
+
+def plot(out: str, layers: int, layer_bytes: int, compute_s: float,
+         cluster: ac.Cluster) -> None:
+    """Trace store-and-forward and overlapped pipelining, and draw both timelines."""
+    from asynccomm.timeline import draw
+    from asynccomm.trace import load
+
+    traces = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("serial, store-and-forward", "overlapped, pipelined"):
+            strategy, overlap = STRATEGIES[name]
+            path = Path(tmp) / f"{name.replace(', ', '-')}.json"
+            ac.run(make_program(layers, layer_bytes, compute_s, overlap), 2, cluster=cluster,
+                   strategy=strategy, trace=path)
+            traces.append((name, load(path)))
+    draw(traces, out, title=f"{layers} layers x {layer_bytes >> 20} MiB, rank 0 -> rank 1")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,13 @@ def test_the_cluster_example() -> None:
 def test_the_groups_example() -> None:
     out = run(python_block("## Groups, collectives and objects"))
     assert out.strip().splitlines()[-1] == "(28.0, 3, 3)"
+
+
+def test_the_deadlock_of_the_debugging_section_is_reported_within_two_seconds() -> None:
+    code = python_block("## Debugging: traces, the flight recorder and hangs")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0
+    assert "DeadlockError: deadlock: every rank is blocked" in proc.stderr
+    assert ("wait-for cycle: rank 0 waits for 1 on tag 0 (recv), rank 1 waits for 0 on "
+            "tag 0 (recv)") in proc.stderr

@@ -20,6 +20,7 @@ from .model import Strategy as Strategy
 from .model import TransferPlan as TransferPlan
 from .model import adaptive_chunk as adaptive_chunk
 from .records import OpRecord as OpRecord
+from .records import PeerTotals as PeerTotals
 from .records import RankSummary as RankSummary
 from .records import format_table as format_table
 from .records import summarize as summarize
@@ -33,6 +34,7 @@ __all__ = [
     "DeviceSpec",
     "LinkSpec",
     "OpRecord",
+    "PeerTotals",
     "Pipelined",
     "RankSummary",
     "Resource",

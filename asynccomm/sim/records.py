@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["KINDS", "OpRecord", "RankSummary", "format_table", "summarize"]
+__all__ = ["KINDS", "OpRecord", "PeerTotals", "RankSummary", "format_table", "summarize"]
 
 KINDS = ("send", "recv", "compute")
 
@@ -60,8 +60,24 @@ class OpRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class PeerTotals:
+    """One rank's traffic with one peer: finished sends and recvs, on every world."""
+
+    peer: int
+    sends: int
+    recvs: int
+    bytes_sent: int
+    bytes_received: int
+    wait_time: float
+    """Seconds from post to match (a send whose message was staged counts none)."""
+    copy_time: float
+    """Seconds from match to finish (post to finish when the match is unknown)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RankSummary:
-    """One rank's totals; times in model seconds."""
+    """One rank's totals; times in model seconds with a cluster model (``modelled``), else
+    measured seconds (the modelled fields are then 0)."""
 
     rank: int
     bytes_sent: int
@@ -73,6 +89,11 @@ class RankSummary:
     hidden: float  # measure of comm ∩ compute
     hidden_fraction: float  # hidden / comm_time (0 with no comm)
     span: float  # first start to last end, over every record
+    ops: int = 0  # every finished op (compute and probes included)
+    wait_time: float = 0.0  # summed over sends and recvs: post to match
+    copy_time: float = 0.0  # summed: match to finish
+    peers: tuple[PeerTotals, ...] = ()
+    modelled: bool = True
 
 
 def _union(intervals: Intervals) -> Intervals:

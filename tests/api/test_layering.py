@@ -266,16 +266,19 @@ LAYERS: dict[str, int] = {
     "asynccomm.transports.mpi": 5,
     # requests and streams: handles the engine owns
     "asynccomm._request": 6, "asynccomm._stream": 6,
+    # the flight recorder and trace collection: what handles record
+    "asynccomm._flight": 6, "asynccomm._trace": 6,
     # the engine
-    "asynccomm._diagnostics": 7, "asynccomm._engine": 7,
+    "asynccomm._diagnostics": 7, "asynccomm._engine": 7, "asynccomm._summary": 7,
     # the public API
     "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
-    "asynccomm._collective_api": 8,
+    "asynccomm._collective_api": 8, "asynccomm._hang": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
     # collectives: built on the communicator's public point-to-point API
     "asynccomm._reduce_ops": 7, "asynccomm._collective_costs": 7,
     "asynccomm._collective_algorithms": 7, "asynccomm._collectives": 7,
-    "asynccomm": 10, "asynccomm.testing": 10,
+    "asynccomm": 10, "asynccomm.testing": 10, "asynccomm.trace": 10,
+    "asynccomm.timeline": 10,
 }
 
 

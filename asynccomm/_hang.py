@@ -1,0 +1,305 @@
+"""Hangs: deadlock proofs on the wall clock, the hang watchdog, and the dumps that say
+which ops every rank is stuck on.
+
+How it works
+------------
+Rule 1 (the proof).  An in-process world on the wall clock is deadlocked when, at two
+checks in a row (every ``PERIOD`` seconds) with no op finishing in between, every task of
+the program but ``run``'s own is blocked on a future that only asynccomm resolves: a
+pending op's, a stream event's, another such task, or a ``gather`` of such tasks; no op
+has a timeout armed, none has matched (its copy is moving), no copy runs on a worker
+thread, and (on asyncio) the loop has no ready callback and no timer but the check's own.
+Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
+``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
+What the proof cannot see is an op posted from outside any task: by a thread through
+``call_soon_threadsafe``, or on uvloop, which does not show its timers, by a bare
+``call_later`` callback.
+Rule 2 (the verdict).  A proven deadlock fails every unmatched op with one
+``DeadlockError`` naming each rank's ops, the wait-for cycle, and each rank's flight
+record, exactly as the virtual clock does.
+Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_TIMEOUT`` seconds (default 300, 0: off) with ops
+pending and none finishing: every rank's pending ops and recent ops are logged
+(``comm.hang``, a warning; on stderr when no logger is on) and the program keeps waiting.
+On MPI each process watches its own rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ._core.states import ACTIVE, Kind
+from ._exceptions import DeadlockError
+from ._flight import format_dump
+from ._logging import NullLogger
+from ._request import _Countdown
+from ._types import ANY_SOURCE
+
+if TYPE_CHECKING:
+    from ._engine import DeviceEngine
+
+__all__ = ["PERIOD", "Watch", "deadlock_error", "dump", "fail_deadlocked", "hang_timeout",
+           "install_dump_signal", "wait_for_cycle"]
+
+#: Seconds between two checks of the wall-clock deadlock proof.
+PERIOD: Final = 0.2
+#: Finished ops of each rank shown in a deadlock message or a hang report.
+SHOWN: Final = 8
+DEFAULT_HANG_TIMEOUT: Final = 300.0
+
+
+def hang_timeout() -> float:
+    """``ASYNCCOMM_HANG_TIMEOUT`` in seconds (default 300; 0 turns the watchdog off).
+
+    Raises:
+        ValueError: the variable is set to something that is not a number >= 0.
+    """
+    raw = os.environ.get("ASYNCCOMM_HANG_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_HANG_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"ASYNCCOMM_HANG_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"ASYNCCOMM_HANG_TIMEOUT={raw!r} must be a finite number >= 0")
+    return value
+
+
+# -- what every rank waits for ------------------------------------------------------------
+
+def _world(e: DeviceEngine, rank: int) -> int:
+    """The world rank of ``e``'s communicator's rank ``rank``."""
+    return rank if e.world_ranks is None else e.world_ranks[rank]
+
+
+def _edges(engines: Sequence[DeviceEngine]) -> dict[int, list[tuple[int, int, str]]]:
+    """world rank -> [(world rank it waits for, tag, op)] over its unfinished ops, on
+    every communicator of the world (a sub-communicator's ranks mapped to the world's)."""
+    out: dict[int, list[tuple[int, int, str]]] = {}
+    for e in engines:
+        for r in e.live_requests():
+            if r.kind is Kind.COMPUTE:
+                continue
+            peers = ([p for p in range(e.size) if p != e.rank] if r.peer == ANY_SOURCE
+                     else [r.peer])
+            out.setdefault(e.world_rank, []).extend((_world(e, p), r.tag, r.kind.value)
+                                                     for p in peers)
+    return out
+
+
+def wait_for_cycle(engines: Sequence[DeviceEngine]) -> str:
+    """``rank 0 waits for 1 on tag 0 (recv), rank 1 waits for 0 on tag 0 (recv)``: a
+    cycle of the wait-for graph, or what the ranks wait for when there is none."""
+    edges = _edges(engines)
+    for start in sorted(edges):
+        path: list[tuple[int, int, int, str]] = []
+        seen = {start}
+        rank = start
+        while True:
+            nxt = next(((p, t, op) for p, t, op in edges.get(rank, ()) if p in edges), None)
+            if nxt is None:
+                break
+            path.append((rank, *nxt))
+            if nxt[0] == start:
+                return ", ".join(_waits(r, p, t, op) for r, p, t, op in path)
+            if nxt[0] in seen:
+                break
+            seen.add(nxt[0])
+            rank = nxt[0]
+    return "; ".join(_waits(r, p, t, op) for r in sorted(edges) for p, t, op in edges[r])
+
+
+def _waits(rank: int, peer: int, tag: int, op: str) -> str:
+    tag_s = "any tag" if tag < 0 else f"tag {tag}"
+    return f"rank {rank} waits for {peer} on {tag_s} ({op})"
+
+
+def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
+    """Every rank's pending ops and last ``last`` finished ops, human-readable (a rank's
+    communicators together: the world's first)."""
+    ranks: dict[int, list[dict[str, Any]]] = {}
+    for e in engines:
+        ranks.setdefault(e.world_rank, []).extend(e.flight.dicts(e.rank, e.live_requests()))
+    return format_dump(ranks, last=last)
+
+
+def deadlock_error(engines: Sequence[DeviceEngine]) -> DeadlockError | None:
+    """The error for a world whose ranks can never be woken; None if nothing is pending."""
+    pending: dict[int, list[str]] = {}
+    for e in engines:
+        if e.pending_ops:
+            where = e.context
+            pending.setdefault(e.world_rank, []).extend(
+                e.describe_all() if not where else [f"{op} {where}" for op in e.describe_all()])
+    if not pending:
+        return None
+    lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
+    return DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
+                         f"unmatched operations: {lines}\nwait-for cycle: "
+                         f"{wait_for_cycle(engines)}\nflight record:\n{dump(engines)}",
+                         pending=pending)
+
+
+def fail_deadlocked(engines: Sequence[DeviceEngine]) -> bool:
+    """Fail every unmatched op of a deadlocked world with one ``DeadlockError`` that lists
+    them all, per rank.  Returns True if that woke something."""
+    exc = deadlock_error(engines)
+    if exc is None:
+        return False
+    woke = False
+    for engine in engines:
+        for req in engine.live_requests():
+            woke = engine.withdraw(req, exc) or woke
+    return woke
+
+
+# -- the periodic check -------------------------------------------------------------------
+
+def _progress(engines: Sequence[DeviceEngine]) -> int:
+    """Ops finished so far, over every rank (changes whenever one finishes)."""
+    return sum(e.flight.finished() for e in engines)
+
+
+class Watch:
+    """The periodic check of a world (see module docs): the deadlock proof when
+    ``tasks_of`` is given (in-process, instant, wall clock), the watchdog when
+    ``timeout`` > 0."""
+
+    def __init__(self, engines: Sequence[DeviceEngine], loop: asyncio.AbstractEventLoop, *,
+                 timeout: float, driver: asyncio.Task[Any] | None) -> None:
+        self.engines = engines
+        self.loop = loop
+        self.timeout = timeout
+        self.driver = driver
+        self.period = PERIOD if driver is not None else max(min(timeout / 4, 5.0), 0.05)
+        self._handle: asyncio.TimerHandle | None = None
+        self._last: tuple[int, frozenset[tuple[int, int]]] | None = None
+        self._progress = -1
+        self._since = loop.time()
+        self._reported = 0.0
+
+    def start(self) -> None:
+        if self.driver is None and self.timeout <= 0:
+            return
+        self._handle = self.loop.call_later(self.period, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        self._handle = self.loop.call_later(self.period, self._tick)
+        progress = _progress(self.engines)
+        now = self.loop.time()
+        if progress != self._progress:
+            self._progress, self._since = progress, now
+        if self.driver is not None:
+            proof = self._proof()
+            if proof is not None and proof == self._last and fail_deadlocked(self.engines):
+                self.stop()
+                return
+            self._last = proof
+        if (self.timeout > 0 and now - self._since >= self.timeout
+                and now - self._reported >= self.timeout
+                and any(e.pending_ops for e in self.engines)):
+            self._reported = now
+            self._report(now - self._since)
+
+    def _report(self, idle: float) -> None:
+        text = dump(self.engines)
+        log = self.engines[0].log
+        if isinstance(log, NullLogger):
+            sys.stderr.write(f"asynccomm: no op finished for {idle:.1f} s with ops pending "
+                             f"(ASYNCCOMM_HANG_TIMEOUT); still waiting:\n{text}\n")
+            sys.stderr.flush()
+        else:
+            log.warning("comm.hang", idle_s=round(idle, 3), pending=text)
+
+    def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
+        """What every task waits for, if the world is provably stuck now, else None."""
+        library = _library_futures(self.engines)
+        if library is None or not _loop_quiet(self.loop, self._handle):
+            return None
+        tasks = {t for t in asyncio.all_tasks(self.loop) if t is not self.driver}
+        waits = []
+        for task in tasks:
+            waiter = getattr(task, "_fut_waiter", None)
+            if waiter is None or waiter.done():
+                return None
+            if waiter in library or (isinstance(waiter, asyncio.Task) and waiter in tasks):
+                waits.append((id(task), id(waiter)))
+                continue
+            children = getattr(waiter, "_children", None)
+            if children is None or not all(c in tasks or c.done() for c in children):
+                return None
+            waits.append((id(task), id(waiter)))
+        if not waits:
+            return None
+        return _progress(self.engines), frozenset(waits)
+
+
+def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
+    """The futures asynccomm will resolve, if nothing is moving; None otherwise."""
+    out: set[Any] = set()
+    for e in engines:
+        if e.closed and not e._copies and e._idle is None:
+            continue  # a rank that has finished: nothing of it can wake another
+        if e._copies or e._idle is not None:
+            return None
+        for r in e.live_requests():
+            if r._timer is not None or r._state is ACTIVE:  # a timeout or a copy will wake
+                return None
+            for w in r._waiters or ():
+                out.add(w.fut if isinstance(w, _Countdown) else w)
+        for stream in list(e._streams):
+            for event in stream._events:
+                out.update(event._waiters)
+    return out
+
+
+def _loop_quiet(loop: asyncio.AbstractEventLoop, own: asyncio.TimerHandle | None) -> bool:
+    """No ready callback and no timer but ``own`` (asyncio's loop shows them; uvloop not)."""
+    ready = getattr(loop, "_ready", None)
+    if ready:
+        return False
+    scheduled = getattr(loop, "_scheduled", None)
+    if scheduled is None:
+        return True
+    return all(h is own or h.cancelled() for h in scheduled)
+
+
+# -- dumps on a signal --------------------------------------------------------------------
+
+def install_dump_signal(loop: asyncio.AbstractEventLoop,
+                        engines: Callable[[], Sequence[DeviceEngine]]) -> Callable[[], None]:
+    """Write every rank's flight record to stderr on SIGUSR1; returns the uninstaller (a
+    no-op where signals cannot be handled, on another thread or platform, or when the
+    program handles SIGUSR1 itself)."""
+    sig = getattr(signal, "SIGUSR1", None)
+    if (sig is None or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(sig) is not signal.SIG_DFL):  # the program's own: leave it
+        return lambda: None
+
+    def on_signal() -> None:
+        sys.stderr.write(f"asynccomm: flight record (SIGUSR1):\n{dump(engines(), last=None)}\n")
+        sys.stderr.flush()
+
+    try:
+        loop.add_signal_handler(sig, on_signal)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return lambda: None
+
+    def uninstall() -> None:
+        try:
+            loop.remove_signal_handler(sig)
+        except (RuntimeError, ValueError):  # the loop is closing
+            pass
+
+    return uninstall
