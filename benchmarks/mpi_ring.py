@@ -15,9 +15,10 @@ polls takes the core its peer needs.  Two measurements:
   just before ``send`` to the receiver's just after ``recv`` returned (``CLOCK_MONOTONIC``
   is system-wide, and the ranks share a host).
 
-Rank 0 prints the tables and writes ``mpi_ring_n<N>.json``.  Exit status: 1 when a full
-run missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad arguments or
-fewer than 2 processes.
+The ring's target (within ``RING_RATIO_TARGET`` of raw) is judged only where the ranks
+outnumber the cores; the idle targets at any count.  Rank 0 prints the tables and writes
+``mpi_ring_n<N>.json``.  Exit status: 1 when a full run missed a target (``--quick``
+judges nothing), 0 otherwise, 2 for bad arguments or fewer than 2 processes.
 """
 
 from __future__ import annotations
@@ -180,21 +181,30 @@ async def measure(comm: ac.Communicator, plan: Plan) -> tuple[list[RingRow], lis
 # -- report ----------------------------------------------------------------------------------
 
 
-def checks(rings: list[RingRow], idles: list[IdleRow]) -> list[dict[str, Any]]:
+def checks(rings: list[RingRow], idles: list[IdleRow], crowded: bool) -> list[dict[str, Any]]:
+    """The targets; the ring's is set for more ranks than cores, and only shown otherwise
+    (``binding`` False)."""
     out: list[dict[str, Any]] = []
     for row in rings:
         ratio = row.ratio()
         out.append({"what": f"ring sendrecv {size_label(row.nbytes)} per hop", "value": ratio,
                     "unit": "x raw", "target": f"<= {RING_RATIO_TARGET:g}x raw",
-                    "passed": ratio <= RING_RATIO_TARGET})
+                    "passed": ratio <= RING_RATIO_TARGET, "binding": crowded})
     # Per rank the median over rounds; judged on the worst rank.
     cpu = max(median([r.cpu_share[k] for r in idles]) for k in range(len(idles[0].cpu_share)))
     wake = max(median([r.wake_ms[k] for r in idles]) for k in range(len(idles[0].wake_ms)))
     out.append({"what": "idle rank CPU (worst rank)", "value": cpu, "unit": "of a core",
-                "target": f"< {IDLE_CPU_TARGET:.0%} of a core", "passed": cpu < IDLE_CPU_TARGET})
+                "target": f"< {IDLE_CPU_TARGET:.0%} of a core", "passed": cpu < IDLE_CPU_TARGET,
+                "binding": True})
     out.append({"what": "idle rank wake (worst rank)", "value": wake, "unit": "ms",
-                "target": f"<= {WAKE_TARGET_MS:g} ms", "passed": wake <= WAKE_TARGET_MS})
+                "target": f"<= {WAKE_TARGET_MS:g} ms", "passed": wake <= WAKE_TARGET_MS,
+                "binding": True})
     return out
+
+
+def _verdict(c: dict[str, Any]) -> str:
+    word = "PASS" if c["passed"] else "FAIL"
+    return word if c["binding"] else f"({word.lower()})"
 
 
 def _value(c: dict[str, Any]) -> str:
@@ -218,11 +228,12 @@ def print_report(rings: list[RingRow], idles: list[IdleRow], judged: list[dict[s
                 [[str(k), f"{median([r.cpu_share[k] for r in idles]):.1%}",
                   f"{median([r.wake_ms[k] for r in idles]):.3f}"]
                  for k in range(size)])
-    print_table("Targets (MPI transport, more ranks than cores)",
+    print_table("Targets (MPI transport; parenthesised: the ring's target is set for more "
+                "ranks than cores, shown, not judged)",
                 ["check", "value", "target", "status"],
-                [[c["what"], _value(c), c["target"], "PASS" if c["passed"] else "FAIL"]
-                 for c in judged])
-    print(f"\n{sum(c['passed'] for c in judged)}/{len(judged)} targets met")
+                [[c["what"], _value(c), c["target"], _verdict(c)] for c in judged])
+    binding = [c for c in judged if c["binding"]]
+    print(f"\n{sum(c['passed'] for c in binding)}/{len(binding)} targets met")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -261,19 +272,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     elapsed = time.perf_counter() - started
     env["loadavg_1min_at_end"] = load_average()
-    judged = checks(rings, idles)
+    judged = checks(rings, idles, crowded=size > (env["cpus_usable"] or env["cpu_count"] or 1))
     print_report(rings, idles, judged, env, size, args.loop, args.quick)
     doc = {"suite": "mpi_ring", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
            "quick": args.quick, "loop": args.loop, "processes": size,
            "elapsed_seconds": elapsed, "environment": env,
            "ring": [asdict(r) for r in rings], "idle": [asdict(r) for r in idles],
-           "checks": judged, "targets_met": sum(c["passed"] for c in judged),
-           "targets_judged": len(judged)}
+           "checks": judged,
+           "targets_met": sum(c["passed"] for c in judged if c["binding"]),
+           "targets_judged": sum(c["binding"] for c in judged)}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"mpi_ring_n{size}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {path} in {elapsed:.0f} s")
-    return 1 if not args.quick and not all(c["passed"] for c in judged) else 0
+    missed = any(c["binding"] and not c["passed"] for c in judged)
+    return 1 if missed and not args.quick else 0
 
 
 if __name__ == "__main__":
