@@ -5,9 +5,9 @@ that lands to the link; it tracks every other MPI request (control sends, data c
 with the callback to run when it completes; and it moves rendezvous payloads in chunks
 with a window (``_core.chunking``).  It never blocks the loop: the control recv at the head
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
-polls back to back for a moment (``Backoff``), then polls at the loop's shared idle tick
-(``_ticker``: every ``PERIOD``, one wake-up for all the idle progress tasks of the loop);
-while data moves it keeps polling.
+polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
+(``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
+polls each and wakes only those with work); while data moves it keeps polling.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
