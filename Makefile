@@ -56,6 +56,9 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.cluster || status=1; \
 	$(PY) -m benchmarks.collectives || status=1; \
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_p2p || status=1; \
+	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_ring || status=1; \
+	$(VENV)/bin/mpiexec -n 3 $(PY) -m benchmarks.mpi_ring || status=1; \
+	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.mpi_ring || status=1; \
 	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above)"; fi; \
 	exit $$status
 

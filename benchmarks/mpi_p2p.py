@@ -39,7 +39,7 @@ from ._common import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-LATENCY_TARGET_US = 8.0
+LATENCY_TARGET_US = 4.0
 TAG = 7
 ACK_TAG = 8
 
@@ -232,7 +232,7 @@ def checks(rows: list[Row]) -> list[dict[str, Any]]:
                         "target": f"<= {LATENCY_TARGET_US:g} us",
                         "passed": us <= LATENCY_TARGET_US})
         if row.kind == "bandwidth" and (row.nbytes == MiB or row.nbytes >= 16 * MiB):
-            need = 0.90 if row.nbytes >= 16 * MiB else 0.75
+            need = 0.90
             ratio = row.raw_median() / row.ac_median()
             out.append({"what": f"bandwidth {size_label(row.nbytes)}", "value": ratio,
                         "unit": "of raw", "target": f">= {need:.0%} of raw",

@@ -5,8 +5,9 @@ that lands to the link; it tracks every other MPI request (control sends, data c
 with the callback to run when it completes; and it moves rendezvous payloads in chunks
 with a window (``_core.chunking``).  It never blocks the loop: the control recv at the head
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
-polls back to back for a moment, then backs off to at most 1 ms between polls
-(``Backoff``); while data moves it keeps polling.
+polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
+(``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
+polls each and wakes only those with work); while data moves it keeps polling.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -26,6 +27,7 @@ from .._core.chunking import Chunk, ChunkSender
 from .._core.wire import HEADER, INLINE_MAX
 from . import _mpi_lib as lib
 from ._mpi_lib import Backoff, yield_now
+from ._ticker import Ticker
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -111,6 +113,9 @@ class Progress:
         self._failed = failed
         self._slots: deque[Slot] = deque()
         self._reqs: list[MPI.Request] = []
+        #: Control sends MPI has not finished with: nothing waits for them (testing them on
+        #: every poll would double its cost), so they are reaped now and then.
+        self._ctrl: list[MPI.Request] = []
         self._cbs: list[Callable[[], None] | None] = []
         self._testsome = lib.MPI.Request.Testsome
         self._data = 0  # data chunks in flight: poll without backing off
@@ -120,6 +125,9 @@ class Progress:
         #: answer holds the core its peer needs to give it, so it yields between polls.
         self.crowded = False
         self.task: asyncio.Task[None] | None = None
+        self._parked: asyncio.Future[None] | None = None  # waiting for the idle tick
+        self._error: Exception | None = None  # raised by a poll at the idle tick
+        self._woke = False  # the ticker (or a send) woke the parked task: activity
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         """Post the control recvs and start polling."""
@@ -135,8 +143,18 @@ class Progress:
         """Send one control message (kept alive until MPI is done with it)."""
         req = self.comm.Isend(msg, dest, CTRL_TAG)
         if not req.Test():
-            self._track(req, None)
+            self._ctrl.append(req)
+            if len(self._ctrl) >= CTRL_SLOTS:
+                self._reap()
         self.sent = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """Poll now, not at the next idle tick (an answer may follow, or data moves)."""
+        parked = self._parked
+        if parked is not None and not parked.done():
+            self._woke = True
+            parked.set_result(None)
 
     def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
         """Send ``view`` to ``dest`` on ``tag`` in chunks; ``done()`` once it is all sent."""
@@ -159,6 +177,7 @@ class Progress:
             req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
             self._data += 1
             self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
+        self._wake()
 
     def _moved(self, chunks: _OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
                peer: int, tag: int, done: Callable[[], None],
@@ -171,6 +190,13 @@ class Progress:
             self._more(chunks, view, peer, tag, done, start)
 
     # -- polling --------------------------------------------------------------------------
+
+    def _reap(self) -> None:
+        """Forget the control sends MPI has finished with."""
+        ctrl = self._ctrl
+        if ctrl and (done := self._testsome(ctrl)):
+            finished = set(done)
+            self._ctrl = [r for i, r in enumerate(ctrl) if i not in finished]
 
     def _track(self, req: MPI.Request, cb: Callable[[], None] | None) -> None:
         self._reqs.append(req)
@@ -209,13 +235,15 @@ class Progress:
     async def _run(self) -> None:
         backoff = Backoff(spin=SPIN)
         clock = time.perf_counter
+        ticker = Ticker.for_loop(asyncio.get_running_loop())
         try:
             while not (self.stopped or self._finished()):
                 hit = self._poll()
                 if not (hit or self.sent):
                     delay = 0.0 if self._data else backoff.delay(clock())
                     if delay:
-                        await asyncio.sleep(delay)
+                        if await self._idle(ticker):
+                            backoff.reset(clock())
                         continue
                     until = clock() + (DATA_BURST if self._data else SPIN_BURST)
                     while not (hit := self._poll()) and clock() < until:
@@ -231,6 +259,35 @@ class Progress:
             raise
         except Exception as exc:
             self._failed(exc)
+        finally:
+            ticker.release()
+
+    async def _idle(self, ticker: Ticker) -> bool:
+        """Park on the idle tick until there is work (True), or for a while where there is
+        no tick (False)."""
+        self._woke = False
+        self._parked = ticker.park(self)
+        try:
+            await self._parked
+        finally:
+            self._parked = None
+        if self._error is not None:
+            raise self._error
+        return self._woke
+
+    def poll_idle(self) -> bool:
+        """Poll for the idle tick while parked: True to run the task (it has work, or MPI
+        failed: the task raises it)."""
+        try:
+            self._reap()
+            woke = (self.sent or self._data > 0 or self.stopped or self._finished()
+                    or self._poll())
+        except Exception as exc:
+            self._error = exc
+            return True
+        if woke:
+            self._woke = True
+        return woke
 
     async def _teardown(self, backoff: Backoff) -> None:
         # Every rank has sent its last message to this one: the control recvs can only be
@@ -238,9 +295,10 @@ class Progress:
         slots = [s.req for s in self._slots]
         for req in slots:
             req.Cancel()
-        while not lib.MPI.Request.Testall(slots) or self._reqs:
+        while not lib.MPI.Request.Testall(slots) or self._reqs or self._ctrl:
             if self._reqs:
                 self._test_requests()
+            self._reap()
             await asyncio.sleep(backoff.delay(time.perf_counter()))
         for req in slots:
             req.Free()

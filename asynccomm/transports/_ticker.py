@@ -1,0 +1,183 @@
+"""A precise shared tick for idle progress tasks: one timer per loop polls them all.
+
+MPI offers nothing to wait on, so an idle progress task polls.  To wake within a
+millisecond of a message it must poll more often than every millisecond, and neither loop
+can sleep that briefly: uvloop's timers count whole milliseconds (shorter sleeps return at
+once, so a rank would spin), asyncio's selector rounds its timeout up to the next one.  On
+Linux a ``timerfd`` has no such limit: the loop waits on it like on a socket, and the kernel
+wakes it on time.
+
+Every idle progress task of the loop (a communicator's own and its private context's, and
+those of its children) parks on the same tick; at each tick the ticker calls each one's
+``poll_idle()`` and wakes only those that have something to do.  An idle period then costs
+one wake-up and a few MPI tests, not a task switch per progress task.  The tick is
+``PERIOD`` while all of them are parked, ``BUSY_PERIOD`` while one of them is at work (it
+polls anyway, and each tick would interrupt it), and the timer is disarmed while none is
+parked.  Elsewhere (no ``timerfd``) an idle task sleeps ``FALLBACK``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import sys
+from typing import ClassVar, Protocol
+
+__all__ = ["FALLBACK", "PERIOD", "Ticker"]
+
+#: The period of the tick while every progress task of the loop is idle: a message finds
+#: its receiver within it.
+PERIOD = 400e-6
+#: The period while another progress task of the loop polls without a break (a rank at
+#: work): each tick interrupts that work, and a task parked meanwhile wakes as soon as
+#: before this change (every millisecond).
+BUSY_PERIOD = 1e-3
+#: The idle poll where no ``timerfd`` exists (the shortest sleep both loops can do).
+FALLBACK = 1e-3
+
+
+class Idler(Protocol):
+    """What parks on the tick."""
+
+    def poll_idle(self) -> bool:
+        """Poll once; True if the task should run (never raises)."""
+
+
+_CLOCK_MONOTONIC = 1
+_TFD_NONBLOCK = os.O_NONBLOCK
+_TFD_CLOEXEC = 0o2000000
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.timerfd_create  # noqa: B018  # present?
+        libc.timerfd_settime  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def _spec(period: float) -> _Itimerspec:
+    spec = _Itimerspec()
+    whole, part = divmod(round(period * 1e9), 10**9)
+    spec.it_interval.tv_sec = spec.it_value.tv_sec = whole
+    spec.it_interval.tv_nsec = spec.it_value.tv_nsec = part
+    return spec
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Ticker:
+    """The loop's shared idle tick (see module docs).  ``for_loop`` gives the loop's ticker
+    and counts a user; each user calls ``release`` once, and the last one closes it."""
+
+    _by_loop: ClassVar[dict[asyncio.AbstractEventLoop, Ticker]] = {}
+    _lib: ClassVar[ctypes.CDLL | None] = None
+    _looked_up: ClassVar[bool] = False
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._users = 0
+        self._waiters: list[tuple[Idler, asyncio.Future[None]]] = []
+        self._fd = -1
+        self._idle = _spec(PERIOD)
+        self._busy = _spec(BUSY_PERIOD)
+        self._stop = _spec(0.0)
+        self._spec = self._stop  # what the timer is set to
+        lib = self._libc()
+        if lib is not None:
+            fd = lib.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+            if fd >= 0:
+                self._fd = fd
+                loop.add_reader(fd, self._tick)
+
+    @classmethod
+    def _libc(cls) -> ctypes.CDLL | None:
+        if not cls._looked_up:
+            cls._lib, cls._looked_up = _libc(), True
+        return cls._lib
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> Ticker:
+        """The loop's ticker (made on first use), with one more user."""
+        ticker = cls._by_loop.get(loop)
+        if ticker is None:
+            ticker = cls._by_loop[loop] = cls(loop)
+        ticker._users += 1
+        return ticker
+
+    def release(self) -> None:
+        """One user is done; the last closes the timer."""
+        self._users -= 1
+        if self._users > 0:
+            return
+        del self._by_loop[self._loop]
+        if self._fd >= 0:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+    def park(self, idler: Idler) -> asyncio.Future[None]:
+        """A future resolved once ``idler.poll_idle()``, called at each tick, says so; or
+        after ``FALLBACK`` where no timerfd exists.  Whoever holds it may resolve it sooner
+        (a wake-up); cancelling it unparks."""
+        fut = self._loop.create_future()
+        if self._fd < 0:
+            self._loop.call_later(FALLBACK, _resolve, fut)
+            return fut
+        self._waiters.append((idler, fut))
+        self._pace(len(self._waiters))
+        return fut
+
+    @property
+    def _armed(self) -> bool:
+        return self._spec is not self._stop
+
+    def _pace(self, parked: int) -> None:
+        """Tick fast when every user is parked, slower when one is at work, not at all
+        when none is parked."""
+        spec = (self._stop if not parked else self._idle if parked >= self._users
+                else self._busy)
+        if spec is not self._spec:
+            self._set(spec)
+
+    def _set(self, spec: _Itimerspec) -> None:
+        lib = self._libc()
+        assert lib is not None
+        lib.timerfd_settime(self._fd, 0, ctypes.byref(spec), None)
+        self._spec = spec
+
+    def _tick(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            return
+        still = []
+        for idler, fut in self._waiters:
+            if fut.done():
+                continue
+            busy = idler.poll_idle()
+            if fut.done():  # its poll woke it already (it sent something)
+                continue
+            if busy:
+                fut.set_result(None)
+            else:
+                still.append((idler, fut))
+        self._waiters = still
+        self._pace(len(still))
