@@ -105,6 +105,20 @@ class Tally:
         self.c = 0.0  # seconds from match to finish
 
 
+_NONE = Tally()  # read only: a peer with no ops of a kind
+
+
+class Tallies(dict[int, Tally]):
+    """Tallies by peer, made on first use: a rank of a large world that talks to a few
+    peers keeps a few (per-peer lists would cost size² objects over a world)."""
+
+    __slots__ = ()
+
+    def __missing__(self, peer: int) -> Tally:
+        tally = self[peer] = Tally()
+        return tally
+
+
 class FlightRecorder:
     """One rank's recorder (see module docs)."""
 
@@ -116,8 +130,8 @@ class FlightRecorder:
         #: The last ``size`` entries, oldest first.
         self.ring: deque[Entry] = deque(maxlen=size)
         # Totals of finished sends and recvs, per peer.  The fast lane updates them inline.
-        self.sends = [Tally() for _ in range(ranks)]
-        self.recvs = [Tally() for _ in range(ranks)]
+        self.sends = Tallies()
+        self.recvs = Tallies()
         self.others = 0  # other finished ops: probes, computes, failed or cancelled ones
 
     def add(self, entry: Entry) -> None:
@@ -137,7 +151,8 @@ class FlightRecorder:
 
     def finished(self) -> int:
         """How many ops have finished since the world opened."""
-        return sum(t.n for t in self.sends) + sum(t.n for t in self.recvs) + self.others
+        return (sum(t.n for t in self.sends.values()) + sum(t.n for t in self.recvs.values())
+                + self.others)
 
     def entries(self) -> list[Entry]:
         """The last ``size`` entries, oldest first."""
@@ -145,9 +160,12 @@ class FlightRecorder:
 
     def totals(self) -> tuple[int, list[PeerTotals]]:
         """(ops finished, per-peer totals), over every op since the world opened."""
-        out = [PeerTotals(peer, s.n, r.n, s.nbytes, r.nbytes, s.w + r.w, s.c + r.c)
-               for peer, (s, r) in enumerate(zip(self.sends, self.recvs, strict=True))
-               if s.n or r.n]
+        out = []
+        for peer in sorted(self.sends.keys() | self.recvs.keys()):
+            s, r = self.sends.get(peer, _NONE), self.recvs.get(peer, _NONE)
+            if s.n or r.n:
+                out.append(PeerTotals(peer, s.n, r.n, s.nbytes, r.nbytes, s.w + r.w,
+                                      s.c + r.c))
         return self.finished(), out
 
     def dicts(self, rank: int, pending: Iterable[Request] = ()) -> list[dict[str, Any]]:

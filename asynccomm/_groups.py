@@ -7,11 +7,12 @@ own; on MPI, a communicator of its own).
 Rule 2: ``split`` and ``dup`` are collective over the parent: every rank calls them, in
 the same order as every other collective call on that parent.  ``split`` orders the new
 ranks by (key, old rank), as ``MPI_Comm_split`` does; ``color=None`` returns None.
-Rule 3: every communicator comes with a private context, a hidden duplicate made with it
-that carries the traffic of collectives and of objects' buffers, so it never matches the
-program's messages.  Each collective call takes the next block of ``TAG_SPAN`` tags of its
-lower half, in call order, so calls in flight at once never match each other; the upper
-half (from ``OBJECT_TAGS``) carries objects' out-of-band buffers.
+Rule 3: every communicator has a private context, a hidden duplicate (made with it on
+MPI; in one process made on first use, for the whole group at once) that carries the
+traffic of collectives and of objects' buffers, so it never matches the program's
+messages.  Each collective call takes the next block of ``TAG_SPAN`` tags of its lower
+half, in call order, so calls in flight at once never match each other; the upper half
+(from ``OBJECT_TAGS``) carries objects' out-of-band buffers.
 Rule 4: a communicator closes its sub-communicators (and its private context) before
 itself; closing one sub-communicator leaves its parent and siblings open.
 
@@ -50,6 +51,11 @@ class Family(Protocol):
         """The new communicator of this rank: ``members`` are parent ranks in new-rank
         order (None: this rank joins none, but must still take part).  ``key`` names the
         group the same way on every member rank; ``color`` is the same for all members."""
+        ...
+
+    def open_private(self, comm: Communicator) -> None:
+        """Give ``comm`` (and, where the world can, its group) a private context now, for
+        a world that makes them on first use; others make them with the communicator."""
         ...
 
 
@@ -147,7 +153,10 @@ class GroupsMixin:
     def _private(self) -> Communicator:
         """This communicator's private context (Rule 3)."""
         private = self._private_comm
-        assert private is not None, "a private context has no private context"
+        if private is None:
+            self._family.open_private(self._self())
+            private = self._private_comm
+            assert private is not None, "a private context has no private context"
         return private
 
     def _adopt_private(self, private: Communicator) -> None:

@@ -157,6 +157,9 @@ class _MPIFamily:
         comm._adopt_private(private)
         return transport, comm
 
+    def open_private(self, comm: Communicator) -> None:
+        raise AssertionError("an MPI communicator is made with its private context")
+
     def trace(self, sink: _trace.TraceSink | None, comm: Communicator) -> None:
         """Trace this rank's ops on ``comm`` and its private context into ``sink``, each
         under its label (the world's own communicator is traced by the world)."""

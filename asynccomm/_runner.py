@@ -160,6 +160,7 @@ class _LocalFamily:
         self.record = record
         self.forming: dict[tuple[Any, ...], _Forming] = {}
         self.world = ranks if world is None else world
+        self.group: list[Communicator] = []  # the group's communicators, once connected
 
     def _engine(self, link: LocalLink, rank: int, size: int, context: str) -> DeviceEngine:
         engine = DeviceEngine(rank, size, link, loop=self.loop,
@@ -175,43 +176,65 @@ class _LocalFamily:
         self.registry.append(engine)
         return engine
 
+    def _where(self, rank: int, size: int) -> str:
+        return ("" if self.ranks is self.world
+                else f"(on a sub-communicator, as its rank {rank} of {size})")
+
     def make(self, rank: int, size: int) -> Communicator:
-        """Rank ``rank``'s communicator and its private context (not connected yet)."""
-        device = self.devices[self.ranks[rank]]
-        where = ("" if self.ranks is self.world
-                 else f"(on a sub-communicator, as its rank {rank} of {size})")
-        comm = Communicator(self._engine(self.link, rank, size, where),
-                            default_timeout=self.timeout, device=device, family=self)
-        private = Communicator(
-            self._engine(self.private_link, rank, size, f"(inside a collective){where}"),
-            default_timeout=self.timeout, device=device, family=self)
-        private._engine.private = True
-        comm._adopt_private(private)
-        return comm
+        """Rank ``rank``'s communicator (not connected yet).  Its private context is made
+        on first use, for the whole group at once (``open_private``)."""
+        return Communicator(self._engine(self.link, rank, size, self._where(rank, size)),
+                            default_timeout=self.timeout, device=self.devices[self.ranks[rank]],
+                            family=self)
+
+    def open_private(self, comm: Communicator) -> None:
+        """Make the private contexts of every rank of ``comm``'s group: in one process a
+        group can make them all at once, when the first rank needs one (a world that only
+        sends and receives never has them).  Those of ranks that closed close at once."""
+        size = len(self.group)
+        privates = []
+        for member in self.group:
+            rank = member.rank
+            private = Communicator(
+                self._engine(self.private_link, rank, size,
+                             f"(inside a collective){self._where(rank, size)}"),
+                default_timeout=member._default_timeout, device=member.device, family=self)
+            private._engine.private = True
+            if self.sink is not None:
+                private._engine.tracer = self.sink.rank(
+                    rank, label=_trace.join(self.label, "collectives"),
+                    pid=private._engine.world_rank)
+            member._adopt_private(private)
+            privates.append(private)
+        self._attach(self.private_link, [p._engine for p in privates])
+        for member, private in zip(self.group, privates, strict=True):
+            if member.closed:
+                member._private_comm = None
+                private._parent = None
+                self.loop.create_task(private.aclose())
 
     def trace(self, sink: _trace.TraceSink | None, comms: list[Communicator]) -> None:
-        """Trace the group's ops into ``sink`` (its world's), each context under a label
-        of its own (the world's own communicator is traced by the world)."""
+        """Trace the group's ops into ``sink`` (its world's), under the group's label (the
+        world's own communicator is traced by the world)."""
         self.sink = sink
-        if sink is None:
+        if sink is None or not self.label:
             return
         for comm in comms:
-            engines = [(comm._private()._engine, _trace.join(self.label, "collectives"))]
-            if self.label:
-                engines.append((comm._engine, self.label))
-            for engine, label in engines:
-                engine.tracer = sink.rank(engine.rank, label=label, pid=engine.world_rank)
+            engine = comm._engine
+            engine.tracer = sink.rank(engine.rank, label=self.label, pid=engine.world_rank)
 
     def connect(self, comms: list[Communicator]) -> None:
-        """Attach every rank's engines to the links, in rank order."""
-        for link, engines in ((self.link, [c._engine for c in comms]),
-                              (self.private_link, [c._private()._engine for c in comms])):
-            for engine in engines:
-                link.attach(engine)
-            if link.timing is None and self.sink is None and not any(e.trace for e in engines):
-                for engine in engines:  # instant, in this process, not logging every
-                    engine.peers = engines  # message: the fast lane is open
-                    engine.fast = True
+        """Attach every rank's engine to the link, in rank order."""
+        self.group = comms
+        self._attach(self.link, [c._engine for c in comms])
+
+    def _attach(self, link: LocalLink, engines: list[DeviceEngine]) -> None:
+        for engine in engines:
+            link.attach(engine)
+        if link.timing is None and self.sink is None and not any(e.trace for e in engines):
+            for engine in engines:  # instant, in this process, not logging every message:
+                engine.peers = engines  # the fast lane is open
+                engine.fast = True
 
     async def child(self, parent: Communicator, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:
@@ -230,7 +253,7 @@ class _LocalFamily:
             forming = self.forming[key] = _Forming(sub, len(members))
         rank = members.index(parent.rank)
         comm = forming.comms[rank] = forming.family.make(rank, forming.size)
-        comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
+        comm._default_timeout = parent._default_timeout
         if len(forming.comms) == forming.size:  # the last member: connect the group
             del self.forming[key]
             group = [forming.comms[r] for r in range(forming.size)]

@@ -118,3 +118,23 @@ def test_a_bad_op_is_refused_on_every_rank_and_the_next_call_works() -> None:
         return int(x[0])
 
     assert ac.run(main, world_size=3) == [3, 3, 3]
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_collective_after_a_peer_closed_fails_instead_of_hanging(loop: str) -> None:
+    """In one process the private contexts are made on first use: one made after a rank
+    closed is closed for that rank too, so the others get CommBrokenError, not a hang."""
+    async def main(comm: ac.Communicator) -> str:
+        if comm.rank == 1:
+            return "left"
+        with pytest.raises(ac.CommBrokenError):  # returns once rank 1 has closed
+            await comm.probe(1, 5)
+        with pytest.raises(ac.CommBrokenError):
+            async with asyncio.timeout(10):
+                await comm.barrier()
+        with pytest.raises(ac.CommBrokenError):
+            async with asyncio.timeout(10):
+                await comm.send_obj({"w": np.ones(1 << 17)}, 1)
+        return "broken"
+
+    assert ac.run(main, world_size=2, loop=loop) == ["broken", "left"]
