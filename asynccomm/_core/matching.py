@@ -337,10 +337,13 @@ class Matcher:
     def waits_for(self, source: int, *, wildcards: bool) -> bool:
         """Whether a posted recv or a probe names ``source`` (or, with ``wildcards``,
         ``ANY_SOURCE``): what a rank that closed could have left waiting."""
-        for (src, _), bucket in self._posted.items():
-            if (src == source or (wildcards and src == ANY_SOURCE)) and any(
-                    d.seq > 0 for d in bucket):
-                return True
+        for (src, _), bucket in self._posted.items():  # a few buckets: no generators
+            if src == source or (wildcards and src == ANY_SOURCE):
+                for d in bucket:
+                    if d.seq > 0:
+                        return True
+        if not self._probes:
+            return False
         return any(p.source == source or (wildcards and p.source == ANY_SOURCE)
                    for p in self._probes.values())
 
