@@ -26,6 +26,7 @@ import traceback
 from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 from . import _hang, _trace
@@ -206,9 +207,13 @@ class _MPIFamily:
         with mpi_errors(f"making a communicator ({key[0]})", parent.rank):
             if key[0] == "split":
                 position = 0 if members is None else members.index(parent.rank)
-                new = await asyncio.to_thread(
-                    self.mpi_comm.Split, _mpi_lib.MPI.UNDEFINED if members is None else color,
-                    position)
+                split = partial(self.mpi_comm.Split,
+                                _mpi_lib.MPI.UNDEFINED if members is None else color, position)
+                mpi = _mpi_lib.MPI
+                # On a thread, so this rank's progress goes on while the others arrive; MPI
+                # without thread support gets the blocking call on the loop.
+                new = (await asyncio.to_thread(split)
+                       if mpi.Query_thread() >= mpi.THREAD_MULTIPLE else split())
             else:
                 new, req = self.mpi_comm.Idup()
                 await wait_request(req)
