@@ -20,7 +20,9 @@ record, exactly as the virtual clock does.
 Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_TIMEOUT`` seconds (default 300, 0: off) with ops
 pending and none finishing: every rank's pending ops and recent ops are logged
 (``comm.hang``, a warning; on stderr when no logger is on) and the program keeps waiting.
-On MPI each process watches its own rank.
+On MPI each process watches its own rank, and asks the ranks it waits for what they wait
+for (``DUMP_ASK``; best effort: each answers from its progress task, and its answer is
+reported as ``comm.hang.peer`` when it comes).
 """
 
 from __future__ import annotations
@@ -118,6 +120,19 @@ def wait_for_cycle(engines: Sequence[DeviceEngine]) -> str:
 def _waits(rank: int, peer: int, tag: int, op: str) -> str:
     tag_s = "any tag" if tag < 0 else f"tag {tag}"
     return f"rank {rank} waits for {peer} on {tag_s} ({op})"
+
+
+def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
+                text: str) -> None:
+    """Report what ``peer`` (a world rank) said it waits for, when this rank's watchdog
+    asked it."""
+    log = engines[0].log if engines else NullLogger()
+    if isinstance(log, NullLogger):
+        sys.stderr.write(f"asynccomm: rank {world_rank} asked rank {peer}, which it waits "
+                         f"for; rank {peer} says:\n{text}\n")
+        sys.stderr.flush()
+    else:
+        log.warning("comm.hang.peer", peer=peer, pending=text)
 
 
 def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
@@ -221,6 +236,21 @@ class Watch:
             sys.stderr.flush()
         else:
             log.warning("comm.hang", idle_s=round(idle, 3), pending=text)
+        # Across processes: ask the ranks this one waits for what they wait for (their
+        # answers are reported as they come, by ``peer_report``).
+        asked: set[tuple[int, int]] = set()
+        for e in self.engines:
+            ask = getattr(e.link, "ask_dump", None)
+            if ask is None:
+                continue
+            for r in e.live_requests():
+                if r.kind is Kind.COMPUTE:
+                    continue
+                peers = range(e.size) if r.peer == ANY_SOURCE else (r.peer,)
+                for p in peers:
+                    if (id(e), p) not in asked and p != e.rank:
+                        asked.add((id(e), p))
+                        ask(p)
 
     def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
         """What every task waits for, if the world is provably stuck now, else None."""

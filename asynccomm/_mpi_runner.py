@@ -192,6 +192,10 @@ class _MPIFamily:
         if len(self.registry) > 64 and len(self.registry) & 63 == 0:  # forget closed ones
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
+        registry, ranks = self.registry, self.ranks
+        transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
+        transport.on_dump = lambda peer, text: _hang.peer_report(
+            registry, engine.world_rank, peer if ranks is None else ranks[peer], text)
         family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
                             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                             timeout=self.timeout, registry=self.registry, ranks=self.ranks,

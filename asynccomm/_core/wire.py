@@ -41,6 +41,8 @@ from typing import Final, NamedTuple
 __all__ = [
     "ASKED",
     "CLOSE",
+    "DUMP",
+    "DUMP_ASK",
     "CREDIT",
     "CTS",
     "EAGER",
@@ -57,6 +59,8 @@ __all__ = [
     "Announced",
     "ClearToSend",
     "Eager",
+    "DumpAsked",
+    "Dumped",
     "PeerClosed",
     "PeerFinished",
     "Wire",
@@ -86,9 +90,14 @@ WITHDRAWN: Final = 5
 CREDIT: Final = 6
 CLOSE: Final = 7
 FIN: Final = 8
+#: A hang report's best-effort exchange: "what are you waiting for?" and its answer
+#: (payload: the rank's pending and last ops, as text).  Neither touches any other state.
+DUMP_ASK: Final = 9
+DUMP: Final = 10
 #: The message kinds by name, for logs and tests.
 KIND_NAMES: Final = {EAGER: "EAGER", RTS: "RTS", CTS: "CTS", WITHDRAW: "WITHDRAW",
-                     WITHDRAWN: "WITHDRAWN", CREDIT: "CREDIT", CLOSE: "CLOSE", FIN: "FIN"}
+                     WITHDRAWN: "WITHDRAWN", CREDIT: "CREDIT", CLOSE: "CLOSE", FIN: "FIN",
+                     DUMP_ASK: "DUMP_ASK", DUMP: "DUMP"}
 
 #: Verdicts of ``Wire.withdraw``.
 TOO_LATE: Final = 0
@@ -214,6 +223,19 @@ class PeerClosed(NamedTuple):
     withdrawing: tuple[int, ...]
 
 
+class DumpAsked(NamedTuple):
+    """``source`` asks for this rank's pending ops (its hang watchdog fired)."""
+
+    source: int
+
+
+class Dumped(NamedTuple):
+    """``source``'s answer to a ``DUMP_ASK``: its pending and last ops, as text."""
+
+    source: int
+    text: str
+
+
 class PeerFinished(NamedTuple):
     """``source`` sent its last message to this rank."""
 
@@ -221,7 +243,7 @@ class PeerFinished(NamedTuple):
 
 
 Event = Eager | Announced | ClearToSend | WithdrawRequested | WithdrawAnswered | PeerClosed \
-    | PeerFinished | None
+    | PeerFinished | DumpAsked | Dumped | None
 
 
 class Wire:
@@ -349,8 +371,8 @@ class Wire:
     def receive(self, kind: int, source: int, tag: int, nbytes: int, count: int, ident: int,
                 dtype: str, payload: bytes) -> tuple[Event, list[tuple[int, bytes]]]:
         """A control message arrived (its header fields unpacked by the shell; ``dtype``
-        decoded for ``EAGER``/``RTS``; ``payload`` only for ``CLOSE``).  Returns the event
-        for the shell and the messages to send in answer."""
+        decoded for ``EAGER``/``RTS``; ``payload`` only for ``CLOSE`` and ``DUMP``).
+        Returns the event for the shell and the messages to send in answer."""
         if kind == EAGER:
             return Eager(source, tag, nbytes, count, dtype), []
         if kind == RTS:
@@ -376,6 +398,10 @@ class Wire:
         if kind == FIN:
             self.fin_from.add(source)
             return PeerFinished(source), []
+        if kind == DUMP_ASK:
+            return DumpAsked(source), []
+        if kind == DUMP:
+            return Dumped(source, payload.decode("utf-8", "replace")), []
         raise ValueError(f"unknown control message kind {kind} from rank {source}")
 
     def _on_withdraw(self, source: int, ident: int) -> tuple[Event, list[tuple[int, bytes]]]:
@@ -402,6 +428,17 @@ class Wire:
         for ident in withdrawing:
             del self.withdrawing[ident]
         return PeerClosed(source, reason, announced, withdrawing), out
+
+    # -- hang reports ---------------------------------------------------------------------
+
+    def ask_dump(self) -> bytes:
+        """A ``DUMP_ASK`` to send to a rank this one waits for."""
+        return HEADER.pack(DUMP_ASK, 0, self.rank, 0, 0, 0, 0, b"")
+
+    def dump(self, text: str) -> bytes:
+        """The answer to a ``DUMP_ASK``: ``text``, cut to what travels inline."""
+        raw = text.encode("utf-8", "replace")[:INLINE_MAX]
+        return HEADER.pack(DUMP, 0, self.rank, 0, len(raw), 0, 0, b"") + raw
 
     # -- closing --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ points (a failed op), and in the progress task (which fails everything pending).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core import wire as w
@@ -75,6 +76,10 @@ class MPITransport(Link):
         self._sends: dict[int, Message] = {}  # announced sends, until CTS or WITHDRAWN
         self._announced: dict[tuple[int, int], Message] = {}  # arrived, not matched yet
         self._broken: TransportError | None = None
+        #: What this rank is waiting for, as text (asked by a peer's hang watchdog), and
+        #: what to do with a peer's answer (set by the world).
+        self.dump_request: Callable[[], str] | None = None
+        self.on_dump: Callable[[int, str], None] | None = None
 
     @property
     def broken(self) -> BaseException | None:
@@ -147,7 +152,7 @@ class MPITransport(Link):
                                              slot.payload))
             return
         dtype = decode_dtype(dfield, dlen) if kind == w.RTS else ""
-        payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE else b""
+        payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE or kind == w.DUMP else b""
         event, out = self.wire.receive(kind, src, tag, nbytes, count, ident, dtype, payload)
         for dest, raw in out:
             self._send(dest, raw)
@@ -170,6 +175,13 @@ class MPITransport(Link):
                     endpoint.retract(dropped)
             case w.WithdrawAnswered(dest, ident):
                 endpoint.withdrawn(self._sends.pop(ident))
+            case w.DumpAsked(source):
+                if source not in self.wire.closed_by and self._broken is None:
+                    text = self.dump_request() if self.dump_request is not None else ""
+                    self._send(source, self.wire.dump(text))
+            case w.Dumped(source, text):
+                if self.on_dump is not None:
+                    self.on_dump(source, text)
             case w.PeerClosed(source, _, announced, withdrawing):
                 exc = self._peer_error(source)
                 for ident in announced:  # never matched: it never will be
@@ -268,6 +280,16 @@ class MPITransport(Link):
         except lib.MPI.Exception as err:
             self._break(translate(err, "withdraw", self.rank))
         return ASKED
+
+    def ask_dump(self, peer: int) -> None:
+        """Ask ``peer`` what it is waiting for; its answer goes to ``on_dump`` (best effort:
+        a peer that closed, or a broken link, is not asked)."""
+        if peer == self.rank or peer in self.wire.closed_by or self._broken is not None:
+            return
+        try:
+            self._send(peer, self.wire.ask_dump())
+        except lib.MPI.Exception:
+            pass  # best effort: the report goes on without it
 
     def describe(self, rank: int, peer: int) -> list[str]:
         closed_by = self.wire.closed_by

@@ -58,7 +58,7 @@ class Pair:
         raw = queue.popleft()
         kind, dlen, src, tag, nbytes, count, ident, dfield = HEADER.unpack_from(raw)
         dtype = decode_dtype(dfield, dlen) if kind in (w.EAGER, w.RTS) else ""
-        payload = raw[HEADER.size:] if kind == w.CLOSE else b""
+        payload = raw[HEADER.size:] if kind in (w.CLOSE, w.DUMP) else b""
         event, out = self.wire(dest).receive(kind, src, tag, nbytes, count, ident, dtype,
                                              payload)
         self.post(dest, out)
@@ -81,7 +81,8 @@ def test_header_round_trips_and_keeps_payloads_aligned() -> None:
 
 
 def test_message_kinds_are_distinct_and_named() -> None:
-    kinds = [w.EAGER, w.RTS, w.CTS, w.WITHDRAW, w.WITHDRAWN, w.CREDIT, w.CLOSE, w.FIN]
+    kinds = [w.EAGER, w.RTS, w.CTS, w.WITHDRAW, w.WITHDRAWN, w.CREDIT, w.CLOSE, w.FIN,
+             w.DUMP_ASK, w.DUMP]
     assert len(set(kinds)) == len(kinds) and set(w.KIND_NAMES) == set(kinds)
 
 
@@ -309,3 +310,15 @@ def test_backoff_spins_after_activity_then_doubles_to_its_cap() -> None:
     assert all(b == pytest.approx(2 * a) or b == pytest.approx(1e-3)
                for a, b in zip(delays[1:], delays[2:], strict=False))
     assert delays[-1] == pytest.approx(1e-3) and max(delays) <= 1e-3
+
+
+def test_a_hang_report_asks_a_peer_and_gets_its_text_without_touching_other_state() -> None:
+    pair = Pair()
+    pair.post(0, [(1, pair.a.ask_dump())])
+    assert pair.deliver(1) == w.DumpAsked(0)
+    text = "rank 1: 1 pending op(s)\n  pending  recv src=0 tag=2 \u00b5"
+    pair.post(1, [(0, pair.b.dump(text))])
+    assert pair.deliver(0) == w.Dumped(1, text)
+    assert pair.a.credit == pair.b.credit and not pair.a.closed_by and not pair.b.closed_by
+    long = pair.b.dump("x" * (w.INLINE_MAX + 10))
+    assert len(long) == HEADER.size + w.INLINE_MAX  # cut to what travels inline

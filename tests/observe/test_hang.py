@@ -264,3 +264,38 @@ def test_each_mpi_rank_dumps_its_own_ops_on_a_signal() -> None:
     assert "flight record (SIGUSR1)" in err and "rank 1 interrupted; its pending ops" in err
     assert err.count("pending  recv src=0 tag=7 16 B") == 2, err
     assert "rank 0:" not in err  # each process dumps its own rank only
+
+
+_WAITING_FOR_EACH_OTHER = textwrap.dedent("""
+    import numpy as np
+    import asynccomm as ac
+
+    async def main(comm):
+        buf = np.zeros(2)
+        if comm.rank == 0:
+            await comm.recv(buf, 1, tag=1)
+        else:
+            try:  # waits for rank 0 on the wrong tag, then gives up and sends
+                await comm.recv(buf, 0, tag=2, timeout=1.5)
+            except ac.CommTimeoutError:
+                pass
+            await comm.send(buf, 0, tag=1)
+        return "ok"
+
+    print(ac.run(main))
+""")
+
+
+@pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
+                    reason="needs mpiexec")
+def test_an_mpi_watchdog_asks_the_ranks_it_waits_for() -> None:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_TIMEOUT": "0.4"}
+    proc = subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
+                           sys.executable, "-c", _WAITING_FOR_EACH_OTHER],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ok", "ok"]
+    # rank 0's watchdog asked rank 1, which told it what it was waiting for
+    assert ("rank 0 asked rank 1, which it waits for; rank 1 says:\nrank 1: 1 pending op(s)"
+            in proc.stderr), proc.stderr
+    assert "pending  recv src=0 tag=2" in proc.stderr
