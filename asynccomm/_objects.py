@@ -10,7 +10,8 @@ takes an array: each fails with ``DTypeMismatchError`` and the message waits for
 recv.  The out-of-band buffers follow on the private context, on a tag the header names
 (unique to the object), so they never match anything else.
 Rule 3: the buffers are sent only once the header is done (taken or staged at its
-destination, when it can no longer be withdrawn); from then on the object is committed.
+destination, when it can no longer be withdrawn); from then on the object is committed,
+and its buffers wait for the receiver with no timeout (``timeout=`` bounds the header).
 Cancelling or timing out a send before that withdraws the header and nothing else was sent;
 after it, the buffers go all the same and the send reports success (the cancellation is
 delivered at the task's next await), as for any op that completed.  The receiving side is
@@ -97,7 +98,8 @@ class ObjectsMixin:
             TypeError: the object cannot be pickled; bad arguments (nothing is sent).
             ValueError, RuntimeError, CommClosedError: as ``send``.
             CommBrokenError, CommTimeoutError: as ``send`` (a timeout withdraws the object
-                only while its header has not been taken or staged).
+                only while its header has not been taken or staged; after that its buffers
+                wait for the receiver, whatever the timeout).
         """
         await self.isend_obj(obj, dst, tag, timeout=timeout)
 
@@ -123,18 +125,16 @@ class ObjectsMixin:
         header = Request(engine, Kind.SEND, d, t, memoryview(head), len(head), len(head),
                          OBJECT_DTYPE, engine.default_stream, limit)
         engine.default_stream._submit(header)  # posted now: headers go in call order
-        return TaskRequest(header, lambda: self._send_buffers(header, buffers, d, parts_tag,
-                                                              limit), f"send_obj to {d}")
+        return TaskRequest(header, lambda: self._send_buffers(header, buffers, d, parts_tag),
+                           f"send_obj to {d}")
 
     async def _send_buffers(self, header: Request, buffers: list[memoryview], dst: int,
-                            parts_tag: int, timeout: float | None) -> None:
+                            parts_tag: int) -> None:
         await header  # cancelled or timed out before it was done: withdrawn, nothing sent
-        if not buffers:
-            return
-        private = self._private()
-        reqs = [private.isend(np.frombuffer(buf, np.uint8), dst, parts_tag, timeout=timeout)
-                for buf in buffers]
-        await _committed(reqs)
+        if buffers:
+            private = self._private()
+            await _committed([_part(private, Kind.SEND, dst, parts_tag,
+                                    np.frombuffer(buf, np.uint8)) for buf in buffers])
 
     async def recv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                        timeout: float | None = None) -> tuple[Any, Status]:
@@ -170,10 +170,9 @@ class ObjectsMixin:
         header = Request(engine, Kind.RECV, s, t, None, -1, 0, OBJECT_DTYPE,
                          engine.default_stream, limit)
         engine.default_stream._submit(header)
-        return TaskRequest(header, lambda: self._recv_buffers(header, limit),
-                           f"recv_obj from {s}")
+        return TaskRequest(header, lambda: self._recv_buffers(header), f"recv_obj from {s}")
 
-    async def _recv_buffers(self, header: Request, timeout: float | None) -> tuple[Any, Status]:
+    async def _recv_buffers(self, header: Request) -> tuple[Any, Status]:
         try:
             arr, status = await header
         except DTypeMismatchError as exc:
@@ -191,11 +190,22 @@ class ObjectsMixin:
         buffers = [np.empty(size, np.uint8) for size in sizes]
         if buffers:
             private = self._private()
-            reqs = [private.irecv(buf, status.source, parts_tag, timeout=timeout)
-                    for buf in buffers]
-            await _committed(reqs)
+            await _committed([_part(private, Kind.RECV, status.source, parts_tag, buf)
+                              for buf in buffers])
         obj = pickle.loads(data, buffers=buffers)
         return obj, Status(status.source, status.tag, status.nbytes + sum(sizes), 1, ())
+
+
+def _part(private: Communicator, kind: Kind, peer: int, tag: int,
+          buf: np.ndarray[Any, Any]) -> Request:
+    """Post one buffer of a committed object on the private context, with no timeout (not
+    even ``ASYNCCOMM_TIMEOUT``): once a header is done, its buffers must arrive, or the
+    object would be half delivered (Rule 3)."""
+    engine = private._engine
+    req = Request(engine, kind, peer, tag, None, buf.nbytes, buf.size, "|u1",
+                  engine.default_stream, None, buf)
+    engine.default_stream._submit(req)
+    return req
 
 
 async def _committed(reqs: list[Request]) -> None:

@@ -303,8 +303,11 @@ class TaskRequest:
 
     async def _run(self, body: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         self._started = True
-        if self._cancel_on_start:  # cancelled before it ran, too late to withdraw at once:
-            task = asyncio.current_task()  # the first op's own rules decide
+        if self._cancel_on_start and not self._first.done():
+            # Cancelled before it ran, too late to withdraw at once (an MPI send only its
+            # receiver can withdraw): awaiting the first op, cancelled, asks.  A first op
+            # that finished meanwhile has its outcome, and the rest follows.
+            task = asyncio.current_task()
             assert task is not None
             task.cancel()
         return await body()

@@ -6,11 +6,13 @@ order; no message whose send was withdrawn (cancelled, timed out) is ever receiv
 recv that raised leaves its buffer untouched.
 
 A ``Plan`` is drawn by hypothesis (``plans()``).  Rank 0 sends the plan's messages to rank
-1 on one tag, each with its way of being cancelled; rank 1 receives with its own cycle of
-cancellations until rank 0's manifest (the list of sends that succeeded) arrives, then
-drains what is left and checks the invariant.  Programs synchronise with messages only, so
-the same plan runs in-process (``test_conservation.py``), on the virtual clock, on the
-cluster model and under ``mpiexec`` (``mpi_conservation_runner.py``).
+1 on one tag, each with its way of being cancelled (arrays, or in half the plans Python
+objects holding them: ``send_obj``, whose buffers travel as messages of their own); rank 1
+receives with its own cycle of cancellations until rank 0's manifest (the list of sends
+that succeeded) arrives, then drains what is left and checks the invariant.  Programs
+synchronise with messages only, so the same plan runs in-process
+(``test_conservation.py``), on the virtual clock, on the cluster model and under
+``mpiexec`` (``mpi_conservation_runner.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Plan:
 
     sends: tuple[tuple[int, str, int], ...]
     recvs: tuple[tuple[str, int], ...]
+    objects: bool = False
 
 
 def plans(max_sends: int = 10) -> st.SearchStrategy[Plan]:
@@ -57,6 +60,7 @@ def plans(max_sends: int = 10) -> st.SearchStrategy[Plan]:
         sends=st.lists(send, min_size=1, max_size=max_sends).map(tuple),
         # A plain recv ends every cycle, so rendezvous sends always find a taker.
         recvs=st.lists(recv, min_size=0, max_size=6).map(lambda r: (*r, ("recv", 0))),
+        objects=st.booleans(),
     )
 
 
@@ -91,20 +95,31 @@ async def turns(k: int) -> None:
 # -- rank 0 ------------------------------------------------------------------------------------
 
 
-async def _send_one(comm: ac.Communicator, msg: np.ndarray[Any, Any], mode: str,
-                    k: int) -> bool | ac.Request:
-    """Send one message; True (sent), False (withdrawn), or a request to settle later."""
+async def _send_one(comm: ac.Communicator, msg: np.ndarray[Any, Any], ident: int,
+                    objects: bool, mode: str, k: int) -> bool | ac.Request | ac.TaskRequest:
+    """Send one message (or an object holding it); True (sent), False (withdrawn), or a
+    request to settle later."""
+    obj = {"id": ident, "data": msg}
+
+    def start() -> ac.Request | ac.TaskRequest:
+        return comm.isend_obj(obj, 1, DATA) if objects else comm.isend(msg, 1, DATA)
+
+    async def send(timeout: float | None = None) -> None:
+        await (comm.send_obj(obj, 1, DATA, timeout=timeout) if objects
+               else comm.send(msg, 1, DATA, timeout=timeout))
+
     if mode == "send":
-        await comm.send(msg, 1, DATA)
+        await send()
         return True
     if mode == "isend":
-        return comm.isend(msg, 1, DATA)
+        return start()
     if mode == "req_cancel":
-        req = comm.isend(msg, 1, DATA)
+        req = start()
         await turns(k)
-        return False if req.cancel() else req
+        req.cancel()  # withdrawn, or it completes: settled later
+        return req
     if mode == "task_cancel":
-        task = asyncio.ensure_future(comm.send(msg, 1, DATA))
+        task = asyncio.ensure_future(send())
         await turns(k)
         task.cancel()
         try:
@@ -115,31 +130,32 @@ async def _send_one(comm: ac.Communicator, msg: np.ndarray[Any, Any], mode: str,
     try:
         if mode == "asyncio_timeout":
             async with asyncio.timeout(TINY):
-                await comm.send(msg, 1, DATA)
+                await send()
         else:
-            await comm.send(msg, 1, DATA, timeout=0 if mode == "timeout0" else TINY)
+            await send(timeout=0 if mode == "timeout0" else TINY)
     except TimeoutError:  # CommTimeoutError is one too
         return False
     return True
 
 
 async def sender(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
-    outcomes: list[bool | ac.Request] = []
+    outcomes: list[bool | ac.Request | ac.TaskRequest] = []
     msgs = []
     for ident, (size, mode, k) in enumerate(plan.sends):
         msg = payload(SIZES[size], ident)
         msgs.append(msg)
-        outcomes.append(await _send_one(comm, msg, mode, k))
+        outcomes.append(await _send_one(comm, msg, ident, plan.objects, mode, k))
     sent = []
     for ident, outcome in enumerate(outcomes):
-        if isinstance(outcome, ac.Request):
+        if not isinstance(outcome, bool):
             try:
                 await outcome
                 outcome = True
             except asyncio.CancelledError:
                 outcome = False
         if outcome:
-            sent.append(identify(msgs[ident], msgs[ident].size))
+            sent.append((msgs[ident].size, ident) if plan.objects
+                        else identify(msgs[ident], msgs[ident].size))
     manifest = np.array([len(sent), *(x for pair in sent for x in pair)], np.int64)
     await comm.send(manifest, 1, MANIFEST)
     await comm.recv(np.zeros(1, np.int64), 1, DONE)  # the receiver has checked
@@ -165,55 +181,96 @@ class _Received:
         check(not (buf[nbytes:nbytes + 64] != SENTINEL).any(), "written past the message")
         self.got.append((size, ident))
 
+    def took_object(self, obj: Any, status: ac.Status) -> None:
+        check(status.source == 0 and status.tag == DATA, f"status {status}")
+        data = obj["data"]
+        check(np.array_equal(data, payload(data.size, obj["id"])),
+              f"object {obj['id']} ({data.size} B) arrived corrupted")
+        self.got.append((data.size, obj["id"]))
+
     def untouched(self, buf: np.ndarray[Any, Any], how: str) -> None:
         check(bool((buf[:4096] == SENTINEL).all()) and bool((buf[-4096:] == SENTINEL).all()),
               f"a recv that {how} wrote its buffer")
 
 
-async def _settle_recv(req: ac.Request, buf: np.ndarray[Any, Any], seen: _Received) -> None:
-    if not req.cancel():  # matched: its message is ours
-        seen.took(buf, await req)
-    else:
-        seen.untouched(buf, "was cancelled")
+class _Arrays:
+    """Rank 1's recvs of arrays, into a fresh buffer each."""
+
+    def __init__(self, comm: ac.Communicator, seen: _Received) -> None:
+        self.comm, self.seen = comm, seen
+        self.buf = np.full(LARGEST, SENTINEL, np.uint8)
+
+    def start(self, src: int) -> ac.Request:
+        return self.comm.irecv(self.buf, src, DATA)
+
+    async def recv(self, timeout: float | None = None) -> ac.Status:
+        return await self.comm.recv(self.buf, 0, DATA, timeout=timeout)
+
+    def took(self, result: ac.Status) -> None:
+        self.seen.took(self.buf, result)
+
+    def untouched(self, how: str) -> None:
+        self.seen.untouched(self.buf, how)
 
 
-async def _recv_one(comm: ac.Communicator, mode: str, k: int, manifest: ac.Request,
-                    seen: _Received) -> None:
-    buf = np.full(LARGEST, SENTINEL, np.uint8)
-    if mode in ("recv", "any_source"):
-        req = comm.irecv(buf, 0 if mode == "recv" else ac.ANY_SOURCE, DATA)
-        await ac.wait_any([req, manifest])
-        if req.done():
-            seen.took(buf, await req)
+class _Objects:
+    """Rank 1's recvs of objects (nothing to leave untouched: ``recv_obj`` makes them)."""
+
+    def __init__(self, comm: ac.Communicator, seen: _Received) -> None:
+        self.comm, self.seen = comm, seen
+
+    def start(self, src: int) -> ac.TaskRequest:
+        return self.comm.irecv_obj(src, DATA)
+
+    async def recv(self, timeout: float | None = None) -> tuple[Any, ac.Status]:
+        return await self.comm.recv_obj(0, DATA, timeout=timeout)
+
+    def took(self, result: tuple[Any, ac.Status]) -> None:
+        self.seen.took_object(*result)
+
+    def untouched(self, how: str) -> None:
+        pass
+
+
+async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
+                    manifest: ac.Request, seen: _Received) -> None:
+    way: Any = _Objects(comm, seen) if objects else _Arrays(comm, seen)
+    if mode in ("recv", "any_source", "req_cancel"):
+        req = way.start(ac.ANY_SOURCE if mode == "any_source" else 0)
+        if mode == "req_cancel":
+            await turns(k)
         else:
-            await _settle_recv(req, buf, seen)
-        return
-    if mode == "req_cancel":
-        req = comm.irecv(buf, 0, DATA)
-        await turns(k)
-        await _settle_recv(req, buf, seen)
+            await ac.wait_any([req, manifest])
+        if not req.done():
+            req.cancel()  # withdrawn, or it completes: its message is ours
+        try:
+            result = await req
+        except asyncio.CancelledError:
+            way.untouched("was cancelled")
+        else:
+            way.took(result)
         return
     if mode == "task_cancel":
-        task = asyncio.ensure_future(comm.recv(buf, 0, DATA))
+        task = asyncio.ensure_future(way.recv())
         await turns(k)
         task.cancel()
         try:
-            status = await task
+            result = await task
         except asyncio.CancelledError:
-            seen.untouched(buf, "was cancelled")
+            way.untouched("was cancelled")
         else:
-            seen.took(buf, status)
+            way.took(result)
         return
     try:
         if mode == "asyncio_timeout":
             async with asyncio.timeout(TINY):
-                status = await comm.recv(buf, 0, DATA)
+                result = await way.recv()
         else:
-            status = await comm.recv(buf, 0, DATA, timeout=0 if mode == "timeout0" else TINY)
+            result = await way.recv(timeout=0 if mode == "timeout0" else TINY)
     except TimeoutError:
-        seen.untouched(buf, "timed out")
+        way.untouched("timed out")
     else:
-        seen.took(buf, status)
+        way.took(result)
 
 
 async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
@@ -224,7 +281,7 @@ async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
     while not manifest.done():
         mode, k = plan.recvs[i % len(plan.recvs)]
         i += 1
-        await _recv_one(comm, mode, k, manifest, seen)
+        await _recv_one(comm, plan.objects, mode, k, manifest, seen)
     count = int(box[0])
     sent = [(int(box[1 + 2 * j]), int(box[2 + 2 * j])) for j in range(count)]
     while len(seen.got) < len(sent):
@@ -232,8 +289,8 @@ async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
         # messages arrive in order): what is not here now was lost.
         check(comm.iprobe(0, DATA) is not None,
               f"lost: received {seen.got}, but the sends that succeeded were {sent}")
-        buf = np.full(LARGEST, SENTINEL, np.uint8)
-        seen.took(buf, await comm.recv(buf, 0, DATA))
+        way = _Objects(comm, seen) if plan.objects else _Arrays(comm, seen)
+        way.took(await way.recv())
     check(seen.got == sent, f"received {seen.got}, but the sends that succeeded were {sent}")
     check(comm.iprobe(0, DATA) is None, "a withdrawn message arrived")
     check(comm.statistics().pending_ops == 0, "ops left pending")
