@@ -119,7 +119,7 @@ class DeviceEngine:
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
         #: The clock ops are timed with (seconds), and the last ops of this rank.
         self.now = _flight.clock_for(loop)
-        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now(), size)
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now())
         #: Collects every op for a trace file (set by the world when tracing), or None.
         self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
@@ -451,8 +451,7 @@ class DeviceEngine:
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]
         self.link.received(msg, self.rank)  # its sender may complete, its credit go back
-        return _new_status(Status, (source, tag, n, msg.count, (msg.count,)
-                                    if msg.shape is None else msg.shape))
+        return _status_of(msg)  # an exact (source, tag): the message's own
 
     # -- arrivals and matching (the link calls these) -------------------------------------
 

@@ -7,9 +7,9 @@ small ints, peer, tag, bytes, stream, post/match/finish times) to a ring of N (a
 ``deque`` with ``maxlen``); dicts are built only when someone asks
 (``Communicator.flight_record()``, a dump).
 Rule 2: the same step adds the op to per-peer totals (ops, bytes, seconds waiting and
-copying: what ``Communicator.summary()`` reports on every world), kept in flat lists
-indexed by ``2 * peer + kind``.  The fast lane does both inline: a clock read, a tuple, an
-append and two or three list updates per op.
+copying: what ``Communicator.summary()`` reports on every world), one ``Tally`` per peer
+and kind, made on first use (a rank of a large world talks to few peers).  The fast lane
+does both inline: a clock read, a tuple, an append and a few attribute updates per op.
 Rule 3: times are seconds on the engine's clock (``clock_for``: the virtual loop's clock,
 else ``time.perf_counter``); dicts give them relative to the world's start, None when
 unknown (a send never sees its match when its message was staged; a queued op never
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ._request import Request
 
 __all__ = ["DEFAULT_SIZE", "Entry", "FlightRecorder", "PeerTotals", "clock_for",
-           "flight_size", "format_dump", "outcome"]
+           "flight_size", "format_dump"]
 
 #: Ops kept by default (``ASYNCCOMM_FLIGHT`` overrides).
 DEFAULT_SIZE: Final = 1024
@@ -46,7 +46,6 @@ _RECV: Final = Kind.RECV
 _PROBE: Final = Kind.PROBE
 
 #: Kind codes in entries, and their names.
-SEND_C: Final = 0
 RECV_C: Final = 1
 KIND_NAMES: Final = ("send", "recv", "probe", "compute")
 KIND_CODE: Final = {Kind.SEND: 0, Kind.RECV: 1, Kind.PROBE: 2, Kind.COMPUTE: 3}
@@ -84,15 +83,6 @@ def clock_for(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     return loop.time if isinstance(loop, VirtualTimeLoop) else time.perf_counter
 
 
-def outcome(state: State, exc: BaseException | None) -> int:
-    """How an op ended (an ``OUTCOMES`` code)."""
-    if state is CANCELLED:
-        return CANCELLED_C
-    if exc is None:
-        return DONE_C
-    return TIMED_OUT_C if isinstance(exc, CommTimeoutError) else FAILED_C
-
-
 class Tally:
     """Running totals of one kind of op (sends or recvs) with one peer."""
 
@@ -124,7 +114,7 @@ class FlightRecorder:
 
     __slots__ = ("origin", "others", "recvs", "ring", "sends", "size")
 
-    def __init__(self, size: int, origin: float, ranks: int) -> None:
+    def __init__(self, size: int, origin: float) -> None:
         self.size = size
         self.origin = origin
         #: The last ``size`` entries, oldest first.
@@ -288,14 +278,3 @@ def finish(flight: FlightRecorder, req: Request, state: State, exc: BaseExceptio
     else:
         flight.others += 1
     return e
-
-
-def entry(req: Request, how: int, t_fin: float) -> Entry:
-    """The entry of an op that just finished (a recv names the rank it took from)."""
-    peer, tag, nbytes = req.peer, req.tag, req.nbytes
-    if how == DONE_C and req.kind is Kind.RECV:  # what arrived, not what was asked
-        status = req.status
-        if status is not None:
-            peer, tag, nbytes = status.source, status.tag, status.nbytes
-    sid = req.stream.sid if req.stream is not None else -1
-    return (KIND_CODE[req.kind], peer, tag, nbytes, sid, how, req.t_post, req.t_match, t_fin)

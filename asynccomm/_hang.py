@@ -28,7 +28,6 @@ reported as ``comm.hang.peer`` when it comes).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import threading
@@ -39,6 +38,7 @@ from ._core.states import ACTIVE, Kind
 from ._exceptions import DeadlockError
 from ._flight import format_dump
 from ._logging import NullLogger
+from ._options import seconds_from_env
 from ._request import _Countdown
 from ._types import ANY_SOURCE
 
@@ -61,16 +61,8 @@ def hang_timeout() -> float:
     Raises:
         ValueError: the variable is set to something that is not a number >= 0.
     """
-    raw = os.environ.get("ASYNCCOMM_HANG_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_HANG_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ASYNCCOMM_HANG_TIMEOUT={raw!r} is not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"ASYNCCOMM_HANG_TIMEOUT={raw!r} must be a finite number >= 0")
-    return value
+    value = seconds_from_env("ASYNCCOMM_HANG_TIMEOUT")
+    return DEFAULT_HANG_TIMEOUT if value is None else value
 
 
 # -- what every rank waits for ------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Final
 from .sim.cluster import Cluster
 
 __all__ = ["POOL_BYTES", "check_timeout", "check_world", "clock_mode", "default_timeout",
-           "not_async"]
+           "not_async", "seconds_from_env"]
 
 #: Default cap on staged eager messages per rank.
 POOL_BYTES: Final = 64 << 20
@@ -38,15 +38,24 @@ def default_timeout() -> float | None:
     Raises:
         ValueError: if the variable is set to something that is not a timeout.
     """
-    raw = os.environ.get("ASYNCCOMM_TIMEOUT", "").strip()
+    return seconds_from_env("ASYNCCOMM_TIMEOUT")
+
+
+def seconds_from_env(name: str) -> float | None:
+    """A number of seconds from the environment variable ``name`` (unset or empty: None).
+
+    Raises:
+        ValueError: if the variable is set to something that is not a finite number >= 0.
+    """
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} is not a number of seconds") from None
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
     if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"ASYNCCOMM_TIMEOUT={raw!r} must be a finite number of seconds >= 0")
+        raise ValueError(f"{name}={raw!r} must be a finite number of seconds >= 0")
     return value
 
 

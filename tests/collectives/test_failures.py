@@ -14,6 +14,7 @@ import asynccomm as ac
 from asynccomm import _collectives as coll
 from asynccomm.sim import DeviceSpec, LinkSpec
 from asynccomm.sim.loop import new_virtual_loop
+from asynccomm.testing import posted
 
 T = TypeVar("T")
 
@@ -131,10 +132,8 @@ def test_cancellation_mid_collective_leaves_nothing_pending(collective: str) -> 
 async def test_cancellation_on_a_real_loop_leaves_nothing_pending() -> None:
     async with asyncio.timeout(10), ac.open_world(3) as world:
         # rank 2 never joins: ranks 0 and 1 wait mid-call until cancelled
-        tasks = [asyncio.create_task(coll.allreduce(c, np.ones(1 << 15), tag=0, choose=ring))
-                 for c in world.comms[:2]]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        tasks = [await posted(coll.allreduce(c, np.ones(1 << 15), tag=0, choose=ring))
+                 for c in world.comms[:2]]  # each waits on its first step's ops
         for t in tasks:
             t.cancel()
         got = await asyncio.gather(*tasks, return_exceptions=True)
