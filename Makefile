@@ -15,7 +15,8 @@ PIP := PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore $(PY) -
 QUIET := grep -iv -e "editable" -e "careful" -e "precedence" -e "\*\*\*" -e "!!" \
 	-e "with strategy" -e "is ignored: it is neither" -e "^\s*$$" || true
 
-$(RUNTIME): pyproject.toml
+# setup.py builds the optional C accelerator (asynccomm/_speedups.c) where a compiler is.
+$(RUNTIME): pyproject.toml setup.py asynccomm/_speedups.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip 2>&1 | $(QUIET)
 	@$(PIP) install -e . 2>&1 | $(QUIET)
@@ -30,8 +31,13 @@ venv: $(STAMP)
 demo: $(RUNTIME)
 	$(PY) examples/parameter_server.py
 
+# The whole suite, then the in-process engine, transport and cancellation tests again on
+# the pure-Python fast lane (what runs where the C accelerator could not be built).
+PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
+	tests/transports/test_conservation.py tests/core/test_fastlane.py
 test: $(STAMP)
 	$(PY) -m pytest -q
+	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
 
 test-core: $(STAMP)
 	$(PY) -m pytest -q tests/core

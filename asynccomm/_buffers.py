@@ -111,11 +111,11 @@ def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
                                 "view (numpy.ascontiguousarray would make a copy, and the "
                                 "data would land in the copy)"))
         try:
-            mv = buf.data
+            mv = buf.reshape(-1).data  # flat: a view of 0-d or empty n-d casts too
         except ValueError:
             raise TypeError(f"{what} buffer has dtype {dt}, "
                             "which has no buffer protocol support") from None
-        return (mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv), dt
+        return (mv.cast("B") if mv.format != "B" else mv), dt
     try:
         mv = memoryview(buf)  # type: ignore[arg-type]
     except TypeError:
@@ -161,8 +161,8 @@ def as_send_buffer(buf: object, count: object = None, dtype: object = None) -> B
         # The common case, kept short: it runs once per message.
         name = _NAMES.get(buf.dtype)
         if name is not None and buf.flags.c_contiguous:
-            mv = buf.data
-            if mv.ndim != 1 or mv.format != "B":
+            mv = (buf if buf.ndim == 1 else buf.reshape(-1)).data
+            if mv.format != "B":
                 mv = mv.cast("B")
             return BufferView(mv, name, buf.size, mv.nbytes)
     mv, dt = _view(buf, "send")
@@ -179,8 +179,8 @@ def as_recv_buffer(buf: object, count: object = None, dtype: object = None) -> B
         name = _NAMES.get(buf.dtype)
         flags = buf.flags
         if name is not None and flags.c_contiguous and flags.writeable:
-            mv = buf.data
-            if mv.ndim != 1 or mv.format != "B":
+            mv = (buf if buf.ndim == 1 else buf.reshape(-1)).data
+            if mv.format != "B":
                 mv = mv.cast("B")
             return BufferView(mv, name, buf.size, mv.nbytes)
     mv, dt = _view(buf, "recv")

@@ -27,6 +27,7 @@ from ._buffers import (
 from ._collective_api import CollectivesMixin
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
+from ._fastlane import inspect
 from ._groups import Family, GroupsMixin
 from ._objects import ObjectsMixin
 from ._options import check_timeout
@@ -269,15 +270,11 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
             dst = self._check_rank(dst, "dst", wildcard=False)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=False)
-        arr = None
-        if (type(buf) is np.ndarray and count is None and dtype is None
-                and (name := _NAMES.get(buf.dtype)) is not None and buf.flags.c_contiguous):
-            nbytes, n = buf.nbytes, buf.size
-            if buf.ndim == 1:
-                arr, mv = buf, None
-            else:
-                mv = buf.reshape(-1).data.cast("B")  # 0-d and empty n-d too
+        if count is None and dtype is None and (info := inspect(buf, False)) is not None:
+            name, nbytes, n = info  # a 1-D array: copies to and from it are numpy's
+            arr, mv = buf, None
         else:
+            arr = None
             view = as_send_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
@@ -312,16 +309,11 @@ class Communicator(GroupsMixin, CollectivesMixin, ObjectsMixin):
             src = self._check_rank(src, "src", wildcard=True)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=True)
-        arr = None
-        if (type(buf) is np.ndarray and count is None and dtype is None
-                and (name := _NAMES.get(buf.dtype)) is not None
-                and (flags := buf.flags).c_contiguous and flags.writeable):
-            nbytes, n = buf.nbytes, buf.size
-            if buf.ndim == 1:
-                arr, mv = buf, None
-            else:
-                mv = buf.reshape(-1).data.cast("B")  # 0-d and empty n-d too
+        if count is None and dtype is None and (info := inspect(buf, True)) is not None:
+            name, nbytes, n = info
+            arr, mv = buf, None
         else:
+            arr = None
             view = as_recv_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)

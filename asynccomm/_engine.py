@@ -31,6 +31,7 @@ from ._core.descriptors import AT_SENDER, INLINE, STAGED, Descriptor, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
 from ._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
+from ._fastlane import copy as fast_copy
 from ._request import Request
 from ._stream import Stream
 from ._types import ANY_SOURCE, Status
@@ -314,7 +315,10 @@ class DeviceEngine:
             return False
         if recv is not None:
             if recv.array is not None:  # both 1-D arrays of one dtype: a numpy copy
-                recv.array[:count] = array
+                if fast_copy is not None:
+                    fast_copy(recv.array, array, nbytes)
+                else:
+                    recv.array[:count] = array
             elif recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
                 recv._result = array.copy()
             elif nbytes:
@@ -326,7 +330,9 @@ class DeviceEngine:
         buf = self.pool.acquire(nbytes, tentative=True)
         if buf is None:
             return False
-        if nbytes:
+        if fast_copy is not None:
+            fast_copy(buf, array, nbytes)
+        elif nbytes:
             buf[:nbytes] = _bytes_of(array)
         matcher.enqueue(Message(source, tag, nbytes, count, dtype, STAGED, buf))
         if matcher.events:  # a probe saw it
@@ -344,12 +350,17 @@ class DeviceEngine:
             source, tag, nbytes, dtype)
         if not recv:
             return False
+        dst: Any
         if recv.nbytes < 0:  # recv_new
             arr = recv._result = new_array(dtype, count)
             dst = arr.data.cast("B")
+        elif fast_copy is not None:  # the array itself: no byte view to make
+            dst = recv.array if recv.array is not None else recv.view
         else:
             dst = byte_view(recv)
-        if nbytes:
+        if fast_copy is not None:
+            fast_copy(dst, view, nbytes)
+        elif nbytes:
             dst[:nbytes] = view[:nbytes]
         self._complete_fast(recv, source, tag, nbytes, count)
         return True
@@ -446,7 +457,9 @@ class DeviceEngine:
                 where == STAGED or (where == AT_SENDER and self.instant and n < THREAD_COPY_MIN))):
             return None
         matcher.take(msg)
-        if n:
+        if fast_copy is not None:
+            fast_copy(array, msg.view, n)
+        elif n:
             _bytes_of(array)[:n] = msg.view[:n]  # type: ignore[index]
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]

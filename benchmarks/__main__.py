@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env["loadavg_1min_at_end"] = load_average()
     print(f"asynccomm {env['asynccomm']} benchmarks{' (--quick)' if args.quick else ''}: "
           f"Python {env['python']}, numpy {env['numpy']}, uvloop {env['uvloop']}, "
-          f"{env['cpu_count']} cores, {env['platform']}")
+          f"{env['cpu_count']} cores, {env['platform']}; fast lane: {env['fast_lane']}")
     _print_load(env)
     for name in args.only:
         TABLES[name](results[name])

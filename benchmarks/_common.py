@@ -17,6 +17,7 @@ import numpy as np
 import uvloop
 
 import asynccomm
+from asynccomm._fastlane import ACCELERATED
 
 T = TypeVar("T")
 
@@ -190,6 +191,7 @@ def environment() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1min": load_average(),
+        "fast_lane": "C accelerator" if ACCELERATED else "pure Python",
     }
 
 

@@ -253,6 +253,7 @@ LAYERS: dict[str, int] = {
     "asynccomm._core.matching": 1, "asynccomm._core.chunking": 1, "asynccomm._core.wire": 1,
     # buffers, logging, model time
     "asynccomm._buffers": 2, "asynccomm._logging": 2, "asynccomm._clock": 2,
+    "asynccomm._fastlane": 2, "asynccomm._speedups": 2,
     # the cluster model and the virtual-time loop (nothing above them)
     "asynccomm.sim": 3, "asynccomm.sim.cluster": 3, "asynccomm.sim.model": 3,
     "asynccomm.sim.records": 3, "asynccomm.sim.device": 3, "asynccomm.sim.loop": 3,

@@ -1,0 +1,57 @@
+"""The fast lane's two per-message primitives, from the optional C accelerator.
+
+Most of a small message's cost in the fast lane went to numpy's Python-level attributes:
+judging a buffer (``type``, ``dtype``, ``flags``, ``ndim``, ``nbytes``, ``size``: about
+0.5 us a side here) and copying 8 bytes with a slice assignment (about 0.5 us).
+``asynccomm._speedups``, built from ``_speedups.c`` where a C compiler is available, does
+each in well under 0.1 us.  Where it is not built (or ``ASYNCCOMM_PURE_PYTHON=1``), the
+pure-Python versions here are used, and behave the same:
+
+- ``inspect(buf, writable)``: ``(name, nbytes, count)`` when ``buf`` is an exact, 1-D,
+  C-contiguous (and, if asked, writeable) ndarray of a dtype whose name is already known
+  (``_buffers._NAMES``); None when it must go the general way.
+- ``copy``: ``copy(dst, src, nbytes)`` copies the first ``nbytes`` bytes between two
+  buffers (ndarrays or byte buffers); None where there is no accelerator, and the callers
+  then use the numpy or memoryview assignment that suits each site.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+
+from ._buffers import _NAMES
+
+__all__ = ["ACCELERATED", "copy", "inspect"]
+
+
+def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
+    if type(buf) is not np.ndarray or buf.ndim != 1:
+        return None
+    name = _NAMES.get(buf.dtype)
+    if name is None:
+        return None
+    flags = buf.flags
+    if not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    return name, buf.nbytes, buf.size
+
+
+inspect: Callable[[Any, bool], tuple[str, int, int] | None] = _inspect
+copy: Callable[[Any, Any, int], None] | None = None
+
+if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:  # not built: the pure-Python fast lane
+        pass
+    else:
+        _speedups.configure(_NAMES)
+        inspect = _speedups.inspect
+        copy = _speedups.copy
+
+#: True when the C accelerator is in use.
+ACCELERATED: Final = copy is not None

@@ -1,0 +1,185 @@
+/* Optional accelerator for the per-message fast lane (see asynccomm/_fastlane.py).
+ *
+ * Two small functions that the pure-Python fast lane spends most of its time on when it
+ * goes through numpy's Python-level attributes: judging whether a buffer can take the
+ * fast lane (an exact 1-D C-contiguous ndarray of a known dtype), and copying the bytes
+ * of a small message.  Everything else stays in Python; _fastlane.py holds the pure-Python
+ * versions of both, which behave the same and are used when this module is not built.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+/* dtype -> the name it travels under (asynccomm._buffers._NAMES), shared with Python. */
+static PyObject *names = NULL;
+
+/* inspect(buf, writable) -> (name, nbytes, count) | None
+ *
+ * The fast lane's view of ``buf``: its dtype's name, size in bytes and element count when
+ * it is an exact, 1-D, C-contiguous (and, if asked, writeable) ndarray of a dtype already
+ * known to travel; None when it must go the general way.
+ */
+static PyObject *
+inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "inspect(buf, writable)");
+        return NULL;
+    }
+    PyObject *buf = args[0];
+    if (names == NULL || Py_TYPE(buf) != &PyArray_Type) {
+        Py_RETURN_NONE;
+    }
+    PyArrayObject *arr = (PyArrayObject *)buf;
+    int flags = PyArray_FLAGS(arr);
+    int need = NPY_ARRAY_C_CONTIGUOUS;
+    if (args[1] == Py_True) {
+        need |= NPY_ARRAY_WRITEABLE;
+    }
+    if (PyArray_NDIM(arr) != 1 || (flags & need) != need) {
+        Py_RETURN_NONE;
+    }
+    PyObject *name = PyDict_GetItemWithError(names, (PyObject *)PyArray_DESCR(arr));
+    if (name == NULL) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_RETURN_NONE;
+    }
+    npy_intp count = PyArray_DIM(arr, 0);
+    npy_intp nbytes = count * PyArray_ITEMSIZE(arr);
+    PyObject *out = PyTuple_New(3);
+    if (out == NULL) {
+        return NULL;
+    }
+    PyObject *n = PyLong_FromSsize_t((Py_ssize_t)nbytes);
+    PyObject *c = PyLong_FromSsize_t((Py_ssize_t)count);
+    if (n == NULL || c == NULL) {
+        Py_XDECREF(n);
+        Py_XDECREF(c);
+        Py_DECREF(out);
+        return NULL;
+    }
+    Py_INCREF(name);
+    PyTuple_SET_ITEM(out, 0, name);
+    PyTuple_SET_ITEM(out, 1, n);
+    PyTuple_SET_ITEM(out, 2, c);
+    return out;
+}
+
+/* The bytes of ``obj`` for a copy: an exact C-contiguous ndarray directly, anything else
+ * through the buffer protocol (released by the caller when ``view->obj`` is set). */
+static int
+bytes_of(PyObject *obj, int writable, char **data, Py_ssize_t *len, Py_buffer *view)
+{
+    view->obj = NULL;
+    if (Py_TYPE(obj) == &PyArray_Type) {
+        PyArrayObject *arr = (PyArrayObject *)obj;
+        int need = NPY_ARRAY_C_CONTIGUOUS | (writable ? NPY_ARRAY_WRITEABLE : 0);
+        if ((PyArray_FLAGS(arr) & need) == need) {
+            *data = PyArray_BYTES(arr);
+            *len = (Py_ssize_t)PyArray_NBYTES(arr);
+            return 0;
+        }
+        if (writable && !PyArray_ISWRITEABLE(arr)) {
+            PyErr_SetString(PyExc_BufferError, "the destination array is read-only");
+            return -1;
+        }
+    }
+    if (PyObject_GetBuffer(obj, view, writable ? (PyBUF_SIMPLE | PyBUF_WRITABLE)
+                                               : PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    *data = (char *)view->buf;
+    *len = view->len;
+    return 0;
+}
+
+/* copy(dst, src, nbytes): the first ``nbytes`` bytes of ``src`` into ``dst``. */
+static PyObject *
+copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)");
+        return NULL;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[2]);
+    if (nbytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer dview, sview;
+    char *dst, *src;
+    Py_ssize_t dlen, slen;
+    if (bytes_of(args[0], 1, &dst, &dlen, &dview) < 0) {
+        return NULL;
+    }
+    if (bytes_of(args[1], 0, &src, &slen, &sview) < 0) {
+        if (dview.obj != NULL) {
+            PyBuffer_Release(&dview);
+        }
+        return NULL;
+    }
+    int ok = 0 <= nbytes && nbytes <= dlen && nbytes <= slen;
+    if (ok && nbytes) {
+        memmove(dst, src, (size_t)nbytes);
+    }
+    if (dview.obj != NULL) {
+        PyBuffer_Release(&dview);
+    }
+    if (sview.obj != NULL) {
+        PyBuffer_Release(&sview);
+    }
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "copy of %zd bytes between buffers of %zd and %zd",
+                     nbytes, dlen, slen);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* configure(names): the dtype -> name dict that ``inspect`` consults. */
+static PyObject *
+configure(PyObject *self, PyObject *arg)
+{
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "configure(names: dict)");
+        return NULL;
+    }
+    Py_INCREF(arg);
+    Py_XSETREF(names, arg);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"inspect", (PyCFunction)(void (*)(void))inspect, METH_FASTCALL,
+     "inspect(buf, writable) -> (name, nbytes, count) or None"},
+    {"copy", (PyCFunction)(void (*)(void))copy, METH_FASTCALL,
+     "copy(dst, src, nbytes): copy the first nbytes bytes of src into dst"},
+    {"configure", configure, METH_O, "configure(names): the dtype -> name dict"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_speedups",
+    "Optional accelerator for asynccomm's per-message fast lane.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    import_array();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    PyObject *all = Py_BuildValue("[sss]", "configure", "copy", "inspect");
+    if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
+        Py_XDECREF(all);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
