@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm._engine import DeviceEngine
 from asynccomm.sim.loop import new_virtual_loop
 
 BIG = ac.EAGER_LIMIT + 1
@@ -154,33 +153,6 @@ def test_an_op_waiting_for_a_rank_fails_the_moment_it_closes(op: str, preset: st
 
     cluster = None if preset is None else ac.Cluster.preset(preset)
     assert ac.run(main, 2, cluster=cluster, clock="virtual")[0] == 1.0
-
-
-@pytest.mark.parametrize("preset", PRESETS)
-def test_a_close_is_told_only_to_the_ranks_waiting_for_it(
-        preset: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each rank of a ring waits for its left neighbour alone: the closes of the world
-    reach at most one rank each, not every rank still open (size² work)."""
-    told: list[tuple[int, int]] = []
-    peer_closed = DeviceEngine.peer_closed
-
-    def counted(self: DeviceEngine, rank: int, exc: BaseException | None) -> None:
-        told.append((self.rank, rank))
-        peer_closed(self, rank, exc)
-
-    monkeypatch.setattr(DeviceEngine, "peer_closed", counted)
-
-    async def main(comm: ac.Communicator) -> int:
-        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-        out = np.zeros(1)
-        await comm.sendrecv(np.full(1, float(comm.rank)), right, out, left)
-        return int(out[0])
-
-    size = 32
-    cluster = None if preset is None else ac.Cluster.preset(preset)
-    assert ac.run(main, size, cluster=cluster) == [(r - 1) % size for r in range(size)]
-    assert len(told) <= size
-    assert all(rank == (other - 1) % size for other, rank in told)
 
 
 def run_virtual(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
