@@ -231,17 +231,18 @@ class Matcher:
     def _queue_recv(self, recv: Descriptor) -> None:
         self._seq += 1
         recv.seq = self._seq
-        key = (recv.source, recv.tag)
+        source = recv.source
+        key = (source, recv.tag)
         bucket = self._posted.get(key)
         if bucket is None:
             self._posted[key] = deque((recv,))
         else:
             bucket.append(recv)
         self._n_posted += 1
-        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+        if source == ANY_SOURCE or recv.tag == ANY_TAG:
             self._n_wild_posted += 1
-        if recv.source not in self._waited:
-            self._first_wait(recv.source)
+        if source not in self._waited:
+            self._first_wait(source)
 
     def _first_wait(self, source: int) -> None:
         self._waited.add(source)
