@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -114,7 +115,7 @@ class DeviceEngine:
         self.loop = loop
         self.link = link
         self.eager_limit = eager_limit
-        self.matcher = Matcher()
+        self.matcher = Matcher(on_wait=functools.partial(link.waiting, rank))
         self.pool = StagingPool(pool_bytes)
         self.closed = False
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
@@ -146,8 +147,11 @@ class DeviceEngine:
         #: they can (in-process and instant, or across processes; never while logging every
         #: message; set by the world).
         self.fast = False
-        #: Ranks that have closed (their messages sent before closing were delivered).
+        #: Ranks that have closed (their messages sent before closing were delivered),
+        #: but for those in ``unheard``; an in-process link shares one set among its
+        #: engines, which may hold this rank (see ``transports.base.Endpoint``).
         self.gone: set[int] = set()
+        self.unheard: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
         self._n_pending = 0  # tracked (unfinished) ops
@@ -699,7 +703,7 @@ class DeviceEngine:
         self.gone.add(rank)
         if self.closed or not self._n_pending:
             return
-        everyone = len(self.gone) >= self.size - 1
+        everyone = self._heard() >= self.size - 1
         if not self.matcher.waits_for(rank, wildcards=everyone):
             return  # (a queued recv meets the closed peer when it is posted)
         for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
@@ -713,13 +717,20 @@ class DeviceEngine:
         wildcard gives up once every other rank has closed (a message to itself is matched
         when it is posted, so a rank waiting on ANY_SOURCE alone would wait forever)."""
         if peer == ANY_SOURCE:
-            return self.size > 1 and len(self.gone) >= self.size - 1
-        return peer in self.gone
+            return self.size > 1 and self._heard() >= self.size - 1
+        return peer in self.gone and peer != self.rank and peer not in self.unheard
+
+    def _heard(self) -> int:
+        """How many other ranks this rank knows to have closed."""
+        gone = self.gone
+        return len(gone) - (self.rank in gone) - len(self.unheard)
 
     def broken(self, peer: int) -> CommBrokenError:
         """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
         rank), now closed, can never complete."""
-        return diag.broken(self.rank, peer, self.gone)
+        if peer != ANY_SOURCE:  # (the closed ranks are named for wildcards only)
+            return diag.broken(self.rank, peer, self.gone)
+        return diag.broken(self.rank, peer, self.gone - self.unheard - {self.rank})
 
     def broke(self, exc: BaseException) -> None:
         """The link failed underneath: fail every unfinished op of this rank with ``exc``."""

@@ -45,12 +45,14 @@ there.
 
 Events (``RecvRejected``, ``ProbeMatched``) are queued and drained with ``next_event()``,
 as in h11 and aioquic; successful matches are returned directly because they are the hot
-path.
+path.  ``on_wait`` hears each source the first time a recv or probe waits for it (a set
+lookup per queued recv): the ranks whose close may concern this one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
@@ -150,8 +152,12 @@ def _head(buckets: dict[tuple[int, int], _Bucket], key: tuple[int, int]) -> Desc
 class Matcher:
     """Posted recvs and unexpected messages of one destination rank (see module docs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_wait: Callable[[int], None] | None = None) -> None:
         self._seq = 0
+        #: Told each source (``ANY_SOURCE`` included) the first time a recv or a probe
+        #: naming it waits here: who may be left waiting when that rank closes.
+        self._on_wait = on_wait
+        self._waited: set[int] = set()
         #: Queued events; drain them with ``next_event()`` (a cheap truthiness test first).
         self.events: deque[MatchEvent] = deque()
         self._matched = 0
@@ -225,15 +231,23 @@ class Matcher:
     def _queue_recv(self, recv: Descriptor) -> None:
         self._seq += 1
         recv.seq = self._seq
-        key = (recv.source, recv.tag)
+        source = recv.source
+        key = (source, recv.tag)
         bucket = self._posted.get(key)
         if bucket is None:
             self._posted[key] = deque((recv,))
         else:
             bucket.append(recv)
         self._n_posted += 1
-        if recv.source == ANY_SOURCE or recv.tag == ANY_TAG:
+        if source == ANY_SOURCE or recv.tag == ANY_TAG:
             self._n_wild_posted += 1
+        if source not in self._waited:
+            self._first_wait(source)
+
+    def _first_wait(self, source: int) -> None:
+        self._waited.add(source)
+        if self._on_wait is not None:
+            self._on_wait(source)
 
     def probe(self, source: int, tag: int) -> Descriptor | None:
         """The earliest unexpected message that a recv (source, tag) would match, if any;
@@ -248,6 +262,8 @@ class Matcher:
             self._seq += 1
             probe.seq = self._seq
             self._probes[probe.seq] = probe
+            if probe.source not in self._waited:
+                self._first_wait(probe.source)
         return env
 
     def cancel(self, recv: Descriptor) -> bool:

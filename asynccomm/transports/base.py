@@ -26,6 +26,9 @@ A message's life, seen from the link:
    can tell; the link later calls ``Endpoint.withdrawn`` if the withdrawal won, or
    ``activate`` and ``sent`` if it lost.  Without ``ask`` it never asks.
 6. ``close(rank, reason)``: the rank's engine closed; the others get ``peer_closed``.
+   A link may tell only the endpoints that wait for that rank: each endpoint's first recv
+   or probe that waits for a source is reported to ``waiting(rank, source)``, and a link
+   may share one ``gone`` set among its endpoints (see ``Endpoint.gone``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ class Endpoint(Protocol):
 
     rank: int
     closed: bool
+    #: The ranks known to have closed, but for those in ``unheard``.  The endpoint's own
+    #: set, filled by ``peer_closed``; or one set that a link shares among its endpoints
+    #: and fills itself (a close is then one insert), which may hold the endpoint's own
+    #: rank, and whose ranks in ``unheard`` (still sending it what they sent before they
+    #: closed) this endpoint has not heard of yet.
+    gone: set[int]
+    unheard: set[int]
 
     def arrived(self, msg: Message) -> None:
         """A message for this rank arrived (or was announced)."""
@@ -136,6 +146,10 @@ class Link(abc.ABC):
     @abc.abstractmethod
     def describe(self, rank: int, peer: int) -> list[str]:
         """What ``peer`` has posted that involves ``rank``, for error messages."""
+
+    def waiting(self, rank: int, source: int) -> None:  # noqa: B027
+        """A recv or probe of ``rank`` waits for ``source`` (``ANY_SOURCE``: any rank), the
+        first of that rank's to wait for it."""
 
     def busy_time(self, rank: int) -> float:
         """Seconds of modelled link time used by ``rank``'s sends (0 without a model)."""

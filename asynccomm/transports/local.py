@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from .._core.descriptors import AT_SENDER, STAGED
 from .._exceptions import CommBrokenError
+from .._types import ANY_SOURCE
 from .base import TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
 
 if TYPE_CHECKING:
@@ -36,15 +37,28 @@ class LocalLink(Link):
     def __init__(self, timing: ModelledTiming | None = None) -> None:
         self.endpoints: list[Endpoint] = []
         self.timing = timing
+        #: The ranks that have closed: every endpoint's ``gone`` (see ``close``).
+        self.gone: set[int] = set()
+        # The ranks with a recv or probe that waited for a source (ANY_SOURCE included),
+        # by source: those a close of that source may concern.
+        self._waiters: dict[int, set[int]] = {}
         # Timed only: messages on their way, per (source, destination), in posting order.
         self._channels: dict[tuple[int, int], deque[tuple[int, Message]]] = {}
-        self._last_arrival: dict[tuple[int, int], int] = {}
+        # Timed only: the last arrival time planned, by source and destination.
+        self._last_arrival: dict[int, dict[int, int]] = {}
         self._announced: set[Message] = set()  # requests-to-send in flight
         self._plans: dict[Message, tuple[int, TransferPlan]] = {}  # (receiver, plan)
 
     def attach(self, endpoint: Endpoint) -> None:
         """Add the next rank's engine (ranks attach in order)."""
+        endpoint.gone = self.gone
         self.endpoints.append(endpoint)
+
+    def waiting(self, rank: int, source: int) -> None:
+        waiters = self._waiters.get(source)
+        if waiters is None:
+            waiters = self._waiters[source] = set()
+        waiters.add(rank)
 
     # -- sending --------------------------------------------------------------------------
 
@@ -89,8 +103,10 @@ class LocalLink(Link):
     def _arrive(self, src: int, dst: int, when: int, msg: Message) -> None:
         assert self.timing is not None
         key = (src, dst)
-        when = max(when, self._last_arrival.get(key, 0))  # Rule 3
-        self._last_arrival[key] = when
+        last = self._last_arrival.get(src)
+        if last is None:
+            last = self._last_arrival[src] = {}
+        when = last[dst] = max(when, last.get(dst, 0))  # Rule 3
         channel = self._channels.get(key)
         if channel is None:
             channel = self._channels[key] = deque()
@@ -168,18 +184,32 @@ class LocalLink(Link):
     # -- closing and diagnostics ----------------------------------------------------------
 
     def close(self, rank: int, reason: str) -> None:
-        """Every rank hears of every close (O(size) per close, a set insert for ranks with
-        nothing pending).  Timed, a peer learns of it only after everything this rank sent
-        it has arrived (Rule 5): a message in flight is delivered, as on the wire."""
+        """The closed rank joins ``gone``, the set every endpoint shares, and only the ranks
+        it may concern hear of it (``peer_closed``), in rank order: those with a recv or
+        probe that waited for it, and when at most one rank is left, those with one that
+        waited for ANY_SOURCE.  Timed, a peer hears of it only after everything this rank
+        sent it has arrived (Rule 5), and until then has it in its ``unheard``: a message in
+        flight is delivered, as on the wire.  O(the ranks it concerns), not O(size)."""
+        self.gone.add(rank)
         timing = self.timing
-        now = timing.now() if timing is not None else 0
-        for other in self.endpoints:
-            if other.rank == rank or other.closed:
+        later: dict[int, int] = {}
+        if timing is not None:
+            now = timing.now()
+            later = {dst: last for dst, last in self._last_arrival.get(rank, {}).items()
+                     if last >= now}
+        concerned = later.keys() | self._waiters.get(rank, ())
+        if len(self.gone) >= len(self.endpoints) - 1:  # ANY_SOURCE may have no rank left
+            concerned |= self._waiters.get(ANY_SOURCE, set())
+        for other_rank in sorted(concerned):
+            other = self.endpoints[other_rank]
+            if other_rank == rank or other.closed:
                 continue
-            last = self._last_arrival.get((rank, other.rank), 0) if timing is not None else 0
-            if timing is None or last < now:
+            last = later.get(other_rank)
+            if last is None:
                 other.peer_closed(rank, None)
             else:  # one nanosecond after the last arrival's delivery
+                assert timing is not None
+                other.unheard.add(rank)
                 timing.call_at(last + 1, self._tell_closed, other, rank)
 
     def _tell_closed(self, other: Endpoint, rank: int) -> None:
@@ -187,7 +217,9 @@ class LocalLink(Link):
         if channel:  # still in flight (the timers fired in another order): after them
             assert self.timing is not None
             self.timing.call_at(channel[-1][0] + 1, self._tell_closed, other, rank)
-        elif not other.closed:
+            return
+        other.unheard.discard(rank)
+        if not other.closed:
             other.peer_closed(rank, None)
 
     def describe(self, rank: int, peer: int) -> list[str]:

@@ -520,3 +520,17 @@ def test_wildcard_recv_with_wildcards_posted_is_constant_cost() -> None:
     assert m.deliver(env) is w
     assert m.post_recv(RecvDescriptor(ANY, 10_001, 8, F4)) is None
     assert _touches(m) - before <= 12
+
+
+def test_on_wait_hears_each_source_the_first_time_a_recv_or_probe_waits_for_it() -> None:
+    heard: list[int] = []
+    m = Matcher(on_wait=heard.append)
+    assert m.deliver(Envelope(1, 5, 4, 1, F4)) is None
+    assert m.post_recv(RecvDescriptor(1, 5, 4, F4)) is not None  # matched: never waited
+    assert heard == []
+    assert m.post_recv(RecvDescriptor(1, 6, 4, F4)) is None
+    assert m.post_recv(RecvDescriptor(1, 7, 4, F4)) is None  # the same source again
+    assert m.post_recv(RecvDescriptor(ANY, 5, 4, F4)) is None
+    assert m.post_probe(ProbeDescriptor(3, ANY_TAG)) is None
+    assert m.post_probe(ProbeDescriptor(ANY, 9)) is None  # ANY_SOURCE heard already
+    assert heard == [1, ANY, 3]

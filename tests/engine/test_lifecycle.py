@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm.sim.loop import new_virtual_loop
 
 BIG = ac.EAGER_LIMIT + 1
 
@@ -123,3 +126,78 @@ async def test_loop_keeps_running_during_a_256mb_transfer() -> None:
     # the loop would leave `during` at 0.
     assert during > 10
     assert out[0] == 1 and out[-1] == 1
+
+
+# -- who hears of a close ------------------------------------------------------------------
+
+PRESETS = [None, "roce100g"]  # instant, and timed by a cluster model
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("op", ["recv", "probe", "recv ANY_SOURCE", "probe ANY_SOURCE"])
+def test_an_op_waiting_for_a_rank_fails_the_moment_it_closes(op: str, preset: str | None) -> None:
+    """Rank 0's op waits (posted at model time 0); rank 1 computes for 1 s and returns, and
+    the op fails at once, at model time 1 (a close missed would end in DeadlockError)."""
+
+    async def main(comm: ac.Communicator) -> float:
+        if comm.rank == 1:
+            await comm.compute(seconds=1.0)
+            return 0.0
+        src = ac.ANY_SOURCE if "ANY_SOURCE" in op else 1
+        with pytest.raises(ac.CommBrokenError):
+            if op.startswith("probe"):
+                await comm.probe(src, 3)
+            else:
+                await comm.recv(np.zeros(4), src, 3)
+        return asyncio.get_running_loop().time()
+
+    cluster = None if preset is None else ac.Cluster.preset(preset)
+    assert ac.run(main, 2, cluster=cluster, clock="virtual")[0] == 1.0
+
+
+def run_virtual(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=new_virtual_loop) as runner:
+        runner.run(body())
+
+
+def test_a_recv_posted_after_a_close_gets_what_the_rank_sent_before_it() -> None:
+    """Timed: rank 1 hears that rank 0 closed only once rank 0's last message to it has
+    landed, so a recv it posts in between takes that message instead of failing."""
+
+    async def body() -> None:
+        async with ac.open_world(2, ac.Cluster.preset("roce100g")) as world:
+            c0, c1 = world.comms
+            await c0.send(np.arange(8.0), 1)  # eager: done once staged, still on its way
+            await c0.aclose()
+            assert c1.iprobe(0) is None  # not landed yet
+            out = np.zeros(8)
+            assert (await c1.recv(out, 0)).source == 0
+            assert out[-1] == 7.0
+            with pytest.raises(ac.CommBrokenError):
+                await c1.recv(out, 0)
+
+    run_virtual(body)
+
+
+def test_a_wildcard_recv_fails_once_the_news_of_every_close_has_landed() -> None:
+    """Timed: rank 0 waits for ANY_SOURCE (tag 7); rank 1 sends it a message on tag 5 and
+    closes, then rank 2 closes.  Rank 0 hears of rank 1's close only after that message
+    landed, and only then is nobody left for its wildcard recv."""
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        async with ac.open_world(3, ac.Cluster.preset("roce100g")) as world:
+            c0, c1, c2 = world.comms
+            wild = c0.irecv(np.zeros(1), ac.ANY_SOURCE, 7)
+            await c1.send(np.ones(8), 0, 5)  # eager: staged, still on its way
+            await c1.aclose()
+            await c2.aclose()
+            closed_at = loop.time()
+            assert not wild.done()  # rank 1 is not known to be gone yet
+            with pytest.raises(ac.CommBrokenError, match=r"\(ranks 1, 2\)"):
+                await wild
+            assert loop.time() > closed_at
+            status = c0.iprobe(1, 5)  # it landed before the news
+            assert status is not None and status.nbytes == 64
+
+    run_virtual(body)
