@@ -1,0 +1,62 @@
+"""The asyncio floor for MPI latency (see ``mpi_p2p.floor_pingpong``)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+from asynccomm.transports._mpi_lib import yield_now
+
+#: Tests per turn of the loop before letting other tasks run.
+_BURST = 64
+
+
+class Floor:
+    """A persistent recv into ``buf`` from ``peer`` with ``tag``, polled by a task that
+    wakes whoever waits in ``recv()``: the least an asyncio library on mpi4py does per
+    message."""
+
+    def __init__(self, comm: Any, buf: Any, peer: int, tag: int) -> None:
+        self._req = comm.Recv_init(buf, peer, tag)
+        self._waiter: asyncio.Future[None] | None = None
+        self._arrived = 0
+        self._stop = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Floor:
+        self._req.Start()
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None
+                        ) -> None:
+        self._stop = True
+        assert self._task is not None
+        await self._task
+        self._req.Cancel()
+        self._req.Wait()
+        self._req.Free()
+
+    async def _poll(self) -> None:
+        req = self._req
+        while not self._stop:
+            for _ in range(_BURST):
+                if req.Test():
+                    req.Start()
+                    waiter = self._waiter
+                    if waiter is not None:
+                        self._waiter = None
+                        waiter.set_result(None)
+                    else:
+                        self._arrived += 1
+                    break
+            await yield_now()
+
+    async def recv(self) -> None:
+        """Wait for the next message."""
+        if self._arrived:
+            self._arrived -= 1
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        await self._waiter
