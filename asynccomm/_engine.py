@@ -21,18 +21,18 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
 from . import _diagnostics as diag
 from . import _flight, _logging
 from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
-from ._core.descriptors import AT_SENDER, INLINE, STAGED, Descriptor, Message
+from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
+from ._engine_fast import THREAD_COPY_MIN, FastLane, _status_of, byte_view
 from ._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
-from ._fastlane import copy as fast_copy
 from ._request import Request
 from ._stream import Stream
 from ._types import ANY_SOURCE, Status
@@ -52,36 +52,6 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-#: Payloads at least this large are copied on the rank's worker thread; smaller ones are
-#: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
-THREAD_COPY_MIN = 4 << 20
-
-# Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
-# runs once per message.
-_new_status = tuple.__new__
-
-
-def _status_of(msg: Descriptor) -> Status:
-    """The Status of a message a recv or probe took (only messages wait unexpected)."""
-    shape = cast(Message, msg).shape
-    return _new_status(Status, (msg.source, msg.tag, msg.nbytes, msg.count,
-                                (msg.count,) if shape is None else shape))
-
-
-def _bytes_of(array: Any) -> memoryview:
-    """A 1-D array's bytes."""
-    mv: memoryview = array.data
-    return mv if mv.format == "B" else mv.cast("B")
-
-
-def byte_view(req: Request) -> memoryview:
-    """A request's buffer as bytes, made the first time it is needed."""
-    view = req.view
-    if view is None:
-        view = req.view = _bytes_of(req.array)
-    return view
-
-
 @dataclass(frozen=True, slots=True)
 class EngineStatistics:
     """A snapshot of one rank's engine."""
@@ -96,7 +66,7 @@ class EngineStatistics:
     pool: PoolStatistics
 
 
-class DeviceEngine:
+class DeviceEngine(FastLane):
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
@@ -301,174 +271,6 @@ class DeviceEngine:
                                   mode="compute")
             self.records.append(req.record)
         self._finish(req, DONE, None)
-
-    # -- the fast lane: small messages in one process ------------------------------------
-
-    def offer(self, source: int, tag: int, array: Any, nbytes: int, count: int,
-              dtype: str) -> bool:
-        """A small message from ``source``'s engine, in this process: a recv waiting here
-        takes it at once, or the staging pool keeps it (its sender is then done).  Returns
-        False, having done nothing, when it must go the usual way (rendezvous, a full pool,
-        wildcards or a misfit to judge)."""
-        if self.closed or nbytes >= THREAD_COPY_MIN:
-            return False
-        matcher = self.matcher
-        recv: Request | Literal[False] | None = matcher.claim_posted(  # type: ignore[assignment]
-            source, tag, nbytes, dtype)
-        if recv is False:
-            return False
-        if recv is not None:
-            if recv.array is not None:  # both 1-D arrays of one dtype: a numpy copy
-                if fast_copy is not None:
-                    fast_copy(recv.array, array, nbytes)
-                else:
-                    recv.array[:count] = array
-            elif recv.nbytes < 0:  # recv_new: a buffer made to the message's measure
-                recv._result = array.copy()
-            elif nbytes:
-                recv.view[:nbytes] = _bytes_of(array)  # type: ignore[index]
-            self._complete_fast(recv, source, tag, nbytes, count)
-            return True
-        if nbytes > self.eager_limit:
-            return False
-        buf = self.pool.acquire(nbytes, tentative=True)
-        if buf is None:
-            return False
-        if fast_copy is not None:
-            fast_copy(buf, array, nbytes)
-        elif nbytes:
-            buf[:nbytes] = _bytes_of(array)
-        matcher.enqueue(Message(source, tag, nbytes, count, dtype, STAGED, buf))
-        if matcher.events:  # a probe saw it
-            self._drain()
-        return True
-
-    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
-                    dtype: str) -> bool:
-        """``offer`` for a message whose payload is bytes that are readable only now (one
-        that arrived inline from another process): a recv waiting here takes it at once;
-        False, having done nothing, when it must be delivered the usual way."""
-        if self.tracer is not None:  # every message through ``arrived``: it counts them
-            return False
-        recv: Request | Literal[False] | None = self.matcher.claim_posted(  # type: ignore[assignment]
-            source, tag, nbytes, dtype)
-        if not recv:
-            return False
-        dst: Any
-        if recv.nbytes < 0:  # recv_new
-            arr = recv._result = new_array(dtype, count)
-            dst = arr.data.cast("B")
-        elif fast_copy is not None:  # the array itself: no byte view to make
-            dst = recv.array if recv.array is not None else recv.view
-        else:
-            dst = byte_view(recv)
-        if fast_copy is not None:
-            fast_copy(dst, view, nbytes)
-        elif nbytes:
-            dst[:nbytes] = view[:nbytes]
-        self._complete_fast(recv, source, tag, nbytes, count)
-        return True
-
-    def _complete_fast(self, recv: Request, source: int, tag: int, nbytes: int,
-                       count: int) -> None:
-        """What ``_received`` and ``_finish`` do for a recv the fast lane filled."""
-        status = _new_status(Status, (source, tag, nbytes, count, (count,)))
-        recv._result = status if recv._result is None else (recv._result, status)
-        if DONE not in NEXT[recv._state]:  # what _finish does, inlined: the hot path
-            check(recv._state, DONE)
-        recv._state = DONE
-        recv.t_fin = t = self.now()
-        flight = self.flight  # what FlightRecorder.add does, inlined: the hot path
-        t_post = recv.t_post
-        flight.ring.append((1, source, tag, nbytes, recv.stream.sid, 0, t_post, t, t))  # type: ignore[union-attr]
-        tally = flight.recvs[source]
-        tally.n += 1
-        tally.nbytes += nbytes
-        tally.w += t - t_post
-        waiters = recv._waiters
-        if waiters is not None:
-            recv._waiters = None
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-        if recv._timer is not None:
-            recv._timer.cancel()
-            recv._timer = None
-        if recv._tracked:
-            stream = recv.stream
-            if (self._recv_buffers is None and stream is not None and not stream._queue
-                    and not stream._events and self._idle is None):
-                recv._tracked = False  # what _untrack does, inlined: the hot path
-                self._n_pending -= 1
-                if recv.nbytes > 0:
-                    self._pending_recvs -= 1
-                del stream._pending[recv.sseq]
-            else:
-                self._untrack(recv)
-
-    def post_now(self, req: Request) -> None:
-        """Post a recv on the default stream with nothing queued there (the fast lane's
-        ``Stream._submit`` and ``start`` in one)."""
-        if POSTED not in NEXT[req._state]:
-            check(req._state, POSTED)
-        req._state = POSTED
-        req.t_post = self.now()
-        matcher = self.matcher
-        msg = matcher.post_recv(req)
-        if msg is not None:
-            self._take(req, msg)  # type: ignore[arg-type]
-        elif matcher.events:
-            self._drain()
-        if req._state is not POSTED:
-            return
-        stream = self.default_stream  # what Stream._track and track do, inlined
-        stream._seq = seq = stream._seq + 1
-        req.sseq = seq
-        stream._pending[seq] = req
-        req._tracked = True
-        self._n_pending += 1
-        if req.nbytes > 0:
-            self._pending_recvs += 1
-            if self._recv_buffers is not None:
-                self._add_buffer(self._recv_buffers, req)
-        if req.timeout is not None:
-            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
-        if self.gone and self._unreachable(req.peer):
-            self.withdraw(req, self.broken(req.peer))
-
-    def finished(self, req: Request, result: Status | None) -> Request:
-        """``req`` finished as it was made (the fast lane did its work): mark it done."""
-        check(req._state, DONE)
-        req._state = DONE
-        req._result = result
-        req.t_post = req.t_match = req.t_fin = t = self.now()
-        self.flight.add((0 if req.kind is SEND else 1, req.peer, req.tag, req.nbytes, 0, 0,
-                         t, t, t))  # the fast lane makes sends and recvs only
-        return req
-
-    def take_now(self, source: int, tag: int, array: Any, nbytes: int,
-                 dtype: str) -> Status | None:
-        """The Status of a recv (exact source and tag, into the 1-D ``array``) that a
-        message already here completes at once; None, having done nothing, when the recv
-        must be posted the usual way."""
-        matcher = self.matcher
-        msg: Message | None = matcher.waiting(source, tag)  # type: ignore[assignment]
-        if msg is None:
-            return None
-        n = msg.nbytes
-        where = msg.where
-        if (msg.dtype != dtype or n > nbytes or not (
-                where == STAGED or (where == AT_SENDER and self.instant and n < THREAD_COPY_MIN))):
-            return None
-        matcher.take(msg)
-        if fast_copy is not None:
-            fast_copy(array, msg.view, n)
-        elif n:
-            _bytes_of(array)[:n] = msg.view[:n]  # type: ignore[index]
-        if where == STAGED:
-            self.pool.release(msg.view)  # type: ignore[arg-type]
-        self.link.received(msg, self.rank)  # its sender may complete, its credit go back
-        return _status_of(msg)  # an exact (source, tag): the message's own
 
     # -- arrivals and matching (the link calls these) -------------------------------------
 
