@@ -408,6 +408,12 @@ class StagingPool:
             self._free.setdefault(size, []).append(buf)
             self._cached += size
 
+    def trim(self) -> None:
+        """Let the free buffers go (a closed rank stages nothing more: its memory need not
+        wait for the collector to find the closed world's reference cycles)."""
+        self._free.clear()
+        self._cached = 0
+
     def statistics(self) -> PoolStatistics:
         return PoolStatistics(
             capacity_bytes=self.capacity_bytes,

@@ -583,6 +583,7 @@ class DeviceEngine(FastLane):
             if msg.where == STAGED:
                 self.pool.release(msg.view)  # type: ignore[arg-type]
             self.link.discard(msg, self.rank)
+        self.pool.trim()
         self.link.close(self.rank, reason)
         if self._executor is not None:
             self._executor.shutdown(wait=False)

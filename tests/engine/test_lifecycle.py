@@ -42,6 +42,23 @@ async def test_close_fails_pending_ops_and_breaks_peers() -> None:
         await from_anyone
 
 
+async def test_a_closed_rank_keeps_no_staging_memory() -> None:
+    """Staged messages and the pool's free buffers go at close, not when the collector
+    finds the closed world's cycles: worlds opened one after another do not pile up."""
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        for tag in range(4):  # staged at rank 1, taken, their buffers kept for reuse
+            await c0.send(np.ones(4096), 1, tag)
+        for tag in range(4):
+            await c1.recv(np.empty(4096), 0, tag)
+        await c0.send(np.ones(4096), 1, 9)  # staged, never received
+        stats = c1.statistics().pool
+        assert stats.cached_bytes > 0 and stats.in_use_bytes > 0
+    for comm in world.comms:
+        stats = comm.statistics().pool
+        assert (stats.cached_bytes, stats.in_use_bytes) == (0, 0)
+
+
 async def test_eager_message_from_a_closed_rank_is_still_delivered() -> None:
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
