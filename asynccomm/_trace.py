@@ -90,7 +90,7 @@ class RankTrace:
         self.label = label
         self.pid = rank if pid is None else pid
         self.ops: list[tuple[tuple[Any, ...], int, Any]] = []
-        self.sent = [0] * size  # messages posted to each rank so far
+        self.sent: dict[int, int] = defaultdict(int)  # messages posted to each rank so far
         self._arrived: dict[int, int] = defaultdict(int)
         self._flows: dict[Any, int | str] = {}  # arrived from other processes -> flow id
 
