@@ -98,9 +98,12 @@ def test_an_armed_timeout_is_not_a_deadlock(loop: str) -> None:
     async def main(comm: ac.Communicator) -> None:
         await comm.recv(np.zeros(1), 1 - comm.rank, timeout=0.5)
 
-    with pytest.raises(ExceptionGroup) as info:
+    # Both time out: together (a group), or one first and the other is cancelled (its own
+    # error), as the loop's timers happen to fire; never a DeadlockError.
+    with pytest.raises((ExceptionGroup, ac.CommTimeoutError)) as info:
         ac.run(main, 2, loop=loop)
-    assert all(isinstance(e, ac.CommTimeoutError) for e in info.value.exceptions)
+    errors = info.value.exceptions if isinstance(info.value, ExceptionGroup) else [info.value]
+    assert all(type(e) is ac.CommTimeoutError for e in errors)
 
 
 def test_a_timer_callback_that_will_send_is_not_a_deadlock() -> None:
