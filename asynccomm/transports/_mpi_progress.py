@@ -7,7 +7,9 @@ with a window (``_core.chunking``).  It never blocks the loop: the control recv 
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
 polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
 (``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
-polls each and wakes only those with work); while data moves it keeps polling.
+polls each and wakes only those with work); while data moves it keeps polling.  A send of
+the engine's fast lane also hands over the eager messages that already landed (``deliver``),
+so a ``sendrecv`` whose answer is here completes without a turn of the loop.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -24,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from .._core.chunking import Chunk, ChunkSender
-from .._core.wire import HEADER, INLINE_MAX
+from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
 from ._mpi_lib import Backoff, yield_now
 from ._ticker import Ticker
@@ -128,6 +130,7 @@ class Progress:
         self._parked: asyncio.Future[None] | None = None  # waiting for the idle tick
         self._error: Exception | None = None  # raised by a poll at the idle tick
         self._woke = False  # the ticker (or a send) woke the parked task: activity
+        self._dispatching = False  # a control message is being handed to the link
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         """Post the control recvs and start polling."""
@@ -148,6 +151,32 @@ class Progress:
                 self._reap()
         self.sent = True
         self._wake()
+
+    def deliver(self) -> None:
+        """Hand the ``EAGER`` messages that already landed to the link now, in order (the
+        first of another kind is left to the task).  Called after a send of the fast lane:
+        its answer (a ring's next hop, a reply) is often here already, and the recv
+        waiting for it then completes without a turn of the loop.  An MPI error fails the
+        link, as in the task."""
+        if self._dispatching or self.stopped:
+            return
+        slots = self._slots
+        try:
+            while (head := slots[0]).req.Test() and head.buf[0] == EAGER:
+                self._dispatch(head)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _dispatch(self, slot: Slot) -> None:
+        """Hand the control message that landed in ``slot`` (the head) to the link, and
+        post the slot again at the back."""
+        self._dispatching = True
+        try:
+            self._on_control(slot)
+        finally:
+            self._dispatching = False
+        slot.req.Start()
+        self._slots.rotate(-1)
 
     def _wake(self) -> None:
         """Poll now, not at the next idle tick (an answer may follow, or data moves)."""
@@ -205,14 +234,10 @@ class Progress:
     def _poll(self) -> bool:
         """Test what is in flight and act on what completed; True if anything did."""
         slots = self._slots
-        head = slots[0]
         hit = False
-        while head.req.Test():
+        while (head := slots[0]).req.Test():  # a completed slot stays so until restarted
             hit = True
-            self._on_control(head)
-            head.req.Start()
-            slots.rotate(-1)
-            head = slots[0]
+            self._dispatch(head)
         if self._reqs and self._test_requests():
             hit = True
         return hit

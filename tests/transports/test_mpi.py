@@ -108,6 +108,13 @@ def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None
     assert "aborting the MPI job" in proc.stderr, _output(proc)
 
 
+def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert "rank 0 got 7 at once" in proc.stdout, _output(proc)
+    assert "rank 1 got 1" in proc.stdout, _output(proc)
+
+
 def test_world_size_must_match_the_mpi_world() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "size-mismatch", limit=60)
     assert proc.returncode == 0, _output(proc)
