@@ -18,29 +18,23 @@ the control recvs, lets its last sends complete and frees the communicator.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from .._core.chunking import Chunk, ChunkSender
+from .._core.chunking import Chunk, ChunkSender, OneChunk
 from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
-from ._mpi_lib import Backoff, yield_now
+from ._mpi_lib import Backoff, sched_yield, yield_now
 from ._ticker import Ticker
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["CTRL_TAG", "Progress", "Slot", "sched_yield"]
+__all__ = ["CTRL_TAG", "Progress", "Slot"]
 
-
-def sched_yield() -> None:
-    """Give the core to another runnable process, if one waits (a no-op elsewhere)."""
-    if hasattr(os, "sched_yield"):
-        os.sched_yield()
 
 #: The MPI tag of every control message; data tags are 1 and up.
 CTRL_TAG = 0
@@ -73,27 +67,6 @@ class Slot:
         self.buf = bytearray(HEADER.size + INLINE_MAX)
         self.payload = memoryview(self.buf)[HEADER.size:]
         self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
-
-
-class _OneChunk:
-    """``ChunkSender``'s interface for a transfer of a single chunk (most of them), at a
-    fraction of its cost."""
-
-    __slots__ = ("done", "handed_out", "nbytes")
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self.handed_out = False
-        self.done = False
-
-    def next_chunk(self) -> Chunk | None:
-        if self.handed_out:
-            return None
-        self.handed_out = True
-        return Chunk(0, 0, self.nbytes)
-
-    def chunk_done(self, chunk: Chunk) -> None:
-        self.done = True
 
 
 class Progress:
@@ -196,11 +169,11 @@ class Progress:
     def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
               start: Callable[..., MPI.Request]) -> None:
         n = len(view)
-        chunks = (_OneChunk(n) if n <= CHUNK_BYTES else
+        chunks = (OneChunk(n) if n <= CHUNK_BYTES else
                   ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
         self._more(chunks, view, peer, tag, done, start)
 
-    def _more(self, chunks: _OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
+    def _more(self, chunks: OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
               done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
         while (chunk := chunks.next_chunk()) is not None:
             req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
@@ -208,7 +181,7 @@ class Progress:
             self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
         self._wake()
 
-    def _moved(self, chunks: _OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
+    def _moved(self, chunks: OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
                peer: int, tag: int, done: Callable[[], None],
                start: Callable[..., MPI.Request]) -> None:
         self._data -= 1
