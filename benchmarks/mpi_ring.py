@@ -7,7 +7,9 @@ polls takes the core its peer needs.  Two measurements:
 
 - ring: every rank ``sendrecv``s to rank+1 from rank-1, repeatedly; the time per hop is
   the median over repeats, raw mpi4py ``Sendrecv`` with numpy buffers alternating repeat
-  by repeat with asynccomm in the same processes.
+  by repeat with asynccomm in the same processes.  Beside it, the CPU time per hop summed
+  over the ranks (``time.process_time``): divided by the cores it bounds the hop from
+  below, which says whether the ranks wait for each other or for the cores.
 - idle: every rank awaits a recv that nothing satisfies for a while.  Its process CPU time
   (``time.process_time``) over its first idle second is the idle cost; then rank 0 sends,
   and each rank passes the message on a second after it arrived, so every message finds
@@ -80,6 +82,9 @@ class RingRow:
     iters: int
     raw: list[float] = field(default_factory=list)
     asynccomm: list[float] = field(default_factory=list)
+    #: Per repeat, the CPU seconds per hop of all the ranks together.
+    raw_cpu: list[float] = field(default_factory=list)
+    asynccomm_cpu: list[float] = field(default_factory=list)
 
     def ratio(self) -> float:
         return median(self.asynccomm) / median(self.raw)
@@ -97,37 +102,43 @@ class IdleRow:
 
 
 def raw_ring(comm: Any, sbuf: np.ndarray[Any, Any], rbuf: np.ndarray[Any, Any],
-             iters: int) -> float:
-    """Seconds per hop, blocking mpi4py ``Sendrecv`` on ``comm``."""
+             iters: int) -> tuple[float, float]:
+    """(Seconds per hop, this rank's CPU seconds per hop), blocking mpi4py ``Sendrecv`` on
+    ``comm``."""
     rank, size = comm.Get_rank(), comm.Get_size()
     dest, source = (rank + 1) % size, (rank - 1) % size
     comm.Barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         comm.Sendrecv(sbuf, dest, TAG, rbuf, source, TAG)
-    return (time.perf_counter() - start) / iters
+    return (time.perf_counter() - start) / iters, (time.process_time() - cpu) / iters
 
 
 async def ac_ring(comm: ac.Communicator, sbuf: np.ndarray[Any, Any],
-                  rbuf: np.ndarray[Any, Any], iters: int) -> float:
+                  rbuf: np.ndarray[Any, Any], iters: int) -> tuple[float, float]:
+    """As ``raw_ring``, with asynccomm's ``sendrecv``."""
     dest, source = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     await comm.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         await comm.sendrecv(sbuf, dest, rbuf, source, sendtag=TAG, recvtag=TAG)
-    return (time.perf_counter() - start) / iters
+    return (time.perf_counter() - start) / iters, (time.process_time() - cpu) / iters
 
 
 async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: int) -> RingRow:
     from mpi4py import MPI
 
     sbuf, rbuf = fill_array(nbytes, 1), fill_array(nbytes, 0)
-    warm = max(raw_ring(raw, sbuf, rbuf, 10), await ac_ring(comm, sbuf, rbuf, 10))
+    warm = max(raw_ring(raw, sbuf, rbuf, 10)[0], (await ac_ring(comm, sbuf, rbuf, 10))[0])
     iters = int(raw.allreduce(int(min(2000, max(10, REPEAT_SECONDS / warm))), op=MPI.MAX))
     row = RingRow(nbytes, iters)
     for _ in range(repeats):
-        row.raw.append(raw_ring(raw, sbuf, rbuf, iters))
-        row.asynccomm.append(await ac_ring(comm, sbuf, rbuf, iters))
+        seconds, cpu = raw_ring(raw, sbuf, rbuf, iters)
+        row.raw.append(seconds)
+        row.raw_cpu.append(float(raw.allreduce(cpu)))  # outside the timed loops
+        seconds, cpu = await ac_ring(comm, sbuf, rbuf, iters)
+        row.asynccomm.append(seconds)
+        row.asynccomm_cpu.append(float(raw.allreduce(cpu)))
     return row
 
 
@@ -219,10 +230,14 @@ def print_report(rings: list[RingRow], idles: list[IdleRow], judged: list[dict[s
           f"{env['cpus_usable']} cores, loop {loop}{' (--quick)' if quick else ''}; "
           f"load average {env['loadavg_1min']:.2f} at start, "
           f"{env['loadavg_1min_at_end']:.2f} at end")
-    print_table("Ring sendrecv, time per hop (median, us)",
-                ["size", "iters", "raw mpi4py", "asynccomm", "asynccomm/raw"],
+    print_table("Ring sendrecv, time per hop (median, us), and CPU time per hop of all "
+                "the ranks together (median, us)",
+                ["size", "iters", "raw mpi4py", "asynccomm", "asynccomm/raw", "raw CPU",
+                 "asynccomm CPU"],
                 [[size_label(r.nbytes), r.iters, f"{median(r.raw) * 1e6:.1f}",
-                  f"{median(r.asynccomm) * 1e6:.1f}", f"{r.ratio():.2f}x"] for r in rings])
+                  f"{median(r.asynccomm) * 1e6:.1f}", f"{r.ratio():.2f}x",
+                  f"{median(r.raw_cpu) * 1e6:.1f}", f"{median(r.asynccomm_cpu) * 1e6:.1f}"]
+                 for r in rings])
     print_table("Idle ranks (per rank: median over rounds)",
                 ["rank", "CPU while idle", "wake after idle (ms)"],
                 [[str(k), f"{median([r.cpu_share[k] for r in idles]):.1%}",

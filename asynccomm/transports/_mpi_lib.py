@@ -9,6 +9,7 @@ a block (httpcore's ``map_exceptions``).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import types
 from collections.abc import Generator, Iterator
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 else:
     MPI = None  # bound by load_mpi()
 
-__all__ = ["MPI", "Backoff", "comm_world", "load_mpi", "mpi_errors", "translate", "wait_request",
-           "yield_now"]
+__all__ = ["MPI", "Backoff", "comm_world", "load_mpi", "mpi_errors", "sched_yield", "translate",
+           "wait_request", "yield_now"]
 
 
 def load_mpi() -> None:
@@ -105,6 +106,12 @@ class Backoff:
         tval = self.tval
         self.tval = min(self.tmax, max(self.tmin, tval * 2))
         return tval
+
+
+def sched_yield() -> None:
+    """Give the core to another runnable process, if one waits (a no-op elsewhere)."""
+    if hasattr(os, "sched_yield"):
+        os.sched_yield()
 
 
 @types.coroutine

@@ -7,7 +7,9 @@ with a window (``_core.chunking``).  It never blocks the loop: the control recv 
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
 polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
 (``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
-polls each and wakes only those with work); while data moves it keeps polling.
+polls each and wakes only those with work); while data moves it keeps polling.  A send of
+the engine's fast lane also hands over the eager messages that already landed (``deliver``),
+so a ``sendrecv`` whose answer is here completes without a turn of the loop.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -16,29 +18,23 @@ the control recvs, lets its last sends complete and frees the communicator.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from .._core.chunking import Chunk, ChunkSender
-from .._core.wire import HEADER, INLINE_MAX
+from .._core.chunking import Chunk, ChunkSender, OneChunk
+from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
-from ._mpi_lib import Backoff, yield_now
+from ._mpi_lib import Backoff, sched_yield, yield_now
 from ._ticker import Ticker
 
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["CTRL_TAG", "Progress", "Slot", "sched_yield"]
+__all__ = ["CTRL_TAG", "Progress", "Slot"]
 
-
-def sched_yield() -> None:
-    """Give the core to another runnable process, if one waits (a no-op elsewhere)."""
-    if hasattr(os, "sched_yield"):
-        os.sched_yield()
 
 #: The MPI tag of every control message; data tags are 1 and up.
 CTRL_TAG = 0
@@ -71,27 +67,6 @@ class Slot:
         self.buf = bytearray(HEADER.size + INLINE_MAX)
         self.payload = memoryview(self.buf)[HEADER.size:]
         self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
-
-
-class _OneChunk:
-    """``ChunkSender``'s interface for a transfer of a single chunk (most of them), at a
-    fraction of its cost."""
-
-    __slots__ = ("done", "handed_out", "nbytes")
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self.handed_out = False
-        self.done = False
-
-    def next_chunk(self) -> Chunk | None:
-        if self.handed_out:
-            return None
-        self.handed_out = True
-        return Chunk(0, 0, self.nbytes)
-
-    def chunk_done(self, chunk: Chunk) -> None:
-        self.done = True
 
 
 class Progress:
@@ -128,6 +103,7 @@ class Progress:
         self._parked: asyncio.Future[None] | None = None  # waiting for the idle tick
         self._error: Exception | None = None  # raised by a poll at the idle tick
         self._woke = False  # the ticker (or a send) woke the parked task: activity
+        self._dispatching = False  # a control message is being handed to the link
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         """Post the control recvs and start polling."""
@@ -149,6 +125,32 @@ class Progress:
         self.sent = True
         self._wake()
 
+    def deliver(self) -> None:
+        """Hand the ``EAGER`` messages that already landed to the link now, in order (the
+        first of another kind is left to the task).  Called after a send of the fast lane:
+        its answer (a ring's next hop, a reply) is often here already, and the recv
+        waiting for it then completes without a turn of the loop.  An MPI error fails the
+        link, as in the task."""
+        if self._dispatching or self.stopped:
+            return
+        slots = self._slots
+        try:
+            while (head := slots[0]).req.Test() and head.buf[0] == EAGER:
+                self._dispatch(head)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _dispatch(self, slot: Slot) -> None:
+        """Hand the control message that landed in ``slot`` (the head) to the link, and
+        post the slot again at the back."""
+        self._dispatching = True
+        try:
+            self._on_control(slot)
+        finally:
+            self._dispatching = False
+        slot.req.Start()
+        self._slots.rotate(-1)
+
     def _wake(self) -> None:
         """Poll now, not at the next idle tick (an answer may follow, or data moves)."""
         parked = self._parked
@@ -167,11 +169,11 @@ class Progress:
     def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
               start: Callable[..., MPI.Request]) -> None:
         n = len(view)
-        chunks = (_OneChunk(n) if n <= CHUNK_BYTES else
+        chunks = (OneChunk(n) if n <= CHUNK_BYTES else
                   ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
         self._more(chunks, view, peer, tag, done, start)
 
-    def _more(self, chunks: _OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
+    def _more(self, chunks: OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
               done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
         while (chunk := chunks.next_chunk()) is not None:
             req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
@@ -179,7 +181,7 @@ class Progress:
             self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
         self._wake()
 
-    def _moved(self, chunks: _OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
+    def _moved(self, chunks: OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
                peer: int, tag: int, done: Callable[[], None],
                start: Callable[..., MPI.Request]) -> None:
         self._data -= 1
@@ -205,14 +207,10 @@ class Progress:
     def _poll(self) -> bool:
         """Test what is in flight and act on what completed; True if anything did."""
         slots = self._slots
-        head = slots[0]
         hit = False
-        while head.req.Test():
+        while (head := slots[0]).req.Test():  # a completed slot stays so until restarted
             hit = True
-            self._on_control(head)
-            head.req.Start()
-            slots.rotate(-1)
-            head = slots[0]
+            self._dispatch(head)
         if self._reqs and self._test_requests():
             hit = True
         return hit

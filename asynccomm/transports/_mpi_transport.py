@@ -238,11 +238,13 @@ class MPITransport(Link):
                 or not wire.eager(dest, nbytes)):
             return False
         dt = DTYPE_FIELDS.get(dtype) or encode_dtype(dtype)
+        progress = self.progress
         try:
-            self.progress.send(dest, wire.pack_eager(tag, nbytes, count, dt) + array.tobytes())
+            progress.send(dest, wire.pack_eager(tag, nbytes, count, dt) + array.tobytes())
         except lib.MPI.Exception:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request
+        progress.deliver()  # the answer may be here: a recv waiting for it completes now
         return True
 
     def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:

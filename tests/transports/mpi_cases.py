@@ -17,6 +17,8 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   communicator stays usable).
 - ``progress-error``: an MPI error in the progress task fails what was pending with
   ``TransportError`` and, since the world cannot close cleanly, aborts the job.
+- ``answer-landed``: a ``sendrecv`` whose incoming message has already landed (its rank's
+  loop was blocked meanwhile, so no progress task saw it) completes without suspending.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import asyncio
 import os
 import signal
 import sys
+import time
+from collections.abc import Generator
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +125,54 @@ async def progress_error(comm: ac.Communicator) -> None:
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
 
 
+class _Resume:
+    """Awaits the rest of a coroutine that suspended once, on ``first``."""
+
+    def __init__(self, steps: Generator[Any, None, Any], first: Any) -> None:
+        self.steps, self.first = steps, first
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        value = self.first
+        while True:
+            try:
+                sent = yield value
+            except BaseException as exc:  # forwarded, as await would
+                value = self.steps.throw(exc)
+                continue
+            try:
+                value = self.steps.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+async def answer_landed(comm: ac.Communicator) -> str:
+    from mpi4py import MPI
+
+    peer = 1 - comm.rank  # an exchange first: the fast lane knows a dtype once it was used
+    await comm.sendrecv(np.zeros(4), peer, np.zeros(4), peer, sendtag=2, recvtag=2)
+    if comm.rank == 1:
+        await comm.send(np.full(4, 7.0), 0, 3)
+        MPI.COMM_WORLD.Barrier()  # after the send: it lands at rank 0 before this returns
+        back = np.zeros(4)
+        await comm.recv(back, 0, 4)
+        return f"rank 1 got {back[0]:g}"
+    MPI.COMM_WORLD.Barrier()  # blocks the loop: the message lands, no task sees it
+    head = comm._engine.link.progress._slots[0].req  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not head.Test() and time.monotonic() < deadline:  # landed (it stays so until
+        pass  # the slot is restarted), still without a turn of the loop
+    got = np.zeros(4)
+    steps = comm.sendrecv(np.ones(4), 1, got, 1, sendtag=4, recvtag=3).__await__()
+    try:
+        first = steps.send(None)
+    except StopIteration:
+        how = "at once"
+    else:
+        await _Resume(steps, first)
+        how = "after suspending"
+    return f"rank 0 got {got[0]:g} {how}"
+
+
 async def who(comm: ac.Communicator) -> str:
     return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
 
@@ -152,6 +205,8 @@ def main(case: str) -> int:
         sys.stdout.write(f"{ac.run(send_error)}\n")
     elif case == "progress-error":
         ac.run(progress_error)
+    elif case == "answer-landed":
+        sys.stdout.write(f"{ac.run(answer_landed)}\n")
     elif case == "two-worlds":
         sys.stdout.write(asyncio.run(two_worlds()) + "\n")
     elif case == "run-rules":

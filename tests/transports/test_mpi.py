@@ -108,6 +108,13 @@ def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None
     assert "aborting the MPI job" in proc.stderr, _output(proc)
 
 
+def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert "rank 0 got 7 at once" in proc.stdout, _output(proc)
+    assert "rank 1 got 1" in proc.stdout, _output(proc)
+
+
 def test_world_size_must_match_the_mpi_world() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "size-mismatch", limit=60)
     assert proc.returncode == 0, _output(proc)
@@ -163,6 +170,19 @@ def test_the_mpi_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     for row in doc["rows"]:
         assert row["nbytes"] > 0 and min(row["raw"] + row["asynccomm"]) > 0, row
     assert doc["checks"] and doc["responsiveness"]["max_gap_ms"] >= 0
+
+
+def test_the_mpi_ring_benchmark_reports_cpu_time_per_hop(tmp_path: Path) -> None:
+    """A smoke run of ``benchmarks.mpi_ring``: beside the time per hop, the CPU time per hop
+    of all the ranks together, for raw mpi4py and asynccomm (nothing judges them here)."""
+    proc = mpiexec(2, "-m", "benchmarks.mpi_ring", "--quick", "--out", str(tmp_path))
+    assert proc.returncode == 0, _output(proc)
+    assert "raw CPU" in proc.stdout and "asynccomm CPU" in proc.stdout, _output(proc)
+    doc = json.loads((tmp_path / "mpi_ring_n2.json").read_text(encoding="utf-8"))
+    for row in doc["ring"]:
+        assert len(row["raw_cpu"]) == len(row["raw"]) > 0
+        assert len(row["asynccomm_cpu"]) == len(row["asynccomm"])
+        assert all(cpu > 0 for cpu in row["raw_cpu"] + row["asynccomm_cpu"]), row
 
 
 def test_backend_mpi_without_a_launcher_runs_one_rank() -> None:
