@@ -5,9 +5,9 @@ Re-exports only; see the README for a tour and ``help(asynccomm.Communicator)`` 
 
 from __future__ import annotations
 
+from ._batches import RecvOp as RecvOp
+from ._batches import SendOp as SendOp
 from ._communicator import Communicator as Communicator
-from ._communicator import RecvOp as RecvOp
-from ._communicator import SendOp as SendOp
 from ._exceptions import AsyncCommError as AsyncCommError
 from ._exceptions import CommBrokenError as CommBrokenError
 from ._exceptions import CommClosedError as CommClosedError

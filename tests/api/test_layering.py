@@ -275,7 +275,7 @@ LAYERS: dict[str, int] = {
     "asynccomm._engine_fast": 7,
     # the public API
     "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
-    "asynccomm._collective_api": 8, "asynccomm._hang": 8,
+    "asynccomm._collective_api": 8, "asynccomm._hang": 8, "asynccomm._batches": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
     # collectives: built on the communicator's public point-to-point API
     "asynccomm._reduce_ops": 7, "asynccomm._collective_costs": 7,
