@@ -96,16 +96,8 @@ class BatchesMixin:
                                                None, True))
             reqs = [send, recv]
             if not (recv._state is DONE and send._state is DONE):
-                try:
-                    await settle(reqs)
-                except asyncio.CancelledError as exc:
-                    await self._cancel_batch(reqs, exc)
-            failed = [r.exception() for r in reqs if r.exception() is not None]
-            if len(failed) == 1:
-                raise failed[0]  # type: ignore[misc]
-            if failed:
-                raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
-                                     failed)  # type: ignore[type-var]
+                await self._settle(reqs)
+            self._raise_failed(reqs)
             return recv._outcome()  # type: ignore[no-any-return]
         results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
                                    stream=stream, timeout=timeout)
@@ -143,16 +135,8 @@ class BatchesMixin:
         reqs = self.ibatch(ops, stream=stream, timeout=timeout)
         if not reqs:
             return []
-        try:
-            await settle(reqs)
-        except asyncio.CancelledError as exc:
-            await self._cancel_batch(reqs, exc)
-        failed = [r.exception() for r in reqs if r.exception() is not None]
-        if len(failed) == 1:
-            raise failed[0]  # type: ignore[misc]
-        if failed:
-            raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
-                                 failed)  # type: ignore[type-var]
+        await self._settle(reqs)
+        self._raise_failed(reqs)
         return await wait_all(reqs)
 
     def ibatch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
@@ -171,6 +155,24 @@ class BatchesMixin:
             self._check_aliasing(reqs, [v for _, v in made])
             reqs[0].stream._submit(reqs)  # type: ignore[union-attr]
         return reqs
+
+    async def _settle(self, reqs: list[Request]) -> None:
+        """Wait until every op of a batch finished; if the task is cancelled meanwhile,
+        withdraw what has not matched (``_cancel_batch``)."""
+        try:
+            await settle(reqs)
+        except asyncio.CancelledError as exc:
+            await self._cancel_batch(reqs, exc)
+
+    def _raise_failed(self, reqs: list[Request]) -> None:
+        """Raise the error of the one op of a finished batch that failed, or a group of
+        them if several did."""
+        failed = [r.exception() for r in reqs if r.exception() is not None]
+        if len(failed) == 1:
+            raise failed[0]  # type: ignore[misc]
+        if failed:
+            raise ExceptionGroup(f"rank {self.rank}: {len(failed)} ops of a batch failed",
+                                 failed)  # type: ignore[type-var]
 
     async def _cancel_batch(self, reqs: list[Request], exc: asyncio.CancelledError) -> None:
         """A batch's task was cancelled: withdraw the ops that have not matched and wait for
