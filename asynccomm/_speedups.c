@@ -35,10 +35,11 @@ inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyArrayObject *arr = (PyArrayObject *)buf;
     int flags = PyArray_FLAGS(arr);
-    int need = NPY_ARRAY_C_CONTIGUOUS;
-    if (args[1] == Py_True) {
-        need |= NPY_ARRAY_WRITEABLE;
+    int writable = PyObject_IsTrue(args[1]);
+    if (writable < 0) {
+        return NULL;
     }
+    int need = NPY_ARRAY_C_CONTIGUOUS | (writable ? NPY_ARRAY_WRITEABLE : 0);
     if (PyArray_NDIM(arr) != 1 || (flags & need) != need) {
         Py_RETURN_NONE;
     }
@@ -49,21 +50,19 @@ inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_RETURN_NONE;
     }
+    Py_INCREF(name);  /* ours before anything below can run other code */
     npy_intp count = PyArray_DIM(arr, 0);
     npy_intp nbytes = count * PyArray_ITEMSIZE(arr);
     PyObject *out = PyTuple_New(3);
-    if (out == NULL) {
-        return NULL;
-    }
     PyObject *n = PyLong_FromSsize_t((Py_ssize_t)nbytes);
     PyObject *c = PyLong_FromSsize_t((Py_ssize_t)count);
-    if (n == NULL || c == NULL) {
+    if (out == NULL || n == NULL || c == NULL) {
+        Py_DECREF(name);
         Py_XDECREF(n);
         Py_XDECREF(c);
-        Py_DECREF(out);
+        Py_XDECREF(out);
         return NULL;
     }
-    Py_INCREF(name);
     PyTuple_SET_ITEM(out, 0, name);
     PyTuple_SET_ITEM(out, 1, n);
     PyTuple_SET_ITEM(out, 2, c);
