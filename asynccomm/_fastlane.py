@@ -25,7 +25,7 @@ import numpy as np
 
 from ._buffers import _NAMES
 
-__all__ = ["ACCELERATED", "copy", "inspect"]
+__all__ = ["ACCELERATED", "FAST_LANE", "copy", "inspect"]
 
 
 def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
@@ -55,3 +55,5 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
 
 #: True when the C accelerator is in use.
 ACCELERATED: Final = copy is not None
+#: Which fast lane runs, as the ``comm.opened`` log event says it.
+FAST_LANE: Final = "C" if ACCELERATED else "python"

@@ -33,6 +33,7 @@ from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
+from ._fastlane import FAST_LANE
 from ._options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
 from ._types import EAGER_LIMIT
 from .sim.device import Device
@@ -106,7 +107,7 @@ class _MPIWorld:
         sink = None if trace_file is None else _trace.attach(
             _trace.rank_path(trace_file, rank), [comm._engine], model=False, partial=True)
         family.trace(sink, comm)
-        comm._engine.log.info("comm.opened", transport="mpi")
+        comm._engine.log.info("comm.opened", transport="mpi", fast_lane=FAST_LANE)
         return cls(transport, comm, sink, registry)
 
     async def aclose(self, failure: BaseException | None = None) -> None:

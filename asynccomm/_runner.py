@@ -19,6 +19,7 @@ from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
 from ._exceptions import DeadlockError
+from ._fastlane import FAST_LANE
 from ._options import (
     POOL_BYTES,
     check_timeout,
@@ -109,7 +110,7 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
     family.trace(sink, comms)
     family.connect(comms)
     for comm in comms:
-        comm._engine.log.info("comm.opened", clock=mode)
+        comm._engine.log.info("comm.opened", clock=mode, fast_lane=FAST_LANE)
     if isinstance(loop, VirtualTimeLoop):
         loop.on_idle = lambda: _hang.fail_deadlocked(registry)
     try:

@@ -13,7 +13,7 @@ import structlog
 import structlog.testing
 
 import asynccomm as ac
-from asynccomm import _logging
+from asynccomm import _fastlane, _logging
 
 
 @pytest.fixture(autouse=True)
@@ -60,6 +60,8 @@ async def test_send_recv_events() -> None:
     assert sorted(e["rank"] for e in closed) == [0, 1]
     assert {e["log_level"] for e in opened + closed} == {"info"}
     assert {e["size"] for e in opened + closed} == {2}
+    # which fast lane runs: the C accelerator's, or pure Python (no compiler, or asked for)
+    assert {e["fast_lane"] for e in opened} == {"C" if _fastlane.ACCELERATED else "python"}
 
     (recv_posted,) = events(logs, "p2p.recv.posted")
     assert recv_posted["rank"] == 1
