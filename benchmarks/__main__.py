@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from ._common import (
     environment,
     load_average,
     print_table,
+    write_json,
 )
 
 RUNNERS: dict[str, Callable[[str, Settings], SectionResult]] = {
@@ -137,10 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "targets_met": sum(c.passed for c in checks if c.binding),
         "targets_judged": sum(c.binding for c in checks),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "p2p.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {path} in {elapsed:.0f} s")
+    write_json(args.out, "p2p.json", doc, started)
     missed = any(c.binding and not c.passed for c in checks)
     return 1 if missed and not args.quick else 0
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import importlib.metadata
+import json
 import os
 import platform
 import statistics
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -193,6 +196,35 @@ def environment() -> dict[str, Any]:
         "loadavg_1min": load_average(),
         "fast_lane": "C accelerator" if ACCELERATED else "pure Python",
     }
+
+
+def mpi_environment() -> dict[str, Any]:
+    """``environment()`` with the MPI library's and mpi4py's versions."""
+    import mpi4py
+    from mpi4py import MPI
+
+    env = environment()
+    env["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+    env["mpi4py"] = mpi4py.__version__
+    return env
+
+
+def write_json(out: Path, name: str, doc: Any, started: float) -> Path:
+    """Write ``doc`` to ``out/name`` (the folder made if need be) and say so, with the
+    seconds since ``started`` (a ``time.perf_counter()`` reading)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {path} in {time.perf_counter() - started:.1f} s")
+    return path
+
+
+def print_checks(title: str, checks: Sequence[dict[str, Any]]) -> None:
+    """The targets table of checks whose ``value`` is already text, and how many passed."""
+    print_table(title, ["check", "value", "target", "status"],
+                [[c["what"], c["value"], c["target"], "PASS" if c["passed"] else "FAIL"]
+                 for c in checks])
+    print(f"\n{sum(c['passed'] for c in checks)}/{len(checks)} targets met")
 
 
 def load_average() -> float | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -31,11 +30,13 @@ from asynccomm.sim import Cluster, Pipelined, StoreAndForward, Strategy
 
 from ._common import (
     peak_rss_bytes,
+    print_checks,
     print_table,
     reset_peak_rss,
     rss_bytes,
     rss_probe_available,
     size_label,
+    write_json,
 )
 
 #: Targets: pipelining on a three-stage path at >= 128 MB; overlap of a step.
@@ -222,15 +223,9 @@ def main() -> int:
                              2 if args.quick else 4),
     }
     checks = judge(result)
-    print_table("Targets (cluster model)", ["check", "value", "target", "status"],
-                [[c["what"], c["value"], c["target"], "PASS" if c["passed"] else "FAIL"]
-                 for c in checks])
-    print(f"\n{sum(c['passed'] for c in checks)}/{len(checks)} targets met")
+    print_checks("Targets (cluster model)", checks)
     result["checks"] = checks
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "cluster.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {path} in {time.perf_counter() - started:.0f} s")
+    write_json(args.out, "cluster.json", result, started)
     return 1 if not args.quick and not all(c["passed"] for c in checks) else 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import sys
 import time
@@ -30,7 +29,7 @@ from asynccomm import _collectives as coll
 from asynccomm._collective_costs import CollectiveCosts
 from asynccomm.sim.model import ClusterModel
 
-from ._common import print_table, size_label
+from ._common import print_checks, print_table, size_label, write_json
 
 KiB, MiB = 1 << 10, 1 << 20
 OUT = Path(__file__).resolve().parent / "results"
@@ -126,17 +125,10 @@ def main() -> int:
                       f"{r['line_rate'] / 1e9:.0f}"]
                      for r in rows if r["collective"] == collective])
     checks = judge(rows)
-    print_table("Targets (collectives)", ["check", "value", "target", "status"],
-                [[c["what"], c["value"], c["target"], "PASS" if c["passed"] else "FAIL"]
-                 for c in checks])
-    passed = sum(c["passed"] for c in checks)
-    print(f"\n{passed}/{len(checks)} targets met")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "collectives.json"
-    path.write_text(json.dumps({"preset": PRESET, "ranks": RANKS, "rows": rows,
-                                "checks": checks, "wall_s": wall}, indent=2))
-    print(f"\nwrote {path} in {time.perf_counter() - started:.1f} s")
-    return 0 if passed == len(checks) else 1
+    print_checks("Targets (collectives)", checks)
+    write_json(args.out, "collectives.json", {"preset": PRESET, "ranks": RANKS, "rows": rows,
+                                              "checks": checks, "wall_s": wall}, started)
+    return 0 if all(c["passed"] for c in checks) else 1
 
 
 if __name__ == "__main__":

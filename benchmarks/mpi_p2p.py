@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -30,12 +29,13 @@ import asynccomm as ac
 from ._common import (
     KiB,
     MiB,
-    environment,
     fill_array,
     load_average,
     median,
+    mpi_environment,
     print_table,
     size_label,
+    write_json,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -306,7 +306,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     plan = Plan.make(args.quick)
-    import mpi4py
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_size() != 2:
@@ -315,9 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   file=sys.stderr)
         return 2
     stamp = datetime.datetime.now(datetime.UTC)
-    env = environment()
-    env["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
-    env["mpi4py"] = mpi4py.__version__
+    env = mpi_environment()
     started = time.perf_counter()
 
     async def bench(comm: ac.Communicator) -> tuple[list[Row], float]:
@@ -337,10 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "environment": env, "rows": [asdict(r) for r in rows], "checks": judged,
            "responsiveness": {"nbytes": plan.responsiveness_bytes, "max_gap_ms": gap_ms},
            "targets_met": sum(c["passed"] for c in judged), "targets_judged": len(judged)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "mpi_p2p.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {path} in {elapsed:.0f} s")
+    write_json(args.out, "mpi_p2p.json", doc, started)
     return 1 if not args.quick and not all(c["passed"] for c in judged) else 0
 
 

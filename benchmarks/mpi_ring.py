@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -43,12 +42,13 @@ import asynccomm as ac
 from ._common import (
     KiB,
     MiB,
-    environment,
     fill_array,
     load_average,
     median,
+    mpi_environment,
     print_table,
     size_label,
+    write_json,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -265,7 +265,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     plan = Plan.make(args.quick)
-    import mpi4py
     from mpi4py import MPI
 
     size = MPI.COMM_WORLD.Get_size()
@@ -274,9 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     stamp = datetime.datetime.now(datetime.UTC)
-    env = environment()
-    env["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
-    env["mpi4py"] = mpi4py.__version__
+    env = mpi_environment()
     started = time.perf_counter()
 
     async def bench(comm: ac.Communicator) -> tuple[list[RingRow], list[IdleRow]]:
@@ -296,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
            "checks": judged,
            "targets_met": sum(c["passed"] for c in judged if c["binding"]),
            "targets_judged": sum(c["binding"] for c in judged)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"mpi_ring_n{size}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"\nwrote {path} in {elapsed:.0f} s")
+    write_json(args.out, f"mpi_ring_n{size}.json", doc, started)
     missed = any(c["binding"] and not c["passed"] for c in judged)
     return 1 if missed and not args.quick else 0
 
