@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -188,6 +189,20 @@ async def call_method(comm: ac.Communicator, case: Case) -> np.ndarray[Any, Any]
     out = np.empty_like(x)
     await comm.alltoall(x, out)
     return out
+
+
+def report_on_mpi(failures: list[str], summary: Callable[[int], str]) -> int:
+    """Sum the failures of every MPI rank; rank 0 prints ``summary(failed)``; each rank
+    prints its own failures.  The exit status: 1 if any rank failed."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    failed = int(world.allreduce(len(failures)))
+    if world.Get_rank() == 0:
+        sys.stdout.write(summary(failed) + "\n")
+    for line in failures:
+        sys.stdout.write(line + "\n")
+    return 1 if failed else 0
 
 
 def check(case: Case, rank: int, size: int, got: np.ndarray[Any, Any] | None) -> None:

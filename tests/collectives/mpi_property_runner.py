@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import asynccomm as ac
 
-from .cases import Case, bounded, call_method, check
+from .cases import Case, bounded, call_method, check, report_on_mpi
 from .test_properties import cases
 
 
@@ -55,16 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
 
     one()
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    failed = world.allreduce(len(failures))
-    if world.Get_rank() == 0:
-        sys.stdout.write(f"random collectives on MPI, {size} ranks: {ran} examples, "
-                         f"{failed} failures\n")
-    for line in failures:
-        sys.stdout.write(line + "\n")
-    return 1 if failed else 0
+    return report_on_mpi(failures, lambda failed: f"random collectives on MPI, {size} ranks: "
+                                                  f"{ran} examples, {failed} failures")
 
 
 def _rank() -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import asynccomm as ac
 from asynccomm import _collectives as coll
 
-from .cases import Case, all_cases, bounded, call, check
+from .cases import Case, all_cases, bounded, call, check, report_on_mpi
 
 
 def table(size: int) -> list[Case]:
@@ -77,16 +77,9 @@ def main() -> int:
         return failures
 
     failures: Any = ac.run(bounded(program, 60.0))
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    failed = world.allreduce(len(failures))
-    if world.Get_rank() == 0:
-        sys.stdout.write(f"collectives on MPI, {size} ranks: {len(cases) - len(failures)} "
-                         f"passed, {failed} failed\n")
-    for line in failures:
-        sys.stdout.write(line + "\n")
-    return 1 if failed else 0
+    return report_on_mpi(failures, lambda failed: f"collectives on MPI, {size} ranks: "
+                                                  f"{len(cases) - len(failures)} passed, "
+                                                  f"{failed} failed")
 
 
 if __name__ == "__main__":

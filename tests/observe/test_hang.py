@@ -213,13 +213,18 @@ _SLOW_RANK = textwrap.dedent("""
 """)
 
 
+def _mpiexec_with_watchdog(program: str) -> subprocess.CompletedProcess[str]:
+    """``program`` on two MPI processes, with a 0.4 s hang watchdog."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_TIMEOUT": "0.4"}
+    return subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
+                           sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT)
+
+
 @pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
                     reason="needs mpiexec")
 def test_the_watchdog_watches_each_mpi_rank() -> None:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_TIMEOUT": "0.4"}
-    proc = subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
-                           sys.executable, "-c", _SLOW_RANK], capture_output=True, text=True,
-                          timeout=60, env=env, cwd=ROOT)
+    proc = _mpiexec_with_watchdog(_SLOW_RANK)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["3.0", "3.0"] or sorted(proc.stdout.split()) == ["3.0"] * 2
     assert "no op finished for" in proc.stderr and "pending  recv src=0 tag=2" in proc.stderr
@@ -292,10 +297,7 @@ _WAITING_FOR_EACH_OTHER = textwrap.dedent("""
 @pytest.mark.skipif(not Path(sys.executable).with_name("mpiexec").exists(),
                     reason="needs mpiexec")
 def test_an_mpi_watchdog_asks_the_ranks_it_waits_for() -> None:
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_TIMEOUT": "0.4"}
-    proc = subprocess.run([str(Path(sys.executable).with_name("mpiexec")), "-n", "2",
-                           sys.executable, "-c", _WAITING_FOR_EACH_OTHER],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=ROOT)
+    proc = _mpiexec_with_watchdog(_WAITING_FOR_EACH_OTHER)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["ok", "ok"]
     # rank 0's watchdog asked rank 1, which told it what it was waiting for

@@ -232,6 +232,17 @@ class _Objects:
         pass
 
 
+async def _cancelled_or_took(way: Any, op: Any) -> None:
+    """The outcome of a recv whose request or task was cancelled: withdrawn, or (it had
+    matched) its message."""
+    try:
+        result = await op
+    except asyncio.CancelledError:
+        way.untouched("was cancelled")
+    else:
+        way.took(result)
+
+
 async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
                     manifest: ac.Request, seen: _Received) -> None:
     way: Any = _Objects(comm, seen) if objects else _Arrays(comm, seen)
@@ -243,23 +254,13 @@ async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
             await ac.wait_any([req, manifest])
         if not req.done():
             req.cancel()  # withdrawn, or it completes: its message is ours
-        try:
-            result = await req
-        except asyncio.CancelledError:
-            way.untouched("was cancelled")
-        else:
-            way.took(result)
+        await _cancelled_or_took(way, req)
         return
     if mode == "task_cancel":
         task = asyncio.ensure_future(way.recv())
         await turns(k)
         task.cancel()
-        try:
-            result = await task
-        except asyncio.CancelledError:
-            way.untouched("was cancelled")
-        else:
-            way.took(result)
+        await _cancelled_or_took(way, task)
         return
     try:
         if mode == "asyncio_timeout":
