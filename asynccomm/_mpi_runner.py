@@ -38,6 +38,7 @@ from ._options import POOL_BYTES, check_timeout, check_world, default_timeout, n
 from ._types import EAGER_LIMIT
 from .sim.device import Device
 from .transports import _mpi_lib
+from .transports._doorbell import Bell, Doorbell
 from .transports._mpi_lib import comm_world, mpi_errors, wait_request
 from .transports.mpi import MPITransport
 
@@ -91,17 +92,29 @@ class _MPIWorld:
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
-            # Every rank's staging cap (each grants every rank a share of it as credit) and
-            # host (ranks that outnumber their host's cores must not spin).
-            mine = array("q", [pool_bytes, _host_id()])
-            every = array("q", [0]) * (2 * mpi_comm.Get_size())
+            # Every rank's staging cap (each grants every rank a share of it as credit),
+            # host (ranks that outnumber their host's cores must not spin) and doorbell.
+            bell = Doorbell.get()
+            mine = array("q", [pool_bytes, _host_id(), 0 if bell is None else bell.pid,
+                               0 if bell is None else bell.token])
+            every = array("q", [0]) * (4 * mpi_comm.Get_size())
             await wait_request(mpi_comm.Iallgather(mine, every))
-        pools = list(every[0::2])
-        neighbours = sum(1 for host in every[1::2] if host == mine[1])
+            bells, opened = _bells(bell, mpi_comm.Get_rank(), every)
+            # Every rank has opened the bells it can (its own may go from /dev/shm now);
+            # where one could not, nobody relies on being rung.
+            agreed = array("i", [0])
+            await wait_request(mpi_comm.Iallreduce(array("i", [opened]), agreed,
+                                                   _mpi_lib.MPI.MIN))
+        if bell is not None:
+            bell.published()
+        if not agreed[0]:
+            bells = [None] * len(bells)
+        pools = list(every[0::4])
+        neighbours = sum(1 for host in every[1::4] if host == mine[1])
         registry: list[DeviceEngine] = []
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
                             eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout,
-                            registry=registry)
+                            registry=registry, bells=bells)
         rank = mpi_comm.Get_rank()
         transport, comm = await family.open(mpi_comm, pools, Device(rank, f"mpi:{rank}"))
         sink = None if trace_file is None else _trace.attach(
@@ -125,6 +138,24 @@ class _MPIWorld:
             self.sink.write()
 
 
+def _bells(bell: Doorbell | None, rank: int,
+           every: array[int]) -> tuple[list[Bell | None], bool]:
+    """The doorbell of each world rank that shares this host (None for the others, for
+    this rank, and for all where this process has none), from every rank's ``(pool, host,
+    pid, token)``; and whether each one there was could be opened."""
+    host = every[4 * rank + 1]
+    out: list[Bell | None] = []
+    opened = True
+    for r in range(len(every) // 4):
+        _, their_host, pid, token = every[4 * r:4 * r + 4]
+        found = None
+        if bell is not None and r != rank and their_host == host and pid:
+            found = bell.bell(pid, token)
+            opened = opened and found is not None
+        out.append(found)
+    return out, opened
+
+
 class _MPIFamily:
     """Makes the communicators of an MPI world: each one runs on an MPI communicator of its
     own (``Idup`` for ``dup`` and private contexts; ``Split`` for ``split``, run on a
@@ -132,8 +163,10 @@ class _MPIFamily:
 
     def __init__(self, mpi_comm: Any, pools: list[int], *, crowded: bool, eager_limit: int,
                  pool_bytes: int, timeout: float | None, registry: list[DeviceEngine],
-                 ranks: list[int] | None = None, label: str = "") -> None:
+                 bells: list[Bell | None], ranks: list[int] | None = None,
+                 label: str = "") -> None:
         self.mpi_comm = mpi_comm
+        self.bells = bells  # each world rank's doorbell (see _bells)
         self.registry = registry  # every engine of this rank
         self.ranks = ranks  # the world rank of each rank here (None: the world itself)
         self.label = label  # where in the world's communicators (traces): "" the world
@@ -181,7 +214,13 @@ class _MPIFamily:
               device: Device) -> tuple[MPITransport, Communicator]:
         loop = asyncio.get_running_loop()
         transport = MPITransport(mpi_comm, eager_limit=self.eager_limit, pools=pools)
-        transport.progress.crowded = self.crowded
+        progress = transport.progress
+        progress.crowded = self.crowded
+        world = range(transport.size) if self.ranks is None else self.ranks
+        progress.bells = [None if r == transport.rank else self.bells[w]
+                          for r, w in enumerate(world)]
+        progress.ringable = all(b is not None for r, b in enumerate(progress.bells)
+                                if r != transport.rank)
         engine = DeviceEngine(transport.rank, transport.size, transport, loop=loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                               clock=ModelClock(loop), device=device)
@@ -199,8 +238,8 @@ class _MPIFamily:
             registry, engine.world_rank, peer if ranks is None else ranks[peer], text)
         family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
                             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
-                            timeout=self.timeout, registry=self.registry, ranks=self.ranks,
-                            label=self.label)
+                            timeout=self.timeout, registry=self.registry, bells=self.bells,
+                            ranks=self.ranks, label=self.label)
         family.sink = self.sink
         comm = Communicator(engine, default_timeout=self.timeout, device=device,
                             family=family)
@@ -227,7 +266,7 @@ class _MPIFamily:
         pools = [self.pools[m] for m in members]
         sub = _MPIFamily(new, pools, crowded=self.crowded, eager_limit=self.eager_limit,
                          pool_bytes=self.pool_bytes, timeout=self.timeout,
-                         registry=self.registry, label=_trace.join(
+                         registry=self.registry, bells=self.bells, label=_trace.join(
                              self.label, _trace.context_label(key)),
                          ranks=[m if self.ranks is None else self.ranks[m] for m in members])
         sub.sink = self.sink

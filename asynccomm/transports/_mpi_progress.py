@@ -7,7 +7,8 @@ with a window (``_core.chunking``).  It never blocks the loop: the control recv 
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
 polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
 (``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
-polls each and wakes only those with work); while data moves it keeps polling.  A send of
+polls each and wakes only those with work, or dozes on the process's doorbell where every
+peer rings it: ``_doorbell``); while data moves it keeps polling.  A send of
 the engine's fast lane also hands over the eager messages that already landed (``deliver``),
 so a ``sendrecv`` whose answer is here completes without a turn of the loop.
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from .._core.chunking import Chunk, ChunkSender, OneChunk
 from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
+from ._doorbell import Bell
 from ._mpi_lib import Backoff, sched_yield, yield_now
 from ._ticker import Ticker
 
@@ -99,6 +101,10 @@ class Progress:
         #: More ranks on this host than cores for them: a rank that spins waiting for an
         #: answer holds the core its peer needs to give it, so it yields between polls.
         self.crowded = False
+        #: Each rank's doorbell (None: it has none, or it is this rank), and whether every
+        #: other rank rings this one's: set by the world.
+        self.bells: list[Bell | None] | None = None
+        self.ringable = False
         self.task: asyncio.Task[None] | None = None
         self._parked: asyncio.Future[None] | None = None  # waiting for the idle tick
         self._error: Exception | None = None  # raised by a poll at the idle tick
@@ -122,6 +128,10 @@ class Progress:
             self._ctrl.append(req)
             if len(self._ctrl) >= CTRL_SLOTS:
                 self._reap()
+        # After the send (see _doorbell for the order): wake the receiver if it sleeps.
+        if (bells := self.bells) is not None and (bell := bells[dest]) is not None \
+                and bell.flag[0]:
+            bell.ring()
         self.sent = True
         self._wake()
 
@@ -269,6 +279,7 @@ class Progress:
             await self._parked
         finally:
             self._parked = None
+            ticker.unpark(self)
         if self._error is not None:
             raise self._error
         return self._woke

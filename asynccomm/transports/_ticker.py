@@ -14,6 +14,12 @@ one wake-up and a few MPI tests, not a task switch per progress task.  The tick 
 ``PERIOD`` while all of them are parked, ``BUSY_PERIOD`` while one of them is at work (it
 polls anyway, and each tick would interrupt it), and the timer is disarmed while none is
 parked.  Elsewhere (no ``timerfd``) an idle task sleeps ``FALLBACK``.
+
+Where every rank that can send to this process rings its doorbell (``_doorbell``: ranks
+that share a host), the tick is not needed while all the tasks are parked: the ticker arms
+the doorbell, polls them once more, and dozes, waking when a datagram arrives or at the
+``SAFETY_PERIOD`` tick.  An idle process then costs next to nothing, and wakes as soon as
+the kernel delivers the datagram.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import os
 import sys
 from typing import ClassVar, Protocol
 
-__all__ = ["FALLBACK", "PERIOD", "Ticker"]
+from ._doorbell import Doorbell
+
+__all__ = ["FALLBACK", "PERIOD", "SAFETY_PERIOD", "Ticker"]
 
 #: The period of the tick while every progress task of the loop is idle: a message finds
 #: its receiver within it.
@@ -35,10 +43,16 @@ PERIOD = 400e-6
 BUSY_PERIOD = 1e-3
 #: The idle poll where no ``timerfd`` exists (the shortest sleep both loops can do).
 FALLBACK = 1e-3
+#: The tick while dozing on the doorbell: it only bounds how late a ring that went missing
+#: is made up for (none should: see ``_doorbell``).
+SAFETY_PERIOD = 10e-3
 
 
 class Idler(Protocol):
-    """What parks on the tick."""
+    """What parks on the tick.  ``ringable``: every rank that can send to it rings this
+    process's doorbell."""
+
+    ringable: bool
 
     def poll_idle(self) -> bool:
         """Poll once; True if the task should run (never raises)."""
@@ -98,13 +112,21 @@ class Ticker:
         self._idle = _spec(PERIOD)
         self._busy = _spec(BUSY_PERIOD)
         self._stop = _spec(0.0)
+        self._safety = _spec(SAFETY_PERIOD)
         self._spec = self._stop  # what the timer is set to
+        self.bell: Doorbell | None = None  # this process's doorbell, if this loop has it
+        self._dozing = False  # the doorbell is armed: the tick is only the safety one
         lib = self._libc()
         if lib is not None:
             fd = lib.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
             if fd >= 0:
                 self._fd = fd
                 loop.add_reader(fd, self._tick)
+                bell = Doorbell.current()
+                if bell is not None and bell.owner is None:  # one loop of the process
+                    bell.owner = self
+                    self.bell = bell
+                    loop.add_reader(bell.sock.fileno(), self._rung)
 
     @classmethod
     def _libc(cls) -> ctypes.CDLL | None:
@@ -127,6 +149,13 @@ class Ticker:
         if self._users > 0:
             return
         del self._by_loop[self._loop]
+        bell = self.bell
+        if bell is not None:
+            bell.disarm()
+            bell.owner = self.bell = None
+            self._dozing = False
+            if not self._loop.is_closed():
+                self._loop.remove_reader(bell.sock.fileno())
         if self._fd >= 0:
             if not self._loop.is_closed():
                 self._loop.remove_reader(self._fd)
@@ -136,26 +165,55 @@ class Ticker:
     def park(self, idler: Idler) -> asyncio.Future[None]:
         """A future resolved once ``idler.poll_idle()``, called at each tick, says so; or
         after ``FALLBACK`` where no timerfd exists.  Whoever holds it may resolve it sooner
-        (a wake-up); cancelling it unparks."""
+        (a wake-up), and then calls ``unpark``; cancelling it unparks too."""
         fut = self._loop.create_future()
         if self._fd < 0:
             self._loop.call_later(FALLBACK, _resolve, fut)
             return fut
         self._waiters.append((idler, fut))
-        self._pace(len(self._waiters))
+        self._pace()
         return fut
+
+    def unpark(self, idler: Idler) -> None:
+        """``idler`` runs again (woken by the tick or otherwise): stop polling it, and stop
+        dozing (a doorbell armed while the process works would be rung for nothing)."""
+        waiters = self._waiters
+        for i, (who, _) in enumerate(waiters):
+            if who is idler:
+                del waiters[i]
+                break
+        if self._fd >= 0:
+            self._pace()
 
     @property
     def _armed(self) -> bool:
         return self._spec is not self._stop
 
-    def _pace(self, parked: int) -> None:
-        """Tick fast when every user is parked, slower when one is at work, not at all
-        when none is parked."""
-        spec = (self._stop if not parked else self._idle if parked >= self._users
-                else self._busy)
-        if spec is not self._spec:
-            self._set(spec)
+    def _pace(self) -> None:
+        """Doze on the doorbell when every user is parked and rung; else tick fast when
+        every user is parked, slower when one is at work, not at all when none is."""
+        while True:
+            parked = len(self._waiters)
+            bell = self.bell
+            if (bell is not None and parked and parked >= self._users
+                    and all(getattr(who, "ringable", False) for who, _ in self._waiters)):
+                bell.arm()
+                # A message that landed before the doorbell was armed rang nothing: look.
+                if self._poll_all():
+                    bell.disarm()
+                    self._dozing = False
+                    continue
+                self._dozing = True
+                spec = self._safety
+            else:
+                if self._dozing:
+                    self._dozing = False
+                    bell.disarm()  # type: ignore[union-attr]
+                spec = (self._stop if not parked else self._idle if parked >= self._users
+                        else self._busy)
+            if spec is not self._spec:
+                self._set(spec)
+            return
 
     def _set(self, spec: _Itimerspec) -> None:
         lib = self._libc()
@@ -163,21 +221,36 @@ class Ticker:
         lib.timerfd_settime(self._fd, 0, ctypes.byref(spec), None)
         self._spec = spec
 
-    def _tick(self) -> None:
-        try:
-            os.read(self._fd, 8)
-        except BlockingIOError:
-            return
+    def _poll_all(self) -> bool:
+        """Poll every parked idler, and wake those that have work; True if any woke."""
         still = []
+        woke = False
         for idler, fut in self._waiters:
             if fut.done():
                 continue
             busy = idler.poll_idle()
             if fut.done():  # its poll woke it already (it sent something)
+                woke = True
                 continue
             if busy:
                 fut.set_result(None)
+                woke = True
             else:
                 still.append((idler, fut))
         self._waiters = still
-        self._pace(len(still))
+        return woke
+
+    def _tick(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            return
+        self._poll_all()
+        self._pace()
+
+    def _rung(self) -> None:
+        """A datagram on the doorbell: a rank sent this process something."""
+        assert self.bell is not None
+        self.bell.drain()
+        self._poll_all()
+        self._pace()

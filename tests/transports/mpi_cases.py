@@ -19,6 +19,8 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   ``TransportError`` and, since the world cannot close cleanly, aborts the job.
 - ``answer-landed``: a ``sendrecv`` whose incoming message has already landed (its rank's
   loop was blocked meanwhile, so no progress task saw it) completes without suspending.
+- ``doorbell``: rank 1 waits until idle rank 0 dozes on its doorbell, then sends; rank 0
+  is woken by the ring.
 """
 
 from __future__ import annotations
@@ -173,6 +175,27 @@ async def answer_landed(comm: ac.Communicator) -> str:
     return f"rank 0 got {got[0]:g} {how}"
 
 
+async def doorbell(comm: ac.Communicator) -> str:
+    from asynccomm.transports._doorbell import Doorbell
+
+    bell = Doorbell.current()
+    if bell is None:
+        return f"rank {comm.rank} has no doorbell"
+    if comm.rank == 1:
+        peer = comm._engine.link.progress.bells[0]  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 20
+        while not peer.flag[0]:  # until rank 0 sleeps and asks to be rung
+            if time.monotonic() > deadline:
+                return "rank 0 never dozed"
+            await asyncio.sleep(0.002)
+        await comm.send(np.full(1, 5.0), 0, 1)
+        return "rank 1 sent"
+    heard = bell.rings_heard
+    got = np.zeros(1)
+    await comm.recv(got, 1, 1)
+    return f"rank 0 got {got[0]:g} after {bell.rings_heard - heard} ring(s)"
+
+
 async def who(comm: ac.Communicator) -> str:
     return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
 
@@ -207,6 +230,8 @@ def main(case: str) -> int:
         ac.run(progress_error)
     elif case == "answer-landed":
         sys.stdout.write(f"{ac.run(answer_landed)}\n")
+    elif case == "doorbell":
+        sys.stdout.write(f"{ac.run(doorbell)}\n")
     elif case == "two-worlds":
         sys.stdout.write(asyncio.run(two_worlds()) + "\n")
     elif case == "run-rules":

@@ -115,6 +115,13 @@ def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() 
     assert "rank 1 got 1" in proc.stdout, _output(proc)
 
 
+def test_an_idle_rank_sleeps_until_a_peer_on_its_host_rings() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "doorbell", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    assert "rank 1 sent" in proc.stdout, _output(proc)
+    assert "rank 0 got 5 after 1 ring(s)" in proc.stdout, _output(proc)
+
+
 def test_world_size_must_match_the_mpi_world() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "size-mismatch", limit=60)
     assert proc.returncode == 0, _output(proc)
