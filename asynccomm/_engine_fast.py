@@ -20,7 +20,7 @@ from . import _flight
 from ._buffers import PendingBuffers, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, STAGED, Descriptor, Message
 from ._core.matching import Matcher
-from ._core.states import DONE, NEXT, POSTED, Kind, check
+from ._core.states import DONE, NEXT, POSTED, check
 from ._fastlane import copy as fast_copy
 from ._request import Request
 from ._types import Status
@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from .transports.base import Link
 
 __all__ = ["THREAD_COPY_MIN", "FastLane", "byte_view"]
-
-SEND = Kind.SEND
 
 #: Payloads at least this large are copied on the rank's worker thread; smaller ones are
 #: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
@@ -236,13 +234,21 @@ class FastLane:
             self.withdraw(req, self.broken(req.peer))
 
     def finished(self, req: Request, result: Status | None) -> Request:
-        """``req`` finished as it was made (the fast lane did its work): mark it done."""
-        check(req._state, DONE)
+        """``req`` finished as it was made (the fast lane did its work): mark it done.
+        ``result``: a recv's Status (None for a send)."""
+        if DONE not in NEXT[req._state]:
+            check(req._state, DONE)
         req._state = DONE
         req._result = result
         req.t_post = req.t_match = req.t_fin = t = self.now()
-        self.flight.add((0 if req.kind is SEND else 1, req.peer, req.tag, req.nbytes, 0, 0,
-                         t, t, t))  # the fast lane makes sends and recvs only
+        flight = self.flight  # what FlightRecorder.add does, inlined (done as posted)
+        if result is None:  # the fast lane makes sends and recvs only
+            kind, nbytes, tally = 0, req.nbytes, flight.sends[req.peer]
+        else:  # what arrived, not the room there was for it
+            kind, nbytes, tally = 1, result.nbytes, flight.recvs[req.peer]
+        flight.ring.append((kind, req.peer, req.tag, nbytes, 0, 0, t, t, t))
+        tally.n += 1
+        tally.nbytes += nbytes
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,

@@ -103,8 +103,10 @@ class Doorbell:
 
     @classmethod
     def current(cls) -> Doorbell | None:
-        """The process's doorbell if a world has made it (never makes one)."""
-        return cls._instance
+        """The process's doorbell if a world has made it (never makes one).  A forked
+        child has none: the socket and the byte are its parent's."""
+        bell = cls._instance
+        return bell if bell is not None and bell.pid == os.getpid() else None
 
     @classmethod
     def get(cls) -> Doorbell | None:
@@ -115,7 +117,7 @@ class Doorbell:
                 cls._instance = cls()
             except (OSError, AttributeError, ValueError):
                 cls._instance = None
-        return cls._instance
+        return cls.current()
 
     def bell(self, pid: int, token: int) -> Bell | None:
         """The bell of the process ``(pid, token)`` on this host (None if it cannot be

@@ -38,6 +38,28 @@ def test_every_op_is_recorded_with_its_times(loop: str) -> None:
     assert all(d["peer"] == 1 for d in sender) and all(d["peer"] == 0 for d in receiver)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_recv_into_a_larger_buffer_records_what_arrived(loop: str) -> None:
+    async def main(comm: ac.Communicator) -> tuple[list[dict[str, Any]], ac.sim.RankSummary]:
+        if comm.rank == 0:
+            for tag in range(4):
+                await comm.send(np.ones(2), 1, tag)
+            await comm.recv(np.zeros(1), 1, 9)
+            return [], comm.summary()
+        await comm.recv(np.zeros(2), 0, 0)  # tag 0 arrived: 1 to 3 are staged here too
+        room = np.zeros(1000)
+        await comm.irecv(room, 0, 1)  # each way a staged message is taken at once
+        await comm.recv(room, 0, 2)
+        await comm.irecv(room, 0, 3, count=1000)
+        await comm.send(np.zeros(1), 0, 9)
+        return comm.flight_record(), comm.summary()
+
+    _, (record, summary) = ac.run(main, 2, loop=loop)
+    assert [(d["tag"], d["nbytes"]) for d in record if d["op"] == "recv"] == [
+        (0, 16), (1, 16), (2, 16), (3, 16)]
+    assert summary.bytes_received == 4 * 16
+
+
 def test_the_record_keeps_the_last_n_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASYNCCOMM_FLIGHT", "100")
     sender, receiver = ac.run(_exchange(1000), 2)

@@ -181,3 +181,11 @@ def test_bells_only_for_ranks_that_share_this_host(bell: Doorbell) -> None:
     assert bells[1] is None
     assert not opened
     assert _bells(None, 0, every) == ([None] * 4, True)  # no doorbell here: none at all
+
+
+def test_a_forked_child_has_no_doorbell(bell: Doorbell,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Doorbell.current() is bell
+    monkeypatch.setattr(bell, "pid", bell.pid + 1)  # as a child of this process sees it
+    assert Doorbell.current() is None
+    assert Doorbell.get() is None
