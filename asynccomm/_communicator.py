@@ -254,6 +254,10 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
                 return None
             return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
                                            engine.default_stream, timeout, arr), None)
+        if (engine.traced and arr is not None and stream is None
+                and not engine.default_stream._queue and (done := engine.send_traced(
+                    dst, tag, arr, nbytes, n, name, handle, timeout)) is not False):
+            return done
         req = Request(engine, SEND, dst, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       timeout, arr)
@@ -299,6 +303,9 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
                           engine.default_stream, timeout, arr)
             engine.post_now(req)
             return req
+        if (engine.traced and arr is not None and stream is None and src >= 0 and tag >= 0
+                and not engine.default_stream._queue):
+            return engine.recv_traced(src, tag, arr, nbytes, n, name, handle, timeout)
         req = Request(engine, RECV, src, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       timeout, arr)

@@ -31,7 +31,8 @@ from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
-from ._engine_fast import THREAD_COPY_MIN, FastLane, _status_of, byte_view
+from ._engine_fast import THREAD_COPY_MIN, _status_of, byte_view
+from ._engine_traced import TracedLane
 from ._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
 from ._request import Request
 from ._stream import Stream
@@ -66,7 +67,7 @@ class EngineStatistics:
     pool: PoolStatistics
 
 
-class DeviceEngine(FastLane):
+class DeviceEngine(TracedLane):
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
@@ -117,6 +118,8 @@ class DeviceEngine(FastLane):
         #: they can (in-process and instant, or across processes; never while logging every
         #: message; set by the world).
         self.fast = False
+        #: The fast lane of a traced in-process world (``_engine_traced``; set by the world).
+        self.traced = False
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
         #: engines, which may hold this rank (see ``transports.base.Endpoint``).

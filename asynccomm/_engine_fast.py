@@ -102,11 +102,11 @@ class FastLane:
         def _add_buffer(pending: PendingBuffers, req: Request) -> None: ...
 
     def offer(self, source: int, tag: int, array: Any, nbytes: int, count: int,
-              dtype: str) -> bool:
+              dtype: str, flow: int | str = 0) -> bool:
         """A small message from ``source``'s engine, in this process: a recv waiting here
         takes it at once, or the staging pool keeps it (its sender is then done).  Returns
         False, having done nothing, when it must go the usual way (rendezvous, a full pool,
-        wildcards or a misfit to judge)."""
+        wildcards or a misfit to judge).  ``flow``: its id in a traced world."""
         if self.closed or nbytes >= THREAD_COPY_MIN:
             return False
         matcher = self.matcher
@@ -124,6 +124,8 @@ class FastLane:
                 recv._result = array.copy()
             elif nbytes:
                 recv.view[:nbytes] = _bytes_of(array)  # type: ignore[index]
+            if flow:
+                recv.flow = flow
             self._complete_fast(recv, source, tag, nbytes, count)
             return True
         if nbytes > self.eager_limit:
@@ -135,7 +137,10 @@ class FastLane:
             fast_copy(buf, array, nbytes)
         elif nbytes:
             buf[:nbytes] = _bytes_of(array)
-        matcher.enqueue(Message(source, tag, nbytes, count, dtype, STAGED, buf))
+        msg = Message(source, tag, nbytes, count, dtype, STAGED, buf)
+        if flow:
+            msg.flow = flow
+        matcher.enqueue(msg)
         if matcher.events:  # a probe saw it
             self._drain()
         return True
@@ -177,7 +182,10 @@ class FastLane:
         recv.t_fin = t = self.now()
         flight = self.flight  # what FlightRecorder.add does, inlined: the hot path
         t_post = recv.t_post
-        flight.ring.append((1, source, tag, nbytes, recv.stream.sid, 0, t_post, t, t))  # type: ignore[union-attr]
+        entry = (1, source, tag, nbytes, recv.stream.sid, 0, t_post, t, t)  # type: ignore[union-attr]
+        flight.ring.append(entry)
+        if self.tracer is not None:  # RankTrace.add, inlined (offer set the flow)
+            self.tracer.ops.append((entry, getattr(recv, "flow", 0), None))
         tally = flight.recvs[source]
         tally.n += 1
         tally.nbytes += nbytes
@@ -246,9 +254,12 @@ class FastLane:
             kind, nbytes, tally = 0, req.nbytes, flight.sends[req.peer]
         else:  # what arrived, not the room there was for it
             kind, nbytes, tally = 1, result.nbytes, flight.recvs[req.peer]
-        flight.ring.append((kind, req.peer, req.tag, nbytes, 0, 0, t, t, t))
+        entry = (kind, req.peer, req.tag, nbytes, 0, 0, t, t, t)
+        flight.ring.append(entry)
         tally.n += 1
         tally.nbytes += nbytes
+        if self.tracer is not None:  # RankTrace.add, inlined (the traced lane set the flow)
+            self.tracer.ops.append((entry, getattr(req, "flow", 0), None))
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,

@@ -57,14 +57,13 @@ class Request(Message):
     sseq: int
     duration_ns: int
     _withdraw_exc: BaseException | None
-    #: When the op finished (the engine's clock), and its message's id in a trace: set
-    #: when known.
+    #: When the op finished (the engine's clock): set when known.  (A send's message id
+    #: in a trace, ``flow``, is ``Message``'s.)
     t_fin: float
-    flow: int | str
 
     __slots__ = (
         "_exc", "_owner", "_record", "_result", "_state", "_timer", "_tracked", "_waiters",
-        "_withdraw_exc", "array", "duration_ns", "flow", "kind", "peer", "sseq", "stream",
+        "_withdraw_exc", "array", "duration_ns", "kind", "peer", "sseq", "stream",
         "t_fin", "t_match", "t_post", "timeout",
     )
 

@@ -232,10 +232,13 @@ class _LocalFamily:
     def _attach(self, link: LocalLink, engines: list[DeviceEngine]) -> None:
         for engine in engines:
             link.attach(engine)
-        if link.timing is None and self.sink is None and not any(e.trace for e in engines):
+        if link.timing is None and not any(e.trace for e in engines):
             for engine in engines:  # instant, in this process, not logging every message:
-                engine.peers = engines  # the fast lane is open
-                engine.fast = True
+                engine.peers = engines  # the fast lane is open (traced, if tracing)
+                if self.sink is None:
+                    engine.fast = True
+                else:
+                    engine.traced = True
 
     async def child(self, parent: Communicator, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:

@@ -5,8 +5,9 @@ How it works
 ------------
 Rule 1 (collecting).  While a world traces, its engines hand every finished op to their
 ``RankTrace`` (the flight recorder's entry, the message's flow id, the modelled record);
-events are built only when the file is written, when the world closes.  Tracing takes
-the ops off the in-process fast lane (every op becomes a request), which is its cost.
+events are built only when the file is written, when the world closes.  In-process,
+traced ops have a fast lane of their own (``_engine_traced``), which numbers each message
+as it is posted; across processes every traced op becomes a request, which is its cost.
 Rule 2 (layout).  One process per rank (``pid`` = rank, named "rank N"), one thread per
 stream ("stream 0" is the default one), one for compute, and on a cluster world one per
 outgoing link with the modelled transfers.  Ops that overlap on one stream (the default
@@ -89,7 +90,7 @@ class RankTrace:
         self.size = size
         self.label = label
         self.pid = rank if pid is None else pid
-        self.ops: list[tuple[tuple[Any, ...], int, Any]] = []
+        self.ops: list[tuple[tuple[Any, ...], int | str, Any]] = []
         self.sent: dict[int, int] = defaultdict(int)  # messages posted to each rank so far
         self._arrived: dict[int, int] = defaultdict(int)
         self._flows: dict[Any, int | str] = {}  # arrived from other processes -> flow id
@@ -117,7 +118,7 @@ class RankTrace:
         fid = getattr(msg, "flow", None)
         return fid if fid is not None else self._flows.pop(msg, 0)
 
-    def add(self, entry: tuple[Any, ...], flow: int, record: Any) -> None:
+    def add(self, entry: tuple[Any, ...], flow: int | str, record: Any) -> None:
         self.ops.append((entry, flow, record))
 
 

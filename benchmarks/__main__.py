@@ -30,6 +30,7 @@ from ._common import (
 RUNNERS: dict[str, Callable[[str, Settings], SectionResult]] = {
     "latency": p2p.run_latency,
     "rate": p2p.run_rate,
+    "tracing": p2p.run_tracing,
     "bandwidth": bandwidth.run_bandwidth,
     "responsiveness": bandwidth.run_responsiveness,
     "waits": waits.run_waits,
@@ -37,6 +38,7 @@ RUNNERS: dict[str, Callable[[str, Settings], SectionResult]] = {
 TABLES: dict[str, Callable[[dict[str, SectionResult]], None]] = {
     "latency": p2p.table_latency,
     "rate": p2p.table_rate,
+    "tracing": p2p.table_tracing,
     "bandwidth": bandwidth.table_bandwidth,
     "responsiveness": bandwidth.table_responsiveness,
     "waits": waits.table_waits,

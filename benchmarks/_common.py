@@ -32,7 +32,7 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
     "asyncio": asyncio.new_event_loop,
 }
-SECTIONS = ("latency", "rate", "bandwidth", "responsiveness", "waits")
+SECTIONS = ("latency", "rate", "tracing", "bandwidth", "responsiveness", "waits")
 #: No benchmark on one loop takes nearly this long (they take seconds to tens of seconds).
 SECTION_LIMIT_S = 600.0
 

@@ -1,10 +1,13 @@
-"""Small messages: one-way latency (half a ping-pong) and one-way message rate.
+"""Small messages: one-way latency (half a ping-pong), one-way message rate, and what
+tracing costs per message.
 
 Baselines, on the same loop in the same run:
 
 - latency: a bare ``asyncio.Future`` hand-off ping-pong between two tasks (a new future
   per hand-off, as any awaitable op needs), the floor for anything built on futures;
-- rate: an unbounded ``asyncio.Queue`` between two tasks (``await put`` / ``await get``).
+- rate: an unbounded ``asyncio.Queue`` between two tasks (``await put`` / ``await get``);
+- tracing: the same latency and rate on a world that traces every op (``trace=``), beside
+  one that does not, open at the same time.
 
 Repeats alternate baseline and asynccomm so drift in the machine hits both alike; the
 reported figure is the median over repeats.
@@ -16,7 +19,9 @@ import asyncio
 import cProfile
 import gc
 import pstats
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +33,7 @@ from ._common import Check, SectionResult, Settings, median, print_table, run_on
 LATENCY_TARGET = 3.0  # one-way latency <= 3x the Future hand-off (goal 2x)
 LATENCY_GOAL = 2.0
 RATE_TARGET = 200_000.0  # messages/s one way
+TRACING_TARGET = 2.0  # per message, tracing on / off
 
 
 # -- latency ------------------------------------------------------------------------------
@@ -243,3 +249,56 @@ def table_rate(results: dict[str, SectionResult]) -> None:
     print_table("One-way message rate, 8 B float64 (median of repeats; messages/s)",
                 ["loop", "mode", "asynccomm", "asyncio.Queue", "ratio", "target", "status"],
                 out)
+
+
+# -- tracing ------------------------------------------------------------------------------
+
+async def _tracing_main(s: Settings) -> list[dict[str, Any]]:
+    """Latency (8 B) and rate with tracing off and on, repeat by repeat, each repeat on a
+    world of its own (a traced world keeps every op until it writes its file at close:
+    that memory is part of its cost, and must not weigh on the untraced world)."""
+    iters, messages = max(100, s.latency_iters // 10), max(1000, s.rate_messages // 10)
+    lat: dict[str, list[float]] = {"off": [], "on": []}
+    rate: dict[str, list[float]] = {"off": [], "on": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(s.rate_repeats + 1):  # the first round warms up
+            for mode in ("off", "on"):
+                trace = str(Path(tmp) / f"bench{i}.json") if mode == "on" else None
+                gc.collect()
+                async with ac.open_world(2, trace=trace) as world:
+                    c0, c1 = world.comms
+                    one_way = await _comm_pingpong(c0, c1, 8, iters)
+                    per_s = await _send_rate(c0, c1, messages)
+                if i:
+                    lat[mode].append(one_way)
+                    rate[mode].append(per_s)
+    rows = []
+    for what, off, on, per_message in (
+            ("latency 8 B", median(lat["off"]), median(lat["on"]), True),
+            ("rate 8 B", median(rate["off"]), median(rate["on"]), False)):
+        rows.append({"what": what, "off": off, "on": on, "repeats": s.rate_repeats,
+                     "ratio": on / off if per_message else off / on,
+                     "off_all": lat["off"] if per_message else rate["off"],
+                     "on_all": lat["on"] if per_message else rate["on"]})
+    return rows
+
+
+def run_tracing(loop: str, s: Settings) -> SectionResult:
+    rows = run_on(loop, lambda: _tracing_main(s))
+    checks = [Check(loop, f"tracing on / off, {r['what']}", r["ratio"], "x",
+                    f"<= {TRACING_TARGET:g}x per message", r["ratio"] <= TRACING_TARGET)
+              for r in rows]
+    return SectionResult(rows, checks)
+
+
+def table_tracing(results: dict[str, SectionResult]) -> None:
+    out = []
+    for loop, res in results.items():
+        for r, c in zip(res.rows, res.checks, strict=True):
+            unit = (lambda v: f"{v * 1e6:.2f} us") if r["what"].startswith("latency") else (
+                lambda v: f"{v:,.0f}/s")
+            out.append([loop, r["what"], unit(r["off"]), unit(r["on"]), f"{r['ratio']:.2f}x",
+                        c.target, c.verdict])
+    print_table("Tracing: every op traced (trace=) beside not traced (median of repeats; "
+                "ratio: time per message, on / off)",
+                ["loop", "measure", "off", "on", "ratio", "target", "status"], out)

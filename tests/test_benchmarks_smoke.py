@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("latency", "rate", "bandwidth", "responsiveness", "waits")
+SECTIONS = ("latency", "rate", "tracing", "bandwidth", "responsiveness", "waits")
 LOOPS = ("uvloop", "asyncio")
 
 # Numbers every row of a section must carry, each > 0.
 POSITIVE: dict[str, tuple[str, ...]] = {
     "latency": ("nbytes", "one_way_us", "baseline_one_way_us", "ratio", "calls_per_message"),
     "rate": ("messages", "rate_per_s", "baseline_rate_per_s", "ratio"),
+    "tracing": ("off", "on", "ratio", "repeats"),
     "bandwidth": ("nbytes", "gbps", "baseline_gbps", "ratio", "to_thread_gbps"),
     "memory": ("nbytes",),
     "responsiveness": ("nbytes", "ticks", "max_gap_ms", "baseline_max_gap_ms",

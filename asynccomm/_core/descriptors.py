@@ -68,9 +68,12 @@ class Message(Descriptor):
         view: the payload's bytes where they are readable in this process, else None.
         ident: the message's id at its sender (``REMOTE``), else 0.
         shape: the sender's array shape when it is not 1-D (``(count,)``), else None.
+        flow: in a traced world, the message's flow id (``_trace`` Rule 4), once numbered.
     """
 
-    __slots__ = ("ident", "shape", "view", "where")
+    __slots__ = ("flow", "ident", "shape", "view", "where")
+
+    flow: int | str
 
     def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str | None,
                  where: int, view: memoryview | None = None, ident: int = 0) -> None:

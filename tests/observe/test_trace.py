@@ -91,6 +91,51 @@ def test_a_trace_file_of_an_in_process_run(tmp_path: Path, loop: str) -> None:
     assert {"wait", "copy"} <= {e["name"] for e in phases}
 
 
+async def _fast_lane_traffic(comm: ac.Communicator) -> None:
+    """Every way the fast lane finishes an op, with messages taken out of order."""
+    assert comm._engine.traced  # the traced fast lane is open
+    peer = 1 - comm.rank
+    if comm.rank == 0:
+        for tag in (1, 2, 3, 4):  # staged at rank 1
+            await comm.send(np.full(2, float(tag)), peer, tag)
+        await comm.recv(np.zeros(1), peer, 9)  # rank 1 has posted its recvs of 5 and 6
+        await comm.send(np.full(2, 6.0), peer, 6)  # into a posted recv
+        await comm.isend(np.full(2, 5.0), peer, 5)  # likewise, with a request
+        await comm.send(np.full(2, 7.0), peer, 7)  # staged: taken by an irecv
+        return
+    got = np.zeros(2)
+    for tag in (3, 1):  # out of order: each takes its own staged message
+        await comm.recv(got, peer, tag)
+        assert got[0] == tag
+    await comm.irecv(got, peer, 4)
+    await comm.irecv(got, peer, 2)
+    five, six = comm.irecv(np.zeros(2), peer, 5), comm.irecv(np.zeros(2), peer, 6)
+    await comm.send(np.zeros(1), peer, 9)
+    await ac.wait_all([five, six])
+    await comm.recv(got, peer, 7)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop: str) -> None:
+    path = tmp_path / "fast.json"
+    ac.run(_fast_lane_traffic, 2, loop=loop, trace=str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    ops = check_trace({"traceEvents": events})
+    def op_at(e: dict[str, Any]) -> dict[str, Any]:  # a flow's end is at its recv's match
+        (op,) = [o for o in ops if (o["pid"], o["tid"]) == (e["pid"], e["tid"])
+                 and o["ts"] <= e["ts"] <= o["ts"] + o["dur"] + 1e-3
+                 and o["cat"] == ("send" if e["ph"] == "s" else "recv")]
+        return op
+
+    flows: dict[Any, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for e in events:
+        if e["ph"] in ("s", "f"):
+            flows[e["id"]][e["ph"]] = op_at(e)
+    tags = sorted((f["s"]["args"]["tag"], f["f"]["args"]["tag"]) for f in flows.values())
+    assert tags == [(t, t) for t in (1, 2, 3, 4, 5, 6, 7, 9)]  # each send to its own recv
+    assert all(f["s"]["pid"] != f["f"]["pid"] for f in flows.values())
+
+
 def test_the_environment_variable_asks_for_a_trace(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ASYNCCOMM_TRACE", str(tmp_path / "env.json"))

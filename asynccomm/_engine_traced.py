@@ -1,0 +1,85 @@
+"""The fast lane in a traced in-process world: the same steps, with each message numbered
+as its sender posts it and each op handed to the rank's trace.
+
+Tracing needs every op's flight-recorder entry and every message's flow id (``_trace``
+Rule 4: the k-th message from rank s to rank d).  On the general path a request carries
+both; here the sender numbers the message before offering it (the number is kept only if
+the offer is taken), the destination's recv or staged message carries the id (``offer``),
+and a recv that takes a staged message reads the id off it.  Ops that finish here are
+traced here; a recv posted here and completed later is traced where it completes
+(``_complete_fast`` or the general path).  What the fast lane cannot do goes the general
+way, which traces as always.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._core.states import Kind
+from ._engine_fast import FastLane
+from ._request import Request
+
+if TYPE_CHECKING:
+    from ._types import Status
+
+__all__ = ["TracedLane"]
+
+SEND = Kind.SEND
+RECV = Kind.RECV
+
+
+class TracedLane(FastLane):
+    """The fast lane's steps with the traced ones of ``DeviceEngine`` (see module docs)."""
+
+    peers: list[Any] | None
+
+    def send_traced(self, dst: int, tag: int, array: Any, nbytes: int, count: int,
+                    dtype: str, handle: bool,
+                    timeout: float | None) -> Request | None | Literal[False]:
+        """``_send_op``'s fast lane, traced: the finished request (``handle``), None, or
+        False, having done nothing, when the send must go the general way."""
+        tracer = self.tracer
+        assert tracer is not None and self.peers is not None
+        k = tracer.sent[dst] + 1
+        flow = tracer.fid(self.rank, dst, k)
+        if not self.peers[dst].offer(self.rank, tag, array, nbytes, count, dtype, flow):
+            return False
+        tracer.sent[dst] = k
+        if not handle:
+            self._done_now(0, dst, tag, nbytes, flow)
+            return None
+        req = Request(self, SEND, dst, tag, None, nbytes, count, dtype,
+                      self.default_stream, timeout, array)
+        req.flow = flow
+        return self.finished(req, None)  # traces it
+
+    def recv_traced(self, src: int, tag: int, array: Any, nbytes: int, count: int,
+                    dtype: str, handle: bool, timeout: float | None) -> Request | Status:
+        """``_recv_op``'s fast lane, traced (an exact source and tag): the Status of a recv
+        a staged message completes at once (``handle`` False), else its request."""
+        waiting = self.matcher.waiting(src, tag)  # what take_now takes, if it takes one
+        status = self.take_now(src, tag, array, nbytes, dtype)
+        if status is not None and not handle:
+            self._done_now(1, src, tag, status.nbytes, getattr(waiting, "flow", 0))
+            return status
+        req = Request(self, RECV, src, tag, None, nbytes, count, dtype,
+                      self.default_stream, timeout, array)
+        if status is None:
+            self.post_now(req)  # traced where it completes
+            return req
+        req.flow = getattr(waiting, "flow", 0)
+        return self.finished(req, status)  # traces it
+
+    def _done_now(self, kind: int, peer: int, tag: int, nbytes: int,
+                  flow: int | str) -> None:
+        """Record and trace an op done as it was posted, with no request made."""
+        t = self.now()
+        entry = (kind, peer, tag, nbytes, 0, 0, t, t, t)
+        flight = self.flight
+        flight.ring.append(entry)
+        tally = (flight.recvs if kind else flight.sends)[peer]
+        tally.n += 1
+        tally.nbytes += nbytes
+        tracer = self.tracer
+        assert tracer is not None
+        tracer.ops.append((entry, flow, None))
