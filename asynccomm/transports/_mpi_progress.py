@@ -161,6 +161,13 @@ class Progress:
         slot.req.Start()
         self._slots.rotate(-1)
 
+    @property
+    def dozable(self) -> bool:
+        """Whether this task may sleep until a peer rings: every peer rings, and no control
+        send of its own is still out (MPI moves it only inside this rank's MPI calls, and a
+        large one needs them while the receiver takes it)."""
+        return self.ringable and not self._ctrl
+
     def _wake(self) -> None:
         """Poll now, not at the next idle tick (an answer may follow, or data moves)."""
         parked = self._parked

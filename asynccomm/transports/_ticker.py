@@ -49,10 +49,11 @@ SAFETY_PERIOD = 10e-3
 
 
 class Idler(Protocol):
-    """What parks on the tick.  ``ringable``: every rank that can send to it rings this
-    process's doorbell."""
+    """What parks on the tick.  ``dozable``: it can sleep until the doorbell rings (every
+    rank that can send to it rings, and nothing it sent needs its polls to go out)."""
 
-    ringable: bool
+    @property
+    def dozable(self) -> bool: ...
 
     def poll_idle(self) -> bool:
         """Poll once; True if the task should run (never raises)."""
@@ -196,7 +197,7 @@ class Ticker:
             parked = len(self._waiters)
             bell = self.bell
             if (bell is not None and parked and parked >= self._users
-                    and all(getattr(who, "ringable", False) for who, _ in self._waiters)):
+                    and all(getattr(who, "dozable", False) for who, _ in self._waiters)):
                 bell.arm()
                 # A message that landed before the doorbell was armed rang nothing: look.
                 if self._poll_all():

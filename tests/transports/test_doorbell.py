@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm 
 class Idler:
     """Has work once ``mail`` is set."""
 
-    def __init__(self, *, ringable: bool = True, mail: bool = False) -> None:
-        self.ringable = ringable
+    def __init__(self, *, dozable: bool = True, mail: bool = False) -> None:
+        self.dozable = dozable
         self.mail = mail
         self.polls = 0
 
@@ -95,7 +95,7 @@ async def test_a_message_that_landed_before_arming_is_found_at_once(ticker: Tick
 
 async def test_no_doze_while_a_parked_task_is_not_rung(ticker: Ticker,
                                                        bell: Doorbell) -> None:
-    fut = ticker.park(Idler(ringable=False))  # a peer on another host: the tick polls
+    fut = ticker.park(Idler(dozable=False))  # a peer on another host: the tick polls
     try:
         assert not ticker._dozing
         assert bell.flag[0] == 0
