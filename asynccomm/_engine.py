@@ -10,6 +10,10 @@ so the loop keeps running; everything else runs inline on the loop.
 Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the link, which tells the
 other ranks (their ops waiting for this rank fail with ``CommBrokenError``).
+
+Three parts live in modules of their own, as mixins of ``DeviceEngine``: the fast lane
+(``_engine_fast``), its traced form (``_engine_traced``), and the steps that read the whole
+rank: peers that closed, diagnostics, statistics (``_engine_peers``).
 """
 
 from __future__ import annotations
@@ -20,23 +24,23 @@ import functools
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
 from . import _diagnostics as diag
 from . import _flight, _logging
-from ._buffers import PendingBuffers, PoolStatistics, StagingPool, new_array
+from ._buffers import PendingBuffers, StagingPool, new_array
 from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
-from ._core.matching import Matcher, MatcherStatistics, ProbeMatched, RecvRejected
+from ._core.matching import Matcher, ProbeMatched, RecvRejected
 from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
 from ._engine_fast import THREAD_COPY_MIN, _status_of, byte_view
+from ._engine_peers import EngineStatistics, PeersMixin
 from ._engine_traced import TracedLane
-from ._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
+from ._exceptions import CommClosedError, CommTimeoutError
 from ._request import Request
 from ._stream import Stream
-from ._types import ANY_SOURCE, Status
+from ._types import Status
 from .transports.base import ASKED, WITHDRAWN
 
 if TYPE_CHECKING:
@@ -53,21 +57,7 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-@dataclass(frozen=True, slots=True)
-class EngineStatistics:
-    """A snapshot of one rank's engine."""
-
-    pending_ops: int
-    """Operations submitted and not finished."""
-    active_copies: int
-    """Payload copies running on worker threads."""
-    streams: int
-    """Streams of this rank, the default one included."""
-    matcher: MatcherStatistics
-    pool: PoolStatistics
-
-
-class DeviceEngine(TracedLane):
+class DeviceEngine(TracedLane, PeersMixin):
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
@@ -499,73 +489,12 @@ class DeviceEngine(TracedLane):
 
         fut.add_done_callback(copied)
 
-    # -- peers, diagnostics, closing ------------------------------------------------------
-
-    def peer_closed(self, rank: int, exc: BaseException | None) -> None:
-        """``rank`` closed or failed: fail recvs and probes that only it could have matched,
-        and wildcard ones once no other rank is left (with ``exc``, or a
-        ``CommBrokenError`` naming it)."""
-        self.gone.add(rank)
-        if self.closed or not self._n_pending:
-            return
-        everyone = self._heard() >= self.size - 1
-        if not self.matcher.waits_for(rank, wildcards=everyone):
-            return  # (a queued recv meets the closed peer when it is posted)
-        for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
-                    and (r.peer == rank or (everyone and r.peer == ANY_SOURCE))]:
-            if req._state is POSTED:
-                self.withdraw(req, exc if exc is not None and req.peer == rank
-                              else self.broken(req.peer))
-
-    def _unreachable(self, peer: int) -> bool:
-        """True if no rank is left that could send what an op from ``peer`` waits for.  A
-        wildcard gives up once every other rank has closed (a message to itself is matched
-        when it is posted, so a rank waiting on ANY_SOURCE alone would wait forever)."""
-        if peer == ANY_SOURCE:
-            return self.size > 1 and self._heard() >= self.size - 1
-        return peer in self.gone and peer != self.rank and peer not in self.unheard
-
-    def _heard(self) -> int:
-        """How many other ranks this rank knows to have closed."""
-        gone = self.gone
-        return len(gone) - (self.rank in gone) - len(self.unheard)
-
-    def broken(self, peer: int) -> CommBrokenError:
-        """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
-        rank), now closed, can never complete."""
-        if peer != ANY_SOURCE:  # (the closed ranks are named for wildcards only)
-            return diag.broken(self.rank, peer, self.gone)
-        return diag.broken(self.rank, peer, self.gone - self.unheard - {self.rank})
-
-    def broke(self, exc: BaseException) -> None:
-        """The link failed underneath: fail every unfinished op of this rank with ``exc``."""
-        for req in self._live():
-            if req._state < DONE:
-                self._finish(req, DONE, diag.fresh_copy(exc))
+    # -- diagnostics and closing ----------------------------------------------------------
 
     def describe_pending(self, peer: int) -> list[str]:
         """This rank's unfinished ops that involve ``peer`` and that ``peer`` cannot see
         (posted sends sit in the peer's own matcher), for error messages."""
         return diag.pending_for(self, peer)
-
-    @property
-    def pending_ops(self) -> int:
-        """How many ops of this rank are unfinished."""
-        return self._n_pending
-
-    def live_requests(self) -> list[Request]:
-        """Every unfinished op of this rank (a copy)."""
-        return self._live()
-
-    def describe_all(self) -> list[str]:
-        """Every unfinished op of this rank, for deadlock reports."""
-        return [diag.describe(r) + ("" if r._state is not QUEUED else " queued on its stream")
-                for r in self._live()]
-
-    def statistics(self) -> EngineStatistics:
-        return EngineStatistics(pending_ops=self.pending_ops, active_copies=self._copies,
-                                streams=len(self._streams), matcher=self.matcher.statistics(),
-                                pool=self.pool.statistics())
 
     async def aclose(self, reason: str = "has closed its communicator") -> None:
         """Close: fail unmatched ops with ``CommClosedError``, let matched transfers finish,

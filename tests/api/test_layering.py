@@ -272,7 +272,7 @@ LAYERS: dict[str, int] = {
     "asynccomm._flight": 6, "asynccomm._trace": 6,
     # the engine
     "asynccomm._diagnostics": 7, "asynccomm._engine": 7, "asynccomm._summary": 7,
-    "asynccomm._engine_fast": 7, "asynccomm._engine_traced": 7,
+    "asynccomm._engine_fast": 7, "asynccomm._engine_traced": 7, "asynccomm._engine_peers": 7,
     # the public API
     "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
     "asynccomm._collective_api": 8, "asynccomm._hang": 8, "asynccomm._batches": 8,
