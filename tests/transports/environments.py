@@ -1,11 +1,16 @@
 """The in-process environments every transport-level test runs in: the in-process transport
-on both real loops, on the virtual clock, and the cluster model (on the virtual clock) with
-two presets.  ``ac.run(program, world_size=n, **ENVIRONMENTS[name])``."""
+on both real loops, on the virtual clock, traced (every op into a trace file, which has a
+fast lane of its own), and the cluster model (on the virtual clock) with two presets.
+``ac.run(program, world_size=n, **ENVIRONMENTS[name])``."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
@@ -15,10 +20,15 @@ from asynccomm.sim.loop import new_virtual_loop
 
 T = TypeVar("T")
 
+#: Where the traced environment writes its trace files (each run overwrites the last).
+_TRACES = Path(tempfile.mkdtemp(prefix="asynccomm-test-traces-"))
+atexit.register(shutil.rmtree, _TRACES, True)
+
 ENVIRONMENTS: dict[str, dict[str, Any]] = {
     "uvloop": {"loop": "uvloop"},
     "asyncio": {"loop": "asyncio"},
     "virtual": {"clock": "virtual"},
+    "traced": {"loop": "uvloop", "trace": str(_TRACES / "run.json")},
     "roce100g": {"cluster": ac.Cluster.preset("roce100g")},
     "ascend910b": {"cluster": ac.Cluster.preset("ascend910b")},
 }
@@ -35,7 +45,8 @@ def run_world(env: str, size: int, body: Callable[[ac.World], Awaitable[T]],
     virtual = clock == "virtual" or cluster is not None
 
     async def main() -> T:
-        async with ac.open_world(size, cluster, clock, **options) as world:
+        async with ac.open_world(size, cluster, clock, trace=settings.get("trace"),
+                                 **options) as world:
             return await body(world)
 
     factory = (new_virtual_loop if virtual else
