@@ -264,6 +264,11 @@ class Progress:
                     while not (hit := self._poll()) and clock() < until:
                         if self.crowded:  # let a rank that shares this core answer
                             sched_yield()
+                    # A wake-up may have put a rank that polls too on this core (the
+                    # kernel wakes a doorbell's owner near its ringer): take turns with
+                    # it, rather than time slices of milliseconds each.
+                    if not hit:
+                        sched_yield()
                 if hit or self.sent:
                     self.sent = False
                     backoff.reset(clock())
