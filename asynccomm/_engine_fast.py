@@ -150,12 +150,12 @@ class FastLane:
         """``offer`` for a message whose payload is bytes that are readable only now (one
         that arrived inline from another process): a recv waiting here takes it at once;
         False, having done nothing, when it must be delivered the usual way."""
-        if self.tracer is not None:  # every message through ``arrived``: it counts them
-            return False
         recv: Request | Literal[False] | None = self.matcher.claim_posted(  # type: ignore[assignment]
             source, tag, nbytes, dtype)
         if not recv:
-            return False
+            return False  # (``arrived`` numbers it, in a traced world)
+        if self.tracer is not None:  # number it as it arrives (``_trace`` Rule 4)
+            recv.flow = self.tracer.arrived_from(source)
         dst: Any
         if recv.nbytes < 0:  # recv_new
             arr = recv._result = new_array(dtype, count)

@@ -1,14 +1,15 @@
-"""The fast lane in a traced in-process world: the same steps, with each message numbered
-as its sender posts it and each op handed to the rank's trace.
+"""The fast lane in a traced world: the same steps, with each message numbered and each op
+handed to the rank's trace.
 
 Tracing needs every op's flight-recorder entry and every message's flow id (``_trace``
 Rule 4: the k-th message from rank s to rank d).  On the general path a request carries
-both; here the sender numbers the message before offering it (the number is kept only if
-the offer is taken), the destination's recv or staged message carries the id (``offer``),
-and a recv that takes a staged message reads the id off it.  Ops that finish here are
-traced here; a recv posted here and completed later is traced where it completes
-(``_complete_fast`` or the general path).  What the fast lane cannot do goes the general
-way, which traces as always.
+both.  Here, in-process, the sender numbers the message before offering it (the number is
+kept only if the offer is taken) and the destination's recv or staged message carries the
+id (``offer``); across processes the sender counts what it sent and the receiver numbers
+what arrives (``offer_bytes``, or ``arrived``), in the order MPI keeps.  A recv that takes
+a staged message reads the id off it.  Ops that finish here are traced here; a recv posted
+here and completed later is traced where it completes (``_complete_fast`` or the general
+path).  What the fast lane cannot do goes the general way, which traces as always.
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ class TracedLane(FastLane):
         """``_send_op``'s fast lane, traced: the finished request (``handle``), None, or
         False, having done nothing, when the send must go the general way."""
         tracer = self.tracer
-        assert tracer is not None and self.peers is not None
+        assert tracer is not None
         k = tracer.sent[dst] + 1
         flow = tracer.fid(self.rank, dst, k)
-        if not self.peers[dst].offer(self.rank, tag, array, nbytes, count, dtype, flow):
-            return False
+        if self.peers is not None:  # in-process: the message carries its number
+            if not self.peers[dst].offer(self.rank, tag, array, nbytes, count, dtype, flow):
+                return False
+        elif not self.link.send_now(dst, tag, array, nbytes, count, dtype):
+            return False  # (across processes the receiver numbers what arrives)
         tracer.sent[dst] = k
         if not handle:
             self._done_now(0, dst, tag, nbytes, flow)

@@ -208,7 +208,8 @@ class _MPIFamily:
         for engine, label in engines:
             engine.tracer = sink.rank(engine.rank, label=label, pid=engine.world_rank)
         for engine in (comm._engine, comm._private()._engine):
-            engine.fast = False
+            engine.fast = False  # the traced lane instead, unless logging every message
+            engine.traced = not engine.trace
 
     def _open(self, mpi_comm: Any, pools: list[int],
               device: Device) -> tuple[MPITransport, Communicator]:
@@ -224,7 +225,8 @@ class _MPIFamily:
         engine = DeviceEngine(transport.rank, transport.size, transport, loop=loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                               clock=ModelClock(loop), device=device)
-        # The fast lane, unless logging or tracing every message.
+        # The fast lane, unless logging or tracing every message (``trace`` opens the
+        # traced one).
         engine.fast = not engine.trace and self.sink is None
         engine.world_ranks = self.ranks
         if self.ranks is not None:

@@ -5,9 +5,8 @@ How it works
 ------------
 Rule 1 (collecting).  While a world traces, its engines hand every finished op to their
 ``RankTrace`` (the flight recorder's entry, the message's flow id, the modelled record);
-events are built only when the file is written, when the world closes.  In-process,
-traced ops have a fast lane of their own (``_engine_traced``), which numbers each message
-as it is posted; across processes every traced op becomes a request, which is its cost.
+events are built only when the file is written, when the world closes.  Traced ops have
+a fast lane of their own (``_engine_traced``), which numbers each message as Rule 4 says.
 Rule 2 (layout).  One process per rank (``pid`` = rank, named "rank N"), one thread per
 stream ("stream 0" is the default one), one for compute, and on a cluster world one per
 outgoing link with the modelled transfers.  Ops that overlap on one stream (the default
@@ -83,7 +82,7 @@ class RankTrace:
     communicator: the world's (``label`` ""), a sub-communicator's or a private context's;
     ``pid`` is the rank in the world."""
 
-    __slots__ = ("_arrived", "_flows", "label", "ops", "pid", "rank", "sent", "size")
+    __slots__ = ("_arrived", "label", "ops", "pid", "rank", "sent", "size")
 
     def __init__(self, rank: int, size: int, label: str = "", pid: int | None = None) -> None:
         self.rank = rank
@@ -93,7 +92,6 @@ class RankTrace:
         self.ops: list[tuple[tuple[Any, ...], int | str, Any]] = []
         self.sent: dict[int, int] = defaultdict(int)  # messages posted to each rank so far
         self._arrived: dict[int, int] = defaultdict(int)
-        self._flows: dict[Any, int | str] = {}  # arrived from other processes -> flow id
 
     def fid(self, src: int, dst: int, k: int) -> int | str:
         if self.label:
@@ -108,15 +106,19 @@ class RankTrace:
 
     def arrival(self, msg: Any) -> None:
         """A message arrived; one from another process is numbered here (in-process, the
-        message is the send itself and carries its number)."""
+        message is the send itself, or carries its number)."""
         if getattr(msg, "flow", None) is None:
-            self._arrived[msg.source] += 1
-            self._flows[msg] = self.fid(msg.source, self.rank, self._arrived[msg.source])
+            msg.flow = self.arrived_from(msg.source)
+
+    def arrived_from(self, source: int) -> int | str:
+        """Number the next message from ``source`` in another process (MPI keeps each
+        pair's messages in order, so the k-th to arrive is the k-th sent)."""
+        self._arrived[source] += 1
+        return self.fid(source, self.rank, self._arrived[source])
 
     def flow_in(self, msg: Any) -> int | str:
         """The flow id of the message a recv took."""
-        fid = getattr(msg, "flow", None)
-        return fid if fid is not None else self._flows.pop(msg, 0)
+        return getattr(msg, "flow", 0)
 
     def add(self, entry: tuple[Any, ...], flow: int | str, record: Any) -> None:
         self.ops.append((entry, flow, record))

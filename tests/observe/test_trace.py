@@ -115,12 +115,11 @@ async def _fast_lane_traffic(comm: ac.Communicator) -> None:
     await comm.recv(got, peer, 7)
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop: str) -> None:
-    path = tmp_path / "fast.json"
-    ac.run(_fast_lane_traffic, 2, loop=loop, trace=str(path))
-    events = json.loads(path.read_text())["traceEvents"]
-    ops = check_trace({"traceEvents": events})
+def check_flows_by_tag(doc: dict[str, Any]) -> None:
+    """``_fast_lane_traffic``'s trace: each send's flow ends at the recv of its own tag."""
+    events = doc["traceEvents"]
+    ops = check_trace(doc)
+
     def op_at(e: dict[str, Any]) -> dict[str, Any]:  # a flow's end is at its recv's match
         (op,) = [o for o in ops if (o["pid"], o["tid"]) == (e["pid"], e["tid"])
                  and o["ts"] <= e["ts"] <= o["ts"] + o["dur"] + 1e-3
@@ -134,6 +133,28 @@ def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop:
     tags = sorted((f["s"]["args"]["tag"], f["f"]["args"]["tag"]) for f in flows.values())
     assert tags == [(t, t) for t in (1, 2, 3, 4, 5, 6, 7, 9)]  # each send to its own recv
     assert all(f["s"]["pid"] != f["f"]["pid"] for f in flows.values())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop: str) -> None:
+    path = tmp_path / "fast.json"
+    ac.run(_fast_lane_traffic, 2, loop=loop, trace=str(path))
+    check_flows_by_tag(json.loads(path.read_text()))
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv")
+def test_the_fast_lane_traces_each_message_to_its_own_recv_on_mpi(tmp_path: Path) -> None:
+    """Across processes the receiver numbers what arrives, whichever way it is taken."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import sys\nimport asynccomm as ac\n"
+        "from tests.observe.test_trace import _fast_lane_traffic\n"
+        "ac.run(_fast_lane_traffic, trace=sys.argv[1])\n")
+    subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
+                    str(tmp_path / "fast.json")], check=True, timeout=60, cwd=ROOT,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    out = merge(sorted(tmp_path.glob("fast.rank*.json")), tmp_path / "merged.json")
+    check_flows_by_tag(load(out))
 
 
 def test_the_environment_variable_asks_for_a_trace(tmp_path: Path,
