@@ -2,10 +2,11 @@
 it is made, where the general path (streams, events, the link) has nothing to add.
 
 The fast lane is open (``DeviceEngine.fast``) in-process on an instant link, and across
-processes, but never while every message is logged or traced.  A sender's engine hands a
-small message to the destination's engine (``offer``, or ``offer_bytes`` for bytes that
-arrived from another process): a recv waiting there takes it at once, or the staging pool
-keeps it.  A recv takes a message already waiting (``take_now``), or is posted on the
+processes, but never while every message is logged; a traced world takes these steps
+through the traced lane (``_engine_traced``, ``DeviceEngine.traced``).  A sender's engine
+hands a small message to the destination's engine (``offer``, or ``offer_bytes`` for bytes
+that arrived from another process): a recv waiting there takes it at once, or the staging
+pool keeps it.  A recv takes a message already waiting (``take_now``), or is posted on the
 default stream directly (``post_now``).  Each step returns "not handled", having changed
 nothing, whenever the full rules are needed (wildcards, a misfit, a full pool, ops queued
 on the stream): the general path then runs.  These run once per message, so the bodies of

@@ -191,7 +191,7 @@ class Ticker:
         return self._spec is not self._stop
 
     def _pace(self) -> None:
-        """Doze on the doorbell when every user is parked and rung; else tick fast when
+        """Doze on the doorbell when every user is parked and dozable; else tick fast when
         every user is parked, slower when one is at work, not at all when none is."""
         while True:
             parked = len(self._waiters)
