@@ -13,11 +13,12 @@ says "asleep, ring me", and a datagram socket its loop waits on.
   its loop at once.
 
 Why no wake-up is lost: the receiver stores its byte before it polls, the sender posts its
-message before it reads the byte, and each puts a full barrier between the two (the
-receiver a lock round trip, which is a locked instruction on x86; the sender MPI's own
-enqueue, an atomic exchange in MPICH's shared-memory queue).  So the receiver's poll finds
-the message, or the sender finds the byte set.  Where either barrier is weaker than
-assumed, the safety tick bounds how late a missed ring is seen (``SAFETY_PERIOD``).
+message before it reads the byte, and a full barrier sits between the two on each side:
+the receiver's is a lock round trip (a locked instruction on x86); the sender's is assumed
+to be in MPI's send (MPICH's shared-memory queues are built on atomic operations).  So the
+receiver's poll finds the message, or the sender finds the byte set.  Where either barrier
+is weaker than that, the safety tick bounds how late a missed ring is seen
+(``SAFETY_PERIOD`` of ``_ticker``).
 
 The doorbell is the process's, made the first time a world opens (``Doorbell.get``); its
 shared byte lives in a file in ``/dev/shm`` that every rank of the host opens while the
