@@ -57,6 +57,8 @@ SPIN = 5e-3
 #: poll all the time), and while spinning (an answer is seen sooner than one turn later).
 DATA_BURST = 200e-6
 SPIN_BURST = 10e-6
+#: Spinning this long without an answer, a poller yields its core after each burst.
+SHARE_AFTER = 100e-6
 
 
 class Slot:
@@ -265,9 +267,9 @@ class Progress:
                         if self.crowded:  # let a rank that shares this core answer
                             sched_yield()
                     # A wake-up may have put a rank that polls too on this core (the
-                    # kernel wakes a doorbell's owner near its ringer): take turns with
-                    # it, rather than time slices of milliseconds each.
-                    if not hit:
+                    # kernel wakes a doorbell's owner near its ringer): once an answer is
+                    # slow to come, take turns with it, not time slices of milliseconds.
+                    if not hit and clock() > backoff.spin_until - SPIN + SHARE_AFTER:
                         sched_yield()
                 if hit or self.sent:
                     self.sent = False
