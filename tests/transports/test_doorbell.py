@@ -1,5 +1,5 @@
 """The doorbell of idle ranks that share a host: the ticker dozes on it only when every
-parked task is rung, looks once more after arming it, wakes on a ring, and disarms it as
+parked task is dozable, looks once more after arming it, wakes on a ring, and disarms it as
 soon as anything runs.  Which ranks get a bell is decided from what the world gathered."""
 
 from __future__ import annotations
