@@ -285,20 +285,26 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
         if engine._pending_recvs:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
-        if (engine.fast and arr is not None and stream is None and src >= 0 and tag >= 0
+        if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue):
             status = engine.take_now(src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
                     t = engine.now()  # FlightRecorder.add, inlined (done as posted)
+                    t0 = engine.taken_at  # a timed copy's start
+                    if t0 < 0:
+                        t0 = t
+                    source = status[0]  # what arrived (a wildcard's is the message's)
                     (flight := engine.flight).ring.append(
-                        (1, src, tag, status.nbytes, 0, 0, t, t, t))
-                    tally = flight.recvs[src]
+                        (1, source, status[1], status.nbytes, 0, 0, t0, t0, t))
+                    tally = flight.recvs[source]
                     tally.n += 1
                     tally.nbytes += status.nbytes
+                    tally.c += t - t0
                     return status
                 return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
-                                               engine.default_stream, timeout, arr), status)
+                                               engine.default_stream, timeout, arr), status,
+                                       engine.taken_at)
             req = Request(engine, RECV, src, tag, None, nbytes, n, name,
                           engine.default_stream, timeout, arr)
             engine.post_now(req)

@@ -110,6 +110,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.fast = False
         #: The fast lane of a traced in-process world (``_engine_traced``; set by the world).
         self.traced = False
+        self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
         #: engines, which may hold this rank (see ``transports.base.Endpoint``).

@@ -40,6 +40,9 @@ __all__ = ["THREAD_COPY_MIN", "FastLane", "byte_view"]
 #: Payloads at least this large are copied on the rank's worker thread; smaller ones are
 #: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
 THREAD_COPY_MIN = 4 << 20
+#: Inline copies at least this large are timed (matched before the copy, finished after
+#: it, as on the general path): a clock read costs nothing beside them.
+TIMED_COPY_MIN = 64 << 10
 
 # Status(...) goes through NamedTuple's Python-level __new__; this is half the cost, and it
 # runs once per message.
@@ -83,6 +86,8 @@ class FastLane:
     now: Callable[[], float]
     flight: _flight.FlightRecorder
     tracer: RankTrace | None
+    #: When ``take_now``'s last timed copy began (-1: it was not timed).
+    taken_at: float
     default_stream: Stream
     gone: set[int]
     _n_pending: int
@@ -116,6 +121,8 @@ class FastLane:
         if recv is False:
             return False
         if recv is not None:
+            if nbytes >= TIMED_COPY_MIN:
+                recv.t_match = self.now()
             if recv.array is not None:  # both 1-D arrays of one dtype: a numpy copy
                 if fast_copy is not None:
                     fast_copy(recv.array, array, nbytes)
@@ -157,6 +164,8 @@ class FastLane:
             return False  # (``arrived`` numbers it, in a traced world)
         if self.tracer is not None:  # number it as it arrives (``_trace`` Rule 4)
             recv.flow = self.tracer.arrived_from(source)
+        if nbytes >= TIMED_COPY_MIN:
+            recv.t_match = self.now()
         dst: Any
         if recv.nbytes < 0:  # recv_new
             arr = recv._result = new_array(dtype, count)
@@ -183,14 +192,18 @@ class FastLane:
         recv.t_fin = t = self.now()
         flight = self.flight  # what FlightRecorder.add does, inlined: the hot path
         t_post = recv.t_post
-        entry = (1, source, tag, nbytes, recv.stream.sid, 0, t_post, t, t)  # type: ignore[union-attr]
+        t_match = recv.t_match  # before a timed copy, else now
+        if t_match < 0:
+            t_match = t
+        entry = (1, source, tag, nbytes, recv.stream.sid, 0, t_post, t_match, t)  # type: ignore[union-attr]
         flight.ring.append(entry)
         if self.tracer is not None:  # RankTrace.add, inlined (offer set the flow)
             self.tracer.ops.append((entry, getattr(recv, "flow", 0), None))
         tally = flight.recvs[source]
         tally.n += 1
         tally.nbytes += nbytes
-        tally.w += t - t_post
+        tally.w += t_match - t_post
+        tally.c += t - t_match
         waiters = recv._waiters
         if waiters is not None:
             recv._waiters = None
@@ -242,32 +255,38 @@ class FastLane:
         if self.gone and self._unreachable(req.peer):
             self.withdraw(req, self.broken(req.peer))
 
-    def finished(self, req: Request, result: Status | None) -> Request:
+    def finished(self, req: Request, result: Status | None,
+                 started: float = -1.0) -> Request:
         """``req`` finished as it was made (the fast lane did its work): mark it done.
-        ``result``: a recv's Status (None for a send)."""
+        ``result``: a recv's Status (None for a send); ``started``: when its timed copy
+        began (``take_now``'s ``taken_at``), else it took no time."""
         if DONE not in NEXT[req._state]:
             check(req._state, DONE)
         req._state = DONE
         req._result = result
-        req.t_post = req.t_match = req.t_fin = t = self.now()
+        req.t_fin = t = self.now()
+        req.t_post = req.t_match = t0 = started if started >= 0 else t
         flight = self.flight  # what FlightRecorder.add does, inlined (done as posted)
         if result is None:  # the fast lane makes sends and recvs only
-            kind, nbytes, tally = 0, req.nbytes, flight.sends[req.peer]
-        else:  # what arrived, not the room there was for it
-            kind, nbytes, tally = 1, result.nbytes, flight.recvs[req.peer]
-        entry = (kind, req.peer, req.tag, nbytes, 0, 0, t, t, t)
+            kind, peer, tag, nbytes = 0, req.peer, req.tag, req.nbytes
+            tally = flight.sends[peer]
+        else:  # what arrived (from whom, with what tag), not what was asked
+            kind, peer, tag, nbytes = 1, result.source, result.tag, result.nbytes
+            tally = flight.recvs[peer]
+        entry = (kind, peer, tag, nbytes, 0, 0, t0, t0, t)
         flight.ring.append(entry)
         tally.n += 1
         tally.nbytes += nbytes
+        tally.c += t - t0
         if self.tracer is not None:  # RankTrace.add, inlined (the traced lane set the flow)
             self.tracer.ops.append((entry, getattr(req, "flow", 0), None))
         return req
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,
                  dtype: str) -> Status | None:
-        """The Status of a recv (exact source and tag, into the 1-D ``array``) that a
-        message already here completes at once; None, having done nothing, when the recv
-        must be posted the usual way."""
+        """The Status of a recv (into the 1-D ``array``; wildcards allowed) that a message
+        already here completes at once; None, having done nothing, when the recv must be
+        posted the usual way."""
         matcher = self.matcher
         msg: Message | None = matcher.waiting(source, tag)  # type: ignore[assignment]
         if msg is None:
@@ -278,6 +297,7 @@ class FastLane:
                 where == STAGED or (where == AT_SENDER and self.instant and n < THREAD_COPY_MIN))):
             return None
         matcher.take(msg)
+        self.taken_at = self.now() if n >= TIMED_COPY_MIN else -1.0
         if fast_copy is not None:
             fast_copy(array, msg.view, n)
         elif n:
@@ -285,4 +305,4 @@ class FastLane:
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]
         self.link.received(msg, self.rank)  # its sender may complete, its credit go back
-        return _status_of(msg)  # an exact (source, tag): the message's own
+        return _status_of(msg)  # the message's own source and tag

@@ -307,19 +307,26 @@ class Matcher:
                         del buckets[key]
             self._tombstones = 0
 
-    # -- the fast lane: exact envelopes, no wildcard in sight --------------------------------
+    # -- the fast lane: an arriving message with an exact envelope -------------------------
 
     def claim_posted(self, source: int, tag: int, nbytes: int,
                      dtype: str) -> Descriptor | Literal[False] | None:
         """What an arriving message (``source``, ``tag``, ``nbytes``, ``dtype``) would
-        meet, when no wildcard recv is posted: the earliest recv posted for (source, tag),
-        removed, if it takes the message; None if no recv is posted for it (it would wait
-        unexpected).  False when the full rules are needed (wildcard recvs are posted, or
-        the recv would reject the message): then ``deliver`` decides."""
-        if self._n_wild_posted:
-            return False
+        meet: the earliest recv posted that names it (wildcards included), removed, if it
+        takes the message; None if no recv names it (it would wait unexpected).  False
+        when the full rules are needed (the recv would reject the message): then
+        ``deliver`` decides."""
         if not self._n_posted:
             return None
+        if self._n_wild_posted:  # the earliest of four buckets, as ``deliver`` looks
+            wild = self._earliest_posted(source, tag)
+            if wild is None:
+                return None
+            if (wild.dtype is not None and wild.dtype != dtype) or 0 <= wild.nbytes < nbytes:
+                return False
+            self._pop_posted(wild)
+            self._matched += 1
+            return wild
         key = (source, tag)
         bucket = self._posted.get(key)
         if not bucket:
@@ -340,9 +347,14 @@ class Matcher:
         return recv
 
     def waiting(self, source: int, tag: int) -> Descriptor | None:
-        """The earliest unexpected message from ``source`` with ``tag`` (exact), if any;
-        nothing is removed.  A recv (source, tag) takes it unless it misfits (Rule 4)."""
-        return _head(self._unexp, (source, tag)) if self._n_unexp else None
+        """The earliest unexpected message a recv (``source``, ``tag``; wildcards allowed)
+        would meet, if any; nothing is removed.  The recv takes it unless it misfits
+        (Rule 4)."""
+        if not self._n_unexp:
+            return None
+        if source != ANY_SOURCE and tag != ANY_TAG:
+            return _head(self._unexp, (source, tag))
+        return self._earliest_unexpected(source, tag)
 
     def take(self, env: Descriptor) -> None:
         """A recv (never posted) takes the unexpected ``env`` that ``waiting`` showed it

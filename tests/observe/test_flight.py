@@ -11,6 +11,8 @@ import pytest
 import asynccomm as ac
 
 KEYS = {"rank", "op", "peer", "tag", "nbytes", "stream", "state", "post", "match", "finish"}
+#: Bounds each wait for a message in these tests.
+LIMIT = 10.0
 
 
 def _exchange(n: int, nbytes: int = 8):  # type: ignore[no-untyped-def]
@@ -58,6 +60,57 @@ def test_a_recv_into_a_larger_buffer_records_what_arrived(loop: str) -> None:
     assert [(d["tag"], d["nbytes"]) for d in record if d["op"] == "recv"] == [
         (0, 16), (1, 16), (2, 16), (3, 16)]
     assert summary.bytes_received == 4 * 16
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_wildcard_recv_records_who_sent_what(loop: str) -> None:
+    async def main(comm: ac.Communicator) -> tuple[list[dict[str, Any]], ac.sim.RankSummary]:
+        if comm.rank:
+            await comm.send(np.ones(comm.rank), 0, 10 + comm.rank)
+            await comm.recv(np.zeros(1), 0, 9)  # rank 0 has posted its next recvs
+            await comm.send(np.ones(comm.rank), 0, 20 + comm.rank)
+            return [], comm.summary()
+        got = np.zeros(4)
+        await comm.recv(got, 1, 11)
+        await comm.probe(2, 12, timeout=LIMIT)  # rank 2's first message waits here
+        first = await comm.recv(got, ac.ANY_SOURCE, ac.ANY_TAG)  # taken at once
+        late = [comm.irecv(np.zeros(4), ac.ANY_SOURCE, ac.ANY_TAG) for _ in range(2)]
+        for peer in (1, 2):
+            await comm.send(np.zeros(1), peer, 9)
+        await ac.wait_all(late)  # each completed by an arriving message
+        assert (first.source, first.tag) == (2, 12)
+        return comm.flight_record(), comm.summary()
+
+    (record, summary), *_ = ac.run(main, 3, loop=loop)
+    recvs = [(d["peer"], d["tag"], d["nbytes"]) for d in record if d["op"] == "recv"]
+    assert recvs[:2] == [(1, 11, 8), (2, 12, 16)]
+    assert sorted(recvs[2:]) == [(1, 21, 8), (2, 22, 16)]
+    per_peer = {p.peer: (p.recvs, p.bytes_received) for p in summary.peers}
+    assert per_peer == {1: (2, 16), 2: (2, 32)}
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("posted_first", [True, False])
+def test_a_large_copy_on_the_fast_lane_counts_as_copy_time(loop: str,
+                                                           posted_first: bool) -> None:
+    """A payload of 256 KiB copied where the recv meets it: from match to finish is the
+    copy (the summary's copy_time), as on the general path."""
+    async def main(comm: ac.Communicator) -> ac.sim.RankSummary:
+        big = np.ones(32 << 10)  # 256 KiB: over the eager limit, under a thread's copy
+        if comm.rank == 0:
+            if not posted_first:
+                await comm.recv(np.zeros(1), 1, 9)
+            await comm.send(big, 1, 1)
+            return comm.summary()
+        if not posted_first:
+            await comm.send(np.zeros(1), 0, 9)
+            await comm.probe(0, 1, timeout=LIMIT)  # it waits here: the recv takes it
+        await comm.recv(big, 0, 1)
+        return comm.summary()
+
+    _, summary = ac.run(main, 2, loop=loop)
+    assert summary.bytes_received == 256 << 10
+    assert summary.copy_time > 0
 
 
 def test_the_record_keeps_the_last_n_ops(monkeypatch: pytest.MonkeyPatch) -> None:
