@@ -115,6 +115,19 @@ async def _fast_lane_traffic(comm: ac.Communicator) -> None:
     await comm.recv(got, peer, 7)
 
 
+def _traced_on_mpi(tmp_path: Path, program: str) -> list[Path]:
+    """Run this module's ``program`` on 2 MPI processes, traced; each rank's file."""
+    script = tmp_path / "prog.py"
+    script.write_text(
+        "import sys\nimport asynccomm as ac\n"
+        f"from tests.observe.test_trace import {program}\n"
+        f"ac.run({program}, trace=sys.argv[1])\n")
+    subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
+                    str(tmp_path / "mpi.json")], check=True, timeout=60, cwd=ROOT,
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    return sorted(tmp_path.glob("mpi.rank*.json"))
+
+
 def check_flows_by_tag(doc: dict[str, Any]) -> None:
     """``_fast_lane_traffic``'s trace: each send's flow ends at the recv of its own tag."""
     events = doc["traceEvents"]
@@ -145,16 +158,8 @@ def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop:
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv")
 def test_the_fast_lane_traces_each_message_to_its_own_recv_on_mpi(tmp_path: Path) -> None:
     """Across processes the receiver numbers what arrives, whichever way it is taken."""
-    script = tmp_path / "prog.py"
-    script.write_text(
-        "import sys\nimport asynccomm as ac\n"
-        "from tests.observe.test_trace import _fast_lane_traffic\n"
-        "ac.run(_fast_lane_traffic, trace=sys.argv[1])\n")
-    subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
-                    str(tmp_path / "fast.json")], check=True, timeout=60, cwd=ROOT,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    out = merge(sorted(tmp_path.glob("fast.rank*.json")), tmp_path / "merged.json")
-    check_flows_by_tag(load(out))
+    files = _traced_on_mpi(tmp_path, "_fast_lane_traffic")
+    check_flows_by_tag(load(merge(files, tmp_path / "merged.json")))
 
 
 def test_the_environment_variable_asks_for_a_trace(tmp_path: Path,
@@ -194,15 +199,7 @@ def test_the_model_time_trace_of_a_transfer_matches_the_closed_form(tmp_path: Pa
 @pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("true") is None,
                     reason="needs mpiexec")
 def test_each_mpi_rank_writes_its_file_and_merge_joins_them(tmp_path: Path) -> None:
-    script = tmp_path / "prog.py"
-    script.write_text(
-        "import sys\nimport numpy as np\nimport asynccomm as ac\n"
-        "from tests.observe.test_trace import _traffic\n"
-        "ac.run(_traffic, trace=sys.argv[1])\n")
-    subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
-                    str(tmp_path / "mpi.json")], check=True, timeout=60, cwd=ROOT,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-    files = sorted(tmp_path.glob("mpi.rank*.json"))
+    files = _traced_on_mpi(tmp_path, "_traffic")
     assert [f.name for f in files] == ["mpi.rank0.json", "mpi.rank1.json"]
     out = merge(files, tmp_path / "merged.json")
     ops = check_trace(load(out))
