@@ -358,7 +358,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         status = _status_of(msg)
         recv._result = status if recv._result is None else (recv._result, status)
         if self.tracer is not None:  # in-process, the message is the send, numbered
-            recv.flow = msg.flow if type(msg) is Request else self.tracer.flow_in(msg)
+            recv.flow = self.tracer.flow_in(msg)  # the send's own, or its arrival's
         self._finish(recv, DONE, None)
 
     def _drain(self) -> None:

@@ -264,23 +264,34 @@ class FastLane:
             check(req._state, DONE)
         req._state = DONE
         req._result = result
-        req.t_fin = t = self.now()
-        req.t_post = req.t_match = t0 = started if started >= 0 else t
-        flight = self.flight  # what FlightRecorder.add does, inlined (done as posted)
+        flow = 0 if self.tracer is None else getattr(req, "flow", 0)
         if result is None:  # the fast lane makes sends and recvs only
-            kind, peer, tag, nbytes = 0, req.peer, req.tag, req.nbytes
-            tally = flight.sends[peer]
+            t0, t = self.done_as_posted(0, req.peer, req.tag, req.nbytes, started, flow)
         else:  # what arrived (from whom, with what tag), not what was asked
-            kind, peer, tag, nbytes = 1, result.source, result.tag, result.nbytes
-            tally = flight.recvs[peer]
+            t0, t = self.done_as_posted(1, result.source, result.tag, result.nbytes, started,
+                                        flow)
+        req.t_post = req.t_match = t0
+        req.t_fin = t
+        return req
+
+    def done_as_posted(self, kind: int, peer: int, tag: int, nbytes: int, started: float,
+                       flow: int | str) -> tuple[float, float]:
+        """Record an op of ``kind`` (0 send, 1 recv) done as it was posted: what
+        ``FlightRecorder.add`` does, inlined, and ``RankTrace.add`` in a traced world
+        (``flow``: its message's id).  ``started``: when its timed copy began (-1: none).
+        Returns its (post and match, finish) times."""
+        t = self.now()
+        t0 = started if started >= 0 else t
         entry = (kind, peer, tag, nbytes, 0, 0, t0, t0, t)
+        flight = self.flight
         flight.ring.append(entry)
+        tally = (flight.recvs if kind else flight.sends)[peer]
         tally.n += 1
         tally.nbytes += nbytes
         tally.c += t - t0
-        if self.tracer is not None:  # RankTrace.add, inlined (the traced lane set the flow)
-            self.tracer.ops.append((entry, getattr(req, "flow", 0), None))
-        return req
+        if self.tracer is not None:
+            self.tracer.ops.append((entry, flow, None))
+        return t0, t
 
     def take_now(self, source: int, tag: int, array: Any, nbytes: int,
                  dtype: str) -> Status | None:

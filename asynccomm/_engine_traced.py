@@ -50,7 +50,7 @@ class TracedLane(FastLane):
             return False  # (across processes the receiver numbers what arrives)
         tracer.sent[dst] = k
         if not handle:
-            self._done_now(0, dst, tag, nbytes, flow, -1.0)
+            self.done_as_posted(0, dst, tag, nbytes, -1.0, flow)
             return None
         req = Request(self, SEND, dst, tag, None, nbytes, count, dtype,
                       self.default_stream, timeout, array)
@@ -64,8 +64,8 @@ class TracedLane(FastLane):
         waiting = self.matcher.waiting(src, tag)  # what take_now takes, if it takes one
         status = self.take_now(src, tag, array, nbytes, dtype)
         if status is not None and not handle:
-            self._done_now(1, status.source, status.tag, status.nbytes,
-                           getattr(waiting, "flow", 0), self.taken_at)
+            self.done_as_posted(1, status.source, status.tag, status.nbytes, self.taken_at,
+                                getattr(waiting, "flow", 0))
             return status
         req = Request(self, RECV, src, tag, None, nbytes, count, dtype,
                       self.default_stream, timeout, array)
@@ -74,20 +74,3 @@ class TracedLane(FastLane):
             return req
         req.flow = getattr(waiting, "flow", 0)
         return self.finished(req, status, self.taken_at)  # traces it
-
-    def _done_now(self, kind: int, peer: int, tag: int, nbytes: int, flow: int | str,
-                  started: float) -> None:
-        """Record and trace an op done as it was posted, with no request made (``started``:
-        when its timed copy began, as for ``finished``)."""
-        t = self.now()
-        t0 = started if started >= 0 else t
-        entry = (kind, peer, tag, nbytes, 0, 0, t0, t0, t)
-        flight = self.flight
-        flight.ring.append(entry)
-        tally = (flight.recvs if kind else flight.sends)[peer]
-        tally.n += 1
-        tally.nbytes += nbytes
-        tally.c += t - t0
-        tracer = self.tracer
-        assert tracer is not None
-        tracer.ops.append((entry, flow, None))

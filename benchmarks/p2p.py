@@ -273,13 +273,11 @@ async def _tracing_main(s: Settings) -> list[dict[str, Any]]:
                     lat[mode].append(one_way)
                     rate[mode].append(per_s)
     rows = []
-    for what, off, on, per_message in (
-            ("latency 8 B", median(lat["off"]), median(lat["on"]), True),
-            ("rate 8 B", median(rate["off"]), median(rate["on"]), False)):
+    for what, samples, per_message in (("latency 8 B", lat, True), ("rate 8 B", rate, False)):
+        off, on = median(samples["off"]), median(samples["on"])
         rows.append({"what": what, "off": off, "on": on, "repeats": s.rate_repeats,
                      "ratio": on / off if per_message else off / on,
-                     "off_all": lat["off"] if per_message else rate["off"],
-                     "on_all": lat["on"] if per_message else rate["on"]})
+                     "off_all": samples["off"], "on_all": samples["on"]})
     return rows
 
 

@@ -99,6 +99,10 @@ class Backoff:
         self.spin_until = now + self.spin
         self.tval = 0.0
 
+    def since_reset(self, now: float) -> float:
+        """Seconds since the last activity (``reset``)."""
+        return now - self.spin_until + self.spin
+
     def delay(self, now: float) -> float:
         """The next wait, in seconds (0: poll again as soon as other tasks ran)."""
         if now < self.spin_until:

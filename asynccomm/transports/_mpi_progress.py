@@ -269,7 +269,7 @@ class Progress:
                     # A wake-up may have put a rank that polls too on this core (the
                     # kernel wakes a doorbell's owner near its ringer): once an answer is
                     # slow to come, take turns with it, not time slices of milliseconds.
-                    if not hit and clock() > backoff.spin_until - SPIN + SHARE_AFTER:
+                    if not hit and backoff.since_reset(clock()) > SHARE_AFTER:
                         sched_yield()
                 if hit or self.sent:
                     self.sent = False
