@@ -64,6 +64,9 @@ def _shape_of(buf: object, count: object, dtype: object) -> tuple[int, ...] | No
 class BatchesMixin:
     """``sendrecv``, ``batch`` and ``ibatch`` (see the module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     rank: int
     size: int
     _engine: DeviceEngine

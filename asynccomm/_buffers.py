@@ -365,6 +365,11 @@ class StagingPool:
     to ``capacity_bytes`` in all.
     """
 
+    # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
+    # offsets).
+    __slots__ = ("_acquired", "_cached", "_free", "_in_use", "_peak", "_refused", "_reused",
+                 "capacity_bytes")
+
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self._free: dict[int, list[memoryview]] = {}

@@ -29,6 +29,9 @@ class CollectivesMixin:
     """``barrier``, ``bcast``, ``reduce``, ``allreduce``, ``allgather``, ``reduce_scatter``,
     ``gather``, ``scatter`` and ``alltoall`` (see the module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     size: int
     _chooser: Chooser | None
 

@@ -19,7 +19,7 @@ from ._buffers import BufferView, as_recv_buffer, as_send_buffer
 from ._collective_api import CollectivesMixin
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
-from ._fastlane import inspect
+from ._fastlane import LANE, inspect
 from ._groups import Family, GroupsMixin
 from ._objects import ObjectsMixin
 from ._options import check_timeout
@@ -38,6 +38,38 @@ SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
 
 
+def _configure_lane() -> tuple[Any, Any]:
+    """The C lane's ``send`` and ``recv`` (``_fastlane``), told the classes and constants
+    the Python steps use; (None, None) where it is not built."""
+    if LANE is None:
+        return None, None
+    import time
+    from collections import deque
+
+    from ._buffers import _NAMES, StagingPool
+    from ._core.descriptors import AT_SENDER, STAGED, Message
+    from ._core.matching import Matcher
+    from ._core.states import POSTED, QUEUED
+    from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
+    from ._engine import DeviceEngine
+    from ._engine_fast import TIMED_COPY_MIN
+    from ._flight import FlightRecorder, Tally
+
+    LANE.configure({
+        "names": _NAMES, "get_running_loop": _get_running_loop,
+        "perf_counter": time.perf_counter, "Request": Request,
+        "Message": Message, "Status": Status, "Stream": Stream,
+        "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
+        "StagingPool": StagingPool, "Communicator": Communicator, "DeviceEngine": DeviceEngine,
+        "deque": deque, "SEND": SEND, "RECV": RECV,
+        "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
+        "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
+        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD, "TIMED_COPY_MIN": TIMED_COPY_MIN,
+    })
+    return LANE.send, LANE.recv
+
+
+
 @final
 class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
@@ -51,6 +83,11 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         device: this rank's device (``device.name``; on a cluster world its compute rate
             ``flops`` and memory, with ``device.alloc``/``free``).
     """
+
+    # Slots: the C lane (``_lane.c``) reads these at their offsets, once per message.
+    __slots__ = ("_after_close", "_children", "_chooser", "_default_timeout", "_engine",
+                 "_family", "_lingering", "_loop", "_obj_seq", "_parent", "_private_comm",
+                 "_seq", "_tag_block", "device", "rank", "size")
 
     def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,
                  device: Device, family: Family) -> None:
@@ -153,6 +190,10 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
             RuntimeError: called from another thread or event loop.
             CommClosedError: this communicator is closed.
         """
+        if (stream is None and timeout is None and count is None and dtype is None
+                and _lane_send is not None
+                and (req := _lane_send(self, buf, dst, tag, True)) is not False):
+            return req  # type: ignore[no-any-return]  # the C lane did it all
         return self._send_op(buf, dst, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
     def irecv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -164,6 +205,10 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
         """
+        if (stream is None and timeout is None and count is None and dtype is None
+                and _lane_recv is not None
+                and (req := _lane_recv(self, buf, src, tag, True)) is not None):
+            return req  # type: ignore[no-any-return]  # the C lane: taken or posted
         return self._recv_op(buf, src, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
     async def send(self, buf: Any, dst: int, tag: int = 0, *, stream: Stream | None = None,
@@ -180,6 +225,9 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
                 An eager message (up to the eager limit) completes as soon as it is
                 staged, so only larger messages, or ops held on their stream, time out.
         """
+        if (stream is None and timeout is None and count is None and dtype is None
+                and _lane_send is not None and _lane_send(self, buf, dst, tag, False)):
+            return  # the C lane did it all (the commonest case)
         req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
         if req is not None and (req._state is not DONE or req._exc is not None):
             await req
@@ -199,10 +247,16 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
         """
-        out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
+        if (stream is None and timeout is None and count is None and dtype is None
+                and _lane_recv is not None):
+            out = _lane_recv(self, buf, src, tag, False)  # the C lane: the commonest case
+            if out is None:
+                out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
+        else:
+            out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
         if type(out) is Status:
             return out
-        req: Request = out  # type: ignore[assignment]
+        req: Request = out
         if req._state is not DONE and req._waiters is None:
             # What ``await req`` does, one generator fewer: this is the hot path.
             fut = self._loop.create_future()
@@ -484,3 +538,5 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
                 parent._linger(task)
             self._lingering.clear()
 
+
+_lane_send, _lane_recv = _configure_lane()

@@ -60,6 +60,17 @@ COMPUTE: Final = Kind.COMPUTE
 class DeviceEngine(TracedLane, PeersMixin):
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
+    # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
+    # offsets).
+    __slots__ = (
+        "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
+        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
+        "default_stream", "device", "eager_limit", "fast", "flight", "gone", "inline_copies",
+        "instant", "link", "log", "loop", "matcher", "now", "peers", "pool", "private",
+        "rank", "recent", "records", "size", "taken_at", "trace", "traced", "tracer",
+        "unheard", "world_rank", "world_ranks"
+    )
+
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
                  eager_limit: int, pool_bytes: int, clock: ModelClock, device: Device,
                  record: bool = False, inline_copies: bool = False,

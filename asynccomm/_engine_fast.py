@@ -75,6 +75,9 @@ def byte_view(req: Request) -> memoryview:
 class FastLane:
     """The fast-lane steps of ``DeviceEngine`` (see module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     rank: int
     closed: bool
     instant: bool

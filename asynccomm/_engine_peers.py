@@ -43,6 +43,9 @@ class EngineStatistics:
 class PeersMixin:
     """The whole-rank steps of ``DeviceEngine`` (see module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     rank: int
     size: int
     closed: bool

@@ -32,6 +32,9 @@ RECV = Kind.RECV
 class TracedLane(FastLane):
     """The fast lane's steps with the traced ones of ``DeviceEngine`` (see module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     peers: list[Any] | None
 
     def send_traced(self, dst: int, tag: int, array: Any, nbytes: int, count: int,

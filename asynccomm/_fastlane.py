@@ -13,6 +13,12 @@ pure-Python versions here are used, and behave the same:
 - ``copy``: ``copy(dst, src, nbytes)`` copies the first ``nbytes`` bytes between two
   buffers (ndarrays or byte buffers); None where there is no accelerator, and the callers
   then use the numpy or memoryview assignment that suits each site.
+
+A second accelerator, ``asynccomm._lane`` (``_lane.c``), takes the in-process fast lane's
+commonest steps whole: an awaited ``send`` or ``recv`` of a small 1-D array on the default
+stream of an untraced world (``LANE``, configured by ``_communicator``; None where it is
+not built, or with ``ASYNCCOMM_PURE_PYTHON=1``).  It returns "not handled" for everything
+else, and the Python steps run.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 
 from ._buffers import _NAMES
 
-__all__ = ["ACCELERATED", "FAST_LANE", "copy", "inspect"]
+__all__ = ["ACCELERATED", "FAST_LANE", "LANE", "copy", "inspect"]
 
 
 def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
@@ -42,6 +48,7 @@ def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
 
 inspect: Callable[[Any, bool], tuple[str, int, int] | None] = _inspect
 copy: Callable[[Any, Any, int], None] | None = None
+LANE: Any = None
 
 if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
     try:
@@ -52,6 +59,10 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
         _speedups.configure(_NAMES)
         inspect = _speedups.inspect
         copy = _speedups.copy
+        try:
+            from . import _lane as LANE  # type: ignore[attr-defined,no-redef]
+        except ImportError:
+            pass
 
 #: True when the C accelerator is in use.
 ACCELERATED: Final = copy is not None

@@ -73,6 +73,9 @@ def _check_int(value: object, what: str, *, minimum: int | None = None) -> int:
 class GroupsMixin:
     """``split``, ``dup``, the private context and the lifetime of sub-communicators."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     rank: int
     size: int
     _family: Family

@@ -77,6 +77,9 @@ def _pickle(obj: object, what: str) -> tuple[bytes, list[memoryview]]:
 class ObjectsMixin:
     """``send_obj``, ``recv_obj``, ``isend_obj`` and ``irecv_obj`` (see the module docs)."""
 
+    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
+        __slots__ = ()  # that class lists the fields
+
     rank: int
     _engine: DeviceEngine
     _loop: asyncio.AbstractEventLoop

@@ -152,6 +152,12 @@ def _head(buckets: dict[tuple[int, int], _Bucket], key: tuple[int, int]) -> Desc
 class Matcher:
     """Posted recvs and unexpected messages of one destination rank (see module docs)."""
 
+    # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
+    # offsets).
+    __slots__ = ("_all", "_by_source", "_by_tag", "_matched", "_n_posted", "_n_unexp",
+                 "_n_wild_posted", "_on_wait", "_posted", "_probes", "_seq", "_tombstones",
+                 "_unexp", "_unexp_bytes", "_waited", "events")
+
     def __init__(self, on_wait: Callable[[int], None] | None = None) -> None:
         self._seq = 0
         #: Told each source (``ANY_SOURCE`` included) the first time a recv or a probe

@@ -1,0 +1,241 @@
+"""The C lane (``asynccomm/_lane.c``) does exactly what the Python steps do.
+
+Random programs of sends and recvs (awaited and not, exact and wildcard, some that misfit,
+some on another stream, some left pending, some cancelled) run twice on the same loop:
+once with the C lane, once with it switched off so that every op takes the Python steps.
+Everything a program can observe must be the same: each op's outcome, the bytes received,
+each rank's flight record (without its times), summary tallies, staging-pool and matcher
+statistics.  Where the lane was not built (or ``ASYNCCOMM_PURE_PYTHON=1``) both runs take
+the Python steps, and the test still checks the programs run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import uvloop
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import asynccomm as ac
+from asynccomm import _communicator
+
+BUILT = importlib.util.find_spec("asynccomm._lane") is not None
+PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+SIZE = 3
+DTYPES = (np.float64, np.int32)
+
+
+@contextmanager
+def python_steps_only() -> Iterator[None]:
+    """Switch the C lane off: every op takes the Python steps."""
+    saved = _communicator._lane_send, _communicator._lane_recv
+    _communicator._lane_send = _communicator._lane_recv = None
+    try:
+        yield
+    finally:
+        _communicator._lane_send, _communicator._lane_recv = saved
+
+
+def test_the_lane_is_used_where_it_was_built() -> None:
+    assert (_communicator._lane_send is not None) is (BUILT and not PURE)
+    assert (_communicator._lane_recv is not None) is (BUILT and not PURE)
+
+
+@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_small_awaited_messages_never_reach_the_python_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    async def main(world: ac.World) -> list[float]:
+        c0, c1 = world.comms
+        await c0.send(np.ones(2), 1, 6)  # a dtype's name is learnt the first time it is sent
+        await c1.recv(np.empty(2), 0, 6)
+        monkeypatch.setattr(ac.Communicator, "_send_op", refuse)
+        monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        got = []
+        for i in range(3):  # staged, then taken; posted, then filled
+            await c0.send(np.full(2, float(i)), 1, 7)
+            out = np.empty(2)
+            await c1.recv(out, 0, 7)
+            got.append(out[0])
+        task = asyncio.ensure_future(c1.recv(out, 0, 8))
+        await asyncio.sleep(0)
+        await c0.send(np.full(2, 9.0), 1, 8)
+        await task
+        got.append(out[0])
+        req = c1.irecv(out, 0, 9)
+        await c0.isend(np.full(2, 5.0), 1, 9)
+        await req
+        got.append(out[0])
+        return got
+
+    async def run() -> list[float]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(main(world), 10)
+
+    assert asyncio.run(run()) == [0.0, 1.0, 2.0, 9.0, 5.0]
+
+
+@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
+    """Every field of a recv the lane posted equals the Python steps' own."""
+    fields = [n for cls in ac.Request.__mro__ for n in getattr(cls, "__slots__", ())]
+
+    async def post(world: ac.World) -> dict[str, Any]:
+        c1 = world.comms[1]
+        req = c1.irecv(np.empty(4), 0, 3)
+        out = {n: getattr(req, n, "<unset>") for n in fields}
+        req.cancel()
+        return out
+
+    async def run() -> dict[str, Any]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(post(world), 10)
+
+    lane = asyncio.run(run())
+    with python_steps_only():
+        python = asyncio.run(run())
+    for name in ("t_post", "array", "_owner", "stream"):  # times, and this world's objects
+        assert type(lane.pop(name)) is type(python.pop(name))
+    assert lane == python
+
+
+# -- random programs ------------------------------------------------------------------
+
+_rank = st.integers(0, SIZE - 1)
+_tag = st.integers(0, 2)
+_n = st.sampled_from([0, 1, 3, 8, 100])
+_dt = st.sampled_from(range(len(DTYPES)))
+_send = st.sampled_from(["send", "send", "isend", "send_stream"])
+_recv = st.sampled_from(["recv", "recv", "irecv", "recv_stream"])
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> list[tuple[Any, ...]]:
+    """Messages (a send and a recv that names it, mostly with room and the same dtype,
+    sometimes a wildcard, a smaller buffer or another dtype), stray sends and recvs, and
+    cancellations, shuffled."""
+    out: list[tuple[Any, ...]] = []
+    for _ in range(draw(st.integers(1, 10))):
+        src, dst, tag, n, dt = draw(_rank), draw(_rank), draw(_tag), draw(_n), draw(_dt)
+        cap = draw(st.sampled_from([n, n, n, n + 5, max(0, n - 1)]))
+        rdt = draw(st.sampled_from([dt, dt, dt, 1 - dt]))
+        rsrc = draw(st.sampled_from([src, src, src, ac.ANY_SOURCE]))
+        rtag = draw(st.sampled_from([tag, tag, tag, ac.ANY_TAG]))
+        out.append((draw(_send), src, dst, tag, n, dt))
+        out.append((draw(_recv), dst, rsrc, rtag, cap, rdt))
+    strays = st.one_of(
+        st.tuples(_send, _rank, _rank, _tag, _n, _dt),
+        st.tuples(_recv, _rank, _rank, _tag, _n, _dt),
+        st.tuples(st.just("cancel"), _rank, _rank, _tag, _n, _dt))
+    out += draw(st.lists(strays, max_size=4))
+    return draw(st.permutations(out))
+
+
+def _outcome(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        return type(value).__name__
+    return tuple(value) if isinstance(value, tuple) else value
+
+
+async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]:
+    comms = world.comms
+    streams = [c.stream() for c in comms]
+    pending: list[tuple[int, Any, np.ndarray[Any, Any] | None]] = []
+    seen: list[Any] = []
+    for i, (op, rank, peer, tag, n, dt) in enumerate(program):
+        comm = comms[rank]
+        dtype = DTYPES[dt]
+        if op.startswith("send") or op == "isend":  # "send_stream": an isend on a stream
+            buf = np.arange(i * 100, i * 100 + n).astype(dtype)
+            if op == "send":
+                try:
+                    await asyncio.wait_for(comm.send(buf, peer, tag), 0.05)
+                    seen.append((i, "sent"))
+                except (ac.AsyncCommError, TimeoutError) as exc:
+                    seen.append((i, _outcome(exc)))
+            else:
+                stream = streams[rank] if op == "send_stream" else None
+                pending.append((i, comm.isend(buf, peer, tag, stream=stream), None))
+        elif op == "cancel":
+            for _, what, _ in pending:
+                if isinstance(what, asyncio.Future | asyncio.Task) and not what.done():
+                    what.cancel()
+                    break
+                if isinstance(what, ac.Request) and not what.done():
+                    what.cancel()
+                    break
+        else:
+            out = np.full(n, -1).astype(dtype)
+            if op == "recv":
+                task = asyncio.ensure_future(comm.recv(out, peer, tag))
+                pending.append((i, task, out))
+            else:
+                stream = streams[rank] if op == "recv_stream" else None
+                pending.append((i, comm.irecv(out, peer, tag, stream=stream), out))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    for _ in range(4):
+        await asyncio.sleep(0)
+    seen.append([(c.statistics(), c._engine._pending_recvs,
+                  [(e["op"], e["state"]) for e in c.flight_record()]) for c in comms])
+    for i, what, out in pending:
+        if not what.done():
+            what.cancel()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(
+                _await(what))), 0.05) if not what.done() else _result(what)
+        except BaseException as exc:  # the outcome is what is compared
+            result = exc
+        seen.append((i, _outcome(result), None if out is None else out.tolist()))
+    for comm in comms:
+        flight = [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
+                  for e in comm.flight_record()]
+        engine = comm._engine
+        tallies = [{peer: (t.n, t.nbytes) for peer, t in tally.items()}
+                   for tally in (engine.flight.sends, engine.flight.recvs)]
+        seen.append((comm.rank, flight, tallies, engine.flight.others, comm.statistics()))
+    return seen
+
+
+async def _await(what: Any) -> Any:
+    return await what
+
+
+def _result(what: Any) -> Any:
+    if what.cancelled():
+        return asyncio.CancelledError()
+    if isinstance(what, ac.Request):
+        return what.exception() or what.status
+    return what.exception() or what.result()
+
+
+def _run(loop: str, program: list[tuple[Any, ...]]) -> list[Any]:
+    async def main() -> list[Any]:
+        async with ac.open_world(SIZE) as world:
+            return await asyncio.wait_for(_program(world, program), 20)
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        return runner.run(main())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+@settings(max_examples=40, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(program=programs())
+def test_the_lane_and_the_python_steps_agree(loop: str, program: list[tuple[Any, ...]]) -> None:
+    lane = _run(loop, program)
+    with python_steps_only():
+        python = _run(loop, program)
+    assert lane == python
