@@ -9,6 +9,12 @@ which behaves the same.
 import numpy
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension(f"asynccomm.{name}", [f"asynccomm/{name}.c"],
-                             include_dirs=[numpy.get_include()], optional=True)
-                   for name in ("_speedups", "_lane")])
+SOURCES = {
+    "_speedups": ["_speedups.c"],
+    "_lane": ["_lane.c", "_lane_objects.c", "_lane_steps.c"],
+}
+
+setup(ext_modules=[Extension(f"asynccomm.{name}", [f"asynccomm/{f}" for f in files],
+                             depends=["asynccomm/_lane.h"], include_dirs=[numpy.get_include()],
+                             optional=True)
+                   for name, files in SOURCES.items()])

@@ -10,7 +10,7 @@ import bisect
 import ctypes
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
 from ._types import DataType
 
 __all__ = [
+    "FREE_PER_BUCKET",
     "BufferView",
     "PendingBuffers",
     "address",
@@ -353,6 +354,10 @@ class PoolStatistics:
     """Requests refused because the cap was reached (those messages went rendezvous)."""
 
 
+#: Free buffers a staging pool keeps of one size, at most.
+FREE_PER_BUCKET: Final = 1024
+
+
 class StagingPool:
     """Size-bucketed, capped pool of staging buffers for eager messages.
 
@@ -362,7 +367,9 @@ class StagingPool:
     buffer at all).  When one more message would pass ``capacity_bytes``, ``acquire``
     returns None and the caller falls back to rendezvous: the sender then waits for its
     recv instead of memory growing without bound.  Free buffers are cached per bucket up
-    to ``capacity_bytes`` in all.
+    to ``capacity_bytes`` in all, and at most ``FREE_PER_BUCKET`` of a size: a burst of a
+    million small messages must not leave a million buffers behind for the collector to
+    walk on every full collection.
     """
 
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
@@ -410,8 +417,10 @@ class StagingPool:
         size = buf.nbytes
         self._in_use -= size + MESSAGE_OVERHEAD
         if size and self._cached + size <= self.capacity_bytes:
-            self._free.setdefault(size, []).append(buf)
-            self._cached += size
+            free = self._free.setdefault(size, [])
+            if len(free) < FREE_PER_BUCKET:
+                free.append(buf)
+                self._cached += size
 
     def trim(self) -> None:
         """Let the free buffers go (a closed rank stages nothing more: its memory need not

@@ -46,7 +46,7 @@ def _configure_lane() -> tuple[Any, Any]:
     import time
     from collections import deque
 
-    from ._buffers import _NAMES, StagingPool
+    from ._buffers import _NAMES, FREE_PER_BUCKET, StagingPool
     from ._core.descriptors import AT_SENDER, STAGED, Message
     from ._core.matching import Matcher
     from ._core.states import POSTED, QUEUED
@@ -54,6 +54,7 @@ def _configure_lane() -> tuple[Any, Any]:
     from ._engine import DeviceEngine
     from ._engine_fast import TIMED_COPY_MIN
     from ._flight import FlightRecorder, Tally
+    from ._trace import RankTrace
 
     LANE.configure({
         "names": _NAMES, "get_running_loop": _get_running_loop,
@@ -61,10 +62,12 @@ def _configure_lane() -> tuple[Any, Any]:
         "Message": Message, "Status": Status, "Stream": Stream,
         "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
         "StagingPool": StagingPool, "Communicator": Communicator, "DeviceEngine": DeviceEngine,
+        "RankTrace": RankTrace,
         "deque": deque, "SEND": SEND, "RECV": RECV,
         "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
         "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
-        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD, "TIMED_COPY_MIN": TIMED_COPY_MIN,
+        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
+        "FREE_PER_BUCKET": FREE_PER_BUCKET, "TIMED_COPY_MIN": TIMED_COPY_MIN,
     })
     return LANE.send, LANE.recv
 

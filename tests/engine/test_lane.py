@@ -5,8 +5,9 @@ some on another stream, some left pending, some cancelled) run twice on the same
 once with the C lane, once with it switched off so that every op takes the Python steps.
 Everything a program can observe must be the same: each op's outcome, the bytes received,
 each rank's flight record (without its times), summary tallies, staging-pool and matcher
-statistics.  Where the lane was not built (or ``ASYNCCOMM_PURE_PYTHON=1``) both runs take
-the Python steps, and the test still checks the programs run.
+statistics, and in a traced world each traced op with its message's flow id.  Where the
+lane was not built (or ``ASYNCCOMM_PURE_PYTHON=1``) both runs take the Python steps, and
+the test still checks the programs run.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,8 @@ BUILT = importlib.util.find_spec("asynccomm._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+#: Where each loop runs the programs: on its own, and (uvloop) tracing every op.
+ENVS = [("uvloop", False), ("asyncio", False), ("uvloop", True)]
 SIZE = 3
 DTYPES = (np.float64, np.int32)
 
@@ -188,8 +193,9 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
         await asyncio.sleep(0)
     for _ in range(4):
         await asyncio.sleep(0)
+    # (pending ops are listed stream by stream, and streams in no fixed order)
     seen.append([(c.statistics(), c._engine._pending_recvs,
-                  [(e["op"], e["state"]) for e in c.flight_record()]) for c in comms])
+                  sorted((e["op"], e["state"]) for e in c.flight_record())) for c in comms])
     for i, what, out in pending:
         if not what.done():
             what.cancel()
@@ -206,6 +212,8 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
         tallies = [{peer: (t.n, t.nbytes) for peer, t in tally.items()}
                    for tally in (engine.flight.sends, engine.flight.recvs)]
         seen.append((comm.rank, flight, tallies, engine.flight.others, comm.statistics()))
+        if engine.tracer is not None:
+            seen.append([(entry[:6], flow) for entry, flow, _ in engine.tracer.ops])
     return seen
 
 
@@ -221,21 +229,23 @@ def _result(what: Any) -> Any:
     return what.exception() or what.result()
 
 
-def _run(loop: str, program: list[tuple[Any, ...]]) -> list[Any]:
-    async def main() -> list[Any]:
-        async with ac.open_world(SIZE) as world:
+def _run(loop: str, traced: bool, program: list[tuple[Any, ...]]) -> list[Any]:
+    async def main(trace: str | None) -> list[Any]:
+        async with ac.open_world(SIZE, trace=trace) as world:
             return await asyncio.wait_for(_program(world, program), 20)
 
-    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
-        return runner.run(main())
+    with tempfile.TemporaryDirectory() as tmp, asyncio.Runner(
+            loop_factory=LOOPS[loop]) as runner:
+        return runner.run(main(str(Path(tmp) / "trace.json") if traced else None))
 
 
-@pytest.mark.parametrize("loop", list(LOOPS))
+@pytest.mark.parametrize(("loop", "traced"), ENVS, ids=["uvloop", "asyncio", "traced"])
 @settings(max_examples=40, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs())
-def test_the_lane_and_the_python_steps_agree(loop: str, program: list[tuple[Any, ...]]) -> None:
-    lane = _run(loop, program)
+def test_the_lane_and_the_python_steps_agree(loop: str, traced: bool,
+                                             program: list[tuple[Any, ...]]) -> None:
+    lane = _run(loop, traced, program)
     with python_steps_only():
-        python = _run(loop, program)
+        python = _run(loop, traced, program)
     assert lane == python

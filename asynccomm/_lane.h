@@ -1,0 +1,206 @@
+/* The C lane's shared declarations (see _lane.c): what ``configure`` fills in (the
+ * classes, constants and slot offsets), the slot accessors, and the steps each file gives
+ * the others. */
+#ifndef ASYNCCOMM_LANE_H
+#define ASYNCCOMM_LANE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL asynccomm_lane_ARRAY_API
+#ifndef LANE_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#if defined(__GNUC__)
+#pragma GCC visibility push(hidden)
+#endif
+
+/* -- what configure() fills in (_lane_objects.c) -------------------------------------- */
+
+extern int ready;
+extern PyObject *names;  /* dtype -> name */
+extern PyObject *get_running_loop, *perf_counter, *deque_type;
+extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightType,
+    *TallyType, *MatcherType, *PoolType, *CommType, *EngineType, *TraceType;
+extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
+extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, FREE_PER_BUCKET;
+extern Py_ssize_t TIMED_COPY_MIN;
+extern PyObject *zero, *minus_one, *minus_one_f;
+
+/* The offsets of the slots the lane reads and writes, per class. */
+extern struct message_slots {
+    Py_ssize_t source, tag, nbytes, count, dtype, seq, where, view, ident, shape, flow;
+} M;
+extern struct request_slots {
+    Py_ssize_t array, owner, kind, peer, stream, timeout, record, t_post, t_match, state,
+        result, exc, waiters, timer, tracked, t_fin, sseq;
+} R;
+extern struct stream_slots { Py_ssize_t queue, events, pending, seq, sid; } S;
+extern struct flight_slots { Py_ssize_t ring, sends, recvs; } F;
+extern struct tally_slots { Py_ssize_t n, nbytes, w, c; } T;
+extern struct trace_slots { Py_ssize_t ops, sent, label, size; } TR;
+extern struct matcher_slots {
+    Py_ssize_t by_source, events, matched, n_posted, n_unexp, n_wild_posted, posted, probes,
+        seq, unexp, unexp_bytes, waited;
+} MA;
+extern struct comm_slots { Py_ssize_t default_timeout, engine, loop, rank, size; } CO;
+extern struct engine_slots {
+    Py_ssize_t closed, default_stream, eager_limit, engine_loop, fast, flight, gone, idle,
+        instant, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers, traced,
+        tracer;
+} EN;
+extern struct pool_slots {
+    Py_ssize_t acquired, cached, capacity_bytes, free, in_use, peak, reused;
+} PO;
+
+/* Interned method names. */
+extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
+    *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later,
+    *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
+    *a_cancel;
+
+/* -- slots ---------------------------------------------------------------------------- */
+
+#define SLOT(o, off) (*(PyObject **)((char *)(o) + (off)))
+
+/* Store a new reference in a slot (stolen). */
+static inline void
+put(PyObject *o, Py_ssize_t off, PyObject *v)
+{
+    PyObject *old = SLOT(o, off);
+    SLOT(o, off) = v;
+    Py_XDECREF(old);
+}
+
+static inline void
+put_ref(PyObject *o, Py_ssize_t off, PyObject *v)
+{
+    Py_INCREF(v);
+    put(o, off, v);
+}
+
+/* A slot's value as a C double / long long (-1 with an error set when it is not one). */
+static inline int
+slot_double(PyObject *o, Py_ssize_t off, double *out)
+{
+    PyObject *v = SLOT(o, off);
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return -1;
+    }
+    *out = PyFloat_AsDouble(v);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static inline int
+slot_ll(PyObject *o, Py_ssize_t off, long long *out)
+{
+    PyObject *v = SLOT(o, off);
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The same for slots: a new reference (AttributeError when unset), o.slot += delta, the
+ * slot's truthiness, whether it is None. */
+static inline PyObject *
+slot_get(PyObject *o, Py_ssize_t off)
+{
+    PyObject *v = SLOT(o, off);
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+static inline int
+slot_set_ll(PyObject *o, Py_ssize_t off, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) {
+        return -1;
+    }
+    put(o, off, v);
+    return 0;
+}
+
+static inline int
+slot_add(PyObject *o, Py_ssize_t off, long long delta)
+{
+    long long v;
+    if (slot_ll(o, off, &v) < 0) {
+        return -1;
+    }
+    return slot_set_ll(o, off, v + delta);
+}
+
+static inline int
+slot_true(PyObject *o, Py_ssize_t off)
+{
+    PyObject *v = SLOT(o, off);
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return -1;
+    }
+    return PyObject_IsTrue(v);
+}
+
+static inline int
+slot_is_none(PyObject *o, Py_ssize_t off)
+{
+    PyObject *v = SLOT(o, off);
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return -1;
+    }
+    return v == Py_None;
+}
+
+/* -- the steps each file gives the others --------------------------------------------- */
+
+/* _lane_objects.c: clocks, buffers, builders, the matcher's deques, the running loop. */
+int now_of(PyObject *engine, double *t);
+int judge(PyObject *buf, int writable, PyObject **name, Py_ssize_t *nbytes, Py_ssize_t *count);
+char *array_bytes(PyObject *a, int writable, Py_ssize_t *len);
+PyObject *new_status(PyObject *source, PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count,
+                     PyObject *shape);
+int record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
+           PyObject *sid, double t_post, double t_match, double t_fin, PyObject *flow);
+int trace_ok(PyObject *engine);
+PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
+PyObject *live_head(PyObject *bucket);
+int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
+int push(PyObject *index, PyObject *key, PyObject *item);
+PyObject *call_method1(PyObject *o, PyObject *name, PyObject *arg);
+PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,
+                      PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype,
+                      PyObject *stream, PyObject *timeout, PyObject *array);
+int finish_now(PyObject *req, PyObject *result, double t);
+int running(PyObject *loop);
+void forget_in_child(void);
+PyObject *configure(PyObject *self, PyObject *spec);
+int intern_names(void);
+
+/* _lane_steps.c: the receiving engine's steps. */
+int offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
+          Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow,
+          double *when);
+PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src,
+               PyObject *tag, char *data, Py_ssize_t nbytes, PyObject *dtype, double *when,
+               PyObject **flow);
+int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
+         PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#endif

@@ -1,0 +1,665 @@
+/* The C lane's steps on the receiving engine (see _lane.c): a small message offered
+ * (``FastLane.offer``), a posted recv completed (``_complete_fast``), a waiting message
+ * taken (``take_now``), a recv posted (``post_now``).  Each writes the fields its Python
+ * step writes, in the same order; each returns "not handled", having changed nothing,
+ * wherever that step would take another way. */
+#include "_lane.h"
+
+#include <string.h>
+
+/* -- the receiving engine: a message offered, a recv completed ------------------------ */
+
+/* What ``_complete_fast`` does for a posted ``recv`` (state POSTED) that the message
+ * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one. */
+static int
+complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
+         Py_ssize_t nbytes, Py_ssize_t count, double *when)
+{
+    PyObject *status = new_status(source, tag, nbytes, count, NULL);
+    if (status == NULL) {
+        return -1;
+    }
+    PyObject *prev = SLOT(recv, R.result);
+    if (prev == NULL || prev == Py_None) {
+        put(recv, R.result, status);
+    } else {
+        PyObject *pair = PyTuple_Pack(2, prev, status);
+        Py_DECREF(status);
+        if (pair == NULL) {
+            return -1;
+        }
+        put(recv, R.result, pair);
+    }
+    put_ref(recv, R.state, S_DONE);
+    double t, t_post, t_match;
+    if (now_of(engine, &t) < 0) {
+        return -1;
+    }
+    *when = t;
+    PyObject *tf = PyFloat_FromDouble(t);
+    if (tf == NULL) {
+        return -1;
+    }
+    put(recv, R.t_fin, tf);
+    if (slot_double(recv, R.t_post, &t_post) < 0 || slot_double(recv, R.t_match, &t_match) < 0) {
+        return -1;
+    }
+    if (t_match < 0) {
+        t_match = t;
+    }
+    PyObject *stream = SLOT(recv, R.stream);
+    if (stream == NULL || Py_TYPE(stream) != StreamType) {
+        PyErr_SetString(PyExc_TypeError, "a fast-lane recv's stream");
+        return -1;
+    }
+    if (record(engine, 1, source, tag, nbytes, SLOT(stream, S.sid), t_post, t_match, t,
+               SLOT(recv, M.flow)) < 0) {
+        return -1;
+    }
+    PyObject *waiters = SLOT(recv, R.waiters);
+    if (waiters != NULL && waiters != Py_None) {
+        Py_INCREF(waiters);
+        put_ref(recv, R.waiters, Py_None);
+        if (!PyList_Check(waiters)) {
+            Py_DECREF(waiters);
+            PyErr_SetString(PyExc_TypeError, "a request's waiters");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiters); i++) {
+            PyObject *fut = PyList_GET_ITEM(waiters, i);
+            PyObject *d = PyObject_CallMethodNoArgs(fut, a_done);
+            int is_done = d == NULL ? -1 : PyObject_IsTrue(d);
+            Py_XDECREF(d);
+            PyObject *r = is_done ? NULL : call_method1(fut, a_set_result, Py_None);
+            if (is_done < 0 || (!is_done && r == NULL)) {
+                Py_DECREF(waiters);
+                return -1;
+            }
+            Py_XDECREF(r);
+        }
+        Py_DECREF(waiters);
+    }
+    PyObject *timer = SLOT(recv, R.timer);
+    if (timer != NULL && timer != Py_None) {
+        PyObject *r = PyObject_CallMethodNoArgs(timer, a_cancel);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        put_ref(recv, R.timer, Py_None);
+    }
+    if (SLOT(recv, R.tracked) != Py_True) {
+        return 0;
+    }
+    /* what _untrack does, inlined when nothing else needs telling */
+    int plain = slot_is_none(engine, EN.recv_buffers);
+    if (plain < 0) {
+        return -1;
+    }
+    PyObject *q = SLOT(stream, S.queue), *ev = SLOT(stream, S.events);
+    if (plain && q != NULL && PySequence_Size(q) == 0 && ev != NULL
+        && PySequence_Size(ev) == 0) {
+        plain = slot_is_none(engine, EN.idle);
+        if (plain < 0) {
+            return -1;
+        }
+    } else {
+        plain = 0;
+    }
+    if (!plain) {
+        PyObject *r = call_method1(engine, a_untrack, recv);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        return 0;
+    }
+    put_ref(recv, R.tracked, Py_False);
+    if (slot_add(engine, EN.n_pending, -1) < 0) {
+        return -1;
+    }
+    long long rn;
+    if (slot_ll(recv, M.nbytes, &rn) < 0) {
+        return -1;
+    }
+    if (rn > 0 && slot_add(engine, EN.pending_recvs, -1) < 0) {
+        return -1;
+    }
+    PyObject *sseq = SLOT(recv, R.sseq), *pending = SLOT(stream, S.pending);
+    if (sseq == NULL || pending == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "a tracked recv's sseq");
+        return -1;
+    }
+    return PyObject_DelItem(pending, sseq);
+}
+
+/* What ``FastLane.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
+ * traced world, else NULL): 1 if a posted recv took the message or the pool staged it,
+ * 0 if not handled (nothing changed). */
+int
+offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
+      Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow, double *when)
+{
+    int t = slot_true(peer, EN.closed);
+    if (t != 0) {
+        return t < 0 ? -1 : 0;  /* closed: the Python steps say what follows */
+    }
+    if (!trace_ok(peer)) {
+        return 0;
+    }
+    PyObject *matcher = slot_get(peer, EN.matcher);
+    if (matcher == NULL) {
+        return -1;
+    }
+    if (Py_TYPE(matcher) != MatcherType) {
+        Py_DECREF(matcher);
+        return 0;
+    }
+    int rc = -1;
+    PyObject *key = NULL, *index = NULL, *pool = NULL, *msg = NULL, *buf = NULL;
+    long long n_posted, n_wild;
+    if (slot_ll(matcher, MA.n_posted, &n_posted) < 0) {
+        goto done;
+    }
+    key = PyTuple_Pack(2, source, tag);
+    if (key == NULL) {
+        goto done;
+    }
+    if (n_posted) {
+        if (slot_ll(matcher, MA.n_wild_posted, &n_wild) < 0) {
+            goto done;
+        }
+        if (n_wild) {
+            rc = 0;  /* the earliest of four buckets: Python's */
+            goto done;
+        }
+        index = slot_get(matcher, MA.posted);
+        if (index == NULL || !PyDict_CheckExact(index)) {
+            goto done;
+        }
+        PyObject *bucket = PyDict_GetItemWithError(index, key);
+        if (bucket == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        if (bucket != NULL && PySequence_Size(bucket) > 0) {
+            PyObject *recv = live_head(bucket);
+            if (recv == NULL) {
+                rc = PyErr_Occurred() ? -1 : 0;
+                goto done;
+            }
+            PyObject *rd = SLOT(recv, M.dtype);
+            long long rn;
+            Py_ssize_t cap;
+            char *dst;
+            if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
+                || rd == NULL || (rd != Py_None && rd != dtype
+                                  && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
+                || slot_ll(recv, M.nbytes, &rn) < 0 || (0 <= rn && rn < nbytes)
+                || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL
+                || cap < nbytes) {
+                rc = PyErr_Occurred() ? -1 : 0;
+                goto done;
+            }
+            Py_INCREF(recv);
+            if (pop_head(index, key, bucket) < 0) {
+                Py_DECREF(recv);
+                goto done;
+            }
+            put_ref(recv, M.seq, minus_one);
+            if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0) {
+                Py_DECREF(recv);
+                goto done;
+            }
+            if (nbytes) {
+                memmove(dst, data, (size_t)nbytes);
+            }
+            if (flow != NULL) {
+                put_ref(recv, M.flow, flow);
+            }
+            rc = complete(peer, recv, source, tag, nbytes, count, when) < 0 ? -1 : 1;
+            Py_DECREF(recv);
+            goto done;
+        }
+    }
+    /* staging: StagingPool.acquire(nbytes, tentative=True), inlined */
+    long long limit;
+    if (slot_ll(peer, EN.eager_limit, &limit) < 0) {
+        goto done;
+    }
+    if (nbytes > limit) {
+        rc = 0;
+        goto done;
+    }
+    pool = slot_get(peer, EN.pool);
+    if (pool == NULL || Py_TYPE(pool) != PoolType) {
+        rc = pool == NULL ? -1 : 0;
+        goto done;
+    }
+    long long size = 0, in_use, capacity, peak;
+    if (nbytes) {
+        size = 1;
+        while (size < nbytes) {
+            size <<= 1;
+        }
+        if (size < MIN_BUCKET) {
+            size = MIN_BUCKET;
+        }
+    }
+    long long cost = size + MESSAGE_OVERHEAD;
+    if (slot_ll(pool, PO.in_use, &in_use) < 0 || slot_ll(pool, PO.capacity_bytes, &capacity) < 0
+        || slot_ll(pool, PO.peak, &peak) < 0) {
+        goto done;
+    }
+    if (in_use + cost > capacity || !size) {
+        rc = 0;  /* refused (not counted: tentative), or empty: the Python steps */
+        goto done;
+    }
+    PyObject *free = slot_get(pool, PO.free);
+    if (free == NULL) {
+        goto done;
+    }
+    PyObject *sz = PyLong_FromLongLong(size);
+    PyObject *list = sz == NULL ? NULL : PyDict_GetItemWithError(free, sz);
+    Py_XDECREF(sz);
+    Py_DECREF(free);
+    if (list == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    long long cached = 0;
+    int reuse = list != NULL && PyList_Check(list) && PyList_GET_SIZE(list) > 0;
+    if (reuse) {
+        if (slot_ll(pool, PO.cached, &cached) < 0) {
+            goto done;
+        }
+        Py_ssize_t last = PyList_GET_SIZE(list) - 1;
+        buf = PyList_GET_ITEM(list, last);
+        Py_INCREF(buf);
+        if (PyList_SetSlice(list, last, last + 1, NULL) < 0) {
+            goto done;
+        }
+    } else {
+        PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (ba == NULL) {
+            goto done;
+        }
+        memset(PyByteArray_AS_STRING(ba), 0, (size_t)size);
+        buf = PyMemoryView_FromObject(ba);
+        Py_DECREF(ba);
+        if (buf == NULL) {
+            goto done;
+        }
+    }
+    if (slot_add(pool, PO.acquired, 1) < 0 || slot_set_ll(pool, PO.in_use, in_use + cost) < 0
+        || (in_use + cost > peak && slot_set_ll(pool, PO.peak, in_use + cost) < 0)
+        || (reuse && (slot_add(pool, PO.reused, 1) < 0
+                      || slot_set_ll(pool, PO.cached, cached - size) < 0))) {
+        goto done;
+    }
+    if (!PyMemoryView_Check(buf) || PyMemoryView_GET_BUFFER(buf)->len < nbytes) {
+        PyErr_SetString(PyExc_TypeError, "a staging buffer");
+        goto done;
+    }
+    memmove(PyMemoryView_GET_BUFFER(buf)->buf, data, (size_t)nbytes);
+    /* Message(source, tag, nbytes, count, dtype, STAGED, buf) */
+    msg = MessageType->tp_alloc(MessageType, 0);
+    if (msg == NULL) {
+        goto done;
+    }
+    PyObject *vn = PyLong_FromSsize_t(nbytes), *vc = PyLong_FromSsize_t(count);
+    if (vn == NULL || vc == NULL) {
+        Py_XDECREF(vn);
+        Py_XDECREF(vc);
+        goto done;
+    }
+    put_ref(msg, M.source, source);
+    put_ref(msg, M.tag, tag);
+    put(msg, M.nbytes, vn);
+    put(msg, M.count, vc);
+    put_ref(msg, M.dtype, dtype);
+    put_ref(msg, M.seq, minus_one);
+    put_ref(msg, M.where, W_STAGED);
+    put_ref(msg, M.view, buf);
+    put_ref(msg, M.ident, zero);
+    put_ref(msg, M.shape, Py_None);
+    if (flow != NULL) {
+        put_ref(msg, M.flow, flow);
+    }
+    /* matcher.enqueue(msg), inlined */
+    long long seq;
+    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+        goto done;
+    }
+    PyObject *vs = PyLong_FromLongLong(seq + 1);
+    if (vs == NULL) {
+        goto done;
+    }
+    put(msg, M.seq, vs);
+    index = slot_get(matcher, MA.unexp);
+    if (index == NULL || !PyDict_CheckExact(index) || push(index, key, msg) < 0
+        || slot_add(matcher, MA.n_unexp, 1) < 0 || slot_add(matcher, MA.unexp_bytes, nbytes) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "the matcher's unexpected messages");
+        }
+        goto done;
+    }
+    PyObject *by_source = slot_get(matcher, MA.by_source);
+    if (by_source == NULL) {
+        goto done;
+    }
+    if (by_source != Py_None) {
+        PyObject *r = PyObject_CallMethodObjArgs(matcher, a_index_add, by_source, msg, NULL);
+        Py_DECREF(by_source);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(by_source);
+    }
+    t = slot_true(matcher, MA.probes);
+    if (t < 0) {
+        goto done;
+    }
+    if (t) {
+        PyObject *r = call_method1(matcher, a_fire_probes, msg);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    t = slot_true(matcher, MA.events);
+    if (t < 0) {
+        goto done;
+    }
+    if (t) {  /* a probe saw it */
+        PyObject *r = PyObject_CallMethodNoArgs(peer, a_drain);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    rc = 1;
+done:
+    Py_XDECREF(buf);
+    Py_XDECREF(msg);
+    Py_XDECREF(pool);
+    Py_XDECREF(index);
+    Py_XDECREF(key);
+    Py_DECREF(matcher);
+    return rc;
+}
+
+/* A message waiting in ``matcher`` for (src, tag), taken into ``data`` (``take_now`` and
+ * the receiver's record, traced with the message's flow): its Status, with when it was
+ * taken and its flow (0 if it has none; a new reference), or Py_None when not handled
+ * (nothing changed). */
+PyObject *
+take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject *tag,
+     char *data, Py_ssize_t nbytes, PyObject *dtype, double *when, PyObject **flow)
+{
+    PyObject *pool = slot_get(engine, EN.pool);
+    if (pool == NULL) {
+        return NULL;
+    }
+    if (Py_TYPE(pool) != PoolType) {
+        Py_DECREF(pool);
+        Py_RETURN_NONE;
+    }
+    PyObject *index = slot_get(matcher, MA.unexp);
+    if (index == NULL) {
+        Py_DECREF(pool);
+        return NULL;
+    }
+    PyObject *result = NULL, *msg = NULL, *view = NULL;
+    PyObject *bucket = PyDict_CheckExact(index) ? PyDict_GetItemWithError(index, key) : NULL;
+    if (bucket == NULL) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    msg = live_head(bucket);
+    if (msg == NULL) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_INCREF(msg);
+    PyObject *md = SLOT(msg, M.dtype);
+    long long n;
+    view = SLOT(msg, M.view);
+    if (SLOT(msg, M.where) != W_STAGED || md == NULL
+        || (md != dtype && PyObject_RichCompareBool(md, dtype, Py_EQ) != 1)
+        || slot_ll(msg, M.nbytes, &n) < 0 || n > nbytes || n >= TIMED_COPY_MIN
+        || view == NULL || !PyMemoryView_Check(view)
+        || PyMemoryView_GET_BUFFER(view)->len < n) {
+        view = NULL;
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_INCREF(view);
+    /* matcher.take(msg): _pop_unexpected, inlined */
+    if (pop_head(index, key, bucket) < 0 || slot_add(matcher, MA.n_unexp, -1) < 0
+        || slot_add(matcher, MA.unexp_bytes, -n) < 0) {
+        goto done;
+    }
+    int t = slot_is_none(matcher, MA.by_source);
+    if (t < 0) {
+        goto done;
+    }
+    if (!t) {
+        PyObject *r = call_method1(matcher, a_unindex, msg);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    put_ref(msg, M.seq, minus_one);
+    if (slot_add(matcher, MA.matched, 1) < 0) {
+        goto done;
+    }
+    if (n) {
+        memmove(data, PyMemoryView_GET_BUFFER(view)->buf, (size_t)n);
+    }
+    /* pool.release(view), inlined */
+    Py_ssize_t size = PyMemoryView_GET_BUFFER(view)->len;
+    long long cached, capacity;
+    if (slot_add(pool, PO.in_use, -(size + MESSAGE_OVERHEAD)) < 0
+        || slot_ll(pool, PO.cached, &cached) < 0
+        || slot_ll(pool, PO.capacity_bytes, &capacity) < 0) {
+        goto done;
+    }
+    if (size && cached + size <= capacity) {
+        PyObject *free = slot_get(pool, PO.free);
+        PyObject *sz = free == NULL ? NULL : PyLong_FromSsize_t(size);
+        PyObject *list = sz == NULL ? NULL : PyDict_GetItemWithError(free, sz);
+        int rc = -1;
+        if (sz != NULL && list == NULL && !PyErr_Occurred()) {
+            list = PyList_New(0);
+            if (list != NULL) {
+                rc = PyDict_SetItem(free, sz, list);
+                Py_DECREF(list);  /* the dict holds it */
+            }
+        } else {
+            rc = list == NULL ? -1 : 0;
+        }
+        int keep = rc == 0 && PyList_GET_SIZE(list) < FREE_PER_BUCKET;
+        if (keep) {
+            rc = PyList_Append(list, view);
+        }
+        Py_XDECREF(sz);
+        Py_XDECREF(free);
+        if (rc < 0 || (keep && slot_set_ll(pool, PO.cached, cached + size) < 0)) {
+            goto done;
+        }
+    }
+    /* (LocalLink.received does nothing for a staged message on an instant link) */
+    long long mc;
+    if (slot_ll(msg, M.count, &mc) < 0) {
+        goto done;
+    }
+    /* the source, tag, count and shape are the message's own */
+    PyObject *status = new_status(SLOT(msg, M.source), SLOT(msg, M.tag), (Py_ssize_t)n,
+                                  (Py_ssize_t)mc, SLOT(msg, M.shape));
+    if (status == NULL) {
+        goto done;
+    }
+    double now;
+    PyObject *mflow = SLOT(msg, M.flow);  /* a traced world's id for it, if any */
+    if (now_of(engine, &now) < 0
+        || record(engine, 1, PyTuple_GET_ITEM(status, 0), PyTuple_GET_ITEM(status, 1),
+                  (Py_ssize_t)n, zero, now, now, now, mflow) < 0) {
+        Py_DECREF(status);
+        goto done;
+    }
+    *when = now;
+    *flow = mflow == NULL ? Py_NewRef(zero) : Py_NewRef(mflow);
+    result = status;
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(view);
+    Py_XDECREF(msg);
+    Py_DECREF(index);
+    return result;
+}
+
+/* What ``post_now`` does for a new exact recv with no message waiting for it. */
+int
+post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
+     Py_ssize_t nbytes, PyObject *timeout)
+{
+    double t;
+    put_ref(req, R.state, S_POSTED);
+    if (now_of(engine, &t) < 0) {
+        return -1;
+    }
+    PyObject *tp = PyFloat_FromDouble(t);
+    if (tp == NULL) {
+        return -1;
+    }
+    put(req, R.t_post, tp);
+    /* matcher.post_recv -> _queue_recv, inlined */
+    long long seq;
+    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+        return -1;
+    }
+    PyObject *vs = PyLong_FromLongLong(seq + 1);
+    if (vs == NULL) {
+        return -1;
+    }
+    put(req, M.seq, vs);
+    PyObject *index = slot_get(matcher, MA.posted);
+    if (index == NULL) {
+        return -1;
+    }
+    int rc = PyDict_CheckExact(index) ? push(index, key, req) : -1;
+    Py_DECREF(index);
+    if (rc < 0 || slot_add(matcher, MA.n_posted, 1) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "the matcher's posted recvs");
+        }
+        return -1;
+    }
+    PyObject *waited = slot_get(matcher, MA.waited);
+    if (waited == NULL) {
+        return -1;
+    }
+    PyObject *src = SLOT(req, M.source);
+    int seen = PySet_Contains(waited, src);
+    Py_DECREF(waited);
+    if (seen < 0) {
+        return -1;
+    }
+    if (!seen) {
+        PyObject *r = call_method1(matcher, a_first_wait, src);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    int t1 = slot_true(matcher, MA.events);
+    if (t1 < 0) {
+        return -1;
+    }
+    if (t1) {
+        PyObject *r = PyObject_CallMethodNoArgs(engine, a_drain);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        if (SLOT(req, R.state) != S_POSTED) {
+            return 0;
+        }
+    }
+    /* Stream._track and track, inlined */
+    long long sseq;
+    if (slot_ll(stream, S.seq, &sseq) < 0) {
+        return -1;
+    }
+    PyObject *vq = PyLong_FromLongLong(sseq + 1);
+    if (vq == NULL) {
+        return -1;
+    }
+    put(stream, S.seq, vq);
+    put_ref(req, R.sseq, vq);
+    PyObject *pending = SLOT(stream, S.pending);
+    if (pending == NULL || PyObject_SetItem(pending, vq, req) < 0) {
+        return -1;
+    }
+    put_ref(req, R.tracked, Py_True);
+    if (slot_add(engine, EN.n_pending, 1) < 0) {
+        return -1;
+    }
+    if (nbytes > 0) {
+        if (slot_add(engine, EN.pending_recvs, 1) < 0) {
+            return -1;
+        }
+        PyObject *rb = slot_get(engine, EN.recv_buffers);
+        if (rb == NULL) {
+            return -1;
+        }
+        if (rb != Py_None) {
+            PyObject *r = PyObject_CallMethodObjArgs(engine, a_add_buffer, rb, req, NULL);
+            Py_DECREF(rb);
+            if (r == NULL) {
+                return -1;
+            }
+            Py_DECREF(r);
+        } else {
+            Py_DECREF(rb);
+        }
+    }
+    if (timeout != Py_None) {
+        PyObject *loop = slot_get(engine, EN.engine_loop);
+        PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
+        PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
+            loop, a_call_later, timeout, cb, req, NULL);
+        Py_XDECREF(cb);
+        Py_XDECREF(loop);
+        if (timer == NULL) {
+            return -1;
+        }
+        put(req, R.timer, timer);
+    }
+    int gone = slot_true(engine, EN.gone);
+    if (gone < 0) {
+        return -1;
+    }
+    if (gone) {
+        PyObject *peer = SLOT(req, R.peer);
+        PyObject *u = call_method1(engine, a_unreachable, peer);
+        int yes = u == NULL ? -1 : PyObject_IsTrue(u);
+        Py_XDECREF(u);
+        if (yes < 0) {
+            return -1;
+        }
+        if (yes) {
+            PyObject *exc = call_method1(engine, a_broken, peer);
+            PyObject *r = exc == NULL ? NULL
+                : PyObject_CallMethodObjArgs(engine, a_withdraw, req, exc, NULL);
+            Py_XDECREF(exc);
+            if (r == NULL) {
+                return -1;
+            }
+            Py_DECREF(r);
+        }
+    }
+    return 0;
+}
