@@ -10,7 +10,7 @@ import bisect
 import ctypes
 import sys
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
 from ._types import DataType
 
 __all__ = [
-    "FREE_PER_BUCKET",
     "BufferView",
     "PendingBuffers",
     "address",
@@ -354,10 +353,6 @@ class PoolStatistics:
     """Requests refused because the cap was reached (those messages went rendezvous)."""
 
 
-#: Free buffers a staging pool keeps of one size, at most.
-FREE_PER_BUCKET: Final = 1024
-
-
 class StagingPool:
     """Size-bucketed, capped pool of staging buffers for eager messages.
 
@@ -367,9 +362,7 @@ class StagingPool:
     buffer at all).  When one more message would pass ``capacity_bytes``, ``acquire``
     returns None and the caller falls back to rendezvous: the sender then waits for its
     recv instead of memory growing without bound.  Free buffers are cached per bucket up
-    to ``capacity_bytes`` in all, and at most ``FREE_PER_BUCKET`` of a size: a burst of a
-    million small messages must not leave a million buffers behind for the collector to
-    walk on every full collection.
+    to ``capacity_bytes`` in all.
     """
 
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
@@ -417,10 +410,8 @@ class StagingPool:
         size = buf.nbytes
         self._in_use -= size + MESSAGE_OVERHEAD
         if size and self._cached + size <= self.capacity_bytes:
-            free = self._free.setdefault(size, [])
-            if len(free) < FREE_PER_BUCKET:
-                free.append(buf)
-                self._cached += size
+            self._free.setdefault(size, []).append(buf)
+            self._cached += size
 
     def trim(self) -> None:
         """Let the free buffers go (a closed rank stages nothing more: its memory need not

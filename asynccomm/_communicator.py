@@ -46,7 +46,7 @@ def _configure_lane() -> tuple[Any, Any]:
     import time
     from collections import deque
 
-    from ._buffers import _NAMES, FREE_PER_BUCKET, StagingPool
+    from ._buffers import _NAMES, StagingPool
     from ._core.descriptors import AT_SENDER, STAGED, Message
     from ._core.matching import Matcher
     from ._core.states import POSTED, QUEUED
@@ -67,7 +67,7 @@ def _configure_lane() -> tuple[Any, Any]:
         "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
         "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
         "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
-        "FREE_PER_BUCKET": FREE_PER_BUCKET, "TIMED_COPY_MIN": TIMED_COPY_MIN,
+        "TIMED_COPY_MIN": TIMED_COPY_MIN,
     })
     return LANE.send, LANE.recv
 

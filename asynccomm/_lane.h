@@ -27,7 +27,7 @@ extern PyObject *get_running_loop, *perf_counter, *deque_type;
 extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightType,
     *TallyType, *MatcherType, *PoolType, *CommType, *EngineType, *TraceType;
 extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
-extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, FREE_PER_BUCKET;
+extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD;
 extern Py_ssize_t TIMED_COPY_MIN;
 extern PyObject *zero, *minus_one, *minus_one_f;
 

@@ -14,7 +14,7 @@ PyObject *names, *get_running_loop, *perf_counter, *deque_type;
 PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightType, *TallyType,
     *MatcherType, *PoolType, *CommType, *EngineType, *TraceType;
 PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
-long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, FREE_PER_BUCKET;
+long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD;
 Py_ssize_t TIMED_COPY_MIN;
 PyObject *zero, *minus_one, *minus_one_f;
 struct message_slots M;
@@ -31,6 +31,20 @@ PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex, *a_firs
     *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later, *a_add_buffer,
     *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result, *a_cancel;
 static PyObject *holder_key;
+static PyObject *deque_append, *deque_popleft;  /* deque's own methods */
+
+/* deque.append(d, item) or deque.popleft(d) (item NULL) called as the unbound method (no
+ * lookup on the instance); a subclass of deque is called by name. */
+static PyObject *
+deque_call(PyObject *method, PyObject *d, PyObject *item)
+{
+    if (Py_TYPE(d) != (PyTypeObject *)deque_type) {
+        return item == NULL ? PyObject_CallMethodNoArgs(d, a_popleft)
+                            : PyObject_CallMethodOneArg(d, a_append, item);
+    }
+    PyObject *args[2] = {d, item};
+    return PyObject_Vectorcall(method, args, item == NULL ? 1 : 2, NULL);
+}
 
 /* -- the clock ----------------------------------------------------------------------- */
 
@@ -177,7 +191,7 @@ record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nby
         return -1;
     }
     PyObject *ring = SLOT(flight, F.ring);
-    PyObject *r = ring == NULL ? NULL : PyObject_CallMethodOneArg(ring, a_append, entry);
+    PyObject *r = ring == NULL ? NULL : deque_call(deque_append, ring, entry);
     if (r == NULL) {
         Py_DECREF(entry);
         return -1;
@@ -309,6 +323,7 @@ next_flow(PyObject *engine, PyObject *dst, PyObject **k)
 
 /* -- the matcher's deques ----------------------------------------------------------- */
 
+
 /* The live head of deque ``bucket`` (borrowed through the deque), or NULL (no error) when
  * the first item is a tombstone (seq <= 0): the Python steps judge those. */
 PyObject *
@@ -343,7 +358,7 @@ static int n_spare;
 int
 pop_head(PyObject *index, PyObject *key, PyObject *bucket)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(bucket, a_popleft);
+    PyObject *r = deque_call(deque_popleft, bucket, NULL);
     if (r == NULL) {
         return -1;
     }
@@ -377,7 +392,7 @@ push(PyObject *index, PyObject *key, PyObject *item)
         }
         if (n_spare) {
             bucket = spare[--n_spare];
-            PyObject *r = PyObject_CallMethodOneArg(bucket, a_append, item);
+            PyObject *r = deque_call(deque_append, bucket, item);
             if (r == NULL) {
                 Py_DECREF(bucket);
                 return -1;
@@ -395,7 +410,7 @@ push(PyObject *index, PyObject *key, PyObject *item)
         Py_DECREF(bucket);
         return rc;
     }
-    PyObject *r = PyObject_CallMethodOneArg(bucket, a_append, item);
+    PyObject *r = deque_call(deque_append, bucket, item);
     if (r == NULL) {
         return -1;
     }
@@ -618,11 +633,15 @@ configure(PyObject *self, PyObject *spec)
         || obj_of(spec, "AT_SENDER", &W_AT_SENDER) < 0 || obj_of(spec, "STAGED", &W_STAGED) < 0
         || long_of(spec, "TAG_UB", &TAG_UB) < 0 || long_of(spec, "MIN_BUCKET", &MIN_BUCKET) < 0
         || long_of(spec, "MESSAGE_OVERHEAD", &MESSAGE_OVERHEAD) < 0
-        || long_of(spec, "FREE_PER_BUCKET", &FREE_PER_BUCKET) < 0
         || long_of(spec, "TIMED_COPY_MIN", &timed) < 0) {
         return NULL;
     }
     TIMED_COPY_MIN = timed;
+    Py_XSETREF(deque_append, PyObject_GetAttrString(deque_type, "append"));
+    Py_XSETREF(deque_popleft, PyObject_GetAttrString(deque_type, "popleft"));
+    if (deque_append == NULL || deque_popleft == NULL) {
+        return NULL;
+    }
     /* Where each field the lane touches lives in its class. */
     const struct { PyTypeObject **cls; const char *name; Py_ssize_t *off; } slots[] = {
         {&MessageType, "source", &M.source},

@@ -480,13 +480,12 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
         } else {
             rc = list == NULL ? -1 : 0;
         }
-        int keep = rc == 0 && PyList_GET_SIZE(list) < FREE_PER_BUCKET;
-        if (keep) {
+        if (rc == 0) {
             rc = PyList_Append(list, view);
         }
         Py_XDECREF(sz);
         Py_XDECREF(free);
-        if (rc < 0 || (keep && slot_set_ll(pool, PO.cached, cached + size) < 0)) {
+        if (rc < 0 || slot_set_ll(pool, PO.cached, cached + size) < 0) {
             goto done;
         }
     }

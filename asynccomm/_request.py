@@ -388,7 +388,7 @@ class TaskRequest:
 def _check_requests(reqs: Sequence[Request]) -> list[Request]:
     out = list(reqs)
     for r in out:
-        if not isinstance(r, Request | TaskRequest):
+        if type(r) is not Request and not isinstance(r, (Request, TaskRequest)):
             raise TypeError(f"expected Request objects, got {type(r).__name__}")
     return out
 
@@ -404,6 +404,13 @@ async def wait_all(reqs: Sequence[Request]) -> list[Any]:
         asyncio.CancelledError: if a request was cancelled.
     """
     items = _check_requests(reqs)
+    results = []
+    for r in items:  # the common case, one request at a time: each already done and well
+        if type(r) is not Request or r._state is not DONE or r._exc is not None:
+            break
+        results.append(r._result)
+    else:
+        return results
     pending = [r for r in items if not r.done()]
     if pending:
         await _wait(pending, all_done=True)
