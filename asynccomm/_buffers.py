@@ -372,7 +372,7 @@ class StagingPool:
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
-        self._free: dict[int, list[memoryview]] = {}
+        self._free: dict[int, list[bytearray]] = {}
         self._in_use = 0
         self._peak = 0
         self._cached = 0
@@ -381,7 +381,7 @@ class StagingPool:
         self._refused = 0
 
     def acquire(self, nbytes: int, *, force: bool = False,
-                tentative: bool = False) -> memoryview | None:
+                tentative: bool = False) -> bytearray | None:
         """A buffer of at least ``nbytes`` bytes, or None if the cap is reached (with
         ``force``, one all the same: for a payload that must be kept, whose sender was
         already told it fits; with ``tentative``, a refusal is not counted: the caller
@@ -403,11 +403,11 @@ class StagingPool:
             self._reused += 1
             self._cached -= size
             return free.pop()
-        return memoryview(bytearray(size))
+        return bytearray(size)
 
-    def release(self, buf: memoryview) -> None:
+    def release(self, buf: bytearray) -> None:
         """Give a buffer from ``acquire`` back."""
-        size = buf.nbytes
+        size = len(buf)
         self._in_use -= size + MESSAGE_OVERHEAD
         if size and self._cached + size <= self.capacity_bytes:
             self._free.setdefault(size, []).append(buf)
@@ -431,4 +431,4 @@ class StagingPool:
         )
 
 
-_EMPTY = memoryview(bytearray(0))
+_EMPTY = bytearray(0)

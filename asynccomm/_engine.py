@@ -336,7 +336,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         where = msg.where
         if where == STAGED or where == INLINE:
             if n:
-                dst[:n] = msg.view[:n]  # type: ignore[index]
+                dst[:n] = memoryview(msg.view)[:n]  # type: ignore[arg-type]
             if where == STAGED:
                 self.pool.release(msg.view)  # type: ignore[arg-type]
             self._received(recv, msg, None)
@@ -347,16 +347,17 @@ class DeviceEngine(TracedLane, PeersMixin):
             self.link.fetch(msg, self.rank, dst[:n], lambda view, record: self._fetched(
                 recv, msg, dst, view, record))
 
-    def _fetched(self, recv: Request, msg: Message, dst: memoryview, view: memoryview | None,
-                 record: object) -> None:
+    def _fetched(self, recv: Request, msg: Message, dst: memoryview,
+                 view: memoryview | bytearray | None, record: object) -> None:
         n = msg.nbytes
         if view is None:  # already in place
             self._received(recv, msg, record)
         elif n < THREAD_COPY_MIN or self.inline_copies:
-            dst[:n] = view[:n]
+            dst[:n] = memoryview(view)[:n]
             self._received(recv, msg, record)
         else:
-            self.copy_on_thread(dst, view, n, lambda: self._received(recv, msg, record))
+            self.copy_on_thread(dst, memoryview(view), n,
+                                lambda: self._received(recv, msg, record))
 
     def _received(self, recv: Request, msg: Message, record: object) -> None:
         """The payload is in ``recv``'s buffer: complete it, and let the link complete the

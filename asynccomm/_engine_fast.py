@@ -315,7 +315,7 @@ class FastLane:
         if fast_copy is not None:
             fast_copy(array, msg.view, n)
         elif n:
-            _bytes_of(array)[:n] = msg.view[:n]  # type: ignore[index]
+            _bytes_of(array)[:n] = memoryview(msg.view)[:n]  # type: ignore[arg-type]
         if where == STAGED:
             self.pool.release(msg.view)  # type: ignore[arg-type]
         self.link.received(msg, self.rank)  # its sender may complete, its credit go back

@@ -278,16 +278,11 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *da
             goto done;
         }
     } else {
-        PyObject *ba = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
-        if (ba == NULL) {
-            goto done;
-        }
-        memset(PyByteArray_AS_STRING(ba), 0, (size_t)size);
-        buf = PyMemoryView_FromObject(ba);
-        Py_DECREF(ba);
+        buf = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)size);
         if (buf == NULL) {
             goto done;
         }
+        memset(PyByteArray_AS_STRING(buf), 0, (size_t)size);
     }
     if (slot_add(pool, PO.acquired, 1) < 0 || slot_set_ll(pool, PO.in_use, in_use + cost) < 0
         || (in_use + cost > peak && slot_set_ll(pool, PO.peak, in_use + cost) < 0)
@@ -295,11 +290,11 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *da
                       || slot_set_ll(pool, PO.cached, cached - size) < 0))) {
         goto done;
     }
-    if (!PyMemoryView_Check(buf) || PyMemoryView_GET_BUFFER(buf)->len < nbytes) {
+    if (!PyByteArray_CheckExact(buf) || PyByteArray_GET_SIZE(buf) < nbytes) {
         PyErr_SetString(PyExc_TypeError, "a staging buffer");
         goto done;
     }
-    memmove(PyMemoryView_GET_BUFFER(buf)->buf, data, (size_t)nbytes);
+    memmove(PyByteArray_AS_STRING(buf), data, (size_t)nbytes);
     /* Message(source, tag, nbytes, count, dtype, STAGED, buf) */
     msg = MessageType->tp_alloc(MessageType, 0);
     if (msg == NULL) {
@@ -428,8 +423,8 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
     if (SLOT(msg, M.where) != W_STAGED || md == NULL
         || (md != dtype && PyObject_RichCompareBool(md, dtype, Py_EQ) != 1)
         || slot_ll(msg, M.nbytes, &n) < 0 || n > nbytes || n >= TIMED_COPY_MIN
-        || view == NULL || !PyMemoryView_Check(view)
-        || PyMemoryView_GET_BUFFER(view)->len < n) {
+        || view == NULL || !PyByteArray_CheckExact(view)
+        || PyByteArray_GET_SIZE(view) < n) {
         view = NULL;
         result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
         goto done;
@@ -456,10 +451,10 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
         goto done;
     }
     if (n) {
-        memmove(data, PyMemoryView_GET_BUFFER(view)->buf, (size_t)n);
+        memmove(data, PyByteArray_AS_STRING(view), (size_t)n);
     }
     /* pool.release(view), inlined */
-    Py_ssize_t size = PyMemoryView_GET_BUFFER(view)->len;
+    Py_ssize_t size = PyByteArray_GET_SIZE(view);
     long long cached, capacity;
     if (slot_add(pool, PO.in_use, -(size + MESSAGE_OVERHEAD)) < 0
         || slot_ll(pool, PO.cached, &cached) < 0

@@ -60,6 +60,8 @@ class Request(Message):
     #: When the op finished (the engine's clock): set when known.  (A send's message id
     #: in a trace, ``flow``, is ``Message``'s.)
     t_fin: float
+    #: An op's own buffer, as bytes (never a staging pool's).
+    view: memoryview | None
 
     __slots__ = (
         "_exc", "_owner", "_record", "_result", "_state", "_timer", "_tracked", "_waiters",

@@ -65,7 +65,8 @@ class Message(Descriptor):
 
     Attributes:
         where: ``AT_SENDER``, ``STAGED``, ``INLINE`` or ``REMOTE`` (see the module docs).
-        view: the payload's bytes where they are readable in this process, else None.
+        view: the payload's bytes where they are readable in this process, else None (a
+            staged payload's are the staging pool's bytearray).
         ident: the message's id at its sender (``REMOTE``), else 0.
         shape: the sender's array shape when it is not 1-D (``(count,)``), else None.
         flow: in a traced world, the message's flow id (``_trace`` Rule 4), once numbered.
@@ -74,9 +75,11 @@ class Message(Descriptor):
     __slots__ = ("flow", "ident", "shape", "view", "where")
 
     flow: int | str
+    view: memoryview | bytearray | None
 
     def __init__(self, source: int, tag: int, nbytes: int, count: int, dtype: str | None,
-                 where: int, view: memoryview | None = None, ident: int = 0) -> None:
+                 where: int, view: memoryview | bytearray | None = None,
+                 ident: int = 0) -> None:
         self.source = source  # Descriptor's fields, set here: one call fewer per message
         self.tag = tag
         self.nbytes = nbytes

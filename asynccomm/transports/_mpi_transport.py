@@ -168,7 +168,8 @@ class MPITransport(Link):
                 sent = self._sends.pop(ident)
                 endpoint.activate(sent)  # a withdrawal under way, if any, lost
                 assert sent.view is not None
-                self.progress.push(sent.view, dest, data_tag, lambda: endpoint.sent(sent))
+                self.progress.push(memoryview(sent.view), dest, data_tag,
+                                   lambda: endpoint.sent(sent))
             case w.WithdrawRequested(source, ident):
                 dropped = self._announced.pop((source, ident), None)
                 if dropped is not None:
@@ -213,7 +214,7 @@ class MPITransport(Link):
             if wire.eager(dest, n):
                 packed: bytes | bytearray
                 if n <= _CONCAT_MAX:
-                    packed = wire.pack_eager(msg.tag, n, msg.count, dt) + view.tobytes()
+                    packed = wire.pack_eager(msg.tag, n, msg.count, dt) + bytes(view)
                 else:
                     packed = bytearray(_HSIZE + n)
                     HEADER.pack_into(packed, 0, EAGER, len(dt), self.rank, msg.tag, n,

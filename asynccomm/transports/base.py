@@ -49,7 +49,7 @@ ASKED: Final = 2
 
 #: ``fetch``'s callback: the payload's readable view (None: already in place) and the
 #: transfer's modelled record (None without a model).
-Ready = Callable[["memoryview | None", object], None]
+Ready = Callable[["memoryview | bytearray | None", object], None]
 
 
 class Endpoint(Protocol):
