@@ -10,6 +10,9 @@ Rule 2: the same step adds the op to per-peer totals (ops, bytes, seconds waitin
 copying: what ``Communicator.summary()`` reports on every world), one ``Tally`` per peer
 and kind, made on first use (a rank of a large world talks to few peers).  The fast lane
 does both inline: a clock read, a tuple, an append and a few attribute updates per op.
+Where the C lane is built (``_fastlane.LANE``), the ring is its ``Ring`` and the tallies its
+``Tally``: the same entries and totals, kept as numbers, so recording an op makes no
+Python objects.
 Rule 3: times are seconds on the engine's clock (``clock_for``: the virtual loop's clock,
 else ``time.perf_counter``); dicts give them relative to the world's start, None when
 unknown (a send never sees its match when its message was staged; a queued op never
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ._core.states import ACTIVE, CANCELLED, QUEUED, Kind, State
 from ._exceptions import CommTimeoutError
+from ._fastlane import LANE
 from ._types import ANY_SOURCE, Status
 from .sim.records import PeerTotals
 
@@ -95,7 +99,9 @@ class Tally:
         self.c = 0.0  # seconds from match to finish
 
 
-_NONE = Tally()  # read only: a peer with no ops of a kind
+#: The tallies made (the C lane's where it is built: the same fields, kept as numbers).
+_new_tally: Callable[[], Tally] = Tally if LANE is None else LANE.Tally
+_NONE = _new_tally()  # read only: a peer with no ops of a kind
 
 
 class Tallies(dict[int, Tally]):
@@ -105,7 +111,7 @@ class Tallies(dict[int, Tally]):
     __slots__ = ()
 
     def __missing__(self, peer: int) -> Tally:
-        tally = self[peer] = Tally()
+        tally = self[peer] = _new_tally()
         return tally
 
 
@@ -118,7 +124,7 @@ class FlightRecorder:
         self.size = size
         self.origin = origin
         #: The last ``size`` entries, oldest first.
-        self.ring: deque[Entry] = deque(maxlen=size)
+        self.ring: deque[Entry] = deque(maxlen=size) if LANE is None else LANE.Ring(size)
         # Totals of finished sends and recvs, per peer.  The fast lane updates them inline.
         self.sends = Tallies()
         self.recvs = Tallies()

@@ -375,11 +375,19 @@ PyInit__lane(void)
         PyErr_SetString(PyExc_OSError, "pthread_atfork");
         return NULL;
     }
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&TallyCType) < 0) {
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) {
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[sss]", "configure", "recv", "send");
+    if (PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
+        || PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyCType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *all = Py_BuildValue("[sssss]", "Ring", "Tally", "configure", "recv", "send");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(m);

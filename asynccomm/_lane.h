@@ -189,6 +189,13 @@ void forget_in_child(void);
 PyObject *configure(PyObject *self, PyObject *spec);
 int intern_names(void);
 
+/* _lane_flight.c: the flight recorder's ring and tallies. */
+extern PyTypeObject RingType, TallyCType;
+void ring_push(PyObject *ring, long long kind, long long peer, long long tag,
+               long long nbytes, long long sid, long long how, double t_post,
+               double t_match, double t_fin);
+void tally_add(PyObject *tally, long long nbytes, double w, double c);
+
 /* _lane_steps.c: the receiving engine's steps. */
 int offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
           Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow,

@@ -154,17 +154,13 @@ new_status(PyObject *source, PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count,
     return st;
 }
 
-/* flight.ring.append((kind, peer, tag, nbytes, sid, 0, t_post, t_match, t_fin)) and the
- * tally of (kind, peer): what FlightRecorder.add does for a finished send or recv. */
-int
-record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
-       PyObject *sid, double t_post, double t_match, double t_fin, PyObject *flow)
+/* The entry as a tuple, appended to ``ring`` (a deque, or a Ring) and, in a traced world,
+ * to the rank's trace with the message's flow (``RankTrace.add``; trace_ok vetted it). */
+static int
+append_entry(PyObject *ring, PyObject *tracer, int kind, PyObject *peer, PyObject *tag,
+             Py_ssize_t nbytes, PyObject *sid, double t_post, double t_match, double t_fin,
+             PyObject *flow)
 {
-    PyObject *flight = SLOT(engine, EN.flight);
-    if (flight == NULL || Py_TYPE(flight) != FlightType) {
-        PyErr_SetString(PyExc_TypeError, "the engine's flight recorder");
-        return -1;
-    }
     PyObject *entry = PyTuple_New(9);
     if (entry == NULL) {
         return -1;
@@ -190,15 +186,14 @@ record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nby
         Py_DECREF(entry);
         return -1;
     }
-    PyObject *ring = SLOT(flight, F.ring);
-    PyObject *r = ring == NULL ? NULL : deque_call(deque_append, ring, entry);
+    PyObject *r = Py_TYPE(ring) == (PyTypeObject *)deque_type
+        ? deque_call(deque_append, ring, entry) : PyObject_CallMethodOneArg(ring, a_append, entry);
     if (r == NULL) {
         Py_DECREF(entry);
         return -1;
     }
     Py_DECREF(r);
-    PyObject *tracer = SLOT(engine, EN.tracer);
-    if (tracer != NULL && tracer != Py_None) {  /* RankTrace.add (trace_ok vetted it) */
+    if (tracer != Py_None) {
         PyObject *op = PyTuple_Pack(3, entry, flow == NULL ? zero : flow, Py_None);
         PyObject *ops = SLOT(tracer, TR.ops);
         int rc = op == NULL || ops == NULL || !PyList_Check(ops) ? -1 : PyList_Append(ops, op);
@@ -212,6 +207,36 @@ record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nby
         }
     }
     Py_DECREF(entry);
+    return 0;
+}
+
+/* flight.ring.append((kind, peer, tag, nbytes, sid, 0, t_post, t_match, t_fin)) and the
+ * tally of (kind, peer): what FlightRecorder.add does for a finished send or recv. */
+int
+record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
+       PyObject *sid, double t_post, double t_match, double t_fin, PyObject *flow)
+{
+    PyObject *flight = SLOT(engine, EN.flight);
+    if (flight == NULL || Py_TYPE(flight) != FlightType) {
+        PyErr_SetString(PyExc_TypeError, "the engine's flight recorder");
+        return -1;
+    }
+    PyObject *ring = SLOT(flight, F.ring), *tracer = SLOT(engine, EN.tracer);
+    if (ring == NULL || tracer == NULL) {
+        PyErr_SetString(PyExc_TypeError, "the engine's flight recorder");
+        return -1;
+    }
+    if (Py_TYPE(ring) == &RingType && tracer == Py_None) {  /* numbers, straight in */
+        long long p = PyLong_AsLongLong(peer), g = PyLong_AsLongLong(tag);
+        long long s = PyLong_AsLongLong(sid);
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        ring_push(ring, kind, p, g, nbytes, s, 0, t_post, t_match, t_fin);
+    } else if (append_entry(ring, tracer, kind, peer, tag, nbytes, sid, t_post, t_match,
+                            t_fin, flow) < 0) {
+        return -1;
+    }
     PyObject *tallies = SLOT(flight, kind ? F.recvs : F.sends);
     if (tallies == NULL || !PyDict_Check(tallies)) {
         PyErr_SetString(PyExc_TypeError, "the flight recorder's tallies");
@@ -223,6 +248,11 @@ record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nby
     } else if (PyErr_Occurred()
                || (tally = PyObject_GetItem(tallies, peer)) == NULL) {  /* __missing__ */
         return -1;
+    }
+    if (Py_TYPE(tally) == &TallyCType) {
+        tally_add(tally, nbytes, t_match - t_post, t_fin - t_match);
+        Py_DECREF(tally);
+        return 0;
     }
     int rc = -1;
     long long tn, tb;
