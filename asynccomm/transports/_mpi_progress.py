@@ -3,7 +3,7 @@
 It keeps ``CTRL_SLOTS`` persistent control recvs posted and hands each control message
 that lands to the link; it tracks every other MPI request (control sends, data chunks)
 with the callback to run when it completes; and it moves rendezvous payloads in chunks
-with a window (``_core.chunking``).  It never blocks the loop: the control recv at the head
+with a window (``_mpi_chunks``).  It never blocks the loop: the control recv at the head
 of the queue is polled with ``Test``, the rest with ``Testsome``.  After any activity it
 polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
 (``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
@@ -22,13 +22,12 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
-from .._core.chunking import Chunk, ChunkSender, OneChunk
 from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
 from ._doorbell import Bell
+from ._mpi_chunks import Mover
 from ._mpi_lib import Backoff, sched_yield, yield_now
 from ._ticker import Ticker
 
@@ -43,10 +42,6 @@ CTRL_TAG = 0
 #: Control recvs kept posted; more let bursts of small messages land without MPI-level
 #: unexpected-message buffering.
 CTRL_SLOTS = 8
-#: Rendezvous data moves in chunks of this size, ``MAX_INFLIGHT`` at a time per transfer,
-#: so MPI's progress calls copy a bounded amount each while the loop waits for them.
-CHUNK_BYTES = 16 << 20
-MAX_INFLIGHT = 2
 #: After anything happens (a completion, or a send from this rank), poll back to back for
 #: this long before backing off.  It must outlast a sleeping peer's reaction time (one
 #: back-off sleep, which uvloop's millisecond timers round up to 1 ms, plus scheduling),
@@ -73,7 +68,7 @@ class Slot:
         self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
 
 
-class Progress:
+class Progress(Mover):
     """Polls one world's MPI requests on the loop (see module docs).
 
     Args:
@@ -121,7 +116,7 @@ class Progress:
             self._slots.append(slot)
         self.task = loop.create_task(self._run(), name=name)
 
-    # -- sending and moving data ----------------------------------------------------------
+    # -- sending ----------------------------------------------------------
 
     def send(self, dest: int, msg: bytes | bytearray) -> None:
         """Send one control message (kept alive until MPI is done with it)."""
@@ -176,39 +171,6 @@ class Progress:
         if parked is not None and not parked.done():
             self._woke = True
             parked.set_result(None)
-
-    def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
-        """Send ``view`` to ``dest`` on ``tag`` in chunks; ``done()`` once it is all sent."""
-        self._move(view, dest, tag, done, self.comm.Isend)
-
-    def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
-        """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in."""
-        self._move(view, source, tag, done, self.comm.Irecv)
-
-    def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
-              start: Callable[..., MPI.Request]) -> None:
-        n = len(view)
-        chunks = (OneChunk(n) if n <= CHUNK_BYTES else
-                  ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
-        self._more(chunks, view, peer, tag, done, start)
-
-    def _more(self, chunks: OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
-              done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
-        while (chunk := chunks.next_chunk()) is not None:
-            req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
-            self._data += 1
-            self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
-        self._wake()
-
-    def _moved(self, chunks: OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
-               peer: int, tag: int, done: Callable[[], None],
-               start: Callable[..., MPI.Request]) -> None:
-        self._data -= 1
-        chunks.chunk_done(chunk)
-        if chunks.done:
-            done()
-        else:
-            self._more(chunks, view, peer, tag, done, start)
 
     # -- polling --------------------------------------------------------------------------
 

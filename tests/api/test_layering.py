@@ -264,6 +264,7 @@ LAYERS: dict[str, int] = {
     "asynccomm.transports": 5, "asynccomm.transports.base": 5,
     "asynccomm.transports.local": 5, "asynccomm.transports._mpi_lib": 5,
     "asynccomm.transports._mpi_progress": 5, "asynccomm.transports._mpi_transport": 5,
+    "asynccomm.transports._mpi_chunks": 5,
     "asynccomm.transports._ticker": 5, "asynccomm.transports._doorbell": 5,
     "asynccomm.transports.mpi": 5,
     # requests and streams: handles the engine owns

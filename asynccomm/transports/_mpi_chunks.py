@@ -1,0 +1,70 @@
+"""Rendezvous payloads across processes, moved in chunks: ``Progress``'s mover.
+
+A payload up to ``CHUNK_BYTES`` moves in one MPI ``Isend``/``Irecv``; a larger one in
+chunks of that size, ``MAX_INFLIGHT`` at a time (``_core.chunking``), so MPI's progress
+calls copy a bounded amount each while the loop waits for them.  Each chunk's request is
+tracked by the progress task (``_track``), which polls without backing off while any is
+in flight (``_data``) and starts the next chunk as one completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from .._core.chunking import Chunk, ChunkSender, OneChunk
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+__all__ = ["CHUNK_BYTES", "MAX_INFLIGHT", "Mover"]
+
+#: Rendezvous data moves in chunks of this size, ``MAX_INFLIGHT`` at a time per transfer.
+CHUNK_BYTES = 16 << 20
+MAX_INFLIGHT = 2
+
+
+class Mover:
+    """Moves payloads in chunks for ``Progress`` (see module docs), which provides the
+    communicator, the count of chunks in flight, request tracking and waking."""
+
+    comm: MPI.Intracomm
+    _data: int
+
+    if TYPE_CHECKING:
+        def _track(self, req: MPI.Request, cb: Callable[[], None] | None) -> None: ...
+        def _wake(self) -> None: ...
+
+    def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
+        """Send ``view`` to ``dest`` on ``tag`` in chunks; ``done()`` once it is all sent."""
+        self._move(view, dest, tag, done, self.comm.Isend)
+
+    def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
+        """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in."""
+        self._move(view, source, tag, done, self.comm.Irecv)
+
+    def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
+              start: Callable[..., MPI.Request]) -> None:
+        n = len(view)
+        chunks = (OneChunk(n) if n <= CHUNK_BYTES else
+                  ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
+        self._more(chunks, view, peer, tag, done, start)
+
+    def _more(self, chunks: OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
+              done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
+        while (chunk := chunks.next_chunk()) is not None:
+            req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
+            self._data += 1
+            self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
+        self._wake()
+
+    def _moved(self, chunks: OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
+               peer: int, tag: int, done: Callable[[], None],
+               start: Callable[..., MPI.Request]) -> None:
+        self._data -= 1
+        chunks.chunk_done(chunk)
+        if chunks.done:
+            done()
+        else:
+            self._more(chunks, view, peer, tag, done, start)
