@@ -16,9 +16,10 @@
  * their ``__slots__``, looked up by name once.  An object of any other class is not
  * handled.
  *
- * The files: this one (the entry points ``send`` and ``recv``), _lane_steps.c (the
- * receiving engine's steps), _lane_objects.c (configuration, builders, the matcher's
- * deques, the clock, the running-loop check), _lane.h (what they share).
+ * The files: this one (the entry points ``send`` and ``recv``), _lane_steps.c and
+ * _lane_recv.c (the receiving engine's steps), _lane_objects.c (builders, the matcher's deques, the
+ * clock), _lane_config.c (configuration and the running-loop check), _lane_flight.c (the
+ * flight recorder's ring and tallies), _lane.h (what they share).
  */
 #define LANE_IMPORTS_NUMPY
 #include "_lane.h"
@@ -88,54 +89,81 @@ in_range(PyObject *v, long hi)
     return !overflow && x >= 0 && x < hi;
 }
 
+/* A call of send or recv: its arguments, and the engine it runs on. */
+struct call {
+    PyObject *comm, *buf, *peer, *tag, *name, *engine, *stream;
+    Py_ssize_t nbytes, count;
+    int handle;
+};
+
+/* Whether a call fits the lane: 1 when ``comm`` is a Communicator, ``buf`` an exact 1-D
+ * array of a known dtype (writable for a recv), the peer and tag exact ints in range, and
+ * the engine on the fast lane (``fast_engine``: c->engine is then a new reference); 0
+ * when not; -1 on an error. */
+static int
+accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *usage,
+            struct call *c)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    if (!ready) {
+        return 0;
+    }
+    c->comm = args[0];
+    c->buf = args[1];
+    c->peer = args[2];
+    c->tag = args[3];
+    c->handle = PyObject_IsTrue(args[4]);
+    if (c->handle < 0) {
+        return -1;
+    }
+    if (Py_TYPE(c->comm) != CommType) {
+        return 0;
+    }
+    int j = judge(c->buf, writable, &c->name, &c->nbytes, &c->count);
+    if (j <= 0) {
+        return j;
+    }
+    long long size;
+    if (!in_range(c->tag, TAG_UB + 1)) {
+        return 0;
+    }
+    if (slot_ll(c->comm, CO.size, &size) < 0) {
+        return -1;
+    }
+    if (!in_range(c->peer, (long)size)) {
+        return 0;
+    }
+    c->engine = fast_engine(c->comm, &c->stream);
+    if (c->engine == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    return 1;
+}
+
 /* send(comm, buf, dst, tag, handle) -> bool | Request: once the message went the fast
  * lane (the send is done, and recorded), True, or with ``handle`` its Request; False,
  * having done nothing, when the Python path must run. */
 static PyObject *
 lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !ready) {
-        if (nargs != 5) {
-            PyErr_SetString(PyExc_TypeError, "send(comm, buf, dst, tag, handle)");
+    struct call c;
+    int fits = accept_call(args, nargs, 0, "send(comm, buf, dst, tag, handle)", &c);
+    if (fits <= 0 || c.nbytes >= TIMED_COPY_MIN) {
+        if (fits > 0) {
+            Py_DECREF(c.engine);
+        }
+        if (fits < 0) {
             return NULL;
         }
         Py_RETURN_FALSE;
     }
-    PyObject *comm = args[0], *buf = args[1], *dst = args[2], *tag = args[3];
-    int handle = PyObject_IsTrue(args[4]);
-    if (handle < 0) {
-        return NULL;
-    }
-    if (Py_TYPE(comm) != CommType) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *name;
-    Py_ssize_t nbytes, count;
-    int j = judge(buf, 0, &name, &nbytes, &count);
-    if (j <= 0) {
-        if (j < 0) {
-            return NULL;
-        }
-        Py_RETURN_FALSE;
-    }
-    if (nbytes >= TIMED_COPY_MIN || !in_range(tag, TAG_UB + 1)) {
-        Py_RETURN_FALSE;
-    }
-    long long size;
-    if (slot_ll(comm, CO.size, &size) < 0) {
-        return NULL;
-    }
-    if (!in_range(dst, (long)size)) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *stream;
-    PyObject *engine = fast_engine(comm, &stream);
-    if (engine == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_FALSE;
-    }
+    PyObject *comm = c.comm, *buf = c.buf, *dst = c.peer, *tag = c.tag, *name = c.name;
+    PyObject *engine = c.engine, *stream = c.stream;
+    Py_ssize_t nbytes = c.nbytes, count = c.count;
+    int handle = c.handle;
     PyObject *result = NULL, *peers = NULL, *rank = NULL, *flow = NULL, *k = NULL;
     peers = slot_get(engine, EN.peers);
     if (peers == NULL) {
@@ -210,48 +238,18 @@ done:
 static PyObject *
 lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "recv(comm, buf, src, tag, handle)");
-        return NULL;
-    }
-    if (!ready) {
-        Py_RETURN_NONE;
-    }
-    PyObject *comm = args[0], *buf = args[1], *src = args[2], *tag = args[3];
-    int handle = PyObject_IsTrue(args[4]);
-    if (handle < 0) {
-        return NULL;
-    }
-    if (Py_TYPE(comm) != CommType) {
-        Py_RETURN_NONE;
-    }
-    PyObject *name;
-    Py_ssize_t nbytes, count;
-    int j = judge(buf, 1, &name, &nbytes, &count);
-    if (j <= 0) {
-        if (j < 0) {
+    struct call c;
+    int fits = accept_call(args, nargs, 1, "recv(comm, buf, src, tag, handle)", &c);
+    if (fits <= 0) {
+        if (fits < 0) {
             return NULL;
         }
         Py_RETURN_NONE;
     }
-    if (!in_range(tag, TAG_UB + 1)) {
-        Py_RETURN_NONE;
-    }
-    long long size;
-    if (slot_ll(comm, CO.size, &size) < 0) {
-        return NULL;
-    }
-    if (!in_range(src, (long)size)) {
-        Py_RETURN_NONE;
-    }
-    PyObject *stream;
-    PyObject *engine = fast_engine(comm, &stream);
-    if (engine == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
+    PyObject *comm = c.comm, *buf = c.buf, *src = c.peer, *tag = c.tag, *name = c.name;
+    PyObject *engine = c.engine, *stream = c.stream;
+    Py_ssize_t nbytes = c.nbytes, count = c.count;
+    int handle = c.handle;
     PyObject *result = NULL, *matcher = NULL, *key = NULL, *timeout = NULL, *req = NULL;
     int t = slot_true(engine, EN.pending_recvs);
     if (t < 0) {

@@ -19,11 +19,12 @@
 #pragma GCC visibility push(hidden)
 #endif
 
-/* -- what configure() fills in (_lane_objects.c) -------------------------------------- */
+/* -- what configure() fills in (_lane_config.c) --------------------------------------- */
 
 extern int ready;
 extern PyObject *names;  /* dtype -> name */
 extern PyObject *get_running_loop, *perf_counter, *deque_type;
+extern PyObject *deque_append, *deque_popleft;  /* deque's own methods */
 extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightType,
     *TallyType, *MatcherType, *PoolType, *CommType, *EngineType, *TraceType;
 extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
@@ -166,7 +167,7 @@ slot_is_none(PyObject *o, Py_ssize_t off)
 
 /* -- the steps each file gives the others --------------------------------------------- */
 
-/* _lane_objects.c: clocks, buffers, builders, the matcher's deques, the running loop. */
+/* _lane_objects.c: the clock, buffers, builders, the matcher's deques. */
 int now_of(PyObject *engine, double *t);
 int judge(PyObject *buf, int writable, PyObject **name, Py_ssize_t *nbytes, Py_ssize_t *count);
 char *array_bytes(PyObject *a, int writable, Py_ssize_t *len);
@@ -180,10 +181,14 @@ PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
 int push(PyObject *index, PyObject *key, PyObject *item);
 PyObject *call_method1(PyObject *o, PyObject *name, PyObject *arg);
+PyObject *new_message(PyTypeObject *type, PyObject *source, PyObject *tag, Py_ssize_t nbytes,
+                      Py_ssize_t count, PyObject *dtype, PyObject *where, PyObject *view);
 PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,
                       PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype,
                       PyObject *stream, PyObject *timeout, PyObject *array);
 int finish_now(PyObject *req, PyObject *result, double t);
+
+/* _lane_config.c: configuration, interned names, the running-loop check. */
 int running(PyObject *loop);
 void forget_in_child(void);
 PyObject *configure(PyObject *self, PyObject *spec);
@@ -196,7 +201,7 @@ void ring_push(PyObject *ring, long long kind, long long peer, long long tag,
                double t_match, double t_fin);
 void tally_add(PyObject *tally, long long nbytes, double w, double c);
 
-/* _lane_steps.c: the receiving engine's steps. */
+/* _lane_steps.c and _lane_recv.c: the receiving engine's steps. */
 int offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
           Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow,
           double *when);

@@ -1,0 +1,281 @@
+/* The C lane's steps for a new recv (see _lane.c): a message already waiting taken
+ * (``take_now``), or the recv posted (``post_now``).  Each writes the fields its Python
+ * step writes, in the same order; each returns "not handled", having changed nothing,
+ * wherever that step would take another way. */
+#include "_lane.h"
+
+#include <string.h>
+
+/* A message waiting in ``matcher`` for (src, tag), taken into ``data`` (``take_now`` and
+ * the receiver's record, traced with the message's flow): its Status, with when it was
+ * taken and its flow (0 if it has none; a new reference), or Py_None when not handled
+ * (nothing changed). */
+PyObject *
+take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject *tag,
+     char *data, Py_ssize_t nbytes, PyObject *dtype, double *when, PyObject **flow)
+{
+    PyObject *pool = slot_get(engine, EN.pool);
+    if (pool == NULL) {
+        return NULL;
+    }
+    if (Py_TYPE(pool) != PoolType) {
+        Py_DECREF(pool);
+        Py_RETURN_NONE;
+    }
+    PyObject *index = slot_get(matcher, MA.unexp);
+    if (index == NULL) {
+        Py_DECREF(pool);
+        return NULL;
+    }
+    PyObject *result = NULL, *msg = NULL, *view = NULL;
+    PyObject *bucket = PyDict_CheckExact(index) ? PyDict_GetItemWithError(index, key) : NULL;
+    if (bucket == NULL) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    msg = live_head(bucket);
+    if (msg == NULL) {
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_INCREF(msg);
+    PyObject *md = SLOT(msg, M.dtype);
+    long long n;
+    view = SLOT(msg, M.view);
+    if (SLOT(msg, M.where) != W_STAGED || md == NULL
+        || (md != dtype && PyObject_RichCompareBool(md, dtype, Py_EQ) != 1)
+        || slot_ll(msg, M.nbytes, &n) < 0 || n > nbytes || n >= TIMED_COPY_MIN
+        || view == NULL || !PyByteArray_CheckExact(view)
+        || PyByteArray_GET_SIZE(view) < n) {
+        view = NULL;
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_INCREF(view);
+    /* matcher.take(msg): _pop_unexpected, inlined */
+    if (pop_head(index, key, bucket) < 0 || slot_add(matcher, MA.n_unexp, -1) < 0
+        || slot_add(matcher, MA.unexp_bytes, -n) < 0) {
+        goto done;
+    }
+    int t = slot_is_none(matcher, MA.by_source);
+    if (t < 0) {
+        goto done;
+    }
+    if (!t) {
+        PyObject *r = call_method1(matcher, a_unindex, msg);
+        if (r == NULL) {
+            goto done;
+        }
+        Py_DECREF(r);
+    }
+    put_ref(msg, M.seq, minus_one);
+    if (slot_add(matcher, MA.matched, 1) < 0) {
+        goto done;
+    }
+    if (n) {
+        memmove(data, PyByteArray_AS_STRING(view), (size_t)n);
+    }
+    /* pool.release(view), inlined */
+    Py_ssize_t size = PyByteArray_GET_SIZE(view);
+    long long cached, capacity;
+    if (slot_add(pool, PO.in_use, -(size + MESSAGE_OVERHEAD)) < 0
+        || slot_ll(pool, PO.cached, &cached) < 0
+        || slot_ll(pool, PO.capacity_bytes, &capacity) < 0) {
+        goto done;
+    }
+    if (size && cached + size <= capacity) {
+        PyObject *free = slot_get(pool, PO.free);
+        PyObject *sz = free == NULL ? NULL : PyLong_FromSsize_t(size);
+        PyObject *list = sz == NULL ? NULL : PyDict_GetItemWithError(free, sz);
+        int rc = -1;
+        if (sz != NULL && list == NULL && !PyErr_Occurred()) {
+            list = PyList_New(0);
+            if (list != NULL) {
+                rc = PyDict_SetItem(free, sz, list);
+                Py_DECREF(list);  /* the dict holds it */
+            }
+        } else {
+            rc = list == NULL ? -1 : 0;
+        }
+        if (rc == 0) {
+            rc = PyList_Append(list, view);
+        }
+        Py_XDECREF(sz);
+        Py_XDECREF(free);
+        if (rc < 0 || slot_set_ll(pool, PO.cached, cached + size) < 0) {
+            goto done;
+        }
+    }
+    /* (LocalLink.received does nothing for a staged message on an instant link) */
+    long long mc;
+    if (slot_ll(msg, M.count, &mc) < 0) {
+        goto done;
+    }
+    /* the source, tag, count and shape are the message's own */
+    PyObject *status = new_status(SLOT(msg, M.source), SLOT(msg, M.tag), (Py_ssize_t)n,
+                                  (Py_ssize_t)mc, SLOT(msg, M.shape));
+    if (status == NULL) {
+        goto done;
+    }
+    double now;
+    PyObject *mflow = SLOT(msg, M.flow);  /* a traced world's id for it, if any */
+    if (now_of(engine, &now) < 0
+        || record(engine, 1, PyTuple_GET_ITEM(status, 0), PyTuple_GET_ITEM(status, 1),
+                  (Py_ssize_t)n, zero, now, now, now, mflow) < 0) {
+        Py_DECREF(status);
+        goto done;
+    }
+    *when = now;
+    *flow = mflow == NULL ? Py_NewRef(zero) : Py_NewRef(mflow);
+    result = status;
+done:
+    Py_XDECREF(pool);
+    Py_XDECREF(view);
+    Py_XDECREF(msg);
+    Py_DECREF(index);
+    return result;
+}
+
+/* What ``post_now`` does for a new exact recv with no message waiting for it. */
+int
+post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
+     Py_ssize_t nbytes, PyObject *timeout)
+{
+    double t;
+    put_ref(req, R.state, S_POSTED);
+    if (now_of(engine, &t) < 0) {
+        return -1;
+    }
+    PyObject *tp = PyFloat_FromDouble(t);
+    if (tp == NULL) {
+        return -1;
+    }
+    put(req, R.t_post, tp);
+    /* matcher.post_recv -> _queue_recv, inlined */
+    long long seq;
+    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+        return -1;
+    }
+    PyObject *vs = PyLong_FromLongLong(seq + 1);
+    if (vs == NULL) {
+        return -1;
+    }
+    put(req, M.seq, vs);
+    PyObject *index = slot_get(matcher, MA.posted);
+    if (index == NULL) {
+        return -1;
+    }
+    int rc = PyDict_CheckExact(index) ? push(index, key, req) : -1;
+    Py_DECREF(index);
+    if (rc < 0 || slot_add(matcher, MA.n_posted, 1) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "the matcher's posted recvs");
+        }
+        return -1;
+    }
+    PyObject *waited = slot_get(matcher, MA.waited);
+    if (waited == NULL) {
+        return -1;
+    }
+    PyObject *src = SLOT(req, M.source);
+    int seen = PySet_Contains(waited, src);
+    Py_DECREF(waited);
+    if (seen < 0) {
+        return -1;
+    }
+    if (!seen) {
+        PyObject *r = call_method1(matcher, a_first_wait, src);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    int t1 = slot_true(matcher, MA.events);
+    if (t1 < 0) {
+        return -1;
+    }
+    if (t1) {
+        PyObject *r = PyObject_CallMethodNoArgs(engine, a_drain);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        if (SLOT(req, R.state) != S_POSTED) {
+            return 0;
+        }
+    }
+    /* Stream._track and track, inlined */
+    long long sseq;
+    if (slot_ll(stream, S.seq, &sseq) < 0) {
+        return -1;
+    }
+    PyObject *vq = PyLong_FromLongLong(sseq + 1);
+    if (vq == NULL) {
+        return -1;
+    }
+    put(stream, S.seq, vq);
+    put_ref(req, R.sseq, vq);
+    PyObject *pending = SLOT(stream, S.pending);
+    if (pending == NULL || PyObject_SetItem(pending, vq, req) < 0) {
+        return -1;
+    }
+    put_ref(req, R.tracked, Py_True);
+    if (slot_add(engine, EN.n_pending, 1) < 0) {
+        return -1;
+    }
+    if (nbytes > 0) {
+        if (slot_add(engine, EN.pending_recvs, 1) < 0) {
+            return -1;
+        }
+        PyObject *rb = slot_get(engine, EN.recv_buffers);
+        if (rb == NULL) {
+            return -1;
+        }
+        if (rb != Py_None) {
+            PyObject *r = PyObject_CallMethodObjArgs(engine, a_add_buffer, rb, req, NULL);
+            Py_DECREF(rb);
+            if (r == NULL) {
+                return -1;
+            }
+            Py_DECREF(r);
+        } else {
+            Py_DECREF(rb);
+        }
+    }
+    if (timeout != Py_None) {
+        PyObject *loop = slot_get(engine, EN.engine_loop);
+        PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
+        PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
+            loop, a_call_later, timeout, cb, req, NULL);
+        Py_XDECREF(cb);
+        Py_XDECREF(loop);
+        if (timer == NULL) {
+            return -1;
+        }
+        put(req, R.timer, timer);
+    }
+    int gone = slot_true(engine, EN.gone);
+    if (gone < 0) {
+        return -1;
+    }
+    if (gone) {
+        PyObject *peer = SLOT(req, R.peer);
+        PyObject *u = call_method1(engine, a_unreachable, peer);
+        int yes = u == NULL ? -1 : PyObject_IsTrue(u);
+        Py_XDECREF(u);
+        if (yes < 0) {
+            return -1;
+        }
+        if (yes) {
+            PyObject *exc = call_method1(engine, a_broken, peer);
+            PyObject *r = exc == NULL ? NULL
+                : PyObject_CallMethodObjArgs(engine, a_withdraw, req, exc, NULL);
+            Py_XDECREF(exc);
+            if (r == NULL) {
+                return -1;
+            }
+            Py_DECREF(r);
+        }
+    }
+    return 0;
+}
