@@ -38,41 +38,6 @@ SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
 
 
-def _configure_lane() -> tuple[Any, Any]:
-    """The C lane's ``send`` and ``recv`` (``_fastlane``), told the classes and constants
-    the Python steps use; (None, None) where it is not built."""
-    if LANE is None:
-        return None, None
-    import time
-    from collections import deque
-
-    from ._buffers import _NAMES, StagingPool
-    from ._core.descriptors import AT_SENDER, STAGED, Message
-    from ._core.matching import Matcher
-    from ._core.states import POSTED, QUEUED
-    from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
-    from ._engine import DeviceEngine
-    from ._engine_fast import TIMED_COPY_MIN
-    from ._flight import FlightRecorder, Tally
-    from ._trace import RankTrace
-
-    LANE.configure({
-        "names": _NAMES, "get_running_loop": _get_running_loop,
-        "perf_counter": time.perf_counter, "Request": Request,
-        "Message": Message, "Status": Status, "Stream": Stream,
-        "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
-        "StagingPool": StagingPool, "Communicator": Communicator, "DeviceEngine": DeviceEngine,
-        "RankTrace": RankTrace,
-        "deque": deque, "SEND": SEND, "RECV": RECV,
-        "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
-        "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
-        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
-        "TIMED_COPY_MIN": TIMED_COPY_MIN,
-    })
-    return LANE.send, LANE.recv
-
-
-
 @final
 class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
@@ -542,4 +507,40 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
             self._lingering.clear()
 
 
+def _configure_lane() -> tuple[Any, Any]:
+    """The C lane's ``send`` and ``recv`` (``_fastlane``), told the classes and constants
+    the Python steps use; (None, None) where it is not built."""
+    if LANE is None:
+        return None, None
+    import time
+    from collections import deque
+
+    from ._buffers import _NAMES, StagingPool
+    from ._core.descriptors import AT_SENDER, STAGED, Message
+    from ._core.matching import Matcher
+    from ._core.states import POSTED, QUEUED
+    from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
+    from ._engine import DeviceEngine
+    from ._engine_fast import TIMED_COPY_MIN
+    from ._flight import FlightRecorder, Tally
+    from ._trace import RankTrace
+
+    LANE.configure({
+        "names": _NAMES, "get_running_loop": _get_running_loop,
+        "perf_counter": time.perf_counter, "Request": Request,
+        "Message": Message, "Status": Status, "Stream": Stream,
+        "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
+        "StagingPool": StagingPool, "Communicator": Communicator, "DeviceEngine": DeviceEngine,
+        "RankTrace": RankTrace,
+        "deque": deque, "SEND": SEND, "RECV": RECV,
+        "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
+        "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
+        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
+        "TIMED_COPY_MIN": TIMED_COPY_MIN,
+    })
+    return LANE.send, LANE.recv
+
+
+#: The C lane's entry points (None where it is not built): ``send`` and ``recv`` try them
+#: first for the commonest op, and take the Python steps when they say "not handled".
 _lane_send, _lane_recv = _configure_lane()

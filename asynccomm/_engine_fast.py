@@ -11,6 +11,11 @@ default stream directly (``post_now``).  Each step returns "not handled", having
 nothing, whenever the full rules are needed (wildcards, a misfit, a full pool, ops queued
 on the stream): the general path then runs.  These run once per message, so the bodies of
 what they share with the general path are inlined.
+
+Where the C lane is built (``_fastlane.LANE``, ``_lane*.c``), ``offer``, ``take_now``,
+``post_now`` and ``_complete_fast`` have C counterparts for the commonest op, which write
+the same fields in the same order and hand anything else back; the steps here stay the
+reference, and run where the lane does not (``ASYNCCOMM_PURE_PYTHON=1``, other ops).
 """
 
 from __future__ import annotations
