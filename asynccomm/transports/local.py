@@ -158,6 +158,8 @@ class LocalLink(Link):
     def received(self, msg: Message, rank: int) -> object:
         timing = self.timing
         if timing is None:
+            # (Nothing for a staged message here: the C lane, ``_lane_recv.c``, takes staged
+            # messages on an instant link without calling this.)
             if msg.where == AT_SENDER:  # rendezvous: the sender was waiting for this
                 self.endpoints[msg.source].sent(msg)
             return None
