@@ -509,9 +509,25 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
 
 def _configure_lane() -> tuple[Any, Any]:
     """The C lane's ``send`` and ``recv`` (``_fastlane``), told the classes and constants
-    the Python steps use; (None, None) where it is not built."""
+    the Python steps use; (None, None) where it is not built, or where it does not fit
+    these classes (an extension built from other sources: it says so, and the Python steps
+    run)."""
     if LANE is None:
         return None, None
+    try:
+        _configure(LANE)
+    except (TypeError, KeyError, AttributeError) as exc:
+        import warnings
+
+        warnings.warn(f"asynccomm's C lane does not fit this version ({exc}); rebuild it "
+                      "(pip install -e .), the pure-Python steps run meanwhile",
+                      RuntimeWarning, stacklevel=2)
+        return None, None
+    return LANE.send, LANE.recv
+
+
+def _configure(lane: Any) -> None:
+    """Tell ``lane`` the classes (their slots), constants and functions it works with."""
     import time
     from collections import deque
 
@@ -525,7 +541,7 @@ def _configure_lane() -> tuple[Any, Any]:
     from ._flight import FlightRecorder, Tally
     from ._trace import RankTrace
 
-    LANE.configure({
+    lane.configure({
         "names": _NAMES, "get_running_loop": _get_running_loop,
         "perf_counter": time.perf_counter, "Request": Request,
         "Message": Message, "Status": Status, "Stream": Stream,
@@ -538,7 +554,6 @@ def _configure_lane() -> tuple[Any, Any]:
         "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
         "TIMED_COPY_MIN": TIMED_COPY_MIN,
     })
-    return LANE.send, LANE.recv
 
 
 #: The C lane's entry points (None where it is not built): ``send`` and ``recv`` try them

@@ -116,7 +116,7 @@ type_of(PyObject *spec, const char *name, PyTypeObject **out)
         return -1;
     }
     Py_INCREF(t);
-    *out = (PyTypeObject *)t;
+    Py_XSETREF(*out, (PyTypeObject *)t);
     return 0;
 }
 
@@ -129,7 +129,7 @@ obj_of(PyObject *spec, const char *name, PyObject **out)
         return -1;
     }
     Py_INCREF(o);
-    *out = o;
+    Py_XSETREF(*out, o);
     return 0;
 }
 
@@ -153,6 +153,7 @@ configure(PyObject *self, PyObject *spec)
         PyErr_SetString(PyExc_TypeError, "configure(spec: dict)");
         return NULL;
     }
+    ready = 0;  /* until all of it is in place: a refused spec leaves the lane off */
     long timed;
     if (obj_of(spec, "names", &names) < 0
         || obj_of(spec, "get_running_loop", &get_running_loop) < 0

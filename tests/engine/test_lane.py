@@ -116,6 +116,46 @@ def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
     assert lane == python
 
 
+@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from asynccomm._fastlane import LANE
+
+    class Stale:  # a Request whose fields are not slots
+        array = None
+
+    async def one_message() -> float:
+        async with ac.open_world(2) as world:
+            c0, c1 = world.comms
+            out = np.empty(1)
+            await c0.send(np.full(1, 7.0), 1, 1)
+            await c1.recv(out, 0, 1)
+            return float(out[0])
+
+    try:
+        with pytest.raises(KeyError):
+            LANE.configure({})
+        spec = {"names": {}, "get_running_loop": None, "perf_counter": None,
+                "Request": Stale, "Message": Stale}
+        with pytest.raises((TypeError, KeyError)):
+            LANE.configure(spec)
+        # The lane is off now, and says so: every op takes the Python steps.
+        assert LANE.send(None, None, 0, 0, False) is False
+        assert LANE.recv(None, None, 0, 0, False) is None
+        assert asyncio.run(one_message()) == 7.0
+
+        def stale(lane: object) -> None:
+            raise TypeError("<class 'Request'>.array is not a slot")
+
+        monkeypatch.setattr(_communicator, "_configure", stale)
+        with pytest.warns(RuntimeWarning, match="rebuild it"):
+            assert _communicator._configure_lane() == (None, None)
+    finally:
+        monkeypatch.undo()
+        _communicator._configure(LANE)
+    assert asyncio.run(one_message()) == 7.0
+
+
 # -- random programs ------------------------------------------------------------------
 
 _rank = st.integers(0, SIZE - 1)
