@@ -299,6 +299,11 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *da
     if (msg == NULL) {
         goto done;
     }
+    /* Left out of the cyclic collector's walks, as CPython leaves out tuples of numbers:
+     * a staged Message holds numbers, strings, a shape tuple and its bytearray, and can
+     * be part of no cycle.  A burst staged ahead of its recvs otherwise makes every full
+     * collection walk all of it (reference counting frees it as before). */
+    PyObject_GC_UnTrack(msg);
     if (flow != NULL) {
         put_ref(msg, M.flow, flow);
     }

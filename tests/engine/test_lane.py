@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -90,6 +91,31 @@ def test_small_awaited_messages_never_reach_the_python_steps(
             return await asyncio.wait_for(main(world), 10)
 
     assert asyncio.run(run()) == [0.0, 1.0, 2.0, 9.0, 5.0]
+
+
+@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
+    """A staged message can be part of no cycle; the collector does not walk it."""
+    import gc
+
+    async def stage(world: ac.World) -> tuple[bool, int, float]:
+        c0, c1 = world.comms
+        await c0.send(np.ones(1), 1, 2)  # a dtype's name is learnt the first time
+        await c1.recv(np.empty(1), 0, 2)
+        await c0.send(np.full(1, 3.0), 1, 2)
+        (msg,) = c1._engine.matcher.unexpected()
+        tracked = gc.is_tracked(msg)
+        out = np.empty(1)
+        await c1.recv(out, 0, 2)
+        return tracked, sys.getrefcount(msg), float(out[0])
+
+    async def run() -> tuple[bool, int, float]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(stage(world), 10)
+
+    tracked, refs, value = asyncio.run(run())
+    assert not tracked and value == 3.0
+    assert refs == 2  # the test's own name and getrefcount's argument: nothing else
 
 
 @pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
