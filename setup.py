@@ -16,6 +16,7 @@ SOURCES = {
 }
 
 setup(ext_modules=[Extension(f"asynccomm.{name}", [f"asynccomm/{f}" for f in files],
-                             depends=["asynccomm/_lane.h"], include_dirs=[numpy.get_include()],
+                             depends=["asynccomm/_lane.h", "asynccomm/_judge.h"],
+                             include_dirs=[numpy.get_include()],
                              optional=True)
                    for name, files in SOURCES.items()])

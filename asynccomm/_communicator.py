@@ -215,16 +215,14 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
         """
-        if (stream is None and timeout is None and count is None and dtype is None
-                and _lane_recv is not None):
-            out = _lane_recv(self, buf, src, tag, False)  # the C lane: the commonest case
-            if out is None:
-                out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
-        else:
+        out = (_lane_recv(self, buf, src, tag, False)  # the C lane: the commonest case
+               if (stream is None and timeout is None and count is None and dtype is None
+                   and _lane_recv is not None) else None)
+        if out is None:
             out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
         if type(out) is Status:
             return out
-        req: Request = out
+        req: Request = out  # type: ignore[assignment]  # (a Status returned above)
         if req._state is not DONE and req._waiters is None:
             # What ``await req`` does, one generator fewer: this is the hot path.
             fut = self._loop.create_future()

@@ -28,25 +28,25 @@
 
 /* -- entry points -------------------------------------------------------------------- */
 
-/* comm's engine, if this runs on comm's loop and the engine is open, on the fast lane
- * (traced or not, with a tracer the lane can keep), with nothing queued on its default
- * stream (new reference; *stream borrowed through the engine); NULL without an error
- * when not. */
+/* comm's engine, if it has its peers in this process, this runs on comm's loop, and the
+ * engine is open, on the fast lane (traced or not, with a tracer the lane can keep), with
+ * nothing queued on its default stream (new reference; *stream borrowed through the
+ * engine); NULL without an error when not (across processes: the Python steps' link). */
 static PyObject *
 fast_engine(PyObject *comm, PyObject **stream)
 {
-    PyObject *own = slot_get(comm, CO.loop);
-    if (own == NULL) {
-        return NULL;
-    }
-    int same = running(own);
-    Py_DECREF(own);
-    if (same <= 0) {
-        return NULL;
-    }
     PyObject *engine = slot_get(comm, CO.engine);
-    if (engine == NULL || Py_TYPE(engine) != EngineType) {
+    if (engine == NULL || Py_TYPE(engine) != EngineType || SLOT(engine, EN.peers) == Py_None) {
         Py_XDECREF(engine);
+        return NULL;
+    }
+    PyObject *own = SLOT(comm, CO.loop);
+    int same = own == NULL ? -1 : running(own);
+    if (same <= 0) {
+        Py_DECREF(engine);
+        if (own == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "unset slot");
+        }
         return NULL;
     }
     int t = slot_true(engine, EN.closed);
@@ -77,7 +77,7 @@ fast_engine(PyObject *comm, PyObject **stream)
     return engine;
 }
 
-/* An exact int in [lo, hi) (hi < 0: no upper bound but TAG_UB). */
+/* An exact int in [0, hi). */
 static int
 in_range(PyObject *v, long hi)
 {
@@ -122,7 +122,7 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     if (Py_TYPE(c->comm) != CommType) {
         return 0;
     }
-    int j = judge(c->buf, writable, &c->name, &c->nbytes, &c->count);
+    int j = judge_array(names, c->buf, writable, &c->name, &c->nbytes, &c->count);
     if (j <= 0) {
         return j;
     }
@@ -165,12 +165,8 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t nbytes = c.nbytes, count = c.count;
     int handle = c.handle;
     PyObject *result = NULL, *peers = NULL, *rank = NULL, *flow = NULL, *k = NULL;
-    peers = slot_get(engine, EN.peers);
+    peers = slot_get(engine, EN.peers);  /* a list: fast_engine saw it */
     if (peers == NULL) {
-        goto done;
-    }
-    if (peers == Py_None) {  /* across processes: the link's send_now, in Python */
-        result = Py_NewRef(Py_False);
         goto done;
     }
     PyObject *peer = PyObject_GetItem(peers, dst);
@@ -265,13 +261,7 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(r);
     }
-    PyObject *peers = slot_get(engine, EN.peers);
-    if (peers == NULL) {
-        goto done;
-    }
-    int local = peers != Py_None;
-    Py_DECREF(peers);
-    t = local ? slot_true(engine, EN.instant) : 0;  /* (across processes: Python's) */
+    t = slot_true(engine, EN.instant);
     if (t <= 0) {
         result = t < 0 ? NULL : Py_NewRef(Py_None);
         goto done;

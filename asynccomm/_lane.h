@@ -15,6 +15,8 @@
 #endif
 #include <numpy/arrayobject.h>
 
+#include "_judge.h"
+
 #if defined(__GNUC__)
 #pragma GCC visibility push(hidden)
 #endif
@@ -169,7 +171,6 @@ slot_is_none(PyObject *o, Py_ssize_t off)
 
 /* _lane_objects.c: the clock, buffers, builders, the matcher's deques. */
 int now_of(PyObject *engine, double *t);
-int judge(PyObject *buf, int writable, PyObject **name, Py_ssize_t *nbytes, Py_ssize_t *count);
 char *array_bytes(PyObject *a, int writable, Py_ssize_t *len);
 PyObject *new_status(PyObject *source, PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count,
                      PyObject *shape);
@@ -180,7 +181,6 @@ PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
 PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
 int push(PyObject *index, PyObject *key, PyObject *item);
-PyObject *call_method1(PyObject *o, PyObject *name, PyObject *arg);
 PyObject *new_message(PyTypeObject *type, PyObject *source, PyObject *tag, Py_ssize_t nbytes,
                       Py_ssize_t count, PyObject *dtype, PyObject *where, PyObject *view);
 PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,

@@ -49,30 +49,7 @@ now_of(PyObject *engine, double *t)
     return (*t == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
-/* -- buffers ------------------------------------------------------------------------- */
-
-/* An exact 1-D C-contiguous (writeable if asked) ndarray of a known dtype: its name
- * (borrowed), byte size and element count; 0 when it is not one. */
-int
-judge(PyObject *buf, int writable, PyObject **name, Py_ssize_t *nbytes, Py_ssize_t *count)
-{
-    if (Py_TYPE(buf) != &PyArray_Type) {
-        return 0;
-    }
-    PyArrayObject *arr = (PyArrayObject *)buf;
-    int need = NPY_ARRAY_C_CONTIGUOUS | (writable ? NPY_ARRAY_WRITEABLE : 0);
-    if (PyArray_NDIM(arr) != 1 || (PyArray_FLAGS(arr) & need) != need) {
-        return 0;
-    }
-    PyObject *n = PyDict_GetItemWithError(names, (PyObject *)PyArray_DESCR(arr));
-    if (n == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    *name = n;
-    *count = (Py_ssize_t)PyArray_DIM(arr, 0);
-    *nbytes = *count * (Py_ssize_t)PyArray_ITEMSIZE(arr);
-    return 1;
-}
+/* -- buffers (judging one: _judge.h) -------------------------------------------------- */
 
 /* The writable bytes of a recv's array (an exact C-contiguous writeable ndarray), or
  * NULL. */
@@ -418,12 +395,6 @@ push(PyObject *index, PyObject *key, PyObject *item)
     }
     Py_DECREF(r);
     return 0;
-}
-
-PyObject *
-call_method1(PyObject *o, PyObject *name, PyObject *arg)
-{
-    return PyObject_CallMethodOneArg(o, name, arg);
 }
 
 /* -- requests done as they are made --------------------------------------------------- */

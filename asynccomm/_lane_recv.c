@@ -62,7 +62,7 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
         goto done;
     }
     if (!t) {
-        PyObject *r = call_method1(matcher, a_unindex, msg);
+        PyObject *r = PyObject_CallMethodOneArg(matcher, a_unindex, msg);
         if (r == NULL) {
             goto done;
         }
@@ -184,7 +184,7 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
         return -1;
     }
     if (!seen) {
-        PyObject *r = call_method1(matcher, a_first_wait, src);
+        PyObject *r = PyObject_CallMethodOneArg(matcher, a_first_wait, src);
         if (r == NULL) {
             return -1;
         }
@@ -260,14 +260,14 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
     }
     if (gone) {
         PyObject *peer = SLOT(req, R.peer);
-        PyObject *u = call_method1(engine, a_unreachable, peer);
+        PyObject *u = PyObject_CallMethodOneArg(engine, a_unreachable, peer);
         int yes = u == NULL ? -1 : PyObject_IsTrue(u);
         Py_XDECREF(u);
         if (yes < 0) {
             return -1;
         }
         if (yes) {
-            PyObject *exc = call_method1(engine, a_broken, peer);
+            PyObject *exc = PyObject_CallMethodOneArg(engine, a_broken, peer);
             PyObject *r = exc == NULL ? NULL
                 : PyObject_CallMethodObjArgs(engine, a_withdraw, req, exc, NULL);
             Py_XDECREF(exc);

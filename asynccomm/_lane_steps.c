@@ -70,7 +70,7 @@ complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
             PyObject *d = PyObject_CallMethodNoArgs(fut, a_done);
             int is_done = d == NULL ? -1 : PyObject_IsTrue(d);
             Py_XDECREF(d);
-            PyObject *r = is_done ? NULL : call_method1(fut, a_set_result, Py_None);
+            PyObject *r = is_done ? NULL : PyObject_CallMethodOneArg(fut, a_set_result, Py_None);
             if (is_done < 0 || (!is_done && r == NULL)) {
                 Py_DECREF(waiters);
                 return -1;
@@ -107,7 +107,7 @@ complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
         plain = 0;
     }
     if (!plain) {
-        PyObject *r = call_method1(engine, a_untrack, recv);
+        PyObject *r = PyObject_CallMethodOneArg(engine, a_untrack, recv);
         if (r == NULL) {
             return -1;
         }
@@ -344,7 +344,7 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *da
         goto done;
     }
     if (t) {
-        PyObject *r = call_method1(matcher, a_fire_probes, msg);
+        PyObject *r = PyObject_CallMethodOneArg(matcher, a_fire_probes, msg);
         if (r == NULL) {
             goto done;
         }

@@ -13,6 +13,8 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include "_judge.h"
+
 /* dtype -> the name it travels under (asynccomm._buffers._NAMES), shared with Python. */
 static PyObject *names = NULL;
 
@@ -29,30 +31,20 @@ inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "inspect(buf, writable)");
         return NULL;
     }
-    PyObject *buf = args[0];
-    if (names == NULL || Py_TYPE(buf) != &PyArray_Type) {
-        Py_RETURN_NONE;
-    }
-    PyArrayObject *arr = (PyArrayObject *)buf;
-    int flags = PyArray_FLAGS(arr);
     int writable = PyObject_IsTrue(args[1]);
     if (writable < 0) {
         return NULL;
     }
-    int need = NPY_ARRAY_C_CONTIGUOUS | (writable ? NPY_ARRAY_WRITEABLE : 0);
-    if (PyArray_NDIM(arr) != 1 || (flags & need) != need) {
-        Py_RETURN_NONE;
-    }
-    PyObject *name = PyDict_GetItemWithError(names, (PyObject *)PyArray_DESCR(arr));
-    if (name == NULL) {
-        if (PyErr_Occurred()) {
+    PyObject *name;
+    Py_ssize_t nbytes, count;
+    int j = judge_array(names, args[0], writable, &name, &nbytes, &count);
+    if (j <= 0) {
+        if (j < 0) {
             return NULL;
         }
         Py_RETURN_NONE;
     }
     Py_INCREF(name);  /* ours before anything below can run other code */
-    npy_intp count = PyArray_DIM(arr, 0);
-    npy_intp nbytes = count * PyArray_ITEMSIZE(arr);
     PyObject *out = PyTuple_New(3);
     PyObject *n = PyLong_FromSsize_t((Py_ssize_t)nbytes);
     PyObject *c = PyLong_FromSsize_t((Py_ssize_t)count);
