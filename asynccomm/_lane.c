@@ -1,14 +1,19 @@
-/* Optional accelerator: the in-process fast lane's whole per-message path in C.
+/* Optional accelerator: the fast lane's per-message path in C.
  *
  * ``send(comm, buf, dst, tag, handle)`` and ``recv(comm, buf, src, tag, handle)`` do what
  * ``Communicator._send_op``/``_recv_op`` and ``FastLane.offer``/``take_now``/``post_now``/
  * ``_complete_fast`` (asynccomm/_engine_fast.py) do for the commonest case: an awaited op
- * on the default stream of an untraced in-process world, an exact 1-D ndarray, an exact
- * source or destination and tag, a message under ``TIMED_COPY_MIN``.  Anything else, and
- * any state the Python steps would judge (a tombstone, a misfit, a wildcard recv posted,
- * a full pool, a closed peer), returns "not handled" having changed nothing, and the
- * Python path runs from the start.  The Python steps are the reference: this file writes
- * the same fields in the same order, and the test suite runs both.
+ * (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an exact source or
+ * destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
+ * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
+ * ``send_now`` (Python), any size it takes; a recv is posted here, but one that finds a
+ * message waiting is the Python steps' (its credit goes back to its sender); and
+ * ``offer_bytes``, called by the link as an eager message lands, hands it to the recv
+ * posted for it.  Anything else, and any state the Python steps would judge (a tombstone,
+ * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
+ * having changed nothing, and the Python path runs from the start.  The Python steps are
+ * the reference: this file writes the same fields in the same order, and the test suite
+ * runs both.
  *
  * Every object it touches is slotted (the communicator, the engine, the matcher, the
  * staging pool, Request, Message, Stream, the flight recorder and its tallies), of the
@@ -28,16 +33,23 @@
 
 /* -- entry points -------------------------------------------------------------------- */
 
-/* comm's engine, if it has its peers in this process, this runs on comm's loop, and the
- * engine is open, on the fast lane (traced or not, with a tracer the lane can keep), with
+/* comm's engine, if this runs on comm's loop, the engine is open and on the fast lane (in
+ * this process: traced or not, with a tracer the lane can keep; across processes, an MPI
+ * link's ``send_now``: untraced only, a traced one numbers what arrives in Python), with
  * nothing queued on its default stream (new reference; *stream borrowed through the
- * engine); NULL without an error when not (across processes: the Python steps' link). */
+ * engine; *remote: whether its peers are in other processes); NULL without an error when
+ * not. */
 static PyObject *
-fast_engine(PyObject *comm, PyObject **stream)
+fast_engine(PyObject *comm, PyObject **stream, int *remote)
 {
     PyObject *engine = slot_get(comm, CO.engine);
-    if (engine == NULL || Py_TYPE(engine) != EngineType || SLOT(engine, EN.peers) == Py_None) {
+    if (engine == NULL || Py_TYPE(engine) != EngineType) {
         Py_XDECREF(engine);
+        return NULL;
+    }
+    *remote = SLOT(engine, EN.peers) == Py_None;
+    if (*remote && SLOT(engine, EN.tracer) != Py_None) {
+        Py_DECREF(engine);
         return NULL;
     }
     PyObject *own = SLOT(comm, CO.loop);
@@ -51,7 +63,7 @@ fast_engine(PyObject *comm, PyObject **stream)
     }
     int t = slot_true(engine, EN.closed);
     int f = t == 0 ? slot_true(engine, EN.fast) : 0;
-    if (f == 0 && t == 0) {
+    if (f == 0 && t == 0 && !*remote) {
         f = slot_true(engine, EN.traced);
     }
     if (t != 0 || f != 1 || !trace_ok(engine)) {
@@ -93,7 +105,7 @@ in_range(PyObject *v, long hi)
 struct call {
     PyObject *comm, *buf, *peer, *tag, *name, *engine, *stream;
     Py_ssize_t nbytes, count;
-    int handle;
+    int handle, remote;
 };
 
 /* Whether a call fits the lane: 1 when ``comm`` is a Communicator, ``buf`` an exact 1-D
@@ -136,11 +148,54 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     if (!in_range(c->peer, (long)size)) {
         return 0;
     }
-    c->engine = fast_engine(c->comm, &c->stream);
+    c->engine = fast_engine(c->comm, &c->stream, &c->remote);
     if (c->engine == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
     return 1;
+}
+
+/* A send to another process (``c->remote``): the MPI link's ``send_now`` (Python) sends it
+ * eagerly, or refuses having done nothing; then what ``_send_op`` does for a send done
+ * as posted.  True, or with ``handle`` its Request; False when the Python path must run. */
+static PyObject *
+send_remote(struct call *c)
+{
+    PyObject *engine = c->engine;
+    PyObject *link = slot_get(engine, EN.link);
+    PyObject *nb = PyLong_FromSsize_t(c->nbytes), *cnt = PyLong_FromSsize_t(c->count);
+    PyObject *r = NULL;
+    if (link != NULL && nb != NULL && cnt != NULL) {
+        PyObject *argv[7] = {link, c->peer, c->tag, c->buf, nb, cnt, c->name};
+        r = PyObject_VectorcallMethod(a_send_now, argv, 7, NULL);
+    }
+    Py_XDECREF(nb);
+    Py_XDECREF(cnt);
+    Py_XDECREF(link);
+    int sent = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    if (sent <= 0) {
+        return sent < 0 ? NULL : Py_NewRef(Py_False);
+    }
+    double t;
+    if (now_of(engine, &t) < 0
+        || record(engine, 0, c->peer, c->tag, c->nbytes, zero, t, t, t, NULL) < 0) {
+        return NULL;
+    }
+    if (!c->handle) {
+        Py_RETURN_TRUE;
+    }
+    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    PyObject *rank = slot_get(c->comm, CO.rank);
+    PyObject *req = timeout == NULL || rank == NULL ? NULL : new_request(
+        engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, c->stream,
+        timeout, c->buf);
+    Py_XDECREF(timeout);
+    Py_XDECREF(rank);
+    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
+        Py_CLEAR(req);
+    }
+    return req;
 }
 
 /* send(comm, buf, dst, tag, handle) -> bool | Request: once the message went the fast
@@ -151,6 +206,11 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct call c;
     int fits = accept_call(args, nargs, 0, "send(comm, buf, dst, tag, handle)", &c);
+    if (fits > 0 && c.remote) {
+        PyObject *out = send_remote(&c);
+        Py_DECREF(c.engine);
+        return out;
+    }
     if (fits <= 0 || c.nbytes >= TIMED_COPY_MIN) {
         if (fits > 0) {
             Py_DECREF(c.engine);
@@ -187,9 +247,8 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     double t = -1.0;  /* when a recv the message completed finished: the send's time too */
-    int r = rank == NULL ? -1 : offer(peer, rank, tag, buf,
-                                      PyArray_BYTES((PyArrayObject *)buf), nbytes, count, name,
-                                      flow, &t);
+    int r = rank == NULL ? -1 : offer(peer, rank, tag, PyArray_BYTES((PyArrayObject *)buf),
+                                      nbytes, count, name, flow, 1, &t);
     Py_DECREF(peer);
     if (r <= 0) {
         if (r == 0) {
@@ -261,7 +320,7 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_DECREF(r);
     }
-    t = slot_true(engine, EN.instant);
+    t = c.remote ? 1 : slot_true(engine, EN.instant);
     if (t <= 0) {
         result = t < 0 ? NULL : Py_NewRef(Py_None);
         goto done;
@@ -291,6 +350,10 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (!PyErr_Occurred()) {
                 result = Py_NewRef(Py_None);
             }
+            goto done;
+        }
+        if (has && c.remote) {  /* its credit goes back to its sender: Python's */
+            result = Py_NewRef(Py_None);
             goto done;
         }
         if (has) {  /* taken, or not handled: nothing else is tried here */
@@ -338,7 +401,48 @@ done:
     return result;
 }
 
+/* offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool: what
+ * ``FastLane.offer_bytes`` does for a message from another process whose payload is
+ * ``buf[offset:offset + nbytes]`` (a bytearray, readable only now) when a recv posted
+ * here takes it at once: True once taken; False, having done nothing, when the Python
+ * steps must run (a traced engine, a message from TIMED_COPY_MIN up, no recv the lane
+ * can fill). */
+static PyObject *
+lane_offer_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError,
+                        "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype)");
+        return NULL;
+    }
+    PyObject *engine = args[0], *source = args[1], *tag = args[2], *buf = args[3];
+    PyObject *dtype = args[7];
+    if (!ready || Py_TYPE(engine) != EngineType || SLOT(engine, EN.tracer) != Py_None
+        || !PyByteArray_CheckExact(buf) || !PyLong_CheckExact(source)
+        || !PyLong_CheckExact(tag) || !PyUnicode_CheckExact(dtype)) {
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[4]), nbytes = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[6]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (offset < 0 || nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
+        || offset > PyByteArray_GET_SIZE(buf) - nbytes) {
+        Py_RETURN_FALSE;
+    }
+    double when;
+    int r = offer(engine, source, tag, PyByteArray_AS_STRING(buf) + offset, nbytes, count,
+                  dtype, NULL, 0, &when);
+    if (r < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(r);
+}
+
 static PyMethodDef methods[] = {
+    {"offer_bytes", (PyCFunction)(void (*)(void))lane_offer_bytes, METH_FASTCALL,
+     "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool"},
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
      "send(comm, buf, dst, tag, handle) -> bool | Request"},
     {"recv", (PyCFunction)(void (*)(void))lane_recv, METH_FASTCALL,
@@ -375,7 +479,8 @@ PyInit__lane(void)
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[sssss]", "Ring", "Tally", "configure", "recv", "send");
+    PyObject *all = Py_BuildValue("[ssssss]", "Ring", "Tally", "configure", "offer_bytes", "recv",
+                                  "send");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(m);

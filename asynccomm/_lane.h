@@ -53,8 +53,8 @@ extern struct matcher_slots {
 extern struct comm_slots { Py_ssize_t default_timeout, engine, loop, rank, size; } CO;
 extern struct engine_slots {
     Py_ssize_t closed, default_stream, eager_limit, engine_loop, fast, flight, gone, idle,
-        instant, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers, traced,
-        tracer;
+        instant, link, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers,
+        traced, tracer;
 } EN;
 extern struct pool_slots {
     Py_ssize_t acquired, cached, capacity_bytes, free, in_use, peak, reused;
@@ -64,7 +64,7 @@ extern struct pool_slots {
 extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
     *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later,
     *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
-    *a_cancel;
+    *a_cancel, *a_send_now;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -202,9 +202,8 @@ void ring_push(PyObject *ring, long long kind, long long peer, long long tag,
 void tally_add(PyObject *tally, long long nbytes, double w, double c);
 
 /* _lane_steps.c and _lane_recv.c: the receiving engine's steps. */
-int offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
-          Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow,
-          double *when);
+int offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
+          Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when);
 PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src,
                PyObject *tag, char *data, Py_ssize_t nbytes, PyObject *dtype, double *when,
                PyObject **flow);

@@ -135,10 +135,11 @@ complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
 
 /* What ``FastLane.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
  * traced world, else NULL): 1 if a posted recv took the message or the pool staged it,
- * 0 if not handled (nothing changed). */
+ * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
+ * a posted recv may take it. */
 int
-offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *data,
-      Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype, PyObject *flow, double *when)
+offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
+      Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when)
 {
     int t = slot_true(peer, EN.closed);
     if (t != 0) {
@@ -220,6 +221,10 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, PyObject *array, char *da
             Py_DECREF(recv);
             goto done;
         }
+    }
+    if (!stage) {
+        rc = 0;
+        goto done;
     }
     /* staging: StagingPool.acquire(nbytes, tentative=True), inlined */
     long long limit;

@@ -33,7 +33,7 @@ from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
-from ._fastlane import FAST_LANE
+from ._fastlane import FAST_LANE, LANE
 from ._options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
 from ._types import EAGER_LIMIT
 from .sim.device import Device
@@ -235,6 +235,8 @@ class _MPIFamily:
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
+        if LANE is not None:  # small arrivals straight into a posted recv, natively
+            transport.offer_native = LANE.offer_bytes
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(
             registry, engine.world_rank, peer if ranks is None else ranks[peer], text)

@@ -80,6 +80,11 @@ class MPITransport(Link):
         #: what to do with a peer's answer (set by the world).
         self.dump_request: Callable[[], str] | None = None
         self.on_dump: Callable[[int, str], None] | None = None
+        #: ``endpoint.offer_bytes`` done natively, where the world has it (set by the
+        #: world): ``(endpoint, source, tag, buf, offset, nbytes, count, dtype)``, the
+        #: payload being ``buf[offset:offset + nbytes]``; False, having done nothing, when
+        #: ``offer_bytes`` must judge.
+        self.offer_native: Callable[..., bool] | None = None
 
     @property
     def broken(self) -> BaseException | None:
@@ -143,7 +148,9 @@ class MPITransport(Link):
                     msg = Message(src, tag, nbytes, count, dtype, INLINE, slot.payload)
                     msg.shape = shape
                     endpoint.arrived(msg)
-                elif endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
+                elif (((native := self.offer_native) is not None
+                       and native(endpoint, src, tag, slot.buf, _HSIZE, nbytes, count, dtype))
+                      or endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype)):
                     credit = self.wire.consumed(src, nbytes)
                     if credit is not None:
                         self._send(src, credit)
@@ -240,8 +247,9 @@ class MPITransport(Link):
             return False
         dt = DTYPE_FIELDS.get(dtype) or encode_dtype(dtype)
         progress = self.progress
-        try:
-            progress.send(dest, wire.pack_eager(tag, nbytes, count, dt) + array.tobytes())
+        try:  # (``wire.pack_eager``, inlined: the hot path)
+            progress.send(dest, HEADER.pack(EAGER, len(dt), self.rank, tag, nbytes, count, 0, dt)
+                          + array.tobytes())
         except lib.MPI.Exception:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request

@@ -21,6 +21,9 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   loop was blocked meanwhile, so no progress task saw it) completes without suspending.
 - ``doorbell``: rank 1 waits until idle rank 0 dozes on its doorbell, then sends; rank 0
   is woken by the ring.
+- ``lane``: with the C lane built, small sends (awaited and ``isend``) and recvs posted
+  before their message lands (awaited and ``irecv``) never reach the Python steps on
+  MPI; a message that landed first is taken by them (its credit goes back).
 """
 
 from __future__ import annotations
@@ -196,6 +199,63 @@ async def doorbell(comm: ac.Communicator) -> str:
     return f"rank 0 got {got[0]:g} after {bell.rings_heard - heard} ring(s)"
 
 
+async def lane(comm: ac.Communicator) -> str:
+    from mpi4py import MPI
+
+    from asynccomm import _communicator
+    from asynccomm._engine_fast import FastLane
+
+    if _communicator._lane_send is None:
+        return "no C lane"
+    peer = 1 - comm.rank
+    await comm.sendrecv(np.zeros(2), peer, np.zeros(2), peer, sendtag=1, recvtag=1)
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    saved = ac.Communicator._send_op, ac.Communicator._recv_op, FastLane.offer_bytes
+    ac.Communicator._send_op = ac.Communicator._recv_op = refuse  # type: ignore[method-assign]
+    FastLane.offer_bytes = refuse  # type: ignore[method-assign]
+    got = []
+    try:
+        for i in range(4):  # each message lands on a recv posted before it
+            receiver = i % 2
+            out = np.zeros(2)
+            if comm.rank == receiver:
+                if i < 2:
+                    task = asyncio.ensure_future(comm.recv(out, peer, 10 + i))
+                    await asyncio.sleep(0)  # posted
+                    MPI.COMM_WORLD.Barrier()
+                    status = await task
+                else:
+                    req = comm.irecv(out, peer, 10 + i)
+                    MPI.COMM_WORLD.Barrier()
+                    status = await req
+                got.append(f"{out[0]:g}/{status.source}/{status.tag}")
+            else:
+                MPI.COMM_WORLD.Barrier()
+                if i < 2:
+                    await comm.send(np.full(2, 10.0 + i), receiver, 10 + i)
+                else:
+                    await comm.isend(np.full(2, 10.0 + i), receiver, 10 + i)
+    finally:
+        ac.Communicator._send_op, ac.Communicator._recv_op, FastLane.offer_bytes = saved
+    # A message that landed before its recv: the Python steps take it (once both ranks
+    # have them back).
+    MPI.COMM_WORLD.Barrier()
+    if comm.rank == 0:
+        await comm.send(np.full(2, 7.0), 1, 20)
+        MPI.COMM_WORLD.Barrier()
+    else:
+        MPI.COMM_WORLD.Barrier()
+        await comm.probe(0, 20)  # landed, and waiting
+        out = np.zeros(2)
+        await comm.recv(out, 0, 20)
+        got.append(f"landed {out[0]:g}")
+    stats = comm._engine.flight.sends  # type: ignore[attr-defined]
+    return f"rank {comm.rank}: {' '.join(got)}; sent {stats[peer].n}"
+
+
 async def who(comm: ac.Communicator) -> str:
     return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
 
@@ -230,6 +290,8 @@ def main(case: str) -> int:
         ac.run(progress_error)
     elif case == "answer-landed":
         sys.stdout.write(f"{ac.run(answer_landed)}\n")
+    elif case == "lane":
+        sys.stdout.write(f"{ac.run(lane)}\n")
     elif case == "doorbell":
         sys.stdout.write(f"{ac.run(doorbell)}\n")
     elif case == "two-worlds":

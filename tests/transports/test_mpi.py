@@ -31,17 +31,19 @@ pytestmark = [
 ]
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
     env.pop("ASYNCCOMM_TIMEOUT", None)
+    env.update(extra)
     return env
 
 
-def mpiexec(n: int, *args: str, limit: float = JOB_LIMIT) -> subprocess.CompletedProcess[str]:
+def mpiexec(n: int, *args: str, limit: float = JOB_LIMIT,
+            **env: str) -> subprocess.CompletedProcess[str]:
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, *args]
     try:
-        return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
+        return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True,
                               timeout=limit, check=False)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{' '.join(cmd[1:4])} ... hung for {limit} s:\n{exc.stdout!r}\n"
@@ -57,6 +59,24 @@ def test_contract_on_mpi(n: int) -> None:
     proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner")
     assert proc.returncode == 0, _output(proc)
     assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
+
+
+def test_contract_on_mpi_with_the_python_steps() -> None:
+    """Where the C lane is not built, MPI takes the Python steps: they keep the contract."""
+    proc = mpiexec(2, "-m", "tests.transports.mpi_contract_runner",
+                   ASYNCCOMM_PURE_PYTHON="1")
+    assert proc.returncode == 0, _output(proc)
+    assert "contract on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
+
+
+def test_small_messages_on_mpi_take_the_c_lane() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "lane", limit=60)
+    assert proc.returncode == 0, _output(proc)
+    if "no C lane" in proc.stdout:
+        pytest.skip("the C lane is not built here")
+    lines = sorted(proc.stdout.strip().splitlines())
+    assert lines == ["rank 0: 10/1/10 12/1/12; sent 4",
+                     "rank 1: 11/0/11 13/0/13 landed 7; sent 3"], _output(proc)
 
 
 def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi() -> None:
