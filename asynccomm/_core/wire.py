@@ -161,8 +161,9 @@ def bucket(nbytes: int) -> int:
 
 
 def charge(nbytes: int) -> int:
-    """What staging one message of ``nbytes`` counts against a cap."""
-    return bucket(nbytes) + MESSAGE_OVERHEAD
+    """What staging one message of ``nbytes`` counts against a cap (``bucket``, inlined:
+    each eager message is charged twice)."""
+    return (max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0) + MESSAGE_OVERHEAD
 
 
 # -- events ---------------------------------------------------------------------------------

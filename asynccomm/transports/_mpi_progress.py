@@ -130,7 +130,10 @@ class Progress(Mover):
                 and bell.flag[0]:
             bell.ring()
         self.sent = True
-        self._wake()
+        parked = self._parked  # what _wake does, inlined: the hot path
+        if parked is not None and not parked.done():
+            self._woke = True
+            parked.set_result(None)
 
     def deliver(self) -> None:
         """Hand the ``EAGER`` messages that already landed to the link now, in order (the
@@ -191,7 +194,13 @@ class Progress(Mover):
         hit = False
         while (head := slots[0]).req.Test():  # a completed slot stays so until restarted
             hit = True
-            self._dispatch(head)
+            self._dispatching = True  # what _dispatch does, inlined: the hot path
+            try:
+                self._on_control(head)
+            finally:
+                self._dispatching = False
+            head.req.Start()
+            slots.rotate(-1)
         if self._reqs and self._test_requests():
             hit = True
         return hit
@@ -216,9 +225,11 @@ class Progress(Mover):
         clock = time.perf_counter
         ticker = Ticker.for_loop(asyncio.get_running_loop())
         try:
-            while not (self.stopped or self._finished()):
+            while not self.stopped:
                 hit = self._poll()
                 if not (hit or self.sent):
+                    if self._finished():  # (asked only when idle: the hot path is not)
+                        break
                     delay = 0.0 if self._data else backoff.delay(clock())
                     if delay:
                         if await self._idle(ticker):
@@ -235,7 +246,8 @@ class Progress(Mover):
                         sched_yield()
                 if hit or self.sent:
                     self.sent = False
-                    backoff.reset(clock())
+                    backoff.spin_until = clock() + SPIN  # backoff.reset, inlined
+                    backoff.tval = 0.0
                 await yield_now()
             if not self.stopped:
                 await self._teardown(backoff)
