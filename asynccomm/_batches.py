@@ -17,6 +17,7 @@ import numpy as np
 
 from ._buffers import BufferView, as_recv_buffer, as_send_buffer, memory_owner, overlapping
 from ._core.states import DONE, Kind
+from ._fastlane import LANE as _LANE
 from ._fastlane import inspect
 from ._request import Request, defer_cancellation, settle, wait_all
 from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
@@ -92,15 +93,30 @@ class BatchesMixin:
             As ``batch``.
         """
         if stream is None and self._simple_pair(sendbuf, dst, sendtag, recvbuf, src, recvtag):
-            # Every check batch makes holds already: post the two at once the fast way.
-            recv = cast(Request, self._recv_op(recvbuf, src, recvtag, None, timeout, None,
-                                               None, True))
-            send = cast(Request, self._send_op(sendbuf, dst, sendtag, None, timeout, None,
-                                               None, True))
+            # Every check batch makes holds already: post the two at once the fast way (the
+            # C lane's, where it takes them, else the Python steps').
+            lane = _LANE if timeout is None else None
+            posted = None if lane is None else lane.recv(self, recvbuf, src, recvtag, True)
+            recv = cast(Request, posted if posted is not None else self._recv_op(
+                recvbuf, src, recvtag, None, timeout, None, None, True))
+            went = False if lane is None else lane.send(self, sendbuf, dst, sendtag, True)
+            send = cast(Request, went if went is not False else self._send_op(
+                sendbuf, dst, sendtag, None, timeout, None, None, True))
             reqs = [send, recv]
+            if recv._state is not DONE and send._state is DONE and recv._waiters is None:
+                # The commonest wait (an eager send is done): on the recv alone, as
+                # ``Communicator.recv`` waits, one generator fewer than ``settle``.
+                fut = self._engine.loop.create_future()
+                recv._waiters = [fut]
+                try:
+                    await fut
+                except asyncio.CancelledError as exc:
+                    recv._discard_waiter(fut)
+                    await self._cancel_batch(reqs, exc)
             if not (recv._state is DONE and send._state is DONE):
                 await self._settle(reqs)
-            self._raise_failed(reqs)
+            if send._exc is not None or recv._exc is not None:
+                self._raise_failed(reqs)
             return recv._outcome()  # type: ignore[no-any-return]
         results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
                                    stream=stream, timeout=timeout)
@@ -120,6 +136,8 @@ class BatchesMixin:
                 and type(recvtag) is int and (0 <= recvtag <= TAG_UB or recvtag == ANY_TAG)
                 and inspect(sendbuf, False) is not None and inspect(recvbuf, True) is not None):
             return False
+        if sendbuf.base is None and recvbuf.base is None:  # (both arrays: inspect said so)
+            return sendbuf is not recvbuf  # each owns its memory
         return memory_owner(sendbuf) is not memory_owner(recvbuf)
 
     async def batch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,

@@ -246,7 +246,7 @@ class Progress(Mover):
                         sched_yield()
                 if hit or self.sent:
                     self.sent = False
-                    backoff.spin_until = clock() + SPIN  # backoff.reset, inlined
+                    backoff.spin_until = clock() + backoff.spin  # backoff.reset, inlined
                     backoff.tval = 0.0
                 await yield_now()
             if not self.stopped:

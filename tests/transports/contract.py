@@ -452,6 +452,39 @@ async def cancelled_recvs_lose_nothing(comm: ac.Communicator) -> None:
     check(comm.statistics().pending_ops == 0, "pending ops left")
 
 
+async def cancelled_sendrecv_keeps_what_it_sent(comm: ac.Communicator) -> None:
+    """A sendrecv cancelled while it waits (its small send done, its recv unmatched): the
+    recv is withdrawn with its buffer untouched, the note names the send, the sent message
+    arrives, and the one the recv would have taken goes to the next recv."""
+    if comm.size < 2 or comm.rank > 1:
+        return
+    peer = 1 - comm.rank
+    if comm.rank == 1:
+        first = np.zeros(2)
+        await comm.recv(first, peer, 60)
+        check(first[0] == 7.0, "the cancelled sendrecv's send did not arrive")
+        await wait_marker(comm, peer)
+        await comm.send(np.full(4, 5.0), peer, 61)
+        return
+    dead = np.full(4, -1.0)
+    task = await posted(comm.sendrecv(np.full(2, 7.0), peer, dead, peer, sendtag=60,
+                                      recvtag=61))
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        notes = "".join(getattr(exc, "__notes__", []))
+    else:
+        raise AssertionError("a cancelled sendrecv: CancelledError was not raised")
+    check("ops 0 (send, done) had matched and finished" in notes, f"notes {notes!r}")
+    await marker(comm, peer)
+    out = np.zeros(4)
+    st = await comm.recv(out, peer, 61)
+    check(st.count == 4 and out[0] == 5.0, f"{st} {out}")
+    check(bool((dead == -1.0).all()), "the cancelled recv's buffer was written")
+    check(comm.statistics().pending_ops == 0, "pending ops left")
+
+
 async def cancelled_sends_lose_nothing(comm: ac.Communicator) -> None:
     """A rendezvous send withdrawn before any recv matched it is gone for good (req.cancel,
     task cancellation, asyncio.timeout), and later sends with the same tag still arrive."""
@@ -925,7 +958,8 @@ PROGRAMS: dict[str, Program] = {p.__name__: p for p in (
     large_transfers, truncation_keeps_the_message,
     dtype_mismatch_keeps_the_message, probes_and_recv_new, explicit_streams_in_order,
     batch_and_sendrecv, wait_all_and_wait_any, cancelled_recvs_lose_nothing,
-    cancelled_sends_lose_nothing, send_withdrawn_after_match, cancellation_storm,
+    cancelled_sendrecv_keeps_what_it_sent, cancelled_sends_lose_nothing,
+    send_withdrawn_after_match, cancellation_storm,
     a_withdrawn_large_send_keeps_the_order, timeouts, bad_input,
     closed_peer_breaks_pending_ops, wildcards_fail_once_every_peer_has_closed,
     shapes_travel, objects_round_trip, ibatch_returns_requests, split_orders_and_isolates,
