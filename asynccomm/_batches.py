@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -97,11 +97,12 @@ class BatchesMixin:
             # C lane's, where it takes them, else the Python steps').
             lane = _LANE if timeout is None else None
             posted = None if lane is None else lane.recv(self, recvbuf, src, recvtag, True)
-            recv = cast(Request, posted if posted is not None else self._recv_op(
-                recvbuf, src, recvtag, None, timeout, None, None, True))
+            # (No ``cast``: a call, where this runs per message.)
+            recv: Request = posted if posted is not None else self._recv_op(  # type: ignore[assignment]
+                recvbuf, src, recvtag, None, timeout, None, None, True)
             went = False if lane is None else lane.send(self, sendbuf, dst, sendtag, True)
-            send = cast(Request, went if went is not False else self._send_op(
-                sendbuf, dst, sendtag, None, timeout, None, None, True))
+            send: Request = went if went is not False else self._send_op(  # type: ignore[assignment]
+                sendbuf, dst, sendtag, None, timeout, None, None, True)
             reqs = [send, recv]
             if recv._state is not DONE and send._state is DONE and recv._waiters is None:
                 # The commonest wait (an eager send is done): on the recv alone, as

@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 import types
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -112,10 +112,13 @@ class Backoff:
         return tval
 
 
-def sched_yield() -> None:
-    """Give the core to another runnable process, if one waits (a no-op elsewhere)."""
-    if hasattr(os, "sched_yield"):
-        os.sched_yield()
+def _no_yield() -> None:
+    """Where there is no ``os.sched_yield``: nothing to give."""
+
+
+#: Give the core to another runnable process, if one waits (a no-op elsewhere).  Bound
+#: once: spinning pollers call it between polls.
+sched_yield: Callable[[], None] = getattr(os, "sched_yield", _no_yield)
 
 
 @types.coroutine

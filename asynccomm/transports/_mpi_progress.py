@@ -107,6 +107,8 @@ class Progress(Mover):
         self._error: Exception | None = None  # raised by a poll at the idle tick
         self._woke = False  # the ticker (or a send) woke the parked task: activity
         self._dispatching = False  # a control message is being handed to the link
+        #: The link has begun to close: from now on, ask ``finished`` when idle.
+        self.closing = False
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         """Post the control recvs and start polling."""
@@ -223,26 +225,33 @@ class Progress(Mover):
     async def _run(self) -> None:
         backoff = Backoff(spin=SPIN)
         clock = time.perf_counter
+        slots = self._slots
         ticker = Ticker.for_loop(asyncio.get_running_loop())
         try:
             while not self.stopped:
                 hit = self._poll()
                 if not (hit or self.sent):
-                    if self._finished():  # (asked only when idle: the hot path is not)
+                    if self.closing and self._finished():  # (asked only when idle)
                         break
-                    delay = 0.0 if self._data else backoff.delay(clock())
-                    if delay:
+                    # Backoff.delay and since_reset, inlined where they answer at once: a
+                    # spinning rank runs this between every two polls.
+                    now = clock()
+                    if (not self._data and now >= backoff.spin_until
+                            and backoff.delay(now)):
                         if await self._idle(ticker):
                             backoff.reset(clock())
                         continue
-                    until = clock() + (DATA_BURST if self._data else SPIN_BURST)
-                    while not (hit := self._poll()) and clock() < until:
-                        if self.crowded:  # let a rank that shares this core answer
+                    until = now + (DATA_BURST if self._data else SPIN_BURST)
+                    crowded = self.crowded
+                    while not ((slots[0].req.Test() or self._reqs) and (hit := self._poll())):
+                        if crowded:  # let a rank that shares this core answer
                             sched_yield()
+                        if clock() >= until:
+                            break
                     # A wake-up may have put a rank that polls too on this core (the
                     # kernel wakes a doorbell's owner near its ringer): once an answer is
                     # slow to come, take turns with it, not time slices of milliseconds.
-                    if not hit and backoff.since_reset(clock()) > SHARE_AFTER:
+                    if not hit and clock() - backoff.spin_until + backoff.spin > SHARE_AFTER:
                         sched_yield()
                 if hit or self.sent:
                     self.sent = False
@@ -277,7 +286,8 @@ class Progress(Mover):
         failed: the task raises it)."""
         try:
             self._reap()
-            woke = (self.sent or self._data > 0 or self.stopped or self._finished()
+            woke = (self.sent or self._data > 0 or self.stopped
+                    or (self.closing and self._finished())
                     or self._poll())
         except Exception as exc:
             self._error = exc

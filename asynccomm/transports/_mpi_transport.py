@@ -310,6 +310,7 @@ class MPITransport(Link):
         if self._broken is not None:
             return
         self._announced.clear()
+        self.progress.closing = True
         try:
             for dest, raw in self.wire.close(self.close_reason):
                 self._send(dest, raw)
