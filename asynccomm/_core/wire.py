@@ -161,9 +161,14 @@ def bucket(nbytes: int) -> int:
 
 
 def charge(nbytes: int) -> int:
-    """What staging one message of ``nbytes`` counts against a cap (``bucket``, inlined:
-    each eager message is charged twice)."""
-    return (max(MIN_BUCKET, 1 << (nbytes - 1).bit_length()) if nbytes else 0) + MESSAGE_OVERHEAD
+    """What staging one message of ``nbytes`` counts against a cap."""
+    return bucket(nbytes) + MESSAGE_OVERHEAD
+
+
+#: ``charge(n)`` for every ``n`` with ``(n - 1).bit_length() == b``, at index ``b`` (the
+#: same bucket): the hot paths look it up (``_CHARGES[(n - 1).bit_length()] if n else
+#: MESSAGE_OVERHEAD``) instead of calling ``charge`` twice a message.
+_CHARGES: Final = tuple(charge(1 << b) for b in range(64))
 
 
 # -- events ---------------------------------------------------------------------------------
@@ -295,6 +300,20 @@ class Wire:
         self.credit[dest] -= cost
         return True
 
+    def eager_header(self, dest: int, tag: int, nbytes: int, count: int,
+                     dtype: bytes) -> bytes | None:
+        """``eager`` and ``pack_eager`` in one call (the hot path of every small send):
+        the header to send before the payload, its credit taken; None (nothing taken) when
+        the message does not go eagerly."""
+        if nbytes > self.inline_max:
+            return None
+        cost = _CHARGES[(nbytes - 1).bit_length()] if nbytes else MESSAGE_OVERHEAD
+        credit = self.credit
+        if credit[dest] < cost:
+            return None
+        credit[dest] -= cost
+        return HEADER.pack(EAGER, len(dtype), self.rank, tag, nbytes, count, 0, dtype)
+
     def refund(self, dest: int, nbytes: int) -> None:
         """An eager message ``eager`` allowed could not be sent after all: its credit
         returns."""
@@ -362,7 +381,8 @@ class Wire:
     def consumed(self, source: int, nbytes: int) -> bytes | None:
         """An eager message of ``nbytes`` from ``source`` left staging (or never needed
         it): its charge is owed back.  Returns a ``CREDIT`` to send once enough is owed."""
-        owed = self._owed[source] + charge(nbytes)
+        owed = self._owed[source] + (_CHARGES[(nbytes - 1).bit_length()] if nbytes
+                                     else MESSAGE_OVERHEAD)
         if owed < self._return_at or source in self.closed_by:
             self._owed[source] = owed
             return None

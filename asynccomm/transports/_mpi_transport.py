@@ -242,14 +242,15 @@ class MPITransport(Link):
     def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
                  dtype: str) -> bool:
         wire = self.wire
-        if (self._broken is not None or dest in wire.closed_by
-                or not wire.eager(dest, nbytes)):
+        if self._broken is not None or dest in wire.closed_by:
             return False
-        dt = DTYPE_FIELDS.get(dtype) or encode_dtype(dtype)
+        header = wire.eager_header(dest, tag, nbytes, count,
+                                   DTYPE_FIELDS.get(dtype) or encode_dtype(dtype))
+        if header is None:
+            return False
         progress = self.progress
-        try:  # (``wire.pack_eager``, inlined: the hot path)
-            progress.send(dest, HEADER.pack(EAGER, len(dt), self.rank, tag, nbytes, count, 0, dt)
-                          + array.tobytes())
+        try:
+            progress.send(dest, header + array.tobytes())
         except lib.MPI.Exception:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request

@@ -122,6 +122,22 @@ def test_eager_takes_credit_and_falls_back_to_rendezvous_without_it() -> None:
     assert not pair.a.eager(1, w.INLINE_MAX + 1)  # too large for eager, whatever the credit
 
 
+@settings(max_examples=200, deadline=None)
+@given(nbytes=st.integers(0, 2 * w.INLINE_MAX), credit=st.integers(0, 3 * w.INLINE_MAX))
+def test_eager_header_is_eager_then_pack_eager(nbytes: int, credit: int) -> None:
+    one, two = (Wire(0, 2, inline_max=w.INLINE_MAX, credits=[credit, credit], grant=1 << 30)
+                for _ in range(2))
+    header = one.eager_header(1, 9, nbytes, nbytes, DT)
+    if two.eager(1, nbytes):
+        assert header == two.pack_eager(9, nbytes, nbytes, DT)
+    else:
+        assert header is None
+    assert one.credit == two.credit
+    one.consumed(1, nbytes)
+    two._owed[1] += charge(nbytes)
+    assert one._owed == two._owed
+
+
 def test_even_empty_messages_cost_credit() -> None:
     pair = Pair(grant=10 * charge(0))
     assert sum(pair.a.eager(1, 0) for _ in range(1000)) == 10
