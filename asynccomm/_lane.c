@@ -6,8 +6,8 @@
  * (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an exact source or
  * destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
  * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
- * ``send_now`` (Python), any size it takes; a recv is posted here, but one that finds a
- * message waiting is the Python steps' (its credit goes back to its sender); and
+ * ``send_now`` (Python), any size it takes; a recv takes a staged message (the link's
+ * ``received`` sends its credit back) or is posted here; and
  * ``offer_bytes``, called by the link as an eager message lands, hands it to the recv
  * posted for it.  Anything else, and any state the Python steps would judge (a tombstone,
  * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
@@ -350,10 +350,6 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (!PyErr_Occurred()) {
                 result = Py_NewRef(Py_None);
             }
-            goto done;
-        }
-        if (has && c.remote) {  /* its credit goes back to its sender: Python's */
-            result = Py_NewRef(Py_None);
             goto done;
         }
         if (has) {  /* taken, or not handled: nothing else is tried here */

@@ -64,7 +64,7 @@ extern struct pool_slots {
 extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
     *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later,
     *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
-    *a_cancel, *a_send_now;
+    *a_cancel, *a_send_now, *a_received;
 
 /* -- slots ---------------------------------------------------------------------------- */
 

@@ -27,7 +27,7 @@ struct pool_slots PO;
 PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex, *a_first_wait,
     *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later, *a_add_buffer,
     *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result, *a_cancel,
-    *a_send_now;
+    *a_send_now, *a_received;
 PyObject *deque_append, *deque_popleft;  /* deque's own methods */
 static PyObject *holder_key;
 
@@ -314,6 +314,7 @@ intern_names(void)
     INTERN(a_set_result, "set_result");
     INTERN(a_cancel, "cancel");
     INTERN(a_send_now, "send_now");
+    INTERN(a_received, "received");
     INTERN(holder_key, "__asyncio_running_event_loop__");
     zero = PyLong_FromLong(0);
     minus_one = PyLong_FromLong(-1);

@@ -106,7 +106,20 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
             goto done;
         }
     }
-    /* (LocalLink.received does nothing for a staged message on an instant link) */
+    /* the link's received(msg, rank): across processes (MPI) its credit goes back to its
+     * sender; LocalLink.received does nothing for a staged message on an instant link */
+    if (SLOT(engine, EN.peers) == Py_None) {
+        PyObject *link = SLOT(engine, EN.link), *rank = SLOT(engine, EN.rank);
+        PyObject *r = link == NULL || rank == NULL ? NULL
+            : PyObject_CallMethodObjArgs(link, a_received, msg, rank, NULL);
+        if (r == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_AttributeError, "unset slot");
+            }
+            goto done;
+        }
+        Py_DECREF(r);
+    }
     long long mc;
     if (slot_ll(msg, M.count, &mc) < 0) {
         goto done;

@@ -250,7 +250,9 @@ class MPITransport(Link):
             return False
         progress = self.progress
         try:
-            progress.send(dest, header + array.tobytes())
+            # One copy of the payload either way: a concatenation is cheapest for small ones.
+            progress.send(dest, header + array.tobytes() if nbytes <= _CONCAT_MAX
+                          else b"".join((header, array)))
         except lib.MPI.Exception:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request

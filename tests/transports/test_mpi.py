@@ -76,7 +76,7 @@ def test_small_messages_on_mpi_take_the_c_lane() -> None:
         pytest.skip("the C lane is not built here")
     lines = sorted(proc.stdout.strip().splitlines())
     assert lines == ["rank 0: 10/1/10 12/1/12; sent 4",
-                     "rank 1: 11/0/11 13/0/13 landed 7; sent 3"], _output(proc)
+                     "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"], _output(proc)
 
 
 def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi() -> None:
