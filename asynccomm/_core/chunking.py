@@ -13,15 +13,15 @@ returns None while the window is full, and after the last chunk.
 Rule 3: chunks may finish in any order; the transfer is done when every chunk is.
 
 A zero-byte transfer has a single empty chunk, so that it still completes through the same
-path as any other.  ``OneChunk`` is a ``ChunkSender`` for a transfer of a single chunk (most
-of them), at a fraction of its cost.
+path as any other.  (A transport moves a payload of one chunk without one: the MPI link
+tracks its single request directly.)
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["Chunk", "ChunkSender", "OneChunk"]
+__all__ = ["Chunk", "ChunkSender"]
 
 
 class Chunk(NamedTuple):
@@ -81,23 +81,3 @@ class ChunkSender:
     @property
     def done(self) -> bool:
         return self._done == self.total
-
-
-class OneChunk:
-    """``ChunkSender``'s interface for a transfer of a single chunk, ``(0, 0, nbytes)``."""
-
-    __slots__ = ("done", "handed_out", "nbytes")
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self.handed_out = False
-        self.done = False
-
-    def next_chunk(self) -> Chunk | None:
-        if self.handed_out:
-            return None
-        self.handed_out = True
-        return Chunk(0, 0, self.nbytes)
-
-    def chunk_done(self, chunk: Chunk) -> None:
-        self.done = True

@@ -1,10 +1,10 @@
 """Rendezvous payloads across processes, moved in chunks: ``Progress``'s mover.
 
-A payload up to ``CHUNK_BYTES`` moves in one MPI ``Isend``/``Irecv``; a larger one in
-chunks of that size, ``MAX_INFLIGHT`` at a time (``_core.chunking``), so MPI's progress
-calls copy a bounded amount each while the loop waits for them.  Each chunk's request is
-tracked by the progress task (``_track``), which polls without backing off while any is
-in flight (``_data``) and starts the next chunk as one completes.
+A payload up to ``CHUNK_BYTES`` moves in one MPI ``Isend``/``Irecv``, tracked as it is;
+a larger one in chunks of that size, ``MAX_INFLIGHT`` at a time (``_core.chunking``), so
+MPI's progress calls copy a bounded amount each while the loop waits for them.  Each
+chunk's request is tracked by the progress task (``_track``), which polls without backing
+off while any is in flight (``_data``) and starts the next chunk as one completes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
-from .._core.chunking import Chunk, ChunkSender, OneChunk
+from .._core.chunking import Chunk, ChunkSender
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -47,11 +47,20 @@ class Mover:
     def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
               start: Callable[..., MPI.Request]) -> None:
         n = len(view)
-        chunks = (OneChunk(n) if n <= CHUNK_BYTES else
-                  ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT))
+        if n <= CHUNK_BYTES:  # one MPI request (most transfers): no chunk bookkeeping
+            req = start(view, peer, tag)
+            self._data += 1
+            self._track(req, partial(self._moved_whole, done))
+            self._wake()
+            return
+        chunks = ChunkSender(n, chunk_bytes=CHUNK_BYTES, max_inflight=MAX_INFLIGHT)
         self._more(chunks, view, peer, tag, done, start)
 
-    def _more(self, chunks: OneChunk | ChunkSender, view: memoryview, peer: int, tag: int,
+    def _moved_whole(self, done: Callable[[], None]) -> None:
+        self._data -= 1
+        done()
+
+    def _more(self, chunks: ChunkSender, view: memoryview, peer: int, tag: int,
               done: Callable[[], None], start: Callable[..., MPI.Request]) -> None:
         while (chunk := chunks.next_chunk()) is not None:
             req = start(view[chunk.offset:chunk.offset + chunk.nbytes], peer, tag)
@@ -59,7 +68,7 @@ class Mover:
             self._track(req, partial(self._moved, chunks, chunk, view, peer, tag, done, start))
         self._wake()
 
-    def _moved(self, chunks: OneChunk | ChunkSender, chunk: Chunk, view: memoryview,
+    def _moved(self, chunks: ChunkSender, chunk: Chunk, view: memoryview,
                peer: int, tag: int, done: Callable[[], None],
                start: Callable[..., MPI.Request]) -> None:
         self._data -= 1

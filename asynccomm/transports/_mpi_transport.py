@@ -158,7 +158,7 @@ class MPITransport(Link):
                     endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
                                              slot.payload))
             return
-        dtype = decode_dtype(dfield, dlen) if kind == w.RTS else ""
+        dtype = (DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE or kind == w.DUMP else b""
         event, out = self.wire.receive(kind, src, tag, nbytes, count, ident, dtype, payload)
         for dest, raw in out:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynccomm._core.chunking import Chunk, ChunkSender, OneChunk
+from asynccomm._core.chunking import Chunk, ChunkSender
 
 
 def take_all(sender: ChunkSender) -> list[Chunk]:
@@ -190,14 +190,3 @@ def test_any_completion_order_covers_everything_once(
     assert all(c.nbytes == chunk_bytes for c in handed[:-1])
     assert 0 <= handed[-1].nbytes <= chunk_bytes
     assert handed[-1].nbytes > 0 or nbytes == 0
-
-
-@pytest.mark.parametrize("nbytes", [0, 1, 1 << 20])
-def test_one_chunk_is_a_chunk_sender_of_one_chunk(nbytes: int) -> None:
-    one, many = OneChunk(nbytes), ChunkSender(nbytes, chunk_bytes=max(nbytes, 1),
-                                              max_inflight=1)
-    chunk = one.next_chunk()
-    assert chunk == many.next_chunk() == Chunk(0, 0, nbytes)
-    assert one.next_chunk() is None and not one.done
-    one.chunk_done(chunk)
-    assert one.done and one.next_chunk() is None
