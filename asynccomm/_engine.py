@@ -65,7 +65,8 @@ class DeviceEngine(TracedLane, PeersMixin):
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
         "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
-        "default_stream", "device", "eager_limit", "fast", "flight", "gone", "inline_copies",
+        "default_stream", "device", "eager_limit", "failure", "fast", "flight", "gone",
+        "inline_copies",
         "instant", "link", "log", "loop", "matcher", "now", "peers", "pool", "private",
         "rank", "recent", "records", "size", "taken_at", "trace", "traced", "tracer",
         "unheard", "world_rank", "world_ranks"
@@ -121,6 +122,9 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.fast = False
         #: The fast lane of a traced in-process world (``_engine_traced``; set by the world).
         self.traced = False
+        #: What broke the link underneath (``broke``): every op posted since fails with it
+        #: (a fresh copy), unless a message already here completes it.
+        self.failure: BaseException | None = None
         self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
@@ -239,11 +243,20 @@ class DeviceEngine(TracedLane, PeersMixin):
             # A message the gone peer sent before it left was taken above; nothing more.
             if req._state is POSTED and self.gone and self._unreachable(req.peer):
                 self.withdraw(req, self.broken(req.peer))
+            elif req._state is POSTED and self.failure is not None:
+                self.withdraw(req, diag.fresh_copy(self.failure))
         else:
             self._start_compute(req)
 
     def probe_now(self, source: int, tag: int) -> Status | None:
+        """The Status of a message here that a recv(source, tag) would take, or None.
+
+        Raises:
+            TransportError: none is here, and the link broke (nothing more will come).
+        """
         msg = self.matcher.probe(source, tag)
+        if msg is None and self.failure is not None:
+            raise diag.fresh_copy(self.failure)
         return None if msg is None else _status_of(msg)
 
     def post_probe(self, req: Request) -> None:
@@ -259,6 +272,8 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.track(req)
         if self.gone and self._unreachable(req.peer):
             self.withdraw(req, self.broken(req.peer))
+        elif self.failure is not None:
+            self.withdraw(req, diag.fresh_copy(self.failure))
 
     def _start_compute(self, req: Request) -> None:
         """A compute task occupies this rank's compute stream (FIFO) for its duration."""

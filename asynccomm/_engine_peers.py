@@ -49,6 +49,9 @@ class PeersMixin:
     rank: int
     size: int
     closed: bool
+    fast: bool
+    traced: bool
+    failure: BaseException | None
     gone: set[int]
     unheard: set[int]
     matcher: Matcher
@@ -100,7 +103,11 @@ class PeersMixin:
         return diag.broken(self.rank, peer, self.gone - self.unheard - {self.rank})
 
     def broke(self, exc: BaseException) -> None:
-        """The link failed underneath: fail every unfinished op of this rank with ``exc``."""
+        """The link failed underneath: fail every unfinished op of this rank with ``exc``,
+        and every op posted from now on that no message already here completes (the fast
+        lanes close: the usual way checks)."""
+        self.failure = exc
+        self.fast = self.traced = False
         for req in self._live():
             if req._state < DONE:
                 self._finish(req, DONE, diag.fresh_copy(exc))

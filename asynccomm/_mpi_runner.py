@@ -413,7 +413,12 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
         raise exc from None
     finally:
         uninstall()
-    await world.aclose()
+    broken = world.transport.broken is not None
+    try:  # with a broken link the ranks cannot close together: wait the grace at most
+        async with asyncio.timeout(grace if broken else None):
+            await world.aclose()
+    except TimeoutError:
+        pass  # (broken: aborted below)
     if world.transport.broken is not None:  # the others may wait for this rank forever
         _abort(comm.rank, f"MPI failed ({world.transport.broken})", None)
     return result

@@ -17,6 +17,8 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   communicator stays usable).
 - ``progress-error``: an MPI error in the progress task fails what was pending with
   ``TransportError`` and, since the world cannot close cleanly, aborts the job.
+- ``after-failure``: once rank 0's link broke, a message that landed before is still
+  received, and new recvs, probes, sends and ``iprobe`` raise ``TransportError`` at once.
 - ``answer-landed``: a ``sendrecv`` whose incoming message has already landed (its rank's
   loop was blocked meanwhile, so no progress task saw it) completes without suspending.
 - ``doorbell``: rank 1 waits until idle rank 0 dozes on its doorbell, then sends; rank 0
@@ -128,6 +130,44 @@ async def progress_error(comm: ac.Communicator) -> None:
     else:
         await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
+
+
+async def after_failure(comm: ac.Communicator) -> str:
+    """Rank 0's link breaks (an MPI error in its progress task): a message that landed
+    before is still received, and every op posted after fails at once with
+    ``TransportError`` (none waits for what cannot come)."""
+    if comm.rank == 1:
+        await comm.send(np.full(1, 3.0), 0, 3)
+        await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
+        await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
+        return "rank 1 woke"
+    await comm.probe(1, 3)  # landed
+    fail_next_mpi_call(comm, "Testsome")
+    outcomes = []
+    try:
+        await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)
+    except ac.TransportError:
+        outcomes.append("send TransportError")
+    out = np.zeros(1)
+    await comm.recv(out, 1, 3)
+    outcomes.append(f"landed {out[0]:g}")
+    ops = {"recv": lambda: comm.recv(np.zeros(1), 1, 9),
+           "recv-any": lambda: comm.recv(np.zeros(1), ac.ANY_SOURCE, ac.ANY_TAG),
+           "probe": lambda: comm.probe(1, 9),
+           "send": lambda: comm.send(np.zeros(1), 1, 9),
+           "irecv": lambda: comm.irecv(np.zeros(1), 1, 9)}
+    for name, op in ops.items():
+        try:
+            await asyncio.wait_for(op(), 5)
+        except ac.TransportError:
+            outcomes.append(f"{name} TransportError")
+        except TimeoutError:
+            outcomes.append(f"{name} hung")
+    try:
+        comm.iprobe(1, 9)
+    except ac.TransportError:
+        outcomes.append("iprobe TransportError")
+    return "rank 0: " + ", ".join(outcomes)
 
 
 class _Resume:
@@ -294,6 +334,14 @@ def main(case: str) -> int:
         sys.stdout.write(f"{ac.run(send_error)}\n")
     elif case == "progress-error":
         ac.run(progress_error)
+    elif case == "after-failure":
+        async def report(comm: ac.Communicator) -> str:
+            line = await after_failure(comm)
+            sys.stdout.write(line + "\n")  # before the abort that follows
+            sys.stdout.flush()
+            return line
+
+        ac.run(report, abort_grace=1.0)
     elif case == "answer-landed":
         sys.stdout.write(f"{ac.run(answer_landed)}\n")
     elif case == "lane":

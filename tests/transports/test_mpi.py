@@ -128,6 +128,16 @@ def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None
     assert "aborting the MPI job" in proc.stderr, _output(proc)
 
 
+def test_after_an_mpi_failure_new_ops_fail_at_once_and_landed_messages_arrive() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "after-failure", limit=60)
+    assert proc.returncode != 0, _output(proc)  # the ranks cannot close together: abort
+    assert ("rank 0: send TransportError, landed 3, recv TransportError, recv-any "
+            "TransportError, probe TransportError, send TransportError, irecv "
+            "TransportError, iprobe TransportError") in proc.stdout, _output(proc)
+    # main returned: the world cannot close with a broken link, so it aborts, not hangs
+    assert "aborting the MPI job" in proc.stderr, _output(proc)
+
+
 def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60)
     assert proc.returncode == 0, _output(proc)
