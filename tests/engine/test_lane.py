@@ -143,6 +143,35 @@ def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
 
 
 @pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_a_recv_the_lane_completed_is_the_request_python_completes() -> None:
+    """Every field of a posted recv that a message then filled, lane against Python steps:
+    its status, its state, that nothing tracks it any more."""
+    fields = [n for cls in ac.Request.__mro__ for n in getattr(cls, "__slots__", ())]
+
+    async def fill(world: ac.World) -> tuple[dict[str, Any], int]:
+        c0, c1 = world.comms
+        await c0.send(np.ones(4), 1, 2)  # a dtype's name is learnt the first time it is sent
+        await c1.recv(np.empty(4), 0, 2)
+        req = c1.irecv(np.empty(4), 0, 3)
+        assert req.view is None  # (the lane's: it makes no byte view)
+        await c0.send(np.arange(4.0), 1, 3)
+        await req
+        return {n: getattr(req, n, "<unset>") for n in fields}, c1.statistics().pending_ops
+
+    async def run() -> tuple[dict[str, Any], int]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(fill(world), 10)
+
+    lane, lane_pending = asyncio.run(run())
+    with python_steps_only():
+        python, python_pending = asyncio.run(run())
+    for name in ("t_post", "t_match", "t_fin", "array", "_owner", "stream"):  # times, objects
+        assert type(lane.pop(name)) is type(python.pop(name))
+    assert lane == python
+    assert lane["_tracked"] is False and lane_pending == python_pending == 0
+
+
+@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
 def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from asynccomm._fastlane import LANE
