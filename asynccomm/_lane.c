@@ -397,12 +397,13 @@ done:
     return result;
 }
 
-/* offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool: what
- * ``FastLane.offer_bytes`` does for a message from another process whose payload is
- * ``buf[offset:offset + nbytes]`` (a bytearray, readable only now) when a recv posted
- * here takes it at once: True once taken; False, having done nothing, when the Python
- * steps must run (a traced engine, a message from TIMED_COPY_MIN up, no recv the lane
- * can fill). */
+/* offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool | None:
+ * what ``FastLane.offer_bytes`` does for a message from another process whose payload is
+ * ``buf[offset:offset + nbytes]`` (a bytearray, readable only now): True once a recv
+ * posted here took it; None, having done nothing, when no recv is posted that could (it
+ * is delivered as a message); False, having done nothing, when the Python steps must
+ * judge (a traced engine, a message from TIMED_COPY_MIN up, a recv the lane cannot
+ * fill). */
 static PyObject *
 lane_offer_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -433,12 +434,15 @@ lane_offer_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (r < 0) {
         return NULL;
     }
+    if (r == 2) {
+        Py_RETURN_NONE;
+    }
     return PyBool_FromLong(r);
 }
 
 static PyMethodDef methods[] = {
     {"offer_bytes", (PyCFunction)(void (*)(void))lane_offer_bytes, METH_FASTCALL,
-     "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool"},
+     "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool | None"},
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
      "send(comm, buf, dst, tag, handle) -> bool | Request"},
     {"recv", (PyCFunction)(void (*)(void))lane_recv, METH_FASTCALL,

@@ -136,7 +136,8 @@ complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
 /* What ``FastLane.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
  * traced world, else NULL): 1 if a posted recv took the message or the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
- * a posted recv may take it. */
+ * a posted recv may take it, and 2 says that none is posted that could (no recv for its
+ * source and tag, and no wildcard recv), having changed nothing. */
 int
 offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
       Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when)
@@ -222,8 +223,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
             goto done;
         }
     }
-    if (!stage) {
-        rc = 0;
+    if (!stage) {  /* (here no recv, exact or wildcard, is posted that could take it) */
+        rc = 2;
         goto done;
     }
     /* staging: StagingPool.acquire(nbytes, tentative=True), inlined */

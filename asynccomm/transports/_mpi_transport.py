@@ -82,9 +82,10 @@ class MPITransport(Link):
         self.on_dump: Callable[[int, str], None] | None = None
         #: ``endpoint.offer_bytes`` done natively, where the world has it (set by the
         #: world): ``(endpoint, source, tag, buf, offset, nbytes, count, dtype)``, the
-        #: payload being ``buf[offset:offset + nbytes]``; False, having done nothing, when
-        #: ``offer_bytes`` must judge.
-        self.offer_native: Callable[..., bool] | None = None
+        #: payload being ``buf[offset:offset + nbytes]``: True once taken; None, having
+        #: done nothing, when no recv is posted that could take it; False, having done
+        #: nothing, when ``offer_bytes`` must judge.
+        self.offer_native: Callable[..., bool | None] | None = None
 
     @property
     def broken(self) -> BaseException | None:
@@ -148,15 +149,20 @@ class MPITransport(Link):
                     msg = Message(src, tag, nbytes, count, dtype, INLINE, slot.payload)
                     msg.shape = shape
                     endpoint.arrived(msg)
-                elif (((native := self.offer_native) is not None
-                       and native(endpoint, src, tag, slot.buf, _HSIZE, nbytes, count, dtype))
-                      or endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype)):
-                    credit = self.wire.consumed(src, nbytes)
-                    if credit is not None:
-                        self._send(src, credit)
                 else:
-                    endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
-                                             slot.payload))
+                    native = self.offer_native
+                    taken = (False if native is None else
+                             native(endpoint, src, tag, slot.buf, _HSIZE, nbytes, count, dtype))
+                    if taken is False:  # not judged natively: the Python steps judge
+                        taken = endpoint.offer_bytes(src, tag, slot.payload, nbytes, count,
+                                                     dtype)
+                    if taken:
+                        credit = self.wire.consumed(src, nbytes)
+                        if credit is not None:
+                            self._send(src, credit)
+                    else:  # no recv is posted for it (None: as the native step found)
+                        endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
+                                                 slot.payload))
             return
         dtype = (DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE or kind == w.DUMP else b""
