@@ -440,6 +440,8 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
 
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+            TransportError: none is here, and the transport failed underneath (nothing
+                more can arrive).
         """
         self._check_ready()
         s = self._check_rank(src, "src", wildcard=True)
@@ -454,6 +456,7 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing arrived within ``timeout``.
+            TransportError: the transport failed underneath, and nothing fitting is here.
         """
         self._check_ready()
         req = self._make(Kind.PROBE, None, src, tag, None, timeout)
