@@ -9,7 +9,9 @@ A ``Plan`` is drawn by hypothesis (``plans()``).  Rank 0 sends the plan's messag
 1 on one tag, each with its way of being cancelled (arrays, or in half the plans Python
 objects holding them: ``send_obj``, whose buffers travel as messages of their own); rank 1
 receives with its own cycle of cancellations until rank 0's manifest (the list of sends
-that succeeded) arrives, then drains what is left and checks the invariant.  Programs
+that succeeded) arrives, then drains what is left and checks the invariant.  One of its
+ways is a ``sendrecv`` (a message to itself, and the recv) whose task is cancelled: what
+it sent to itself must arrive exactly when the send went.  Programs
 synchronise with messages only, so the same plan runs in-process
 (``test_conservation.py``), on the virtual clock, on the cluster model and under
 ``mpiexec`` (``mpi_conservation_runner.py``).
@@ -34,10 +36,10 @@ LARGEST = max(SIZES)
 SEND_MODES = ("send", "isend", "req_cancel", "task_cancel", "timeout0", "timeout_tiny",
               "asyncio_timeout")
 RECV_MODES = ("recv", "any_source", "req_cancel", "task_cancel", "timeout0", "timeout_tiny",
-              "asyncio_timeout")
+              "asyncio_timeout", "sendrecv_cancel")
 #: Seconds: short enough to expire while a peer is busy, long enough to sometimes not.
 TINY = 1e-4
-DATA, MANIFEST, DONE = 1, 2, 3
+DATA, MANIFEST, DONE, ECHO = 1, 2, 3, 4
 SENTINEL = 0xEE
 
 
@@ -166,10 +168,12 @@ async def sender(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
 
 
 class _Received:
-    """What rank 1 got, checked as it arrives."""
+    """What rank 1 got, checked as it arrives, and how many of its ``sendrecv``s' own
+    messages (to itself, on ``ECHO``) went."""
 
     def __init__(self) -> None:
         self.got: list[tuple[int, int]] = []
+        self.echoes = 0
 
     def took(self, buf: np.ndarray[Any, Any], status: ac.Status) -> None:
         nbytes = status.nbytes
@@ -243,9 +247,39 @@ async def _cancelled_or_took(way: Any, op: Any) -> None:
         way.took(result)
 
 
+async def _sendrecv_cancelled(comm: ac.Communicator, way: _Arrays, k: int, plan: Plan,
+                              seen: _Received) -> None:
+    """A ``sendrecv`` (a message to itself on ``ECHO``, a recv from rank 0) whose task is
+    cancelled after ``k`` turns: each op is withdrawn, or went all the same (the
+    cancellation's note names those), and what went is accounted for."""
+    task = asyncio.ensure_future(comm.sendrecv(np.full(1, seen.echoes, np.int64), comm.rank,
+                                               way.buf, 0, sendtag=ECHO, recvtag=DATA))
+    await turns(k)
+    task.cancel()
+    try:
+        status = await task
+    except asyncio.CancelledError as exc:
+        notes = "".join(getattr(exc, "__notes__", []))
+        if "1 (recv, done)" in notes:  # its message arrived all the same: its size by id
+            ident = -1 if bool((way.buf[:8] == SENTINEL).all()) else identify(way.buf, 8)[1]
+            nbytes = 0 if ident < 0 else SIZES[plan.sends[ident][0]]
+            way.took(ac.Status(0, DATA, nbytes, nbytes))
+        else:
+            way.untouched("was cancelled")
+        seen.echoes += "0 (send, done)" in notes
+    else:
+        way.took(status)
+        seen.echoes += 1
+
+
 async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
-                    manifest: ac.Request, seen: _Received) -> None:
+                    manifest: ac.Request, seen: _Received, plan: Plan) -> None:
     way: Any = _Objects(comm, seen) if objects else _Arrays(comm, seen)
+    if mode == "sendrecv_cancel":
+        if not objects:
+            await _sendrecv_cancelled(comm, way, k, plan, seen)
+            return
+        mode = "task_cancel"  # (a sendrecv of objects is not a thing)
     if mode in ("recv", "any_source", "req_cancel"):
         req = way.start(ac.ANY_SOURCE if mode == "any_source" else 0)
         if mode == "req_cancel":
@@ -282,7 +316,7 @@ async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
     while not manifest.done():
         mode, k = plan.recvs[i % len(plan.recvs)]
         i += 1
-        await _recv_one(comm, plan.objects, mode, k, manifest, seen)
+        await _recv_one(comm, plan.objects, mode, k, manifest, seen, plan)
     count = int(box[0])
     sent = [(int(box[1 + 2 * j]), int(box[2 + 2 * j])) for j in range(count)]
     while len(seen.got) < len(sent):
@@ -294,6 +328,11 @@ async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
         way.took(await way.recv())
     check(seen.got == sent, f"received {seen.got}, but the sends that succeeded were {sent}")
     check(comm.iprobe(0, DATA) is None, "a withdrawn message arrived")
+    echo = np.zeros(1, np.int64)
+    for n in range(seen.echoes):  # each sendrecv's own message that went, once, in order
+        await comm.recv(echo, comm.rank, ECHO)
+        check(int(echo[0]) == n, f"echo {n} arrived as {int(echo[0])}")
+    check(comm.iprobe(comm.rank, ECHO) is None, "a withdrawn sendrecv's message arrived")
     check(comm.statistics().pending_ops == 0, "ops left pending")
     await comm.send(np.zeros(1, np.int64), 0, DONE)
     return seen.got
