@@ -155,14 +155,39 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     return 1;
 }
 
+/* What ``_send_op`` does for a send the fast lane finished as it was posted, at ``t``:
+ * record it, then True, or with ``handle`` its done Request (from ``rank``, with ``flow``
+ * in a traced world, else NULL); NULL on an error. */
+static PyObject *
+sent_as_posted(struct call *c, PyObject *rank, double t, PyObject *flow)
+{
+    if (record(c->engine, 0, c->peer, c->tag, c->nbytes, zero, t, t, t, flow) < 0) {
+        return NULL;
+    }
+    if (!c->handle) {
+        Py_RETURN_TRUE;
+    }
+    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    PyObject *req = timeout == NULL ? NULL : new_request(
+        c->engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, c->stream,
+        timeout, c->buf);
+    Py_XDECREF(timeout);
+    if (req != NULL && flow != NULL) {
+        put_ref(req, M.flow, flow);
+    }
+    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
+        Py_CLEAR(req);
+    }
+    return req;
+}
+
 /* A send to another process (``c->remote``): the MPI link's ``send_now`` (Python) sends it
- * eagerly, or refuses having done nothing; then what ``_send_op`` does for a send done
- * as posted.  True, or with ``handle`` its Request; False when the Python path must run. */
+ * eagerly, or refuses having done nothing (False: the Python path must run); then
+ * ``sent_as_posted``. */
 static PyObject *
 send_remote(struct call *c)
 {
-    PyObject *engine = c->engine;
-    PyObject *link = slot_get(engine, EN.link);
+    PyObject *link = slot_get(c->engine, EN.link);
     PyObject *nb = PyLong_FromSsize_t(c->nbytes), *cnt = PyLong_FromSsize_t(c->count);
     PyObject *r = NULL;
     if (link != NULL && nb != NULL && cnt != NULL) {
@@ -178,24 +203,10 @@ send_remote(struct call *c)
         return sent < 0 ? NULL : Py_NewRef(Py_False);
     }
     double t;
-    if (now_of(engine, &t) < 0
-        || record(engine, 0, c->peer, c->tag, c->nbytes, zero, t, t, t, NULL) < 0) {
-        return NULL;
-    }
-    if (!c->handle) {
-        Py_RETURN_TRUE;
-    }
-    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
-    PyObject *rank = slot_get(c->comm, CO.rank);
-    PyObject *req = timeout == NULL || rank == NULL ? NULL : new_request(
-        engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, c->stream,
-        timeout, c->buf);
-    Py_XDECREF(timeout);
+    PyObject *rank = now_of(c->engine, &t) < 0 ? NULL : slot_get(c->comm, CO.rank);
+    PyObject *out = rank == NULL ? NULL : sent_as_posted(c, rank, t, NULL);
     Py_XDECREF(rank);
-    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
-        Py_CLEAR(req);
-    }
-    return req;
+    return out;
 }
 
 /* send(comm, buf, dst, tag, handle) -> bool | Request: once the message went the fast
@@ -221,9 +232,8 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_FALSE;
     }
     PyObject *comm = c.comm, *buf = c.buf, *dst = c.peer, *tag = c.tag, *name = c.name;
-    PyObject *engine = c.engine, *stream = c.stream;
+    PyObject *engine = c.engine;
     Py_ssize_t nbytes = c.nbytes, count = c.count;
-    int handle = c.handle;
     PyObject *result = NULL, *peers = NULL, *rank = NULL, *flow = NULL, *k = NULL;
     peers = slot_get(engine, EN.peers);  /* a list: fast_engine saw it */
     if (peers == NULL) {
@@ -259,25 +269,10 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (flow != NULL && PyObject_SetItem(SLOT(SLOT(engine, EN.tracer), TR.sent), dst, k) < 0) {
         goto done;  /* (the number is kept once the message went) */
     }
-    if ((t < 0 && now_of(engine, &t) < 0)
-        || record(engine, 0, dst, tag, nbytes, zero, t, t, t, flow) < 0) {
+    if (t < 0 && now_of(engine, &t) < 0) {
         goto done;
     }
-    if (!handle) {
-        result = Py_NewRef(Py_True);
-        goto done;
-    }
-    PyObject *timeout = slot_get(comm, CO.default_timeout);
-    PyObject *req = timeout == NULL ? NULL : new_request(
-        engine, K_SEND, rank, dst, tag, nbytes, count, name, stream, timeout, buf);
-    Py_XDECREF(timeout);
-    if (req != NULL && flow != NULL) {
-        put_ref(req, M.flow, flow);
-    }
-    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
-        Py_CLEAR(req);
-    }
-    result = req;
+    result = sent_as_posted(&c, rank, t, flow);
 done:
     Py_XDECREF(flow);
     Py_XDECREF(k);

@@ -289,22 +289,11 @@ class Wire:
 
     # -- sending --------------------------------------------------------------------------
 
-    def eager(self, dest: int, nbytes: int) -> bool:
-        """Whether a message of ``nbytes`` to ``dest`` goes eagerly; if so its credit is
-        taken and the shell sends ``pack_eager(...)`` + payload."""
-        if nbytes > self.inline_max:
-            return False
-        cost = charge(nbytes)
-        if self.credit[dest] < cost:
-            return False
-        self.credit[dest] -= cost
-        return True
-
     def eager_header(self, dest: int, tag: int, nbytes: int, count: int,
                      dtype: bytes) -> bytes | None:
-        """``eager`` and ``pack_eager`` in one call (the hot path of every small send):
-        the header to send before the payload, its credit taken; None (nothing taken) when
-        the message does not go eagerly."""
+        """Whether a message of ``nbytes`` to ``dest`` goes eagerly: if so its credit is
+        taken and its header returned (the shell sends it, then the payload); None
+        (nothing taken) when it does not.  Once per small send: the charge is looked up."""
         if nbytes > self.inline_max:
             return None
         cost = _CHARGES[(nbytes - 1).bit_length()] if nbytes else MESSAGE_OVERHEAD
@@ -315,13 +304,9 @@ class Wire:
         return HEADER.pack(EAGER, len(dtype), self.rank, tag, nbytes, count, 0, dtype)
 
     def refund(self, dest: int, nbytes: int) -> None:
-        """An eager message ``eager`` allowed could not be sent after all: its credit
-        returns."""
+        """An eager message ``eager_header`` allowed could not be sent after all: its
+        credit returns."""
         self.credit[dest] += charge(nbytes)
-
-    def pack_eager(self, tag: int, nbytes: int, count: int, dtype: bytes) -> bytes:
-        """The header of an eager message (the payload follows it)."""
-        return HEADER.pack(EAGER, len(dtype), self.rank, tag, nbytes, count, 0, dtype)
 
     def announce(self, dest: int, tag: int, nbytes: int, count: int,
                  dtype: bytes) -> tuple[int, bytes]:

@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 __all__ = ["MPITransport"]
 
 _HSIZE = HEADER.size
-#: Eager payloads up to this size are packed with one concatenation (cheapest for small
-#: ones); larger ones are copied once into a preallocated message.
-_CONCAT_MAX = 1024
 
 
 class MPITransport(Link):
@@ -224,16 +221,9 @@ class MPITransport(Link):
         try:
             dt = (DTYPE_FIELDS.get(msg.dtype) or encode_dtype(msg.dtype)
                   if msg.shape is None else encode_dtype(with_shape(msg.dtype, msg.shape)))
-            if wire.eager(dest, n):
-                packed: bytes | bytearray
-                if n <= _CONCAT_MAX:
-                    packed = wire.pack_eager(msg.tag, n, msg.count, dt) + bytes(view)
-                else:
-                    packed = bytearray(_HSIZE + n)
-                    HEADER.pack_into(packed, 0, EAGER, len(dt), self.rank, msg.tag, n,
-                                     msg.count, 0, dt)
-                    packed[_HSIZE:] = view
-                self._send(dest, packed)
+            header = wire.eager_header(dest, msg.tag, n, msg.count, dt)
+            if header is not None:
+                self._send(dest, b"".join((header, view)))  # one copy of the payload
                 self.endpoint.sent(msg)
                 return
             ident, rts = wire.announce(dest, msg.tag, n, msg.count, dt)
@@ -256,9 +246,7 @@ class MPITransport(Link):
             return False
         progress = self.progress
         try:
-            # One copy of the payload either way: a concatenation is cheapest for small ones.
-            progress.send(dest, header + array.tobytes() if nbytes <= _CONCAT_MAX
-                          else b"".join((header, array)))
+            progress.send(dest, b"".join((header, array)))  # one copy of the payload
         except lib.MPI.Exception:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request

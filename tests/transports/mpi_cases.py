@@ -42,7 +42,7 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm import open_mpi_world
-from asynccomm.testing import fail_next_mpi_call
+from asynccomm.testing import fail_next_mpi_call, posted
 
 
 async def raise_on_rank_1(comm: ac.Communicator) -> str:
@@ -264,8 +264,7 @@ async def lane(comm: ac.Communicator) -> str:
             out = np.zeros(2)
             if comm.rank == receiver:
                 if i < 2:
-                    task = asyncio.ensure_future(comm.recv(out, peer, 10 + i))
-                    await asyncio.sleep(0)  # posted
+                    task = await posted(comm.recv(out, peer, 10 + i))
                     MPI.COMM_WORLD.Barrier()
                     status = await task
                 else:
