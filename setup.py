@@ -11,8 +11,8 @@ from setuptools import Extension, setup
 
 SOURCES = {
     "_speedups": ["_speedups.c"],
-    "_lane": ["_lane.c", "_lane_config.c", "_lane_flight.c", "_lane_objects.c",
-              "_lane_recv.c", "_lane_steps.c"],
+    "_lane": ["_lane.c", "_lane_config.c", "_lane_flight.c", "_lane_mpi.c",
+              "_lane_objects.c", "_lane_recv.c", "_lane_steps.c"],
 }
 
 setup(ext_modules=[Extension(f"asynccomm.{name}", [f"asynccomm/{f}" for f in files],

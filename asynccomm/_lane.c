@@ -6,10 +6,10 @@
  * (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an exact source or
  * destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
  * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
- * ``send_now`` (Python), any size it takes; a recv takes a staged message (the link's
- * ``received`` sends its credit back) or is posted here; and
- * ``offer_bytes``, called by the link as an eager message lands, hands it to the recv
- * posted for it.  Anything else, and any state the Python steps would judge (a tombstone,
+ * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
+ * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
+ * its credit back) or is posted here; and ``offer_bytes`` (or ``Path``'s landing of
+ * control messages) hands an eager message that lands to the recv posted for it.  Anything else, and any state the Python steps would judge (a tombstone,
  * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
  * having changed nothing, and the Python path runs from the start.  The Python steps are
  * the reference: this file writes the same fields in the same order, and the test suite
@@ -24,7 +24,8 @@
  * The files: this one (the entry points ``send`` and ``recv``), _lane_steps.c and
  * _lane_recv.c (the receiving engine's steps), _lane_objects.c (builders, the matcher's deques, the
  * clock), _lane_config.c (configuration and the running-loop check), _lane_flight.c (the
- * flight recorder's ring and tallies), _lane.h (what they share).
+ * flight recorder's ring and tallies), _lane_mpi.c (the MPI link's per-message steps),
+ * _lane.h (what they share).
  */
 #define LANE_IMPORTS_NUMPY
 #include "_lane.h"
@@ -455,27 +456,29 @@ PyMODINIT_FUNC
 PyInit__lane(void)
 {
     import_array();
-    if (intern_names() < 0) {
+    if (intern_names() < 0 || intern_mpi_names() < 0) {
         return NULL;
     }
     if (pthread_atfork(NULL, NULL, forget_in_child) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_atfork");
         return NULL;
     }
-    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&TallyCType) < 0) {
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&TallyCType) < 0
+        || PyType_Ready(&PathType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
+    if (PyModule_AddObjectRef(m, "Path", (PyObject *)&PathType) < 0
+        || PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
         || PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyCType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[ssssss]", "Ring", "Tally", "configure", "offer_bytes", "recv",
-                                  "send");
+    PyObject *all = Py_BuildValue("[sssssss]", "Path", "Ring", "Tally", "configure",
+                                  "offer_bytes", "recv", "send");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(m);

@@ -210,6 +210,10 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
 
+/* _lane_mpi.c: the MPI link's per-message steps. */
+extern PyTypeObject PathType;
+int intern_mpi_names(void);
+
 #if defined(__GNUC__)
 #pragma GCC visibility pop
 #endif

@@ -235,8 +235,8 @@ class _MPIFamily:
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
-        if LANE is not None:  # small arrivals straight into a posted recv, natively
-            transport.offer_native = LANE.offer_bytes
+        if LANE is not None:  # the per-message steps in C
+            transport.accelerate(LANE)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(
             registry, engine.world_rank, peer if ranks is None else ranks[peer], text)

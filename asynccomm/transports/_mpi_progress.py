@@ -142,7 +142,8 @@ class Progress(Mover):
         first of another kind is left to the task).  Called after a send of the fast lane:
         its answer (a ring's next hop, a reply) is often here already, and the recv
         waiting for it then completes without a turn of the loop.  An MPI error fails the
-        link, as in the task."""
+        link, as in the task.  (The MPI link may put the C lane's ``Path.deliver`` here,
+        which does the same.)"""
         if self._dispatching or self.stopped:
             return
         slots = self._slots
@@ -192,19 +193,19 @@ class Progress(Mover):
 
     def _poll(self) -> bool:
         """Test what is in flight and act on what completed; True if anything did."""
+        hit = self._land()
+        if self._reqs and self._test_requests():
+            hit = True
+        return hit
+
+    def _land(self) -> bool:
+        """Hand every control message that landed to the link, in order; True if any did.
+        (The MPI link may put the C lane's ``Path.land`` here, which does the same.)"""
         slots = self._slots
         hit = False
         while (head := slots[0]).req.Test():  # a completed slot stays so until restarted
             hit = True
-            self._dispatching = True  # what _dispatch does, inlined: the hot path
-            try:
-                self._on_control(head)
-            finally:
-                self._dispatching = False
-            head.req.Start()
-            slots.rotate(-1)
-        if self._reqs and self._test_requests():
-            hit = True
+            self._dispatch(head)
         return hit
 
     def _test_requests(self) -> bool:

@@ -34,7 +34,7 @@ from .._core.wire import (
 from .._exceptions import CommBrokenError, TransportError
 from . import _mpi_lib as lib
 from ._mpi_lib import mpi_errors, translate
-from ._mpi_progress import Progress, Slot
+from ._mpi_progress import CTRL_SLOTS, Progress, Slot
 from .base import ASKED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
 
 if TYPE_CHECKING:
@@ -89,6 +89,20 @@ class MPITransport(Link):
         """The MPI failure that broke this link, if one did (it then stops, and the world
         cannot close cleanly)."""
         return self._broken
+
+    def accelerate(self, lane: Any) -> None:
+        """Run the per-message steps in C, with the C lane ``lane`` (call it before
+        ``start``): an eager message that lands goes straight into the recv posted for it
+        (``offer_native``; a traced engine's still take the Python steps), and
+        ``send_now`` and the progress task's landing of control messages run with no
+        Python frame (``lane.Path``, which does what ``send_now``, ``Progress._land`` and
+        ``Progress.deliver`` do)."""
+        self.offer_native = lane.offer_bytes
+        path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
+                         lib.MPI.Exception, INLINE, CTRL_SLOTS)
+        self.send_now = path.send_now  # type: ignore[method-assign]
+        self.progress._land = path.land  # type: ignore[method-assign]
+        self.progress.deliver = path.deliver  # type: ignore[method-assign]
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -1,0 +1,659 @@
+/* The MPI link's per-message steps in C: ``Path``, built by the MPI world for an untraced
+ * engine (``MPITransport.accelerate``).
+ *
+ * ``send_now`` is ``MPITransport.send_now`` (the wire's ``eager_header``, then
+ * ``Progress.send`` and ``Progress.deliver``) with no Python frame; ``land`` and
+ * ``deliver`` are ``Progress``'s loop over the control recvs that landed, where an eager
+ * message is handed to the receiving engine as ``MPITransport._on_control`` hands it: the
+ * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.  Every
+ * other control message, and every eager one this file does not judge (a closed engine, a
+ * shape, a dtype not seen yet, a traced engine, a large payload), goes to the link's
+ * Python ``_on_control``; every send it does not judge (a dtype not seen yet, a buffer
+ * that is not one piece) to the Python ``send_now``.  The state stays where the Python
+ * steps keep it (the wire's credit lists, the progress task's flags), so both kinds of
+ * step can run in one world.
+ *
+ * The wire's header is ``wire.HEADER`` (``"<BBxxiiqqq48s4x"``, 88 bytes), written and
+ * read here field by field, little-endian. */
+#include "_lane.h"
+
+#define HSIZE 88
+#define H_SRC 4
+#define H_TAG 8
+#define H_NBYTES 12
+#define H_COUNT 20
+#define H_IDENT 28
+#define H_DTYPE 36
+#define DTYPE_MAX 48
+#define EAGER 1
+#define CTRL_TAG 0
+
+static PyObject *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload, *a_broken_,
+    *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
+    *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
+    *a_on_control, *a_consumed, *a_send_ctl;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *link, *progress, *wire, *slots, *credit, *owed, *closed_by, *fields, *names;
+    PyObject *isend, *mpi_exc, *inline_where, *py_send_now, *on_control;
+    long rank, inline_max, return_at, ctrl_slots;
+} Path;
+
+static void
+put_le(char *at, unsigned long long v, int n)
+{
+    for (int i = 0; i < n; i++) {
+        at[i] = (char)(v >> (8 * i));
+    }
+}
+
+static long long
+get_le(const char *at, int n)
+{
+    unsigned long long v = 0;
+    for (int i = 0; i < n; i++) {
+        v |= (unsigned long long)(unsigned char)at[i] << (8 * i);
+    }
+    return n == 4 ? (long long)(int)(unsigned int)v : (long long)v;
+}
+
+/* ``wire.charge(nbytes)``: the message's staging bucket plus its overhead. */
+static long
+charge(Py_ssize_t nbytes)
+{
+    if (nbytes == 0) {
+        return MESSAGE_OVERHEAD;
+    }
+    unsigned long long m = (unsigned long long)nbytes - 1;
+    int bits = m == 0 ? 0 : 64 - __builtin_clzll(m);
+    long bucket = 1L << bits;
+    return (bucket < MIN_BUCKET ? MIN_BUCKET : bucket) + MESSAGE_OVERHEAD;
+}
+
+/* list[i] += delta, for the wire's credit lists (ints). */
+static int
+list_add(PyObject *list, Py_ssize_t i, long delta)
+{
+    long v = PyLong_AsLong(PyList_GET_ITEM(list, i));
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *n = PyLong_FromLong(v + delta);
+    return n == NULL ? -1 : PyList_SetItem(list, i, n);
+}
+
+static int
+set_flag(PyObject *o, PyObject *name, int value)
+{
+    return PyObject_SetAttr(o, name, value ? Py_True : Py_False);
+}
+
+/* -- receiving ------------------------------------------------------------------------- */
+
+/* An eager message landed in ``head`` (its buffer ``buf``): hand it to the engine as
+ * ``_on_control`` does.  1 done, 0 not judged here (nothing done: ``_on_control`` runs),
+ * -1 error. */
+static int
+dispatch(Path *p, PyObject *head, PyObject *buf)
+{
+    const char *b = PyByteArray_AS_STRING(buf);
+    if (!ready || b[0] != EAGER) {
+        return 0;
+    }
+    Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
+    Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
+    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
+        || nbytes > PyByteArray_GET_SIZE(buf) - HSIZE) {
+        return 0;
+    }
+    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    if (endpoint == NULL) {
+        return -1;
+    }
+    int rc = 0;
+    PyObject *field = NULL, *src = NULL, *tag = NULL, *nb = NULL, *cnt = NULL;
+    PyObject *closed = NULL, *out = NULL;
+    if (Py_TYPE(endpoint) != EngineType || SLOT(endpoint, EN.tracer) != Py_None) {
+        goto done;  /* traced: the Python steps number what arrives */
+    }
+    closed = PyObject_GetAttr(endpoint, a_closed);
+    if (closed == NULL || (rc = PyObject_IsTrue(closed)) != 0) {
+        rc = closed == NULL || rc < 0 ? -1 : 0;  /* closed: the Python steps drop it */
+        goto done;
+    }
+    field = PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
+    if (field == NULL) {
+        rc = -1;
+        goto done;
+    }
+    PyObject *dtype = PyDict_GetItemWithError(p->names, field);  /* borrowed */
+    if (dtype == NULL || !PyUnicode_CheckExact(dtype)
+        || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
+        rc = PyErr_Occurred() ? -1 : 0;  /* new, or with a shape: the Python steps */
+        goto done;
+    }
+    src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
+    tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
+    if (src == NULL || tag == NULL) {
+        rc = -1;
+        goto done;
+    }
+    double when;
+    int r = offer(endpoint, src, tag, (char *)b + HSIZE, nbytes, count, dtype, NULL, 0, &when);
+    if (r <= 0) {
+        rc = r;  /* 0: the Python steps judge */
+        goto done;
+    }
+    rc = 1;
+    if (r == 1) {  /* taken: its charge is owed back (``wire.consumed``) */
+        long s = PyLong_AsLong(src);
+        if (s < 0 || s >= PyList_GET_SIZE(p->owed)) {
+            PyErr_Format(PyExc_ValueError, "eager message from unknown rank %ld", s);
+            rc = -1;
+            goto done;
+        }
+        long owed = PyLong_AsLong(PyList_GET_ITEM(p->owed, s));
+        int gone = PyDict_Contains(p->closed_by, src);
+        if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
+            rc = -1;
+            goto done;
+        }
+        owed += charge(nbytes);
+        if (owed < p->return_at || gone) {
+            PyObject *v = PyLong_FromLong(owed);
+            rc = v == NULL || PyList_SetItem(p->owed, s, v) < 0 ? -1 : 1;
+            goto done;
+        }
+        nb = PyLong_FromSsize_t(nbytes);  /* a CREDIT is due: the wire makes it */
+        out = nb == NULL ? NULL : PyObject_CallMethodObjArgs(p->wire, a_consumed, src, nb, NULL);
+        if (out != NULL && out != Py_None) {
+            PyObject *sent = PyObject_CallMethodObjArgs(p->link, a_send_ctl, src, out, NULL);
+            Py_XDECREF(sent);
+            rc = sent == NULL ? -1 : 1;
+        }
+        else if (out == NULL) {
+            rc = -1;
+        }
+        goto done;
+    }
+    /* No recv is posted that could take it: it arrives as a message. */
+    PyObject *payload = PyObject_GetAttr(head, a_payload);
+    nb = PyLong_FromSsize_t(nbytes);
+    cnt = PyLong_FromSsize_t(count);
+    if (payload != NULL && nb != NULL && cnt != NULL) {
+        PyObject *argv[7] = {src, tag, nb, cnt, dtype, p->inline_where, payload};
+        PyObject *msg = PyObject_Vectorcall((PyObject *)MessageType, argv, 7, NULL);
+        out = msg == NULL ? NULL : PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
+        Py_XDECREF(msg);
+    }
+    Py_XDECREF(payload);
+    rc = out == NULL ? -1 : 1;
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(closed);
+    Py_XDECREF(field);
+    Py_XDECREF(src);
+    Py_XDECREF(tag);
+    Py_XDECREF(nb);
+    Py_XDECREF(cnt);
+    Py_DECREF(endpoint);
+    return rc;
+}
+
+/* Hand the control messages that landed to the link, head first, reposting each slot at
+ * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
+ * eager.  1 if any landed, 0 if none, -1 error. */
+static int
+land(Path *p, int eager_only)
+{
+    int hit = 0;
+    for (;;) {
+        PyObject *head = PySequence_GetItem(p->slots, 0);
+        PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
+        PyObject *t = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        int done = t == NULL ? -1 : PyObject_IsTrue(t);
+        Py_XDECREF(t);
+        PyObject *buf = done > 0 ? PyObject_GetAttr(head, a_buf) : NULL;
+        if (done > 0 && (buf == NULL || !PyByteArray_Check(buf))) {
+            if (buf != NULL) {
+                PyErr_SetString(PyExc_TypeError, "a control slot's buffer is a bytearray");
+            }
+            done = -1;
+        }
+        if (done > 0 && eager_only && PyByteArray_AS_STRING(buf)[0] != EAGER) {
+            done = 0;  /* left for the task */
+        }
+        int rc = done;
+        if (done > 0) {
+            hit = 1;
+            rc = set_flag(p->progress, a_dispatching, 1);
+            if (rc == 0) {
+                rc = dispatch(p, head, buf);
+                if (rc == 0) {
+                    PyObject *r = PyObject_CallOneArg(p->on_control, head);
+                    rc = r == NULL ? -1 : 1;
+                    Py_XDECREF(r);
+                }
+                PyObject *et, *ev, *tb;  /* finally: the flag drops, errors or not */
+                PyErr_Fetch(&et, &ev, &tb);
+                if (set_flag(p->progress, a_dispatching, 0) < 0) {
+                    rc = -1;
+                    Py_XDECREF(et);
+                    Py_XDECREF(ev);
+                    Py_XDECREF(tb);
+                }
+                else {
+                    PyErr_Restore(et, ev, tb);
+                }
+            }
+            if (rc > 0) {
+                PyObject *s = PyObject_CallMethodNoArgs(req, a_Start);
+                PyObject *r = s == NULL ? NULL
+                    : PyObject_CallMethodOneArg(p->slots, a_rotate, minus_one);
+                rc = r == NULL ? -1 : 1;
+                Py_XDECREF(s);
+                Py_XDECREF(r);
+            }
+        }
+        Py_XDECREF(buf);
+        Py_XDECREF(req);
+        Py_XDECREF(head);
+        if (rc <= 0) {
+            return rc < 0 ? -1 : hit;
+        }
+    }
+}
+
+/* ``Progress.deliver``: the eager messages that already landed, now; an error fails the
+ * link (``Progress._failed``). */
+static int
+deliver(Path *p)
+{
+    PyObject *v = PyObject_GetAttr(p->progress, a_dispatching);
+    int busy = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (busy == 0) {
+        v = PyObject_GetAttr(p->progress, a_stopped);
+        busy = v == NULL ? -1 : PyObject_IsTrue(v);
+        Py_XDECREF(v);
+    }
+    if (busy != 0) {
+        return busy < 0 ? -1 : 0;
+    }
+    if (land(p, 1) >= 0) {
+        return 0;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb != NULL && ev != NULL) {
+        PyException_SetTraceback(ev, tb);
+    }
+    PyObject *r = PyObject_CallMethodOneArg(p->progress, a_failed, ev);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *
+path_land(Path *p, PyObject *unused)
+{
+    int r = land(p, 0);
+    return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+static PyObject *
+path_deliver(Path *p, PyObject *unused)
+{
+    if (deliver(p) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* -- sending --------------------------------------------------------------------------- */
+
+/* What ``Progress.send`` does once MPI has the message: keep an unfinished send, ring the
+ * receiver's doorbell if it dozes, and wake this rank's progress task. */
+static int
+after_isend(Path *p, PyObject *req, long dest)
+{
+    PyObject *t = PyObject_CallMethodNoArgs(req, a_Test);
+    int done = t == NULL ? -1 : PyObject_IsTrue(t);
+    Py_XDECREF(t);
+    if (done < 0) {
+        return -1;
+    }
+    if (!done) {
+        PyObject *ctrl = PyObject_GetAttr(p->progress, a_ctrl);  /* _reap replaces it */
+        int rc = ctrl == NULL || !PyList_Check(ctrl) ? -1 : PyList_Append(ctrl, req);
+        Py_ssize_t n = rc < 0 ? 0 : PyList_GET_SIZE(ctrl);
+        Py_XDECREF(ctrl);
+        if (rc < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "Progress._ctrl is a list");
+            }
+            return -1;
+        }
+        if (n >= p->ctrl_slots) {
+            PyObject *r = PyObject_CallMethodNoArgs(p->progress, a_reap);
+            Py_XDECREF(r);
+            if (r == NULL) {
+                return -1;
+            }
+        }
+    }
+    PyObject *bells = PyObject_GetAttr(p->progress, a_bells);
+    if (bells == NULL) {
+        return -1;
+    }
+    if (bells != Py_None) {
+        PyObject *bell = PySequence_GetItem(bells, dest);
+        PyObject *flag = bell == NULL || bell == Py_None ? NULL : PyObject_GetAttr(bell, a_flag);
+        /* flag[0] as Python reads it: an mmap's sequence item is a byte string */
+        PyObject *up = flag == NULL ? NULL : PyObject_GetItem(flag, zero);
+        int rings = up == NULL ? 0 : PyObject_IsTrue(up);
+        PyObject *r = rings > 0 ? PyObject_CallMethodNoArgs(bell, a_ring) : NULL;
+        int failed = bell == NULL || (bell != Py_None && (up == NULL || rings < 0))
+            || (rings > 0 && r == NULL);
+        Py_XDECREF(r);
+        Py_XDECREF(up);
+        Py_XDECREF(flag);
+        Py_XDECREF(bell);
+        if (failed) {
+            Py_DECREF(bells);
+            return -1;
+        }
+    }
+    Py_DECREF(bells);
+    if (set_flag(p->progress, a_sent, 1) < 0) {
+        return -1;
+    }
+    PyObject *parked = PyObject_GetAttr(p->progress, a_parked);
+    if (parked == NULL) {
+        return -1;
+    }
+    int rc = 0;
+    if (parked != Py_None) {
+        PyObject *d = PyObject_CallMethodNoArgs(parked, a_done);
+        int finished = d == NULL ? -1 : PyObject_IsTrue(d);
+        Py_XDECREF(d);
+        if (finished == 0) {
+            PyObject *r = set_flag(p->progress, a_woke, 1) < 0 ? NULL
+                : PyObject_CallMethodOneArg(parked, a_set_result, Py_None);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        else if (finished < 0) {
+            rc = -1;
+        }
+    }
+    Py_DECREF(parked);
+    return rc;
+}
+
+/* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``MPITransport.send_now``. */
+static PyObject *
+path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
+        return NULL;
+    }
+    PyObject *dest = args[0];
+    long d = PyLong_AsLong(dest), t = PyLong_AsLong(args[1]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]), count = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!ready || d < 0 || d >= PyList_GET_SIZE(p->credit) || t < INT32_MIN
+        || t > INT32_MAX) {
+        goto python;
+    }
+    PyObject *broken = PyObject_GetAttr(p->link, a_broken_);
+    if (broken == NULL) {
+        return NULL;
+    }
+    int no = broken != Py_None;
+    Py_DECREF(broken);
+    if (!no && (no = PyDict_Contains(p->closed_by, dest)) < 0) {
+        return NULL;
+    }
+    if (no || nbytes > p->inline_max) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);  /* borrowed */
+    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
+    }
+    long cost = charge(nbytes);
+    long have = PyLong_AsLong(PyList_GET_ITEM(p->credit, d));
+    if (have == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (have < cost) {
+        Py_RETURN_FALSE;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        goto python;
+    }
+    if (view.len != nbytes) {
+        PyBuffer_Release(&view);
+        goto python;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, HSIZE + nbytes);
+    if (raw == NULL || list_add(p->credit, d, -cost) < 0) {
+        Py_XDECREF(raw);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    char *h = PyBytes_AS_STRING(raw);
+    memset(h, 0, HSIZE);
+    Py_ssize_t flen = PyBytes_GET_SIZE(field);
+    h[0] = EAGER;
+    h[1] = (char)flen;
+    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+    put_le(h + H_TAG, (unsigned long long)t, 4);
+    put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
+    put_le(h + H_COUNT, (unsigned long long)count, 8);
+    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    memcpy(h + HSIZE, view.buf, nbytes);
+    PyBuffer_Release(&view);
+    PyObject *argv[3] = {raw, dest, zero};
+    PyObject *req = PyObject_Vectorcall(p->isend, argv, 3, NULL);
+    Py_DECREF(raw);
+    int rc = req == NULL ? -1 : after_isend(p, req, d);
+    Py_XDECREF(req);
+    if (rc < 0) {
+        if (!PyErr_ExceptionMatches(p->mpi_exc)) {
+            return NULL;
+        }
+        PyErr_Clear();  /* the usual way reports the error on a request */
+        if (list_add(p->credit, d, cost) < 0) {
+            return NULL;
+        }
+        Py_RETURN_FALSE;
+    }
+    if (deliver(p) < 0) {  /* the answer may be here: a recv waiting for it completes now */
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+python:
+    return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
+}
+
+/* -- the type ---------------------------------------------------------------------------- */
+
+static int
+long_attr(PyObject *o, const char *name, long *out)
+{
+    PyObject *v = PyObject_GetAttrString(o, name);
+    *out = v == NULL ? -1 : PyLong_AsLong(v);
+    Py_XDECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *
+path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *link, *progress, *wire, *fields, *names, *mpi_exc, *inline_where;
+    long ctrl_slots;
+    static char *kw[] = {"link", "progress", "wire", "fields", "names", "mpi_exception",
+                         "inline", "ctrl_slots", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOl:Path", kw, &link, &progress,
+                                     &wire, &PyDict_Type, &fields, &PyDict_Type, &names,
+                                     &mpi_exc, &inline_where, &ctrl_slots)) {
+        return NULL;
+    }
+    Path *p = (Path *)type->tp_alloc(type, 0);
+    if (p == NULL) {
+        return NULL;
+    }
+    p->link = Py_NewRef(link);
+    p->progress = Py_NewRef(progress);
+    p->wire = Py_NewRef(wire);
+    p->fields = Py_NewRef(fields);
+    p->names = Py_NewRef(names);
+    p->mpi_exc = Py_NewRef(mpi_exc);
+    p->inline_where = Py_NewRef(inline_where);
+    p->ctrl_slots = ctrl_slots;
+    PyObject *comm = PyObject_GetAttrString(progress, "comm");
+    p->isend = comm == NULL ? NULL : PyObject_GetAttrString(comm, "Isend");
+    Py_XDECREF(comm);
+    p->slots = PyObject_GetAttrString(progress, "_slots");
+    p->credit = PyObject_GetAttrString(wire, "credit");
+    p->owed = PyObject_GetAttrString(wire, "_owed");
+    p->closed_by = PyObject_GetAttrString(wire, "closed_by");
+    p->py_send_now = PyObject_GetAttrString(link, "send_now");
+    p->on_control = PyObject_GetAttrString(link, "_on_control");
+    if (p->isend == NULL || p->slots == NULL || p->credit == NULL || p->owed == NULL
+        || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
+        || long_attr(link, "rank", &p->rank) < 0
+        || long_attr(wire, "inline_max", &p->inline_max) < 0
+        || long_attr(wire, "_return_at", &p->return_at) < 0) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    if (!PyList_CheckExact(p->credit) || !PyList_CheckExact(p->owed)
+        || !PyDict_Check(p->closed_by) || PyList_GET_SIZE(p->owed) != PyList_GET_SIZE(p->credit)) {
+        PyErr_SetString(PyExc_TypeError, "Path: the wire's credit lists and closed_by dict");
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static int
+path_traverse(Path *p, visitproc visit, void *arg)
+{
+    Py_VISIT(p->link);
+    Py_VISIT(p->progress);
+    Py_VISIT(p->wire);
+    Py_VISIT(p->slots);
+    Py_VISIT(p->credit);
+    Py_VISIT(p->owed);
+    Py_VISIT(p->closed_by);
+    Py_VISIT(p->fields);
+    Py_VISIT(p->names);
+    Py_VISIT(p->isend);
+    Py_VISIT(p->mpi_exc);
+    Py_VISIT(p->inline_where);
+    Py_VISIT(p->py_send_now);
+    Py_VISIT(p->on_control);
+    return 0;
+}
+
+static int
+path_clear(Path *p)
+{
+    Py_CLEAR(p->link);
+    Py_CLEAR(p->progress);
+    Py_CLEAR(p->wire);
+    Py_CLEAR(p->slots);
+    Py_CLEAR(p->credit);
+    Py_CLEAR(p->owed);
+    Py_CLEAR(p->closed_by);
+    Py_CLEAR(p->fields);
+    Py_CLEAR(p->names);
+    Py_CLEAR(p->isend);
+    Py_CLEAR(p->mpi_exc);
+    Py_CLEAR(p->inline_where);
+    Py_CLEAR(p->py_send_now);
+    Py_CLEAR(p->on_control);
+    return 0;
+}
+
+static void
+path_dealloc(Path *p)
+{
+    PyObject_GC_UnTrack(p);
+    path_clear(p);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef path_methods[] = {
+    {"send_now", (PyCFunction)(void (*)(void))path_send_now, METH_FASTCALL,
+     "send_now(dest, tag, array, nbytes, count, dtype) -> bool: MPITransport.send_now"},
+    {"land", (PyCFunction)path_land, METH_NOARGS,
+     "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
+    {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
+     "deliver(): the eager messages that landed, now (Progress.deliver)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject PathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asynccomm._lane.Path",
+    .tp_basicsize = sizeof(Path),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots): "
+              "the MPI link's per-message steps in C.",
+    .tp_new = path_new,
+    .tp_traverse = (traverseproc)path_traverse,
+    .tp_clear = (inquiry)path_clear,
+    .tp_dealloc = (destructor)path_dealloc,
+    .tp_methods = path_methods,
+};
+
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1
+
+int
+intern_mpi_names(void)
+{
+    INTERN(a_Test, "Test");
+    INTERN(a_Start, "Start");
+    INTERN(a_rotate, "rotate");
+    INTERN(a_req, "req");
+    INTERN(a_buf, "buf");
+    INTERN(a_payload, "payload");
+    INTERN(a_broken_, "_broken");
+    INTERN(a_ctrl, "_ctrl");
+    INTERN(a_reap, "_reap");
+    INTERN(a_bells, "bells");
+    INTERN(a_flag, "flag");
+    INTERN(a_ring, "ring");
+    INTERN(a_sent, "sent");
+    INTERN(a_parked, "_parked");
+    INTERN(a_woke, "_woke");
+    INTERN(a_dispatching, "_dispatching");
+    INTERN(a_stopped, "stopped");
+    INTERN(a_failed, "_failed");
+    INTERN(a_endpoint, "endpoint");
+    INTERN(a_closed, "closed");
+    INTERN(a_arrived, "arrived");
+    INTERN(a_on_control, "_on_control");
+    INTERN(a_consumed, "consumed");
+    INTERN(a_send_ctl, "_send");
+    return 0;
+}

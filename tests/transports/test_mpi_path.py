@@ -1,0 +1,225 @@
+"""The MPI link's per-message steps in C (``_lane.Path``) do what the Python steps do.
+
+The link and its progress run here on a fake communicator (no MPI).  Random states are
+set up twice, alike; ``send_now`` runs on one through the Python steps and on the other
+through the C lane's, and everything the steps touch is compared: what was handed to MPI,
+the eager credit, the control sends kept for reaping, the peer's doorbell (rung only
+while it is armed), the progress task's flags and its parked future, and the control
+messages that had landed (an eager one is handed on at once, any other is left for the
+task).  Where the lane is not built (or ``ASYNCCOMM_PURE_PYTHON=1``) there is nothing to
+compare, and the tests say so by skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynccomm import _communicator
+from asynccomm._core import wire as w
+from asynccomm._exceptions import TransportError
+from asynccomm._fastlane import LANE
+from asynccomm.transports import _mpi_lib
+from asynccomm.transports._mpi_progress import CTRL_SLOTS, Slot
+from asynccomm.transports._mpi_transport import MPITransport
+
+pytestmark = pytest.mark.skipif(LANE is None or _communicator._configure_lane()[0] is None,
+                                reason="the C lane is not built here (or switched off)")
+
+POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2
+
+
+class FakeMPIError(Exception):
+    pass
+
+
+class Req:
+    def __init__(self, done: bool, fail: bool = False) -> None:
+        self.done = done
+        self.fail = fail
+
+    def Test(self) -> bool:
+        if self.fail:
+            raise FakeMPIError("Test failed")
+        return self.done
+
+    def Start(self) -> None:
+        self.done = False
+
+
+class Comm:
+    """What the link and its progress ask of a communicator: MPI's calls, recorded."""
+
+    def __init__(self, *, completes: bool, fails: str) -> None:
+        self.completes = completes
+        self.fails = fails  # "", "isend" or "test"
+        self.sent: list[tuple[bytes, int, int]] = []
+
+    def Get_rank(self) -> int:
+        return 1
+
+    def Get_size(self) -> int:
+        return 2
+
+    def Get_attr(self, key: object) -> int:
+        return 32767
+
+    def Isend(self, buf: Any, dest: int, tag: int) -> Req:
+        if self.fails == "isend":
+            raise FakeMPIError("Isend failed")
+        self.sent.append((bytes(buf), dest, tag))
+        return Req(self.completes, fail=self.fails == "test")
+
+    def Recv_init(self, buf: Any, source: int, tag: int) -> Req:
+        return Req(False)
+
+
+class Bell:
+    def __init__(self, armed: bool) -> None:
+        self.flag = mmap.mmap(-1, 64)
+        self.flag[0] = int(armed)
+        self.rings = 0
+
+    def ring(self) -> None:
+        self.flag[0] = 0
+        self.rings += 1
+
+
+class Endpoint:
+    """A receiving engine as the link's Python steps see it (the C steps hand anything
+    but the engine's own class to them)."""
+
+    rank = 1
+    closed = False
+
+    def __init__(self) -> None:
+        self.offered: list[tuple[Any, ...]] = []
+        self.arrived_: list[tuple[Any, ...]] = []
+
+    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+                    dtype: str) -> bool:
+        self.offered.append((source, tag, bytes(view[:nbytes]), count, dtype))
+        return True
+
+    def arrived(self, msg: Any) -> None:
+        self.arrived_.append((msg.source, msg.tag, msg.nbytes, msg.dtype))
+
+
+@pytest.fixture(autouse=True)
+def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    mpi = types.SimpleNamespace(
+        Exception=FakeMPIError, ANY_SOURCE=-1, TAG_UB=0,
+        Request=types.SimpleNamespace(Testsome=lambda reqs: [i for i, r in enumerate(reqs)
+                                                             if r.done]))
+    monkeypatch.setattr(_mpi_lib, "MPI", mpi)
+    yield
+
+
+def land(slot: Slot, header: bytes, payload: bytes = b"") -> None:
+    slot.buf[:len(header) + len(payload)] = header + payload
+    slot.req.done = True  # type: ignore[attr-defined]
+
+
+def world(state: dict[str, Any], native: bool, loop: asyncio.AbstractEventLoop) -> MPITransport:
+    link = MPITransport(Comm(completes=state["completes"], fails=state["fails"]),  # type: ignore[arg-type]
+                        eager_limit=4096, pools=[POOL, POOL])
+    progress = link.progress
+    progress._slots.extend(Slot(link.comm) for _ in range(CTRL_SLOTS))
+    link.endpoint = Endpoint()  # type: ignore[assignment]
+    link.wire.credit[0] = state["credit"]
+    if state["closed"]:
+        link.wire.closed_by[0] = "has closed its communicator"
+    if state["broken"]:
+        link._broken = TransportError("broken", rank=1)
+    progress.bells = None if state["bell"] is None else [Bell(state["bell"]), None]
+    progress._ctrl = [Req(False) for _ in range(state["ctrl"])]
+    if state["parked"] is not None:
+        progress._parked = loop.create_future()
+        if state["parked"]:
+            progress._parked.set_result(None)
+    for kind in state["landed"]:
+        slot = progress._slots[len([s for s in progress._slots if s.req.done])]
+        if kind == w.EAGER:
+            land(slot, w.HEADER.pack(w.EAGER, 3, 0, 9, 16, 2, 0, b"<f8"), bytes(range(16)))
+        else:
+            land(slot, w.HEADER.pack(w.CREDIT, 0, 0, 0, 640, 0, 0, b""))
+    if native:
+        link.accelerate(LANE)
+    return link
+
+
+def observe(link: MPITransport, result: object) -> tuple[Any, ...]:
+    progress = link.progress
+    bells = progress.bells
+    bell = None if bells is None else (bells[0].rings, bells[0].flag[0])  # type: ignore[union-attr]
+    parked = progress._parked
+    endpoint: Endpoint = link.endpoint  # type: ignore[assignment]
+    return (result, link.comm.sent, list(link.wire.credit), list(link.wire._owed),
+            len(progress._ctrl), bell, progress.sent, progress._woke,
+            None if parked is None else parked.done(), endpoint.offered, endpoint.arrived_,
+            [s.req.done for s in progress._slots])  # type: ignore[attr-defined]
+
+
+STATES = st.fixed_dictionaries({
+    "completes": st.booleans(),
+    "fails": st.sampled_from(["", "", "", "isend", "test"]),
+    "credit": st.sampled_from([0, 600, 1 << 15]),
+    "closed": st.booleans(),
+    "broken": st.sampled_from([False, False, False, True]),
+    "bell": st.sampled_from([None, False, True]),
+    "ctrl": st.integers(0, CTRL_SLOTS),
+    "parked": st.sampled_from([None, False, True]),
+    "landed": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), max_size=3),
+    "nbytes": st.sampled_from([0, 8, 24, 4096, 4097]),
+    "dtype": st.sampled_from(["<f8", "<f8", "<u1", "<c16"]),
+})
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(state=STATES)
+def test_send_now_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
+    dtype = np.dtype(state["dtype"])
+    count = state["nbytes"] // dtype.itemsize
+    array = np.arange(count, dtype=dtype)
+    nbytes = array.nbytes
+    seen = []
+    loop = asyncio.new_event_loop()
+    try:
+        for native in (False, True):
+            if dtype.str == "<c16":  # one dtype the wire has not met: the Python steps
+                w.DTYPE_FIELDS.pop(dtype.str, None)
+            else:
+                w.encode_dtype(dtype.str)
+            link = world(state, native, loop)
+            result: object
+            try:
+                result = link.send_now(0, 5, array, nbytes, count, dtype.str)
+            except Exception as exc:
+                result = repr(exc)
+            seen.append(observe(link, result))
+    finally:
+        loop.close()
+    assert seen[1] == seen[0]
+
+
+def test_an_armed_doorbell_is_rung_once_and_a_clear_one_never() -> None:
+    """The case a byte string's truth got wrong: ``flag[0]`` of an mmap is an int."""
+    for armed in (False, True):
+        state = {"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+                 "broken": False, "bell": armed, "ctrl": 0, "parked": None, "landed": []}
+        loop = asyncio.new_event_loop()
+        try:
+            link = world(state, True, loop)
+            assert link.send_now(0, 5, np.ones(1), 8, 1, "<f8") is True
+        finally:
+            loop.close()
+        bell = link.progress.bells[0]  # type: ignore[index]
+        assert (bell.rings, bell.flag[0]) == ((1, 0) if armed else (0, 0))  # type: ignore[union-attr]
