@@ -16,10 +16,11 @@ pure-Python versions here are used, and behave the same:
 
 A second accelerator, ``asynccomm._lane`` (``_lane*.c``), takes the fast lane's commonest
 op: a send or recv (awaited, or ``isend``/``irecv``) of a small 1-D array with an exact
-peer and tag, on the default stream; whole in an in-process world, traced or not; on MPI
-(untraced) whole too, with the MPI link's own steps for it (``Path``: framing and sending
-an eager message, and landing one into the recv posted for it) (``LANE``, configured by
-``_communicator``; None where it is not built, or with ``ASYNCCOMM_PURE_PYTHON=1``).  It returns "not handled" for everything else, and the
+peer and tag, on the default stream; whole in an in-process world, traced or not; whole on
+MPI too (untraced), where the MPI link's own steps for it are there as well (``Path``:
+framing and sending an eager message, and landing one into the recv posted for it).
+``LANE`` is that module, configured by ``_communicator``; None where it is not built, or
+with ``ASYNCCOMM_PURE_PYTHON=1``.  It returns "not handled" for everything else, and the
 Python steps run.  It also gives the flight recorder its ring and tallies (``_flight``).
 """
 

@@ -112,8 +112,8 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         return -1;
     }
     int rc = 0;
-    PyObject *field = NULL, *src = NULL, *tag = NULL, *nb = NULL, *cnt = NULL;
-    PyObject *closed = NULL, *out = NULL;
+    PyObject *field = NULL, *dtype = NULL, *src = NULL, *tag = NULL, *nb = NULL;
+    PyObject *cnt = NULL, *closed = NULL, *out = NULL;
     if (Py_TYPE(endpoint) != EngineType || SLOT(endpoint, EN.tracer) != Py_None) {
         goto done;  /* traced: the Python steps number what arrives */
     }
@@ -127,12 +127,14 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         rc = -1;
         goto done;
     }
-    PyObject *dtype = PyDict_GetItemWithError(p->names, field);  /* borrowed */
+    dtype = PyDict_GetItemWithError(p->names, field);
     if (dtype == NULL || !PyUnicode_CheckExact(dtype)
         || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
+        dtype = NULL;
         rc = PyErr_Occurred() ? -1 : 0;  /* new, or with a shape: the Python steps */
         goto done;
     }
+    Py_INCREF(dtype);
     src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
     tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
     if (src == NULL || tag == NULL) {
@@ -193,6 +195,7 @@ done:
     Py_XDECREF(out);
     Py_XDECREF(closed);
     Py_XDECREF(field);
+    Py_XDECREF(dtype);
     Py_XDECREF(src);
     Py_XDECREF(tag);
     Py_XDECREF(nb);
@@ -428,7 +431,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     if (no || nbytes > p->inline_max) {
         Py_RETURN_FALSE;
     }
-    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);  /* borrowed */
+    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);
     if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
         if (PyErr_Occurred()) {
             return NULL;
@@ -452,9 +455,11 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&view);
         goto python;
     }
+    Py_INCREF(field);  /* held while allocating (a collection may run) */
     PyObject *raw = PyBytes_FromStringAndSize(NULL, HSIZE + nbytes);
     if (raw == NULL || list_add(p->credit, d, -cost) < 0) {
         Py_XDECREF(raw);
+        Py_DECREF(field);
         PyBuffer_Release(&view);
         return NULL;
     }
@@ -469,6 +474,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     put_le(h + H_COUNT, (unsigned long long)count, 8);
     memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
     memcpy(h + HSIZE, view.buf, nbytes);
+    Py_DECREF(field);
     PyBuffer_Release(&view);
     PyObject *argv[3] = {raw, dest, zero};
     PyObject *req = PyObject_Vectorcall(p->isend, argv, 3, NULL);

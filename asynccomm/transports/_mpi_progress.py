@@ -230,7 +230,9 @@ class Progress(Mover):
         ticker = Ticker.for_loop(asyncio.get_running_loop())
         try:
             while not self.stopped:
-                hit = self._poll()
+                hit = self._land()  # what _poll does, inlined: every turn runs it
+                if self._reqs and self._test_requests():
+                    hit = True
                 if not (hit or self.sent):
                     if self.closing and self._finished():  # (asked only when idle)
                         break
