@@ -79,8 +79,33 @@ async def test_a_ring_wakes_a_dozing_ticker(ticker: Ticker, bell: Doorbell) -> N
     async with asyncio.timeout(LIMIT):
         await fut
     ticker.unpark(idler)
+    # What the ring woke ran first; the ring itself is read by the loop's next callback.
+    assert bell.rings_heard == 0
+    await asyncio.sleep(0)  # one turn of the loop
     assert bell.rings_heard == 1
     assert not ticker._dozing
+    assert bell.flag[0] == 0
+
+
+async def test_a_second_ring_before_the_first_is_read_polls_nothing_more(
+        ticker: Ticker, bell: Doorbell) -> None:
+    """The loop may see the doorbell readable again before its next callback reads the
+    datagrams: that poll would find nothing the first did not."""
+    idler = Idler()
+    fut = ticker.park(idler)
+    polls = idler.polls  # (parking polls once, after arming)
+    peer = bell.bell(bell.pid, bell.token)
+    assert peer is not None
+    peer.ring()
+    ticker._rung()  # the loop saw the datagram
+    assert idler.polls == polls + 1
+    ticker._rung()  # and again, before the next callback read it
+    assert idler.polls == polls + 1
+    assert ticker._settling
+    await asyncio.sleep(0)  # one turn of the loop: the settle reads the datagram
+    assert bell.rings_heard == 1
+    assert ticker._dozing  # nothing woke: back to sleep on the doorbell
+    fut.cancel()
 
 
 async def test_a_message_that_landed_before_arming_is_found_at_once(ticker: Ticker,
