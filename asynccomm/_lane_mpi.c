@@ -28,7 +28,7 @@
 #define EAGER 1
 #define CTRL_TAG 0
 
-static PyObject *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload, *a_broken_,
+static PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload, *a_broken_,
     *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
     *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_on_control, *a_consumed, *a_send_ctl;
@@ -36,7 +36,7 @@ static PyObject *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload, *a_bro
 typedef struct {
     PyObject_HEAD
     PyObject *link, *progress, *wire, *slots, *credit, *owed, *closed_by, *fields, *names;
-    PyObject *isend, *mpi_exc, *inline_where, *py_send_now, *on_control;
+    PyObject *mpi_exc, *inline_where, *py_send_now, *on_control;
     long rank, inline_max, return_at, ctrl_slots;
 } Path;
 
@@ -476,8 +476,15 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     memcpy(h + HSIZE, view.buf, nbytes);
     Py_DECREF(field);
     PyBuffer_Release(&view);
-    PyObject *argv[3] = {raw, dest, zero};
-    PyObject *req = PyObject_Vectorcall(p->isend, argv, 3, NULL);
+    /* progress.comm.Isend(raw, dest, CTRL_TAG), the communicator looked up each time as
+     * Progress.send does (a test may put a faulty one there) */
+    PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
+    PyObject *req = NULL;
+    if (comm != NULL) {
+        PyObject *argv[4] = {comm, raw, dest, zero};
+        req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+        Py_DECREF(comm);
+    }
     Py_DECREF(raw);
     int rc = req == NULL ? -1 : after_isend(p, req, d);
     Py_XDECREF(req);
@@ -534,16 +541,13 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->mpi_exc = Py_NewRef(mpi_exc);
     p->inline_where = Py_NewRef(inline_where);
     p->ctrl_slots = ctrl_slots;
-    PyObject *comm = PyObject_GetAttrString(progress, "comm");
-    p->isend = comm == NULL ? NULL : PyObject_GetAttrString(comm, "Isend");
-    Py_XDECREF(comm);
     p->slots = PyObject_GetAttrString(progress, "_slots");
     p->credit = PyObject_GetAttrString(wire, "credit");
     p->owed = PyObject_GetAttrString(wire, "_owed");
     p->closed_by = PyObject_GetAttrString(wire, "closed_by");
     p->py_send_now = PyObject_GetAttrString(link, "send_now");
     p->on_control = PyObject_GetAttrString(link, "_on_control");
-    if (p->isend == NULL || p->slots == NULL || p->credit == NULL || p->owed == NULL
+    if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
         || long_attr(link, "rank", &p->rank) < 0
         || long_attr(wire, "inline_max", &p->inline_max) < 0
@@ -572,7 +576,6 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->closed_by);
     Py_VISIT(p->fields);
     Py_VISIT(p->names);
-    Py_VISIT(p->isend);
     Py_VISIT(p->mpi_exc);
     Py_VISIT(p->inline_where);
     Py_VISIT(p->py_send_now);
@@ -592,7 +595,6 @@ path_clear(Path *p)
     Py_CLEAR(p->closed_by);
     Py_CLEAR(p->fields);
     Py_CLEAR(p->names);
-    Py_CLEAR(p->isend);
     Py_CLEAR(p->mpi_exc);
     Py_CLEAR(p->inline_where);
     Py_CLEAR(p->py_send_now);
@@ -637,6 +639,8 @@ PyTypeObject PathType = {
 int
 intern_mpi_names(void)
 {
+    INTERN(a_Isend, "Isend");
+    INTERN(a_comm, "comm");
     INTERN(a_Test, "Test");
     INTERN(a_Start, "Start");
     INTERN(a_rotate, "rotate");

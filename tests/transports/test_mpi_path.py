@@ -223,3 +223,23 @@ def test_an_armed_doorbell_is_rung_once_and_a_clear_one_never() -> None:
             loop.close()
         bell = link.progress.bells[0]  # type: ignore[index]
         assert (bell.rings, bell.flag[0]) == ((1, 0) if armed else (0, 0))  # type: ignore[union-attr]
+
+
+def test_the_c_steps_send_through_the_communicator_progress_holds_now() -> None:
+    """``testing.fail_next_mpi_call`` swaps the progress task's communicator: the C steps
+    look it up at each send, as the Python steps do."""
+    state = {"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+             "broken": False, "bell": None, "ctrl": 0, "parked": None, "landed": []}
+    loop = asyncio.new_event_loop()
+    try:
+        link = world(state, True, loop)
+        failing = Comm(completes=True, fails="isend")
+        link.progress.comm = failing  # type: ignore[assignment]
+        assert link.send_now(0, 5, np.ones(1), 8, 1, "<f8") is False  # the usual way next
+        assert link.wire.credit[0] == 1 << 15  # refunded
+        fine = Comm(completes=True, fails="")
+        link.progress.comm = fine  # type: ignore[assignment]
+        assert link.send_now(0, 5, np.ones(1), 8, 1, "<f8") is True
+        assert len(fine.sent) == 1 and link.comm.sent == []  # type: ignore[attr-defined]
+    finally:
+        loop.close()
