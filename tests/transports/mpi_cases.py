@@ -23,6 +23,8 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   loop was blocked meanwhile, so no progress task saw it) completes without suspending.
 - ``doorbell``: rank 1 waits until idle rank 0 dozes on its doorbell, then sends; rank 0
   is woken by the ring.
+- ``unmatched-at-close``: rank 1 closes with rank 0's rendezvous message announced and
+  never matched: rank 0's send fails with ``CommBrokenError``, and the job ends.
 - ``lane``: with the C lane built, small sends (awaited and ``isend``) and recvs (posted
   before their message lands, awaited and ``irecv``, or taking one that landed first, whose
   credit is then owed back) never reach the Python steps on MPI.
@@ -89,6 +91,19 @@ async def killed_rank(comm: ac.Communicator) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     await comm.recv(box, 1, 1)
     await comm.recv(box, 1, 2)  # never sent
+
+
+async def unmatched_at_close(comm: ac.Communicator) -> str:
+    if comm.rank == 1:
+        await comm.recv(np.zeros(1), 0, 1)  # behind the announcement: it is here, unmatched
+        return "rank 1 closed"
+    req = comm.isend(np.ones(1 << 20, np.uint8), 1, 9)  # never received
+    await comm.send(np.zeros(1), 1, 1)
+    try:
+        await req
+    except ac.CommBrokenError as exc:
+        return f"unmatched send: CommBrokenError: {exc}"
+    return "unmatched send: completed"
 
 
 async def nothing(comm: ac.Communicator) -> int:
@@ -344,6 +359,8 @@ def main(case: str) -> int:
         sys.stdout.write(f"{ac.run(answer_landed)}\n")
     elif case == "lane":
         sys.stdout.write(f"{ac.run(lane)}\n")
+    elif case == "unmatched-at-close":
+        sys.stdout.write(f"{ac.run(unmatched_at_close)}\n")
     elif case == "doorbell":
         sys.stdout.write(f"{ac.run(doorbell)}\n")
     elif case == "two-worlds":
