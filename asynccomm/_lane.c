@@ -9,7 +9,8 @@
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``offer_bytes`` (or ``Path``'s landing of
- * control messages) hands an eager message that lands to the recv posted for it.  Anything else, and any state the Python steps would judge (a tombstone,
+ * control messages) hands an eager message that lands to the recv posted for it.
+ * Anything else, and any state the Python steps would judge (a tombstone,
  * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
  * having changed nothing, and the Python path runs from the start.  The Python steps are
  * the reference: this file writes the same fields in the same order, and the test suite

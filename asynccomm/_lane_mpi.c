@@ -1,5 +1,5 @@
-/* The MPI link's per-message steps in C: ``Path``, built by the MPI world for an untraced
- * engine (``MPITransport.accelerate``).
+/* The MPI link's per-message steps in C: ``Path``, which the MPI world builds for each link
+ * where the C lane is built (``MPITransport.accelerate``).
  *
  * ``send_now`` is ``MPITransport.send_now`` (the wire's ``eager_header``, then
  * ``Progress.send`` and ``Progress.deliver``) with no Python frame; ``land`` and
@@ -26,10 +26,9 @@
 #define H_DTYPE 36
 #define DTYPE_MAX 48
 #define EAGER 1
-#define CTRL_TAG 0
 
-static PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload, *a_broken_,
-    *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
+static PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
+    *a_broken_, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
     *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_on_control, *a_consumed, *a_send_ctl;
 
@@ -476,8 +475,8 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     memcpy(h + HSIZE, view.buf, nbytes);
     Py_DECREF(field);
     PyBuffer_Release(&view);
-    /* progress.comm.Isend(raw, dest, CTRL_TAG), the communicator looked up each time as
-     * Progress.send does (a test may put a faulty one there) */
+    /* progress.comm.Isend(raw, dest, 0): the control tag; the communicator looked up each
+     * time, as Progress.send does (a test may put a faulty one there) */
     PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
     PyObject *req = NULL;
     if (comm != NULL) {
