@@ -31,10 +31,12 @@ def fail_next_mpi_call(comm: Any, call: str) -> None:
     """Make this rank's next MPI ``call`` fail as if MPI had failed underneath (fault
     injection, for tests of a program's error handling on MPI).
 
-    ``"Isend"``: the next message this rank sends fails (``TransportError`` for that op;
-    the communicator stays usable).  ``"Testsome"``: the next poll of pending MPI requests
-    fails (every pending op fails with ``TransportError``; the world cannot close cleanly,
-    so ``ac.run`` aborts the job).
+    ``"Isend"``: this rank's next MPI send fails.  The op that made it fails with
+    ``TransportError`` and the communicator stays usable; but where the fast lane made it
+    (a small message), the message is sent once more the usual way, which then succeeds
+    (so a test of the failure sends a message above the eager limit).  ``"Testsome"``: the
+    next poll of pending MPI requests fails (every pending op fails with
+    ``TransportError``; the world cannot close cleanly, so ``ac.run`` aborts the job).
 
     Raises:
         TypeError: ``comm`` is not a communicator of an MPI world.
