@@ -232,6 +232,7 @@ class MPITransport(Link):
         n = msg.nbytes
         view = msg.view
         assert view is not None and msg.dtype is not None
+        header = None
         try:
             dt = (DTYPE_FIELDS.get(msg.dtype) or encode_dtype(msg.dtype)
                   if msg.shape is None else encode_dtype(with_shape(msg.dtype, msg.shape)))
@@ -245,7 +246,9 @@ class MPITransport(Link):
             self._sends[ident] = msg
             self._send(dest, rts)
         except lib.MPI.Exception as exc:
-            if self._sends.pop(msg.ident, None) is not None:
+            if header is not None:  # not sent: its credit returns (as in send_now)
+                wire.refund(dest, n)
+            elif self._sends.pop(msg.ident, None) is not None:
                 wire.unsent(msg.ident)
             self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
 

@@ -14,7 +14,7 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   in-process world in each process.
 - ``two-worlds``: two worlds open at once in each process never see each other's messages.
 - ``send-error``: an MPI error in a send fails that send with ``TransportError`` (the
-  communicator stays usable).
+  communicator stays usable, and an eager send's credit is not lost).
 - ``progress-error``: an MPI error in the progress task fails what was pending with
   ``TransportError`` and, since the world cannot close cleanly, aborts the job.
 - ``after-failure``: once rank 0's link broke, a message that landed before is still
@@ -131,6 +131,17 @@ async def send_error(comm: ac.Communicator) -> str:
             outcome = f"TransportError: {exc}"
         else:
             outcome = "no error"
+        # An eager send that fails the usual way (a timeout keeps it off the fast lane).
+        wire = comm._engine.link.wire  # type: ignore[attr-defined]
+        credit = wire.credit[1]
+        fail_next_mpi_call(comm, "Isend")
+        try:
+            await comm.send(np.zeros(1), 1, 6, timeout=60.0)
+        except ac.TransportError:
+            outcome += "\nsmall send: TransportError"
+        else:
+            outcome += "\nsmall send: no error"
+        outcome += ", credit kept" if wire.credit[1] == credit else ", credit lost"
         await comm.send(np.ones(1 << 20, np.uint8), 1, 5)
         return outcome
     out = np.zeros(1 << 20, np.uint8)

@@ -117,6 +117,7 @@ def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send() -> None:
     proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "send-error", limit=60)
     assert proc.returncode == 0, _output(proc)
     assert "TransportError: rank 0: MPI send to rank 1 failed" in proc.stdout, _output(proc)
+    assert "small send: TransportError, credit kept" in proc.stdout, _output(proc)
     assert f"received {1 << 20}" in proc.stdout, _output(proc)  # and the next send works
 
 
