@@ -66,10 +66,9 @@ class DeviceEngine(TracedLane, PeersMixin):
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
         "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
         "default_stream", "device", "eager_limit", "failure", "fast", "flight", "gone",
-        "inline_copies",
-        "instant", "link", "log", "loop", "matcher", "now", "peers", "pool", "private",
-        "rank", "recent", "records", "size", "taken_at", "trace", "traced", "tracer",
-        "unheard", "world_rank", "world_ranks"
+        "inline_copies", "instant", "link", "log", "loop", "matcher", "now", "peers", "pool",
+        "private", "rank", "recent", "records", "size", "taken_at", "trace", "traced",
+        "tracer", "unheard", "world_rank", "world_ranks"
     )
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,

@@ -8,8 +8,8 @@
  * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
- * its credit back) or is posted here; and ``offer_bytes`` (or ``Path``'s landing of
- * control messages) hands an eager message that lands to the recv posted for it.
+ * its credit back) or is posted here; and ``Path``'s landing of control messages hands
+ * an eager message that lands to the recv posted for it.
  * Anything else, and any state the Python steps would judge (a tombstone,
  * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
  * having changed nothing, and the Python path runs from the start.  The Python steps are
@@ -394,52 +394,7 @@ done:
     return result;
 }
 
-/* offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool | None:
- * what ``FastLane.offer_bytes`` does for a message from another process whose payload is
- * ``buf[offset:offset + nbytes]`` (a bytearray, readable only now): True once a recv
- * posted here took it; None, having done nothing, when no recv is posted that could (it
- * is delivered as a message); False, having done nothing, when the Python steps must
- * judge (a traced engine, a message from TIMED_COPY_MIN up, a recv the lane cannot
- * fill). */
-static PyObject *
-lane_offer_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError,
-                        "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype)");
-        return NULL;
-    }
-    PyObject *engine = args[0], *source = args[1], *tag = args[2], *buf = args[3];
-    PyObject *dtype = args[7];
-    if (!ready || Py_TYPE(engine) != EngineType || SLOT(engine, EN.tracer) != Py_None
-        || !PyByteArray_CheckExact(buf) || !PyLong_CheckExact(source)
-        || !PyLong_CheckExact(tag) || !PyUnicode_CheckExact(dtype)) {
-        Py_RETURN_FALSE;
-    }
-    Py_ssize_t offset = PyLong_AsSsize_t(args[4]), nbytes = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t count = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (offset < 0 || nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
-        || offset > PyByteArray_GET_SIZE(buf) - nbytes) {
-        Py_RETURN_FALSE;
-    }
-    double when;
-    int r = offer(engine, source, tag, PyByteArray_AS_STRING(buf) + offset, nbytes, count,
-                  dtype, NULL, 0, &when);
-    if (r < 0) {
-        return NULL;
-    }
-    if (r == 2) {
-        Py_RETURN_NONE;
-    }
-    return PyBool_FromLong(r);
-}
-
 static PyMethodDef methods[] = {
-    {"offer_bytes", (PyCFunction)(void (*)(void))lane_offer_bytes, METH_FASTCALL,
-     "offer_bytes(engine, source, tag, buf, offset, nbytes, count, dtype) -> bool | None"},
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
      "send(comm, buf, dst, tag, handle) -> bool | Request"},
     {"recv", (PyCFunction)(void (*)(void))lane_recv, METH_FASTCALL,
@@ -478,8 +433,8 @@ PyInit__lane(void)
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[sssssss]", "Path", "Ring", "Tally", "configure",
-                                  "offer_bytes", "recv", "send");
+    PyObject *all = Py_BuildValue("[ssssss]", "Path", "Ring", "Tally", "configure", "recv",
+                                  "send");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(m);

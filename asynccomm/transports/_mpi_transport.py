@@ -77,12 +77,6 @@ class MPITransport(Link):
         #: what to do with a peer's answer (set by the world).
         self.dump_request: Callable[[], str] | None = None
         self.on_dump: Callable[[int, str], None] | None = None
-        #: ``endpoint.offer_bytes`` done natively, where the world has it (set by the
-        #: world): ``(endpoint, source, tag, buf, offset, nbytes, count, dtype)``, the
-        #: payload being ``buf[offset:offset + nbytes]``: True once taken; None, having
-        #: done nothing, when no recv is posted that could take it; False, having done
-        #: nothing, when ``offer_bytes`` must judge.
-        self.offer_native: Callable[..., bool | None] | None = None
 
     @property
     def broken(self) -> BaseException | None:
@@ -92,12 +86,10 @@ class MPITransport(Link):
 
     def accelerate(self, lane: Any) -> None:
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
-        ``start``): an eager message that lands goes straight into the recv posted for it
-        (``offer_native``; a traced engine's still take the Python steps), and
-        ``send_now`` and the progress task's landing of control messages run with no
-        Python frame (``lane.Path``, which does what ``send_now``, ``Progress._land`` and
-        ``Progress.deliver`` do)."""
-        self.offer_native = lane.offer_bytes
+        ``start``): ``send_now`` and the progress task's landing of control messages run
+        with no Python frame (``lane.Path``, which does what ``send_now``,
+        ``Progress._land`` and ``Progress.deliver`` do: an eager message that lands goes
+        straight into the recv posted for it; a traced engine's take the Python steps)."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS)
         self.send_now = path.send_now  # type: ignore[method-assign]
@@ -160,20 +152,13 @@ class MPITransport(Link):
                     msg = Message(src, tag, nbytes, count, dtype, INLINE, slot.payload)
                     msg.shape = shape
                     endpoint.arrived(msg)
+                elif endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
+                    credit = self.wire.consumed(src, nbytes)
+                    if credit is not None:
+                        self._send(src, credit)
                 else:
-                    native = self.offer_native
-                    taken = (False if native is None else
-                             native(endpoint, src, tag, slot.buf, _HSIZE, nbytes, count, dtype))
-                    if taken is False:  # not judged natively: the Python steps judge
-                        taken = endpoint.offer_bytes(src, tag, slot.payload, nbytes, count,
-                                                     dtype)
-                    if taken:
-                        credit = self.wire.consumed(src, nbytes)
-                        if credit is not None:
-                            self._send(src, credit)
-                    else:  # no recv is posted for it (None: as the native step found)
-                        endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
-                                                 slot.payload))
+                    endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
+                                             slot.payload))
             return
         dtype = (DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE or kind == w.DUMP else b""
