@@ -1,4 +1,5 @@
-"""The asyncio floor for MPI latency (see ``mpi_p2p.floor_pingpong``)."""
+"""The asyncio floor on MPI: latency (``mpi_p2p.floor_pingpong``) and the ring
+(``mpi_ring.floor_ring``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from asynccomm.transports._mpi_lib import yield_now
+from asynccomm.transports._mpi_lib import sched_yield, yield_now
 
 #: Tests per turn of the loop before letting other tasks run.
 _BURST = 64
@@ -15,10 +16,14 @@ _BURST = 64
 class Floor:
     """A persistent recv into ``buf`` from ``peer`` with ``tag``, polled by a task that
     wakes whoever waits in ``recv()``: the least an asyncio library on mpi4py does per
-    message."""
+    message.  With ``share_core`` it gives its core away (``sched_yield``) after each test
+    that finds nothing, as a poller must where ranks outnumber cores (the one it waits for
+    may be queued behind it)."""
 
-    def __init__(self, comm: Any, buf: Any, peer: int, tag: int) -> None:
+    def __init__(self, comm: Any, buf: Any, peer: int, tag: int, *,
+                 share_core: bool = False) -> None:
         self._req = comm.Recv_init(buf, peer, tag)
+        self._share_core = share_core
         self._waiter: asyncio.Future[None] | None = None
         self._arrived = 0
         self._stop = False
@@ -40,6 +45,7 @@ class Floor:
 
     async def _poll(self) -> None:
         req = self._req
+        share_core = self._share_core
         while not self._stop:
             for _ in range(_BURST):
                 if req.Test():
@@ -51,6 +57,8 @@ class Floor:
                     else:
                         self._arrived += 1
                     break
+                if share_core:
+                    sched_yield()
             await yield_now()
 
     async def recv(self) -> None:

@@ -9,7 +9,11 @@ polls takes the core its peer needs.  Two measurements:
   the median over repeats, raw mpi4py ``Sendrecv`` with numpy buffers alternating repeat
   by repeat with asynccomm in the same processes.  Beside it, the CPU time per hop summed
   over the ranks (``time.process_time``): divided by the cores it bounds the hop from
-  below, which says whether the ranks wait for each other or for the cores.
+  below, which says whether the ranks wait for each other or for the cores.  A third
+  column, the asyncio floor, is the least an asyncio library on mpi4py does per hop
+  (``floor_ring``: ``Isend``, and a task polling a persistent recv that wakes a future;
+  where ranks outnumber cores it gives its core away between polls, as asynccomm does):
+  what no asyncio library beats, so ``asynccomm/floor`` is asynccomm's own overhead.
 - idle: every rank awaits a recv that nothing satisfies for a while.  Its process CPU time
   (``time.process_time``) over its first idle second is the idle cost; then rank 0 sends,
   and each rank passes the message on a second after it arrived, so every message finds
@@ -38,6 +42,7 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
+from asynccomm.transports._mpi_lib import yield_now
 
 from ._common import (
     KiB,
@@ -82,12 +87,17 @@ class RingRow:
     iters: int
     raw: list[float] = field(default_factory=list)
     asynccomm: list[float] = field(default_factory=list)
+    floor: list[float] = field(default_factory=list)
     #: Per repeat, the CPU seconds per hop of all the ranks together.
     raw_cpu: list[float] = field(default_factory=list)
     asynccomm_cpu: list[float] = field(default_factory=list)
+    floor_cpu: list[float] = field(default_factory=list)
 
     def ratio(self) -> float:
         return median(self.asynccomm) / median(self.raw)
+
+    def floor_ratio(self) -> float:
+        return median(self.asynccomm) / median(self.floor)
 
 
 @dataclass
@@ -114,6 +124,28 @@ def raw_ring(comm: Any, sbuf: np.ndarray[Any, Any], rbuf: np.ndarray[Any, Any],
     return (time.perf_counter() - start) / iters, (time.process_time() - cpu) / iters
 
 
+async def floor_ring(comm: Any, sbuf: np.ndarray[Any, Any], rbuf: np.ndarray[Any, Any],
+                     iters: int, share_core: bool) -> tuple[float, float]:
+    """As ``raw_ring``, for the asyncio floor: each hop ``Isend``s, waits for the recv that
+    ``Floor`` polls, then polls the send until MPI is done with it (``Sendrecv``'s
+    guarantee); ``share_core`` as in ``Floor``."""
+    from ._mpi_floor import Floor
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dest, source = (rank + 1) % size, (rank - 1) % size
+    async with Floor(comm, rbuf, source, TAG, share_core=share_core) as floor:
+        comm.Barrier()
+        start, cpu = time.perf_counter(), time.process_time()
+        for _ in range(iters):
+            req = comm.Isend(sbuf, dest, TAG)
+            await floor.recv()
+            while not req.Test():
+                await yield_now()
+        elapsed, used = time.perf_counter() - start, time.process_time() - cpu
+        comm.Barrier()  # no rank stops polling while a peer still sends to it
+    return elapsed / iters, used / iters
+
+
 async def ac_ring(comm: ac.Communicator, sbuf: np.ndarray[Any, Any],
                   rbuf: np.ndarray[Any, Any], iters: int) -> tuple[float, float]:
     """As ``raw_ring``, with asynccomm's ``sendrecv``."""
@@ -125,11 +157,13 @@ async def ac_ring(comm: ac.Communicator, sbuf: np.ndarray[Any, Any],
     return (time.perf_counter() - start) / iters, (time.process_time() - cpu) / iters
 
 
-async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: int) -> RingRow:
+async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: int,
+                       share_core: bool) -> RingRow:
     from mpi4py import MPI
 
     sbuf, rbuf = fill_array(nbytes, 1), fill_array(nbytes, 0)
-    warm = max(raw_ring(raw, sbuf, rbuf, 10)[0], (await ac_ring(comm, sbuf, rbuf, 10))[0])
+    warm = max(raw_ring(raw, sbuf, rbuf, 10)[0], (await ac_ring(comm, sbuf, rbuf, 10))[0],
+               (await floor_ring(raw, sbuf, rbuf, 10, share_core))[0])
     iters = int(raw.allreduce(int(min(2000, max(10, REPEAT_SECONDS / warm))), op=MPI.MAX))
     row = RingRow(nbytes, iters)
     for _ in range(repeats):
@@ -139,6 +173,9 @@ async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: in
         seconds, cpu = await ac_ring(comm, sbuf, rbuf, iters)
         row.asynccomm.append(seconds)
         row.asynccomm_cpu.append(float(raw.allreduce(cpu)))
+        seconds, cpu = await floor_ring(raw, sbuf, rbuf, iters, share_core)
+        row.floor.append(seconds)
+        row.floor_cpu.append(float(raw.allreduce(cpu)))
     return row
 
 
@@ -177,12 +214,14 @@ async def measure_idle(comm: ac.Communicator, seconds: float) -> IdleRow:
     return IdleRow([float(x) for x in every[:, 0]], [float(x) for x in every[:, 1]])
 
 
-async def measure(comm: ac.Communicator, plan: Plan) -> tuple[list[RingRow], list[IdleRow]]:
+async def measure(comm: ac.Communicator, plan: Plan,
+                  crowded: bool) -> tuple[list[RingRow], list[IdleRow]]:
     from mpi4py import MPI
 
     raw = MPI.COMM_WORLD.Dup()
     try:
-        rings = [await measure_ring(comm, raw, n, plan.repeats) for n in plan.ring_sizes]
+        rings = [await measure_ring(comm, raw, n, plan.repeats, crowded)
+                 for n in plan.ring_sizes]
     finally:
         raw.Free()
     idles = [await measure_idle(comm, plan.idle_seconds) for _ in range(plan.idle_repeats)]
@@ -231,12 +270,15 @@ def print_report(rings: list[RingRow], idles: list[IdleRow], judged: list[dict[s
           f"load average {env['loadavg_1min']:.2f} at start, "
           f"{env['loadavg_1min_at_end']:.2f} at end")
     print_table("Ring sendrecv, time per hop (median, us), and CPU time per hop of all "
-                "the ranks together (median, us)",
-                ["size", "iters", "raw mpi4py", "asynccomm", "asynccomm/raw", "raw CPU",
-                 "asynccomm CPU"],
+                "the ranks together (median, us); asyncio floor: the least an asyncio "
+                "library on mpi4py does per hop",
+                ["size", "iters", "raw mpi4py", "asyncio floor", "asynccomm", "asynccomm/raw",
+                 "asynccomm/floor", "raw CPU", "floor CPU", "asynccomm CPU"],
                 [[size_label(r.nbytes), r.iters, f"{median(r.raw) * 1e6:.1f}",
-                  f"{median(r.asynccomm) * 1e6:.1f}", f"{r.ratio():.2f}x",
-                  f"{median(r.raw_cpu) * 1e6:.1f}", f"{median(r.asynccomm_cpu) * 1e6:.1f}"]
+                  f"{median(r.floor) * 1e6:.1f}", f"{median(r.asynccomm) * 1e6:.1f}",
+                  f"{r.ratio():.2f}x", f"{r.floor_ratio():.2f}x",
+                  f"{median(r.raw_cpu) * 1e6:.1f}", f"{median(r.floor_cpu) * 1e6:.1f}",
+                  f"{median(r.asynccomm_cpu) * 1e6:.1f}"]
                  for r in rings])
     print_table("Idle ranks (per rank: median over rounds)",
                 ["rank", "CPU while idle", "wake after idle (ms)"],
@@ -276,15 +318,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = mpi_environment()
     started = time.perf_counter()
 
+    crowded = size > (env["cpus_usable"] or env["cpu_count"] or 1)
+
     async def bench(comm: ac.Communicator) -> tuple[list[RingRow], list[IdleRow]]:
-        return await measure(comm, plan)
+        return await measure(comm, plan, crowded)
 
     rings, idles = ac.run(bench, loop=args.loop, backend="mpi")
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
     elapsed = time.perf_counter() - started
     env["loadavg_1min_at_end"] = load_average()
-    judged = checks(rings, idles, crowded=size > (env["cpus_usable"] or env["cpu_count"] or 1))
+    judged = checks(rings, idles, crowded=crowded)
     print_report(rings, idles, judged, env, size, args.loop, args.quick)
     doc = {"suite": "mpi_ring", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
            "quick": args.quick, "loop": args.loop, "processes": size,

@@ -218,15 +218,20 @@ def test_the_mpi_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
 
 def test_the_mpi_ring_benchmark_reports_cpu_time_per_hop(tmp_path: Path) -> None:
     """A smoke run of ``benchmarks.mpi_ring``: beside the time per hop, the CPU time per hop
-    of all the ranks together, for raw mpi4py and asynccomm (nothing judges them here)."""
+    of all the ranks together, for raw mpi4py, the asyncio floor and asynccomm (nothing
+    judges them here)."""
     proc = mpiexec(2, "-m", "benchmarks.mpi_ring", "--quick", "--out", str(tmp_path))
     assert proc.returncode == 0, _output(proc)
-    assert "raw CPU" in proc.stdout and "asynccomm CPU" in proc.stdout, _output(proc)
+    for column in ("raw CPU", "floor CPU", "asynccomm CPU", "asynccomm/floor"):
+        assert column in proc.stdout, _output(proc)
     doc = json.loads((tmp_path / "mpi_ring_n2.json").read_text(encoding="utf-8"))
     for row in doc["ring"]:
         assert len(row["raw_cpu"]) == len(row["raw"]) > 0
-        assert len(row["asynccomm_cpu"]) == len(row["asynccomm"])
-        assert all(cpu > 0 for cpu in row["raw_cpu"] + row["asynccomm_cpu"]), row
+        assert len(row["asynccomm_cpu"]) == len(row["asynccomm"]) == len(row["raw"])
+        assert len(row["floor_cpu"]) == len(row["floor"]) == len(row["raw"])
+        times = row["raw"] + row["floor"] + row["asynccomm"]
+        cpus = row["raw_cpu"] + row["floor_cpu"] + row["asynccomm_cpu"]
+        assert all(t > 0 for t in times) and all(cpu > 0 for cpu in cpus), row
 
 
 def test_backend_mpi_without_a_launcher_runs_one_rank() -> None:
