@@ -30,7 +30,7 @@
 static PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
     *a_broken_, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
     *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
-    *a_on_control, *a_consumed, *a_send_ctl;
+    *a_consumed, *a_send_ctl;
 
 typedef struct {
     PyObject_HEAD
@@ -661,7 +661,6 @@ intern_mpi_names(void)
     INTERN(a_endpoint, "endpoint");
     INTERN(a_closed, "closed");
     INTERN(a_arrived, "arrived");
-    INTERN(a_on_control, "_on_control");
     INTERN(a_consumed, "consumed");
     INTERN(a_send_ctl, "_send");
     return 0;

@@ -42,8 +42,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MPITransport"]
 
-_HSIZE = HEADER.size
-
 
 class MPITransport(Link):
     """Runs one rank's side of the wire protocol on a private communicator (see module
