@@ -18,6 +18,11 @@ Rule 4 (timeout).  ``timeout`` bounds the whole call, not each op, and expires a
 Rule 5 (choice).  ``choose(names, nbytes, size)`` picks the algorithm (see
 ``_collective_costs``); it is asked before anything is sent, and must answer alike on every
 rank.
+Rule 6 (outputs are written last).  The algorithm works on scratch arrays of this call's
+own; the caller's output buffer is written only once the call has succeeded, in one copy
+at its end.  So a call that raises (timeout, cancellation, a failed peer) leaves every
+buffer it was given exactly as it was, in place ones included: the input is still there
+to retry with.  The price is one extra array of the output's size while the call runs.
 """
 
 from __future__ import annotations
@@ -213,8 +218,14 @@ async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float 
     b = _array("bcast", "buf", buf, writable=c.rank != r)
     limit = check_timeout(timeout)
     algo = _choose("bcast", choose, b.nbytes, c.size)
-    await _run("bcast", algo, c, t, limit,
-               lambda ex: ALGORITHMS["bcast"][algo](ex, _flat(b), r))
+    work = b if c.rank == r else np.empty_like(b)  # (Rule 6)
+
+    async def body(ex: Exchange) -> None:
+        await ALGORITHMS["bcast"][algo](ex, _flat(work), r)
+
+    await _run("bcast", algo, c, t, limit, body)
+    if work is not b:
+        b[...] = work
 
 
 async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: int = 0, *,
@@ -240,13 +251,14 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     limit = check_timeout(timeout)
     algo = _choose("reduce", choose, s.nbytes, c.size)
 
+    acc = s.reshape(-1).copy()  # (Rule 6)
+
     async def body(ex: Exchange) -> None:
-        acc = _flat(out) if out is not None else s.reshape(-1).copy()
-        if out is not None and out is not s:
-            acc[...] = _flat(s)
         await ALGORITHMS["reduce"][algo](ex, acc, o, r)
 
     await _run("reduce", algo, c, t, limit, body)
+    if out is not None:
+        _flat(out)[...] = acc
 
 
 async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum", *,
@@ -271,13 +283,13 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     limit = check_timeout(timeout)
     algo = _choose("allreduce", choose, s.nbytes, c.size)
 
+    work = s.reshape(-1).copy()  # (Rule 6)
+
     async def body(ex: Exchange) -> None:
-        work = _flat(out)
-        if out is not s:
-            work[...] = _flat(s)
         await ALGORITHMS["allreduce"][algo](ex, work, o)
 
     await _run("allreduce", algo, c, t, limit, body)
+    _flat(out)[...] = work
 
 
 def _rows(where: str, big: Array, big_name: str, small: Array, small_name: str,
@@ -301,8 +313,10 @@ async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("allgather", s, "sendbuf", out, "recvbuf", allowed=out[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("allgather", choose, out.nbytes, c.size)
+    work = np.empty_like(out)  # (Rule 6)
     await _run("allgather", algo, c, t, limit,
-               lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(out)))
+               lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(work)))
+    out[...] = work
 
 
 async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", *, tag: int,
@@ -322,8 +336,10 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     _apart("reduce_scatter", out, "recvbuf", s, "sendbuf", allowed=s[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
+    work = np.empty_like(out)  # (Rule 6)
     await _run("reduce_scatter", algo, c, t, limit,
-               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(out), o))
+               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o))
+    out[...] = work
 
 
 async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
@@ -344,8 +360,11 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
         _apart("gather", s, "sendbuf", out, "recvbuf", allowed=out[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
+    work = None if out is None else np.empty_like(out)  # (Rule 6)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
-        ex, _flat(s), None if out is None else _flat(out), r))
+        ex, _flat(s), None if work is None else _flat(work), r))
+    if out is not None:
+        out[...] = work
 
 
 async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
@@ -366,8 +385,10 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
         _apart("scatter", out, "recvbuf", s, "sendbuf", allowed=s[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
+    work = np.empty_like(out)  # (Rule 6)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](
-        ex, None if s is None else _flat(s), _flat(out), r))
+        ex, None if s is None else _flat(s), _flat(work), r))
+    out[...] = work
 
 
 async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
@@ -388,8 +409,10 @@ async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("alltoall", out, "recvbuf", s, "sendbuf")
     limit = check_timeout(timeout)
     algo = _choose("alltoall", choose, s.nbytes, c.size)
+    work = np.empty_like(out)  # (Rule 6)
     await _run("alltoall", algo, c, t, limit,
-               lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(out)))
+               lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(work)))
+    out[...] = work
 
 
 def algorithms(collective: str) -> Sequence[str]:

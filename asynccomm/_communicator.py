@@ -53,7 +53,7 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
     """
 
     # Slots: the C lane (``_lane.c``) reads these at their offsets, once per message.
-    __slots__ = ("_after_close", "_children", "_chooser", "_default_timeout", "_engine",
+    __slots__ = ("_after_close", "_children", "_chooser", "_dead", "_default_timeout", "_engine",
                  "_family", "_lingering", "_loop", "_obj_seq", "_parent", "_private_comm",
                  "_seq", "_tag_block", "device", "rank", "size")
 
@@ -75,6 +75,7 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         self._lingering = set()
         self._obj_seq = 0
         self._chooser = None
+        self._dead = {}
 
     def __repr__(self) -> str:
         return f"<Communicator rank={self.rank} size={self.size}>"

@@ -332,6 +332,19 @@ class DeviceEngine(TracedLane, PeersMixin):
             self.pool.release(msg.view)  # type: ignore[arg-type]
         return True
 
+    def discard_staged(self, dead: Callable[[int], bool]) -> int:
+        """Drop the staged messages whose tag is ``dead(tag)``: eager messages of calls
+        this rank left unfinished, which nothing will receive (their senders completed
+        long ago); their bytes go back to the pool.  Returns how many were dropped."""
+        dropped = 0
+        if self.matcher.statistics().unexpected_messages:
+            for desc in self.matcher.unexpected():
+                msg = cast(Message, desc)  # only messages wait unexpected
+                if msg.where == STAGED and dead(msg.tag) and self.matcher.withdraw(msg):
+                    self.pool.release(msg.view)  # type: ignore[arg-type]
+                    dropped += 1
+        return dropped
+
     def _take(self, recv: Request, msg: Message) -> None:
         """``recv`` matched ``msg``: move the payload into its buffer."""
         check(recv._state, ACTIVE)

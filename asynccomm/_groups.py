@@ -13,7 +13,14 @@ traffic of collectives and of objects' buffers, so it never matches the program'
 messages.  Each collective call takes the next block of ``TAG_SPAN`` tags of its lower
 half, in call order, so calls in flight at once never match each other; the upper half
 (from ``OBJECT_TAGS``) carries objects' out-of-band buffers.
-Rule 4: a communicator closes its sub-communicators (and its private context) before
+Rule 4: ``split`` and ``dup`` make a communicator on every rank or on none
+(``_forming``): the ranks agree through rank 0, and a call that fails on one rank fails on
+every rank, the parent left usable.
+Rule 5: a collective call that leaves unfinished on this rank (an error, a timeout, a
+cancellation, even before it ran) marks its block dead here: the messages the other ranks
+sent it are dropped from staging at once, and again at each of the next ``_SWEEP_CALLS``
+calls for those that arrive late, so they never fill the staging pool.
+Rule 6: a communicator closes its sub-communicators (and its private context) before
 itself; closing one sub-communicator leaves its parent and siblings open.
 
 The world makes the new communicators (``Family.child``): in-process worlds share one
@@ -27,7 +34,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ._collectives import allgather
+from ._calls import Call
+from ._exceptions import AsyncCommError
+from ._forming import form, leave
 from ._options import check_timeout
 from ._types import TAG_UB
 
@@ -41,6 +50,8 @@ TAG_SPAN = 4096
 #: The private context's tags from here up carry objects' buffers (see ``_objects.py``).
 OBJECT_TAGS = (TAG_UB + 1) // 2
 _BLOCKS = OBJECT_TAGS // TAG_SPAN
+#: For how many later calls a block left unfinished here is swept of late messages.
+_SWEEP_CALLS = 64
 
 
 class Family(Protocol):
@@ -86,56 +97,93 @@ class GroupsMixin:
     _parent: GroupsMixin | None
     _after_close: Any
     _lingering: set[asyncio.Future[Any]]
+    _dead: dict[int, int]
+    _default_timeout: float | None
 
-    def _check_ready(self) -> None:
-        raise NotImplementedError  # the communicator's
+    if TYPE_CHECKING:
+        def _check_ready(self) -> None: ...
 
     def _self(self) -> Communicator:
         return self  # type: ignore[return-value]
 
-    async def split(self, color: int | None, key: int = 0, *,
-                    timeout: float | None = None) -> Communicator | None:
+    def split(self, color: int | None, key: int = 0, *,
+              timeout: float | None = None) -> Call[Communicator | None]:
         """A new communicator for the ranks that pass the same ``color``, ranked by
         (``key``, rank here): ``MPI_Comm_split``.  Collective: every rank calls it.
+
+        The ranks agree through rank 0 (``_forming``): the call makes a communicator on
+        every rank or on none, and a call that fails on one rank (a bad color, a
+        cancellation, a timeout) fails on every rank; the parent keeps working.
 
         Args:
             color: an int >= 0, or None to join no group (returns None).
             key: orders the ranks of the new communicator (ties keep this one's order).
-            timeout: bounds the exchange of colors and keys (None: the default op timeout).
+            timeout: bounds the whole call (None: the default op timeout).
 
         Raises:
-            TypeError, ValueError: a bad color or key (nothing is sent).
-            CommClosedError, CommBrokenError, CommTimeoutError: as the point-to-point ops.
+            TypeError, ValueError: a bad color, key or timeout (on this rank; the others
+                get ``CommBrokenError`` naming it).
+            CommClosedError: this communicator is closed.
+            CommBrokenError: another rank left the call or failed, or a rank closed.
+            CommTimeoutError: a rank's timeout expired before every rank was ready.
         """
-        self._check_ready()
-        c = -1 if color is None else _check_int(color, "color", minimum=0)
-        k = _check_int(key, "key")
-        if timeout is not None:
-            check_timeout(timeout)
-        private = self._private()
-        table = await _allgather_pair(private, (c, k), self._next_tags(), timeout)
-        seq = self._next_seq()
-        if c < 0:
-            members = None
-        else:
-            members = sorted((r for r in range(self.size) if table[r][0] == c),
-                             key=lambda r: (table[r][1], r))
-        return await self._adopt(await self._family.child(self._self(), members, c,
-                                                          ("split", seq, c)))
+        tag, seq = self._next_tags(), self._next_seq()
+        return Call(self._form("split", tag, seq, color, key, timeout),
+                    lambda exc: self._leave(tag, exc))
 
-    async def dup(self) -> Communicator:
+    def dup(self, *, timeout: float | None = None) -> Call[Communicator]:
         """A new communicator with the same ranks: messages on it never match this one's.
-        Collective: every rank calls it.
+        Collective: every rank calls it; as ``split``, it succeeds on every rank or none.
 
         Raises:
-            CommClosedError, TransportError: this communicator is closed, or MPI failed.
+            CommClosedError, CommBrokenError, CommTimeoutError: as ``split``.
+            TransportError: MPI failed.
         """
-        self._check_ready()
-        seq = self._next_seq()
-        sub = await self._adopt(await self._family.child(
-            self._self(), list(range(self.size)), 0, ("dup", seq)))
+        tag, seq = self._next_tags(), self._next_seq()
+        return Call(self._dup(tag, seq, timeout), lambda exc: self._leave(tag, exc))
+
+    async def _dup(self, tag: int, seq: int, timeout: float | None) -> Communicator:
+        sub = await self._form("dup", tag, seq, 0, 0, timeout)
         assert sub is not None
         return sub
+
+    async def _form(self, what: str, tag: int, seq: int, color: object, key: object,
+                    timeout: object) -> Communicator | None:
+        try:
+            self._check_ready()
+            c = -1 if color is None else _check_int(color, "color", minimum=0)
+            k = _check_int(key, "key")
+            limit = self._default_timeout if timeout is None else check_timeout(timeout)
+            private = self._private()
+        except BaseException as exc:
+            self._leave(tag, exc)
+            raise
+        family, me = self._family, self._self()
+
+        async def make(table: list[tuple[int, int]]) -> Communicator | None:
+            members = None if c < 0 else sorted(
+                (r for r in range(self.size) if table[r][0] == c),
+                key=lambda r: (table[r][1], r))
+            name = ("split", seq, c) if what == "split" else ("dup", seq)
+            return await self._adopt(await family.child(me, members, c, name))
+
+        try:
+            sub = await form(private, tag, what, c, k, limit, make, self._linger)
+        except BaseException:
+            self._abandoned(tag)  # what the others send this call is dropped
+            raise
+        if private.rank == 0:
+            self._abandoned(tag)  # the late word of a rank that left after GO, dropped
+        return sub
+
+    def _leave(self, tag: int, exc: BaseException | None) -> None:
+        """This rank left a split or dup before it said it was ready."""
+        try:
+            private = None if self._self().closed else self._private()
+        except (AsyncCommError, RuntimeError):
+            private = None
+        leave(private, tag, exc)
+        self._abandoned(tag)
 
     async def _adopt(self, sub: Communicator | None) -> Communicator | None:
         if sub is not None:
@@ -151,7 +199,26 @@ class GroupsMixin:
         """The tag base of the next collective call on the private context (Rule 3)."""
         block = self._tag_block
         self._tag_block = (block + 1) % _BLOCKS
+        if self._dead:
+            self._sweep(block)
         return block * TAG_SPAN
+
+    def _abandoned(self, tag: int) -> None:
+        """The call on the block of ``tag`` left without finishing here (Rule 5): drop the
+        messages the other ranks sent it, now and for the next ``_SWEEP_CALLS`` calls."""
+        self._dead[tag // TAG_SPAN] = _SWEEP_CALLS
+        self._sweep(-1)
+
+    def _sweep(self, reused: int) -> None:
+        dead = self._dead
+        private = self._private_comm
+        if private is not None and not private._engine.closed:
+            private._engine.discard_staged(
+                lambda tag: tag < OBJECT_TAGS and tag // TAG_SPAN in dead)
+        for block in list(dead):
+            dead[block] -= 1
+            if dead[block] <= 0 or block == reused:
+                del dead[block]
 
     def _private(self) -> Communicator:
         """This communicator's private context (Rule 3)."""
@@ -192,11 +259,3 @@ class GroupsMixin:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self._self().aclose()
-
-
-async def _allgather_pair(comm: Communicator, pair: tuple[int, int], tag: int,
-                          timeout: float | None) -> list[tuple[int, int]]:
-    """Every rank's ``pair``, in rank order (an allgather on ``comm``)."""
-    table = np.zeros((comm.size, 2), np.int64)
-    await allgather(comm, np.array(pair, np.int64), table, tag=tag, timeout=timeout)
-    return [(int(a), int(b)) for a, b in table]

@@ -189,7 +189,7 @@ def test_mpi4py_is_imported_only_by_the_mpi_transport() -> None:
 #: mixins, which name it for type checking only).
 MAY_IMPORT_COMMUNICATOR = {"asynccomm", "asynccomm._runner", "asynccomm._mpi_runner",
                            "asynccomm.testing", "asynccomm._groups", "asynccomm._objects",
-                           "asynccomm._collective_api"}
+                           "asynccomm._collective_api", "asynccomm._forming"}
 
 
 @pytest.mark.parametrize("path", _py_files(PKG), ids=lambda p: str(p.relative_to(PKG)))
@@ -277,6 +277,7 @@ LAYERS: dict[str, int] = {
     # the public API
     "asynccomm._communicator": 8, "asynccomm._groups": 8, "asynccomm._objects": 8,
     "asynccomm._collective_api": 8, "asynccomm._hang": 8, "asynccomm._batches": 8,
+    "asynccomm._calls": 8, "asynccomm._forming": 8,
     "asynccomm._runner": 9, "asynccomm._mpi_runner": 9,
     # collectives: built on the communicator's public point-to-point API
     "asynccomm._reduce_ops": 7, "asynccomm._collective_costs": 7,

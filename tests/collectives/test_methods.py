@@ -84,12 +84,13 @@ def test_a_sub_communicator_pays_for_the_links_of_its_ranks_devices() -> None:
         far = await one(comm, 8)
         await _aligned(comm)
         sub = await comm.split(0 if comm.rank in (0, 8) else None)
+        await _aligned(comm)  # (rank 0 decides a split: it may leave it last)
         mapped = await one(sub, 1) if sub is not None else 0.0
         return near, far, mapped
 
     near, far, mapped = ac.run(main, world_size=16,
                                cluster=ac.Cluster.preset("ascend910b"))[0]
-    assert mapped == pytest.approx(far, rel=1e-6) and far > 1.1 * near
+    assert mapped == pytest.approx(far, abs=2e-9) and far > 1.1 * near  # (ns rounding)
 
 
 def test_collectives_at_world_size_one() -> None:
