@@ -45,3 +45,16 @@ def test_random_collectives_on_mpi_through_the_methods(ranks: int) -> None:
     out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, out
     assert f"random collectives on MPI, {ranks} ranks: 25 examples, 0 failures" in proc.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_calls_keep_their_place_and_split_is_all_or_nothing_on_mpi(ranks: int) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
+                           "tests.collectives.mpi_sequencing_runner"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=90, check=False)
+    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, out
+    assert f"sequencing on MPI, {ranks} ranks: 4 passed, 0 failed" in proc.stdout, out
