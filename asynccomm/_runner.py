@@ -419,7 +419,7 @@ async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     """Open an in-process world on the running loop and run ``main`` on every rank (as
     ``run_ranks``); a cancellation appends the ranks' pending ops to ``interrupted``."""
     if world_size is None:
-        raise TypeError("run() needs world_size for in-process ranks "
+        raise TypeError("run_async() needs world_size for in-process ranks "
                         "(or an MPI launch: mpiexec -n N python script.py)")
     async with open_world(world_size, cluster, clock, **options) as world:
         engines = [c._engine for c in world.comms]
