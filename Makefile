@@ -7,6 +7,23 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: venv demo test test-core test-mpi test-stress bench results lint clean
 
+# A .venv whose python is missing, broken, or of another version than $(PYTHON) (made by
+# another Python, say) is removed, and set up again by the target that needs it: its
+# stamps would otherwise say it is set up. Versions are compared as major.minor, what the
+# C extension is built for.
+PY_VERSION = $(shell $(1) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+WANT_VERSION := $(call PY_VERSION,$(PYTHON))
+ifneq ($(wildcard $(VENV)),)
+ifneq ($(WANT_VERSION),)
+VENV_VERSION := $(call PY_VERSION,$(PY))
+ifneq ($(VENV_VERSION),$(WANT_VERSION))
+$(info $(VENV) has $(if $(VENV_VERSION),Python $(VENV_VERSION),no working python), \
+	$(PYTHON) is $(WANT_VERSION): removing $(VENV) to set it up again)
+$(shell rm -rf $(VENV))
+endif
+endif
+endif
+
 # The runtime alone (what `make demo` needs), then everything the suite and tools need.
 # PIP_QUIET and PYTHONWARNINGS keep set-up to pip's own errors (setuptools' editable-install
 # banner is a warning printed by the build backend).
@@ -35,7 +52,8 @@ demo: $(RUNTIME)
 # The whole suite, then the in-process engine, transport and cancellation tests again on
 # the pure-Python fast lane (what runs where the C accelerator could not be built).
 PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
-	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py
+	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py \
+	tests/api/test_send_buffers.py
 test: $(STAMP)
 	$(PY) -m pytest -q
 	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)

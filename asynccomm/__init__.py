@@ -33,6 +33,7 @@ from ._runner import launched_by_mpi as launched_by_mpi
 from ._runner import mpi_world_size as mpi_world_size
 from ._runner import open_world as open_world
 from ._runner import run as run
+from ._runner import run_async as run_async
 from ._stream import Event as Event
 from ._stream import Stream as Stream
 from ._types import ANY_SOURCE as ANY_SOURCE
@@ -106,6 +107,7 @@ __all__ = (
     "open_mpi_world",
     "open_world",
     "run",
+    "run_async",
     "uint8",
     "uint16",
     "uint32",

@@ -95,7 +95,12 @@ def dtype_name(dt: np.dtype[Any], what: str) -> str:
 
 
 def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
-    """A flat byte view of ``buf`` and its element dtype (uint8 for non-numpy buffers)."""
+    """A flat byte view of ``buf`` and its element dtype (uint8 for bytes-like buffers, the
+    format's dtype for typed ones, ``array('d')`` float64).
+
+    Raises:
+        TypeError, ValueError: as ``as_send_buffer``.
+    """
     ma = sys.modules.get("numpy.ma")
     if ma is not None and isinstance(buf, ma.MaskedArray):
         raise TypeError(f"{what} buffer is a masked array: its mask would not travel; send "
@@ -116,6 +121,7 @@ def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
             raise TypeError(f"{what} buffer has dtype {dt}, "
                             "which has no buffer protocol support") from None
         return (mv.cast("B") if mv.format != "B" else mv), dt
+    _not_numpy(buf, what)
     try:
         mv = memoryview(buf)  # type: ignore[arg-type]
     except TypeError:
@@ -123,7 +129,45 @@ def _view(buf: object, what: str) -> tuple[memoryview, np.dtype[Any]]:
                         f"(bytes, bytearray, memoryview), got {type(buf).__name__}") from None
     if not mv.c_contiguous:
         raise ValueError(f"{what} buffer must be C-contiguous")
+    if mv.format not in _BYTE_FORMATS:  # typed (array('d'), ctypes): its elements travel
+        return _view(_typed(mv, what), what)
     return (mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv), _UINT8
+
+
+#: Buffer formats that are bytes (uint8 on the wire): ``bytes``, ``bytearray``, ``char``.
+_BYTE_FORMATS = frozenset({"B", "c"})
+
+
+def _not_numpy(buf: object, what: str) -> None:
+    """Refuse what looks like an array but is not a numpy one, and numpy scalars: their
+    buffers, if any, would travel as bytes, not as their elements.
+
+    Raises:
+        TypeError: a numpy scalar, or an object with ``__array__`` or ``__dlpack__``.
+    """
+    if isinstance(buf, np.generic):
+        raise TypeError(f"{what} buffer is a numpy scalar ({type(buf).__name__}), which "
+                        + ("would travel as bytes: send np.asarray(x) (a 0-d array) or a "
+                           "1-element array" if what == "send" else
+                           "cannot be written: receive into an array, np.empty(1, dtype)"))
+    if hasattr(buf, "__array__") or hasattr(buf, "__dlpack__"):
+        raise TypeError(f"{what} buffer is a {type(buf).__name__}, not a numpy array: pass "
+                        "np.asarray(x) or np.from_dlpack(x)" + (
+                            "" if what == "send" else
+                            " (one that shares x's memory, or the data lands in a copy)"))
+
+
+def _typed(mv: memoryview, what: str) -> np.ndarray[Any, Any]:
+    """An array over a typed buffer's memory, of the dtype its format says.
+
+    Raises:
+        TypeError: a format numpy does not know.
+    """
+    try:
+        return np.asarray(mv)
+    except (TypeError, ValueError, NotImplementedError):
+        raise TypeError(f"{what} buffer has format {mv.format!r}, which names no numpy dtype: "
+                        "pass memoryview(x).cast('B') to send its bytes") from None
 
 
 def _element_range(mv: memoryview, dt: np.dtype[Any], count: object, dtype: object,
@@ -150,10 +194,12 @@ def _element_range(mv: memoryview, dt: np.dtype[Any], count: object, dtype: obje
 
 
 def as_send_buffer(buf: object, count: object = None, dtype: object = None) -> BufferView:
-    """Check a send buffer (any readable buffer; numpy arrays keep their dtype).
+    """Check a send buffer (any readable buffer; numpy arrays keep their dtype, typed
+    buffers the dtype of their format, bytes-like ones are uint8).
 
     Raises:
-        TypeError: not a buffer, an object or structured dtype, a bad ``count`` type, a
+        TypeError: not a buffer, a numpy scalar, an array that is not numpy's (with
+            ``__array__`` or ``__dlpack__``), an object or structured dtype, a bad ``count`` type, a
             ``dtype=`` that disagrees with the buffer.
         ValueError: not C-contiguous, ``count`` negative or larger than the buffer.
     """

@@ -239,7 +239,7 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
         TypeError, ValueError, AsyncCommError: as ``barrier``.
     """
     c, t = _comm("reduce", comm), _tag("reduce", tag)
-    o = resolve_op(op, "reduce")
+    o = resolve_op(op, "reduce", sendbuf)
     r = _root("reduce", root, c.size)
     s = _array("reduce", "sendbuf", sendbuf, reduce=True)
     out: Array | None = None
@@ -271,7 +271,7 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
         TypeError, ValueError, AsyncCommError: as ``barrier``.
     """
     c, t = _comm("allreduce", comm), _tag("allreduce", tag)
-    o = resolve_op(op, "allreduce")
+    o = resolve_op(op, "allreduce", sendbuf)
     s = _array("allreduce", "sendbuf", sendbuf, reduce=True, writable=recvbuf is None)
     out = s
     if recvbuf is not None and recvbuf is not s:
@@ -329,7 +329,7 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
         TypeError, ValueError, AsyncCommError: as ``barrier``.
     """
     c, t = _comm("reduce_scatter", comm), _tag("reduce_scatter", tag)
-    o = resolve_op(op, "reduce_scatter")
+    o = resolve_op(op, "reduce_scatter", sendbuf)
     s = _array("reduce_scatter", "sendbuf", sendbuf, reduce=True)
     out = _array("reduce_scatter", "recvbuf", recvbuf, writable=True)
     _rows("reduce_scatter", s, "sendbuf", out, "recvbuf", c.size)

@@ -7,7 +7,8 @@ engines get a logger that drops everything.  Once the application configures str
 (or a test uses ``structlog.testing.capture_logs``) before opening a world, each engine
 gets ``structlog.get_logger("asynccomm")`` bound once with ``rank`` and ``size``.
 
-``ASYNCCOMM_DEBUG=info`` or ``=debug`` (like ``NCCL_DEBUG``) gives the engines a logger of
+``ASYNCCOMM_DEBUG=info`` or ``=debug`` (like ``NCCL_DEBUG``; ``1``, ``true``, ``yes``,
+``on`` mean ``info``) gives the engines a logger of
 their own, still without configuring structlog: human-readable lines on stderr with
 microsecond timestamps and the rank, at that level and above (with an application's own
 configuration as well, the switch wins for asynccomm's events).
@@ -55,18 +56,27 @@ def _debug_enabled(logger: Any) -> bool:
     return bool(is_enabled_for(logging.DEBUG))
 
 
+#: Values that switch ``ASYNCCOMM_DEBUG`` on at ``info`` (a flag set as shells and CI do)
+#: and values that leave it off.
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off", "none"})
+
+
 def debug_level() -> int | None:
-    """The level ``ASYNCCOMM_DEBUG`` asks for, or None (unset, empty, or off).
+    """The level ``ASYNCCOMM_DEBUG`` asks for, or None (unset, empty, or off): ``info`` or
+    ``debug`` by name, ``1``/``true``/``yes``/``on`` mean ``info``, ``0``/``false``/``no``/
+    ``off``/``none`` mean off.
 
     Raises:
         ValueError: the variable names no level.
     """
     raw = os.environ.get("ASYNCCOMM_DEBUG", "").strip().lower()
-    if raw in ("", "0", "off", "none"):
+    if raw in _OFF:
         return None
-    level = _LEVELS.get(raw)
+    level = logging.INFO if raw in _ON else _LEVELS.get(raw)
     if level is None:
-        raise ValueError(f"ASYNCCOMM_DEBUG={raw!r} must be 'info' or 'debug'")
+        raise ValueError(f"ASYNCCOMM_DEBUG={raw!r} must be 'info' or 'debug' (or 1/true/yes/"
+                         "on for info; 0/false/no/off to leave it off)")
     return level
 
 

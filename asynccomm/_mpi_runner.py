@@ -42,7 +42,7 @@ from .transports._doorbell import Bell, Doorbell
 from .transports._mpi_lib import comm_world, mpi_errors, wait_request
 from .transports.mpi import MPITransport
 
-__all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi"]
+__all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
 
 T = TypeVar("T")
 
@@ -451,6 +451,32 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         TransportError: MPI failed.
         Exception: what ``main`` raised on this rank (with a note naming the rank).
     """
+    grace, opts = _mpi_options(world_size, cluster, clock, abort_grace, options)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(_run_rank(main, grace, opts))
+
+
+async def run_mpi_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
+                        world_size: int | None, *, cluster: object, clock: str,
+                        abort_grace: float = ABORT_GRACE, **options: Any) -> T:
+    """``run_mpi`` on the running loop (``asynccomm.run_async`` under an MPI launcher).
+    Ctrl-C stays the loop owner's: this rank sees it as a cancellation.
+
+    Raises:
+        as ``run_mpi``.
+    """
+    grace, opts = _mpi_options(world_size, cluster, clock, abort_grace, options)
+    return await _run_rank_body(main, grace, opts, _Interrupt())
+
+
+def _mpi_options(world_size: int | None, cluster: object, clock: str, abort_grace: float,
+                 options: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Check ``run_mpi``'s arguments; return the abort grace and ``_MPIWorld.open``'s
+    keywords.
+
+    Raises:
+        TypeError, ValueError: as ``run_mpi``.
+    """
     if cluster is not None:
         raise ValueError("cluster models run in-process only: under an MPI launcher, pass "
                          "backend='local' to run one in each process, or run without mpiexec")
@@ -470,5 +496,4 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
                          "or pass backend='local' for an in-process world in each process")
     opts: dict[str, Any] = {"eager_limit": EAGER_LIMIT, "pool_bytes": POOL_BYTES,
                             "timeout": None, **options}
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(_run_rank(main, ABORT_GRACE if grace is None else grace, opts))
+    return ABORT_GRACE if grace is None else grace, opts

@@ -2,9 +2,10 @@
 
 Each reduces in place with its numpy ufunc (``np.add(a, b, out=a)``), so the result is
 numpy's, bit for bit: integers wrap around on overflow, floats follow IEEE (``MIN``/``MAX``
-propagate NaN), complex numbers order lexicographically for ``MIN``/``MAX``.  Every dtype the
-library carries reduces with every operator, bool included, with numpy's meaning: ``SUM`` is
-logical or, ``PROD`` logical and, ``MIN`` and, ``MAX`` or.
+propagate NaN).  Every dtype the library carries reduces with ``SUM`` and ``PROD``, bool
+included, with numpy's meaning (``SUM`` is logical or, ``PROD`` logical and, ``MIN`` and,
+``MAX`` or); ``MIN`` and ``MAX`` refuse complex numbers, which have no order (numpy's
+lexicographic one is not the one MPI or NCCL would give, they refuse them too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = ["MAX", "MIN", "PROD", "SUM", "ReduceOp", "reducible", "resolve_op"]
 
 #: dtype kinds an operator can reduce: bool, signed and unsigned ints, floats, complex.
 _KINDS = frozenset("biufc")
+#: those with an order (``MIN``/``MAX``): all but complex.
+_ORDERED = frozenset("biuf")
 
 
 class ReduceOp(enum.Enum):
@@ -53,27 +56,40 @@ MIN = ReduceOp.MIN
 MAX = ReduceOp.MAX
 
 
-def resolve_op(op: object, where: str) -> ReduceOp:
-    """The ``ReduceOp`` that ``op`` names: a ``ReduceOp`` or exactly "sum", "prod", "min" or
-    "max".
+def resolve_op(op: object, where: str, sendbuf: object = None) -> ReduceOp:
+    """The ``ReduceOp`` that ``op`` names: a ``ReduceOp`` or its name, in any case ("sum",
+    "SUM", "Max"), checked against ``sendbuf``'s dtype when it is a numpy array (every rank
+    gives the same dtype, so every rank refuses alike, before anything is sent).
 
     Raises:
-        TypeError: ``op`` is neither a ReduceOp nor a string.
+        TypeError: ``op`` is neither a ReduceOp nor a string, or it is ``MIN``/``MAX`` and
+            ``sendbuf`` holds complex numbers (they have no order).
         ValueError: a string that names no operator.
     """
     if isinstance(op, ReduceOp):
-        return op
-    if isinstance(op, str):
+        resolved = op
+    elif isinstance(op, str):
         try:
-            return ReduceOp(op)
+            resolved = ReduceOp(op.lower())
         except ValueError:
             raise ValueError(f"{where}: unknown reduction op {op!r}; use one of "
                              f"{', '.join(repr(o.value) for o in ReduceOp)} or "
                              "asynccomm.SUM/PROD/MIN/MAX") from None
-    raise TypeError(f"{where}: op must be a ReduceOp or one of "
-                    f"{', '.join(repr(o.value) for o in ReduceOp)}, got {type(op).__name__}")
+    else:
+        raise TypeError(f"{where}: op must be a ReduceOp or one of "
+                        f"{', '.join(repr(o.value) for o in ReduceOp)}, got "
+                        f"{type(op).__name__}")
+    # only the order is checked here: a dtype no op reduces is refused with the buffer
+    if (isinstance(sendbuf, np.ndarray) and sendbuf.dtype.kind == "c"
+            and not reducible(sendbuf.dtype, resolved)):
+        raise TypeError(f"{where}: {resolved.name} cannot reduce dtype {sendbuf.dtype}: "
+                        "complex numbers have no order (compare a real array: np.abs(x) or "
+                        "x.real)")
+    return resolved
 
 
-def reducible(dtype: np.dtype[Any]) -> bool:
-    """Whether the operators can reduce arrays of ``dtype``."""
+def reducible(dtype: np.dtype[Any], op: ReduceOp | None = None) -> bool:
+    """Whether ``op`` (None: some operator) can reduce arrays of ``dtype``."""
+    if op in (ReduceOp.MIN, ReduceOp.MAX):
+        return dtype.kind in _ORDERED
     return dtype.kind in _KINDS

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from .sim.model import Strategy
     from .sim.timing import ModelledTiming
 
-__all__ = ["World", "launched_by_mpi", "mpi_world_size", "open_world", "run"]
+__all__ = ["World", "launched_by_mpi", "mpi_world_size", "open_world", "run",
+           "run_async"]
 
 T = TypeVar("T")
 
@@ -393,6 +394,44 @@ def mpi_world_size() -> int | None:
     return int(comm_world().Get_size())
 
 
+def _running() -> asyncio.AbstractEventLoop | None:
+    """The event loop running on this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _backend(main: object, backend: str | None) -> str:
+    """Check ``main`` and ``backend``; return the backend (``"local"`` or ``"mpi"``)."""
+    if not callable(main):
+        raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")
+    if backend is None:
+        return "mpi" if launched_by_mpi() else "local"
+    if backend not in ("local", "mpi"):
+        raise ValueError(f"backend must be 'local' or 'mpi', got {backend!r}")
+    return backend
+
+
+async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
+                     world_size: int | None, cluster: Cluster | None, clock: str,
+                     options: dict[str, Any], interrupted: list[str] | None) -> list[T]:
+    """Open an in-process world on the running loop and run ``main`` on every rank (as
+    ``run_ranks``); a cancellation appends the ranks' pending ops to ``interrupted``."""
+    if world_size is None:
+        raise TypeError("run_async() needs world_size for in-process ranks "
+                        "(or an MPI launch: mpiexec -n N python script.py)")
+    async with open_world(world_size, cluster, clock, **options) as world:
+        engines = [c._engine for c in world.comms]
+        uninstall = _hang.install_dump_signal(asyncio.get_running_loop(), lambda: engines)
+        on_cancel = None if interrupted is None else (
+            lambda: interrupted.append(_hang.dump(engines)))
+        try:
+            return await run_ranks(main, world.comms, on_cancel=on_cancel)
+        finally:
+            uninstall()
+
+
 def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None = None,
         *, cluster: Cluster | None = None, clock: str = "auto", loop: str | None = None,
         backend: str | None = None, **options: Any) -> Any:
@@ -402,6 +441,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     and the result is the list of their return values, in rank order.  Under an MPI
     launcher (``mpiexec -n N python script.py``), or with ``backend="mpi"``, this process
     runs ``main`` for its own rank on the MPI transport and gets its own rank's value.
+    Inside a running event loop (Jupyter, an ``async def``) use ``await run_async(...)``.
 
     Args:
         main: an async function taking a Communicator.
@@ -420,13 +460,17 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
 
     Raises:
+        RuntimeError: called while an event loop runs on this thread.
         TypeError, ValueError: bad arguments (``main`` that is not an async function
             among them: said before any rank runs).
         Exception: the failure of the one rank that failed (with a note naming the
             rank), or an ``ExceptionGroup`` of every rank's failure.
     """
-    if not callable(main):
-        raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")
+    if _running() is not None:  # before any coroutine is made: none is left unawaited
+        raise RuntimeError("ac.run() starts an event loop of its own and cannot be called "
+                           "where one is running (Jupyter, or inside an async function): "
+                           "use `await ac.run_async(main, world_size, ...)` there")
+    backend = _backend(main, backend)
     mode = clock_mode(cluster, clock)
     if loop is None:
         loop = "virtual" if mode == "virtual" else "uvloop"
@@ -436,15 +480,11 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     if (loop == "virtual") != (mode == "virtual"):
         raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
                          "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
-    if backend is None:
-        backend = "mpi" if launched_by_mpi() else "local"
     if backend == "mpi":
         from ._mpi_runner import run_mpi  # mpi4py is imported only when a world opens
 
         return run_mpi(main, world_size, loop_factory=factory, cluster=cluster, clock=clock,
                        **options)
-    if backend != "local":
-        raise ValueError(f"backend must be 'local' or 'mpi', got {backend!r}")
     if world_size is None:
         raise TypeError("run() needs world_size for in-process ranks "
                         "(or an MPI launch: mpiexec -n N python script.py)")
@@ -457,15 +497,8 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     async def world_main() -> None:
         # The results leave through `results`, not as the task's value: asyncio formats a
         # main task's result on the way out, which costs real time for large arrays.
-        async with open_world(world_size, cluster, clock, **options) as world:
-            engines = [c._engine for c in world.comms]
-            uninstall = _hang.install_dump_signal(asyncio.get_running_loop(),
-                                                  lambda: engines)
-            try:
-                results.extend(await run_ranks(main, world.comms, on_cancel=lambda: (
-                    interrupted.append(_hang.dump(engines)))))
-            finally:
-                uninstall()
+        results.extend(await _run_world(main, world_size, cluster, clock, options,
+                                        interrupted))
 
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
@@ -477,3 +510,44 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             sys.stderr.flush()
         raise
     return results
+
+
+async def run_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
+                    world_size: int | None = None, *, cluster: Cluster | None = None,
+                    clock: str = "auto", backend: str | None = None,
+                    **options: Any) -> Any:
+    """``run`` on the running event loop: ``await ac.run_async(main, 4)`` in Jupyter or
+    an ``async def``.  The arguments, results, failures (rank notes, ``ExceptionGroup``)
+    and deadlock proof are ``run``'s; the proof needs every task of the loop to be
+    waiting on the world, so on a loop that runs other tasks (Jupyter's) a hang is
+    reported by the watchdog (``ASYNCCOMM_HANG_TIMEOUT``) instead.
+
+    The virtual clock (the default with a cluster) needs asynccomm's virtual-time loop:
+    on another loop pass ``clock="wall"``, or call ``run`` from synchronous code.  Under
+    an MPI launcher (or with ``backend="mpi"``) this process runs its own rank on the
+    running loop, as ``run`` does on its own, and returns that rank's value; Ctrl-C is
+    then the loop owner's (no dump, no second-Ctrl-C abort).
+
+    Raises:
+        TypeError, ValueError: bad arguments, said before any rank runs (``loop=``, which
+            the running loop decides, and ``clock="virtual"`` on another loop among them).
+        Exception: the failure of the one rank that failed (with a note naming the
+            rank), or an ``ExceptionGroup`` of every rank's failure.
+    """
+    backend = _backend(main, backend)
+    if "loop" in options:
+        raise TypeError("run_async() runs on the running event loop: loop= is for ac.run()")
+    mode = clock_mode(cluster, clock)
+    if mode == "virtual" and not isinstance(asyncio.get_running_loop(), VirtualTimeLoop):
+        raise ValueError("the virtual clock (clock='virtual', the default with a cluster) "
+                         "runs on a loop of its own: pass clock='wall' here, or call "
+                         "ac.run(main, n, ...) from synchronous code, or use open_world on "
+                         "asynccomm.sim.new_virtual_loop()")
+    if backend == "mpi":
+        from ._mpi_runner import run_mpi_async
+
+        return await run_mpi_async(main, world_size, cluster=cluster, clock=clock, **options)
+    if world_size is not None:
+        check_world(world_size, cluster, clock, options.get("eager_limit", 0),
+                    options.get("pool_bytes", 0))
+    return await _run_world(main, world_size, cluster, clock, options, None)

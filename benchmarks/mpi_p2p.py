@@ -6,8 +6,11 @@ Latency is half a ping-pong round trip (8 B to 1 MiB), bandwidth is a one-way tr
 closed by a 1-byte acknowledgement (1 MiB to 256 MiB); both report the median over repeats.
 Raw mpi4py ``Send``/``Recv`` with numpy buffers runs in the same processes, alternating
 repeat by repeat with asynccomm (on its own communicator), so both see the same machine.
-Rank 0 prints the tables and writes ``mpi_p2p.json``; the exit status is 0 whether or not
-the targets are met (the table says), 2 for bad arguments or a wrong process count.
+The targets (DESIGN §7): one-way 8 B latency within ``FLOOR_RATIO_TARGET`` of the asyncio
+floor measured in the same run, bandwidth within ``BANDWIDTH_TARGETS`` of raw mpi4py.
+Rank 0 prints the tables and writes ``mpi_p2p.json``.  Exit status: 1 when a full run
+missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad arguments or a wrong
+process count.
 """
 
 from __future__ import annotations
@@ -39,7 +42,12 @@ from ._common import (
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-LATENCY_TARGET_US = 4.0
+#: One-way 8 B latency: at most this many times the asyncio floor measured in the same run
+#: (the least any asyncio library on mpi4py can do; an absolute figure would judge the
+#: machine, not asynccomm).
+FLOOR_RATIO_TARGET = 1.5
+#: Bandwidth, as a share of raw mpi4py's, by message size.
+BANDWIDTH_TARGETS = {1 * MiB: 0.90, 16 * MiB: 0.95, 256 * MiB: 0.95}
 TAG = 7
 ACK_TAG = 8
 
@@ -251,20 +259,29 @@ async def measure(comm: ac.Communicator, plan: Plan) -> tuple[list[Row], float]:
 
 
 def checks(rows: list[Row]) -> list[dict[str, Any]]:
+    """The targets (DESIGN §7): 8 B one-way latency within ``FLOOR_RATIO_TARGET`` of the
+    asyncio floor of the same run, bandwidth at the sizes of ``BANDWIDTH_TARGETS``."""
     out: list[dict[str, Any]] = []
     for row in rows:
-        if row.kind == "latency" and row.nbytes == 8:
-            us = row.ac_median() * 1e6
-            out.append({"what": "one-way 8 B latency", "value": us, "unit": "us",
-                        "target": f"<= {LATENCY_TARGET_US:g} us",
-                        "passed": us <= LATENCY_TARGET_US})
-        if row.kind == "bandwidth" and (row.nbytes == MiB or row.nbytes >= 16 * MiB):
-            need = 0.90
+        if row.kind == "latency" and row.nbytes == 8 and row.floor:
+            ratio = row.ac_median() / median(row.floor)
+            out.append({"what": "one-way 8 B latency", "value": ratio, "unit": "x floor",
+                        "us": row.ac_median() * 1e6,
+                        "target": f"<= {FLOOR_RATIO_TARGET:g}x the asyncio floor",
+                        "passed": ratio <= FLOOR_RATIO_TARGET})
+        need = BANDWIDTH_TARGETS.get(row.nbytes) if row.kind == "bandwidth" else None
+        if need is not None:
             ratio = row.raw_median() / row.ac_median()
             out.append({"what": f"bandwidth {size_label(row.nbytes)}", "value": ratio,
                         "unit": "of raw", "target": f">= {need:.0%} of raw",
                         "passed": ratio >= need})
     return out
+
+
+def _value(c: dict[str, Any]) -> str:
+    if c["unit"] == "x floor":
+        return f"{c['value']:.2f}x floor ({c['us']:.2f} us)"
+    return f"{c['value']:.1%}"
 
 
 def print_report(rows: list[Row], judged: list[dict[str, Any]], env: dict[str, Any],
@@ -286,8 +303,7 @@ def print_report(rows: list[Row], judged: list[dict[str, Any]], env: dict[str, A
     print_table("Bandwidth (one-way, median, GB/s)",
                 ["size", "raw mpi4py", "asynccomm", "of raw"], bw)
     print_table("Targets (MPI transport)", ["check", "value", "target", "status"],
-                [[c["what"], f"{c['value']:.2f} us" if c["unit"] == "us"
-                  else f"{c['value']:.1%}", c["target"], "PASS" if c["passed"] else "FAIL"]
+                [[c["what"], _value(c), c["target"], "PASS" if c["passed"] else "FAIL"]
                  for c in judged])
     print(f"\n{sum(c['passed'] for c in judged)}/{len(judged)} targets met")
 

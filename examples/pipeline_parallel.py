@@ -50,19 +50,21 @@ it says more about the host than about the schedule.
 
 Run: python examples/pipeline_parallel.py [--schedule gpipe|1f1b] [--stages P]
      [--replicas R] [--microbatches M] [--cluster PRESET | --wall] [--loop uvloop|asyncio]
- or, one rank per process (wall clock only): mpiexec -n P*R .venv/bin/python
-     examples/pipeline_parallel.py --wall --stages P
+ or, one rank per process (wall clock only): mpiexec -n N .venv/bin/python
+     examples/pipeline_parallel.py [--stages P] [--replicas R]
+     (P x R must be N; by default they fit N: P the largest divisor of N up to 4)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
@@ -76,6 +78,8 @@ from ps.model import softmax_cross_entropy
 
 T = TypeVar("T")
 SCHEDULES = ("gpipe", "1f1b")
+#: The grid in one process: 4 stages x 2 replicas.
+STAGES, REPLICAS = 4, 2
 Op = tuple[str, int]
 """A stage's operation: ("F", micro-batch) or ("B", micro-batch)."""
 
@@ -422,9 +426,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
-    parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=None,
+                        help=f"default {STAGES}, or under mpiexec -n N the largest divisor of "
+                             f"N up to {STAGES} (N / replicas with --replicas)")
     parser.add_argument("--replicas", type=int, default=None,
-                        help="default 2, or N / stages under mpiexec -n N")
+                        help=f"default {REPLICAS}, or N / stages under mpiexec -n N")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=32, help="samples per micro-batch")
     parser.add_argument("--width", type=int, default=128)
@@ -452,22 +458,46 @@ def config(args: argparse.Namespace) -> Config:
     """
     processes = ac.mpi_world_size()
     if processes is not None and args.cluster is not None:
-        raise SystemExit("pipeline_parallel.py: cluster models run in-process only: under "
-                         "mpiexec use --wall (the default there), or start it with python")
-    replicas = args.replicas
-    if replicas is None:
-        replicas = 2 if processes is None else processes // max(args.stages, 1)
-    if processes is not None and processes != args.stages * replicas:
-        raise SystemExit(f"pipeline_parallel.py: {args.stages} stages x {replicas} replicas "
-                         f"need {args.stages * replicas} processes, mpiexec started "
-                         f"{processes}")
+        _exit("cluster models run in-process only: under mpiexec use --wall (the default "
+              "there), or start it with python")
+    stages, replicas = args.stages, args.replicas
+    if processes is None:
+        stages, replicas = stages or STAGES, replicas or REPLICAS
+    elif stages is None and replicas is None:  # the grid that fits the launcher
+        stages = max(d for d in range(1, STAGES + 1) if processes % d == 0)
+        replicas = processes // stages
+    elif replicas is None:
+        replicas = processes // max(stages, 1)
+    elif stages is None:
+        stages = processes // max(replicas, 1)
+    if processes is not None and processes != stages * replicas:
+        asked = " ".join(f"--{flag} {value}" for flag, value in
+                         (("stages", args.stages), ("replicas", args.replicas))
+                         if value is not None)
+        _exit(f"{asked} does not fit the {processes} processes mpiexec started: pass "
+              f"--stages P and --replicas R with P x R = {processes}, or leave them out "
+              "(they then fit it)")
     try:
-        return Config(schedule=args.schedule, stages=args.stages, replicas=replicas,
+        return Config(schedule=args.schedule, stages=stages, replicas=replicas,
                       microbatches=args.microbatches, micro_batch=args.micro_batch,
                       width=args.width, layers_per_stage=args.layers_per_stage,
                       steps=args.steps, seed=args.seed, layer_gflops=args.layer_gflops)
     except ValueError as exc:
-        raise SystemExit(f"pipeline_parallel.py: error: {exc}") from None
+        _exit(f"error: {exc}")
+
+
+def _exit(message: str) -> NoReturn:
+    """Stop with ``message``, said once: by world rank 0 alone under an MPI launcher (every
+    process reaches the same verdict; the others stop silently, with the same status).
+
+    Raises:
+        SystemExit: always.
+    """
+    rank = next((os.environ[v] for v in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+                 if v in os.environ), "0")
+    if rank != "0":
+        raise SystemExit(1)
+    raise SystemExit(f"pipeline_parallel.py: {message}")
 
 
 def world_options(args: argparse.Namespace) -> dict[str, Any]:

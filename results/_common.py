@@ -85,6 +85,36 @@ def write_json(out: Path, name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+#: The fields that hold wall times.  They change from run to run while everything else
+#: (model time) does not, so ``<name>.json`` (tracked) goes without them and they go to
+#: ``<name>.walls.json`` (ignored by git): ``make results`` twice leaves the tree clean.
+WALL_KEYS = frozenset({"wall_s", "wall_seconds"})
+
+
+def split_walls(data: Any, where: str = "") -> tuple[Any, dict[str, float]]:
+    """``data`` without its ``WALL_KEYS`` fields (a copy), and those fields by path
+    (``series.single[0].wall_s``)."""
+    walls: dict[str, float] = {}
+    if isinstance(data, dict):
+        kept = {}
+        for key, value in data.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key in WALL_KEYS:
+                walls[path] = value
+                continue
+            kept[key], inner = split_walls(value, path)
+            walls.update(inner)
+        return kept, walls
+    if isinstance(data, list):
+        items = []
+        for i, value in enumerate(data):
+            item, inner = split_walls(value, f"{where}[{i}]")
+            items.append(item)
+            walls.update(inner)
+        return items, walls
+    return data, walls
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend, or None without the extra."""
     try:
@@ -113,10 +143,13 @@ def save_figure(fig: Any, out: Path, name: str) -> Path:
 
 def finish(args: argparse.Namespace, name: str, data: dict[str, Any],
            draw: Callable[[Any, dict[str, Any]], Any], started: float) -> None:
-    """Write the JSON, draw and write the picture (unless ``--no-plot`` or no matplotlib),
-    and say where they went and how long it all took."""
+    """Write the JSON (its wall times apart: ``split_walls``), draw and write the picture
+    (unless ``--no-plot`` or no matplotlib), and say where they went and how long it all
+    took."""
     data["wall_seconds"] = round(time.perf_counter() - started, 2)
-    written = [write_json(args.out, name, data)]
+    tracked, walls = split_walls(data)
+    written = [write_json(args.out, name, tracked),
+               write_json(args.out, f"{name}.walls", walls)]
     plt = None if args.no_plot else pyplot()
     if plt is not None:
         written.append(save_figure(draw(plt, data), args.out, name))

@@ -52,6 +52,22 @@ async def timed_out(comm: ac.Communicator) -> None:
     assert (x == comm.size * (comm.size + 1) / 2).all()
 
 
+async def complex_order_refused(comm: ac.Communicator) -> None:
+    """MAX of complex numbers is refused on every rank before anything is sent; an op named
+    in capitals then reduces."""
+    tag = 1000 * 4096 + 8192
+    try:
+        await coll.allreduce(comm, np.ones(4, np.complex128), op="MAX", tag=tag)
+    except TypeError as exc:
+        assert "complex numbers have no order" in str(exc), exc
+    else:
+        raise AssertionError("MAX of complex numbers was not refused")
+    assert comm.statistics().pending_ops == 0
+    x = np.full(4, comm.rank + 1.0)
+    await coll.allreduce(comm, x, op="MAX", tag=tag, timeout=20.0)
+    assert (x == comm.size).all()
+
+
 def main() -> int:
     if not ac.launched_by_mpi():
         sys.stderr.write("run under mpiexec: mpiexec -n N python -m tests.collectives."
@@ -73,6 +89,11 @@ def main() -> int:
             await timed_out(comm)
         except Exception as exc:
             failures.append(f"timeout case on rank {comm.rank}: {exc!r}")
+            traceback.print_exc()
+        try:
+            await complex_order_refused(comm)
+        except Exception as exc:
+            failures.append(f"complex order case on rank {comm.rank}: {exc!r}")
             traceback.print_exc()
         return failures
 

@@ -43,8 +43,13 @@ BAD: list[tuple[str, Call, type[Exception], str]] = [
      "allreduce: unknown reduction op 'add'"),
     ("op type", lambda c: coll.reduce(c, _f(), _f(), op=np.add, tag=0), TypeError,
      "reduce: op must be"),
-    ("op case", lambda c: coll.allreduce(c, _f(), op="SUM", tag=0), ValueError,
-     "allreduce: unknown reduction op"),
+    ("complex max", lambda c: coll.allreduce(c, _f(np.complex128), op="MAX", tag=0),
+     TypeError, "allreduce: MAX cannot reduce dtype complex128: complex numbers have no order"),
+    ("complex min", lambda c: coll.reduce(c, _f(np.complex64), _f(np.complex64), op=ac.MIN,
+                                          tag=0), TypeError, "reduce: MIN cannot reduce"),
+    ("complex max rows", lambda c: coll.reduce_scatter(
+        c, _f(np.complex64, (c.size, 4)), _f(np.complex64), op="max", tag=0), TypeError,
+     "reduce_scatter: MAX cannot reduce dtype complex64"),
     ("not an array", lambda c: coll.allreduce(c, [1, 2], tag=0), TypeError,
      "allreduce: sendbuf must be a numpy array"),
     ("shape", lambda c: coll.allreduce(c, _f(), _f(shape=(3,)), tag=0), ValueError,
@@ -113,10 +118,28 @@ async def test_bad_argument_raises_on_every_rank_before_sending(
 def test_ops_resolve_from_names_and_members() -> None:
     assert resolve_op("max", "x") is MAX is ReduceOp.MAX
     assert [resolve_op(o.value, "x") for o in ReduceOp] == list(ReduceOp)
-    with pytest.raises(ValueError, match="x: unknown reduction op 'Max'"):
-        resolve_op("Max", "x")
+    assert [resolve_op(n, "x") for n in ("SUM", "Max", "pRoD", "min")] == [
+        ReduceOp.SUM, MAX, ReduceOp.PROD, ReduceOp.MIN]
+    with pytest.raises(ValueError, match="x: unknown reduction op 'Maximum'"):
+        resolve_op("Maximum", "x")
     with pytest.raises(TypeError, match="x: op must be"):
         resolve_op(None, "x")
+
+
+async def test_op_names_in_any_case_reduce() -> None:
+    async with asyncio.timeout(10), ac.open_world(3) as world:
+        async def one(comm: ac.Communicator) -> list[float]:
+            out = []
+            for name in ("MAX", "Min", "SUM"):
+                x = np.full(2, comm.rank + 1.0)
+                await coll.allreduce(comm, x, op=name, tag=0)
+                out.append(float(x[0]))
+            z = np.full(2, 1 + 1j * comm.rank)  # SUM and PROD reduce complex numbers
+            await coll.allreduce(comm, z, op="SUM", tag=0)
+            return [*out, complex(z[0]).imag]
+
+        got = await asyncio.gather(*(one(c) for c in world.comms))
+    assert got == [[3.0, 1.0, 6.0, 3.0]] * 3
 
 
 def test_bool_reduces_with_numpy_meaning() -> None:

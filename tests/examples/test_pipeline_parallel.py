@@ -119,9 +119,46 @@ def test_cluster_flags_are_refused_under_an_mpi_launcher(
     monkeypatch.setattr(ac, "mpi_world_size", lambda: 4)
     with pytest.raises(SystemExit, match="in-process only"):
         config(parse_args(["--stages", "2", "--cluster", "ascend910b"]))
-    with pytest.raises(SystemExit, match="need 6 processes"):
+    with pytest.raises(SystemExit, match="--stages 3 --replicas 2 does not fit the 4 "):
         config(parse_args(["--stages", "3", "--replicas", "2"]))
     assert config(parse_args(["--stages", "2", "--wall"])).replicas == 2
+
+
+@pytest.mark.parametrize(("processes", "flags", "grid"), [
+    (2, [], (2, 1)), (3, [], (3, 1)), (4, [], (4, 1)), (6, [], (3, 2)), (8, [], (4, 2)),
+    (4, ["--replicas", "2"], (2, 2)), (6, ["--stages", "2"], (2, 3))])
+def test_the_grid_fits_the_launcher_by_default(monkeypatch: pytest.MonkeyPatch, processes: int,
+                                               flags: list[str], grid: tuple[int, int]) -> None:
+    monkeypatch.setattr(ac, "mpi_world_size", lambda: processes)
+    cfg = config(parse_args(flags))
+    assert (cfg.stages, cfg.replicas) == grid
+
+
+def test_in_one_process_the_grid_is_four_by_two() -> None:
+    cfg = config(parse_args([]))
+    assert (cfg.stages, cfg.replicas) == (4, 2)
+
+
+def _mpiexec(n: int, *flags: str) -> subprocess.CompletedProcess[str]:
+    cmd = [str(MPIEXEC), "-n", str(n), sys.executable, "examples/pipeline_parallel.py", *flags]
+    env = {k: v for k, v in os.environ.items()  # not a launcher's, if pytest runs under one
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv")
+@pytest.mark.skipif(ac.launched_by_mpi(), reason="this test starts mpiexec itself")
+def test_two_processes_run_with_no_flags_and_a_misfit_is_said_once() -> None:
+    proc = _mpiexec(2, "--steps", "2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = result_line(proc.stdout)
+    assert (result["stages"], result["replicas"]) == ("2", "1")
+    proc = _mpiexec(2, "--stages", "4", "--steps", "2")
+    assert proc.returncode != 0
+    assert proc.stderr.count("--stages 4 does not fit the 2 processes mpiexec started: "
+                             "pass --stages P and --replicas R with P x R = 2") == 1, proc.stderr
+    assert "replicas need" not in proc.stderr  # no rank goes on to fail on its own
 
 
 def test_script_prints_the_result_line() -> None:

@@ -41,9 +41,27 @@ def test_info_shows_lifecycle_events_only(monkeypatch: pytest.MonkeyPatch,
     assert "comm.opened" in err and "comm.closed" in err and "p2p.done" not in err
 
 
-def test_a_bad_debug_level_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ASYNCCOMM_DEBUG", "loud")
-    with pytest.raises(ValueError, match="ASYNCCOMM_DEBUG"):
+@pytest.mark.parametrize("value", ["1", "true", "YES", " on "])
+def test_a_flag_value_means_info(monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str], value: str) -> None:
+    monkeypatch.setenv("ASYNCCOMM_DEBUG", value)
+    ac.run(_one_message, 2)
+    err = capsys.readouterr().err
+    assert "comm.opened" in err and "p2p.done" not in err
+
+
+@pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
+def test_an_off_value_is_silent(monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str], value: str) -> None:
+    monkeypatch.setenv("ASYNCCOMM_DEBUG", value)
+    ac.run(_one_message, 2)
+    assert "comm.opened" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["loud", "2", "verbose"])
+def test_a_bad_debug_level_is_refused(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("ASYNCCOMM_DEBUG", value)
+    with pytest.raises(ValueError, match="ASYNCCOMM_DEBUG=.*'info' or 'debug'.*1/true"):
         ac.run(_one_message, 2)
 
 

@@ -1,0 +1,49 @@
+"""The MPI benchmarks judge the targets of DESIGN §7, on figures given here (no timing):
+one-way 8 B latency against the asyncio floor of the same run, bandwidth against raw
+mpi4py (0.9x at 1 MiB, 0.95x at 16 and 256 MiB), the ring against raw mpi4py (3x) where
+the ranks outnumber the cores."""
+
+from __future__ import annotations
+
+from benchmarks import mpi_p2p, mpi_ring
+from benchmarks._common import MiB
+
+US = 1e-6
+
+
+def _latency(floor_us: float, ac_us: float) -> mpi_p2p.Row:
+    return mpi_p2p.Row("latency", 8, 100, raw=[1.8 * US] * 3, asynccomm=[ac_us * US] * 3,
+                       floor=[floor_us * US] * 3)
+
+
+def _bandwidth(nbytes: int, share: float) -> mpi_p2p.Row:
+    return mpi_p2p.Row("bandwidth", nbytes, 10, raw=[1.0] * 3, asynccomm=[1.0 / share] * 3)
+
+
+def _verdicts(rows: list[mpi_p2p.Row]) -> dict[str, bool]:
+    return {c["what"]: c["passed"] for c in mpi_p2p.checks(rows)}
+
+
+def test_latency_is_judged_against_the_asyncio_floor_of_the_same_run() -> None:
+    # 5 us is past any absolute figure, but within 1.5x of a slow run's floor
+    assert _verdicts([_latency(floor_us=3.5, ac_us=5.0)]) == {"one-way 8 B latency": True}
+    assert _verdicts([_latency(floor_us=2.0, ac_us=3.2)]) == {"one-way 8 B latency": False}
+
+
+def test_bandwidth_targets_by_size() -> None:
+    rows = [_bandwidth(MiB, 0.91), _bandwidth(4 * MiB, 0.5), _bandwidth(16 * MiB, 0.93),
+            _bandwidth(64 * MiB, 0.5), _bandwidth(256 * MiB, 0.96)]
+    assert _verdicts(rows) == {"bandwidth 1 MiB": True, "bandwidth 16 MiB": False,
+                               "bandwidth 256 MiB": True}  # 4 and 64 MiB: not judged
+
+
+def test_the_ring_is_judged_against_raw_where_ranks_outnumber_cores() -> None:
+    row = mpi_ring.RingRow(8192, 100, raw=[10 * US] * 3, asynccomm=[29 * US] * 3,
+                           floor=[12 * US] * 3)
+    slow = mpi_ring.RingRow(8192, 100, raw=[10 * US] * 3, asynccomm=[31 * US] * 3,
+                            floor=[12 * US] * 3)
+    idle = [mpi_ring.IdleRow(cpu_share=[0.01, 0.01, 0.01], wake_ms=[0.2, 0.2, 0.2])]
+    for crowded in (True, False):
+        ring = [c for c in mpi_ring.checks([row, slow], idle, crowded) if "ring" in c["what"]]
+        assert [c["passed"] for c in ring] == [True, False]
+        assert all(c["binding"] is crowded for c in ring)
