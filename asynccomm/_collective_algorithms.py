@@ -19,6 +19,9 @@ withdrawn) before an error or cancellation leaves the call.
 Rule 4 (non-powers of two).  Recursive doubling folds the first ``2 * rem`` ranks in pairs
 (each even rank hands its data to the odd one above it and waits), runs on the remaining
 power of two, and unfolds the result back to the even ranks.
+Rule 5 (whole blocks).  Every recv must receive exactly its block: a shorter message
+(the sender's array is smaller) fails the call with a ``MatchError``, as a longer one
+(``TruncationError``) or one of another dtype (``DTypeMismatchError``) already does.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ._exceptions import MatchError
 from ._reduce_ops import ReduceOp
 from ._request import Request, wait_any
 
@@ -60,6 +64,7 @@ class Exchange:
         self.size = comm.size
         self.tag = tag
         self._live: list[Request] = []
+        self._counts: dict[Request, int] = {}  # what each recv must receive, exactly
         self.pending_at_withdrawal: list[Request] = []
 
     def send(self, buf: Array, dst: int, offset: int = 0) -> Request:
@@ -70,6 +75,7 @@ class Exchange:
     def recv(self, buf: Array, src: int, offset: int = 0) -> Request:
         req = self.comm.irecv(buf, src, self.tag + offset)
         self._live.append(req)
+        self._counts[req] = buf.size
         return req
 
     async def wait(self, *reqs: Request) -> None:
@@ -88,11 +94,25 @@ class Exchange:
                         raise exc
                     if r.cancelled():
                         raise asyncio.CancelledError(f"{r!r} was cancelled")
+                    self._check_count(r)
             pending = [r for r in pending if not r.done()]
             if not pending:
                 break
             await wait_any(pending)
         self._live = [r for r in self._live if not r.done()]
+
+    def _check_count(self, req: Request) -> None:
+        """A recv of a collective takes a whole block: a shorter message means the sender
+        passed a smaller array (Rule 5)."""
+        want = self._counts.pop(req, None)
+        status = req.status
+        if want is None or status is None or status.count == want:
+            return
+        raise MatchError(
+            f"rank {self.rank}: rank {status.source} sent {status.count} elements where "
+            f"{want} were expected: its buffer is smaller than this rank's", rank=self.rank,
+            source=status.source, tag=status.tag, nbytes=status.nbytes,
+            capacity=req.nbytes, send_dtype="", recv_dtype="")
 
     async def exchange(self, sendbuf: Array, dst: int, recvbuf: Array, src: int,
                        offset: int = 0) -> None:

@@ -23,12 +23,19 @@ own; the caller's output buffer is written only once the call has succeeded, in 
 at its end.  So a call that raises (timeout, cancellation, a failed peer) leaves every
 buffer it was given exactly as it was, in place ones included: the input is still there
 to retry with.  The price is one extra array of the output's size while the call runs.
+Rule 7 (alike on every rank).  Every rank must pass the same collective, algorithm, root
+and op, and blocks of the same shape and dtype.  The first four set where in its tag block
+the call's messages go (``_signature``), so ranks that differ never pair their messages:
+they fail by their timeout (or as a deadlock) instead of computing with each other's
+data; a block of another size or dtype fails the recv that meets it with a ``MatchError``
+(Rule 3), a shorter one included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -144,9 +151,10 @@ def _choose(where: str, choose: object, nbytes: int, size: int) -> str:
 # -- running ------------------------------------------------------------------------------------
 
 async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None,
-               body: Callable[[Exchange], Awaitable[None]]) -> None:
-    """Run ``body`` (Rules 3 and 4)."""
-    ex = Exchange(comm, tag)
+               body: Callable[[Exchange], Awaitable[None]], sign: object = None) -> None:
+    """Run ``body`` (Rules 3, 4 and 7); ``sign``: the arguments every rank must pass alike
+    that the sizes of its messages do not show (a root, an op)."""
+    ex = Exchange(comm, tag + _signature(where, algo, sign))
     note = (f"during {where} ({algo}, tags {tag}..{tag + TAG_SPAN - 1}) on rank {comm.rank} "
             f"of {comm.size}")
     try:
@@ -176,6 +184,12 @@ async def _guarded(ex: Exchange, body: Callable[[Exchange], Awaitable[None]]) ->
     except BaseException:
         await ex.withdraw()
         raise
+
+
+def _signature(where: str, algo: str, sign: object) -> int:
+    """The call's offset in its tag block (Rule 7): the same on every rank that passed the
+    same collective, algorithm, root and op; most likely another where one differs."""
+    return 3 * (zlib.crc32(f"{where}|{algo}|{sign}".encode()) % (TAG_SPAN // 3))
 
 
 def _noted(exc: AsyncCommError, note: str, where: str) -> AsyncCommError:
@@ -223,7 +237,7 @@ async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float 
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["bcast"][algo](ex, _flat(work), r)
 
-    await _run("bcast", algo, c, t, limit, body)
+    await _run("bcast", algo, c, t, limit, body, r)
     if work is not b:
         b[...] = work
 
@@ -256,7 +270,7 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["reduce"][algo](ex, acc, o, r)
 
-    await _run("reduce", algo, c, t, limit, body)
+    await _run("reduce", algo, c, t, limit, body, (r, o))
     if out is not None:
         _flat(out)[...] = acc
 
@@ -288,7 +302,7 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["allreduce"][algo](ex, work, o)
 
-    await _run("allreduce", algo, c, t, limit, body)
+    await _run("allreduce", algo, c, t, limit, body, o)
     _flat(out)[...] = work
 
 
@@ -338,7 +352,7 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("reduce_scatter", algo, c, t, limit,
-               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o))
+               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o), o)
     out[...] = work
 
 
@@ -362,7 +376,7 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
     work = None if out is None else np.empty_like(out)  # (Rule 6)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
-        ex, _flat(s), None if work is None else _flat(work), r))
+        ex, _flat(s), None if work is None else _flat(work), r), r)
     if out is not None:
         out[...] = work
 
@@ -387,7 +401,7 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](
-        ex, None if s is None else _flat(s), _flat(work), r))
+        ex, None if s is None else _flat(s), _flat(work), r), r)
     out[...] = work
 
 

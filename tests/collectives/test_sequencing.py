@@ -258,3 +258,48 @@ async def test_dup_cancelled_before_it_ran_fails_everywhere_and_the_next_works()
         x = [np.full(2, c.rank, np.int64) for c in subs]
         await asyncio.gather(*(c.allreduce(v) for c, v in zip(subs, x, strict=True)))
         assert all((v == 1).all() for v in x)
+
+
+# -- arguments that differ between ranks ---------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring"])
+def test_blocks_of_another_size_fail_the_call_on_every_rank(algorithm: str) -> None:
+    async def body(world: ac.World) -> None:
+        xs = [np.ones(6 + c.rank, np.int64) for c in world.comms]
+        got = await asyncio.gather(*(c.allreduce(x, timeout=1, algorithm=algorithm)
+                                     for c, x in zip(world.comms, xs, strict=True)),
+                                   return_exceptions=True)
+        assert all(isinstance(g, ac.MatchError | ac.CommTimeoutError) for g in got), got
+        assert any(isinstance(g, ac.MatchError) for g in got), got
+        assert all((x == 1).all() for x in xs)
+        await sums_are_right(world)
+
+    virtual(2, body)
+
+
+@pytest.mark.parametrize("what", ["op", "root"])
+def test_ranks_that_pass_another_op_or_root_never_compute_with_each_other(what: str) -> None:
+    """Rank 1 passes another op (or root): the root's messages and rank 1's never pair, so
+    no rank computes with data meant for another call; those that wait time out."""
+    async def body(world: ac.World) -> None:
+        async def one(comm: ac.Communicator) -> Any:
+            x = np.full(4, comm.rank + 2, np.int64)
+            out = np.full(4, -1, np.int64)
+            op = "max" if what == "op" and comm.rank == 1 else "sum"
+            root = 1 if what == "root" and comm.rank == 1 else 0
+            try:
+                await comm.reduce(x, out if comm.rank == root else None, op, root=root,
+                                  timeout=1)
+            except ac.CommTimeoutError as exc:
+                assert (out == -1).all()
+                return exc
+            return out
+
+        got = await asyncio.gather(*(one(c) for c in world.comms))
+        assert isinstance(got[0], ac.CommTimeoutError), got  # rank 0 waits for its children
+        if what == "root":  # so does rank 1, a root of its own: no message pairs with it
+            assert isinstance(got[1], ac.CommTimeoutError), got
+        for g in got:  # no rank reports a reduced result
+            assert isinstance(g, ac.CommTimeoutError) or (g == -1).all(), got
+
+    virtual(3, body)
