@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from asyncio.events import _get_running_loop
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -519,6 +520,9 @@ def _configure_lane() -> tuple[Any, Any]:
     try:
         _configure(LANE)
     except (TypeError, KeyError, AttributeError) as exc:
+        if os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0"):
+            raise ImportError(f"asynccomm's C lane does not fit this version ({exc}) and "
+                              "ASYNCCOMM_REQUIRE_NATIVE is set: rebuild it") from exc
         import warnings
 
         warnings.warn(f"asynccomm's C lane does not fit this version ({exc}); rebuild it "

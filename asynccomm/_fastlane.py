@@ -67,6 +67,12 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
         except ImportError:
             pass
 
+if (LANE is None and os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0")
+        and os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0")):
+    raise ImportError("ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm's C extensions "
+                      "(_speedups, _lane) are not built: install with a C compiler "
+                      "(pip install -e .) and read the build's errors")
+
 #: True when the C accelerator is in use.
 ACCELERATED: Final = copy is not None
 #: Which fast lane runs, as the ``comm.opened`` log event says it.

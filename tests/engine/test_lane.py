@@ -203,8 +203,12 @@ def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
             raise TypeError("<class 'Request'>.array is not a slot")
 
         monkeypatch.setattr(_communicator, "_configure", stale)
+        monkeypatch.delenv("ASYNCCOMM_REQUIRE_NATIVE", raising=False)
         with pytest.warns(RuntimeWarning, match="rebuild it"):
             assert _communicator._configure_lane() == (None, None)
+        monkeypatch.setenv("ASYNCCOMM_REQUIRE_NATIVE", "1")  # CI: refused, not a warning
+        with pytest.raises(ImportError, match="rebuild it"):
+            _communicator._configure_lane()
     finally:
         monkeypatch.undo()
         _communicator._configure(LANE)
