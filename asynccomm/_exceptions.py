@@ -51,7 +51,7 @@ class AsyncCommError(Exception):
 
 def _rebuild(cls: type[AsyncCommError], args: tuple[Any, ...],
              state: dict[str, Any]) -> AsyncCommError:
-    exc = Exception.__new__(cls)
+    exc = cls.__new__(cls, *args)  # (the class's own: OSError's for CommTimeoutError)
     exc.args = args
     exc.__dict__.update(state)
     return exc

@@ -228,3 +228,24 @@ def test_fields_of_errors_the_in_process_world_cannot_raise_yet() -> None:
 
     broken = ac.CommBrokenError("peer died", rank=0, peer=3)
     assert (broken.rank, broken.peer) == (0, 3)
+
+
+def test_every_error_survives_pickling_with_its_fields() -> None:
+    """Errors cross processes (MPI dumps, a rank's failure reported to its peers,
+    ``multiprocessing``): pickled and back, each keeps its type, message and fields."""
+    import pickle
+
+    errors = [
+        ac.CommClosedError("closed", rank=1),
+        ac.CommBrokenError("broken", rank=1, peer=2),
+        ac.TruncationError("t", rank=0, source=1, tag=2, nbytes=8, capacity=4,
+                           send_dtype="<i8", recv_dtype="<i8"),
+        ac.DTypeMismatchError("d", rank=0, source=1, tag=2, nbytes=8, capacity=8,
+                              send_dtype="<i8", recv_dtype="<f8"),
+        ac.CommTimeoutError("late", rank=0, op="recv", peer=1, tag=3, timeout=1.5),
+        ac.TransportError("mpi failed", rank=0),
+    ]
+    for exc in errors:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert back.__dict__ == exc.__dict__, (back.__dict__, exc.__dict__)
