@@ -201,6 +201,9 @@ class _LocalFamily:
                              f"(inside a collective){self._where(rank, size)}"),
                 default_timeout=member._default_timeout, device=member.device, family=self)
             private._engine.private = True
+            # One staging pool per rank and group: what its objects' buffers and its
+            # collectives stage counts against the same ``pool_bytes`` as its messages.
+            private._engine.pool = member._engine.pool
             if self.sink is not None:
                 private._engine.tracer = self.sink.rank(
                     rank, label=_trace.join(self.label, "collectives"),
