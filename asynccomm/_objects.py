@@ -38,7 +38,7 @@ import numpy as np
 
 from ._core.matching import OBJECT_DTYPE
 from ._core.states import Kind
-from ._exceptions import CommTimeoutError, DTypeMismatchError
+from ._exceptions import CommClosedError, CommTimeoutError, DTypeMismatchError
 from ._groups import OBJECT_TAGS
 from ._request import Request, TaskRequest, defer_cancellation, settle
 from ._types import ANY_SOURCE, ANY_TAG, Status
@@ -146,7 +146,7 @@ class ObjectsMixin:
         await header  # cancelled or timed out before it was done: withdrawn, nothing sent
         if not buffers:
             return
-        private = self._private()
+        private = self._parts_context()
         left = None if deadline is None else max(0.0, deadline - self._loop.time())
         parts = [_part(private, Kind.SEND, dst, parts_tag, np.frombuffer(buf, np.uint8), left)
                  for buf in buffers]
@@ -165,6 +165,17 @@ class ObjectsMixin:
             "had not been received; the object was abandoned and the receiver's recv_obj "
             "fails with CommTimeoutError too", rank=self.rank, op="send", peer=dst, tag=tag,
             timeout=limit or 0.0)
+
+    def _parts_context(self) -> Communicator:
+        """The private context that carries the buffers of this rank's objects.
+
+        Raises:
+            CommClosedError: this communicator closed after the object's header was done.
+        """
+        if self._engine.closed:
+            raise CommClosedError(f"rank {self.rank}'s communicator was closed with an "
+                                  "object in flight", rank=self.rank)
+        return self._private()
 
     async def recv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                        timeout: float | None = None) -> tuple[Any, Status]:
@@ -221,7 +232,7 @@ class ObjectsMixin:
         data = raw[_HEAD.size + 8 * n:]
         buffers = [np.empty(size, np.uint8) for size in sizes]
         if buffers:
-            private = self._private()
+            private = self._parts_context()
             parts = [_part(private, Kind.RECV, status.source, parts_tag, buf, None)
                      for buf in buffers]
             await _committed(parts)
@@ -264,8 +275,16 @@ def _part(private: Communicator, kind: Kind, peer: int, tag: int,
 
 def _post(private: Communicator, kind: Kind, peer: int, tag: int, buf: np.ndarray[Any, Any],
           dtype: str, timeout: float | None = None) -> Request:
-    """Post one op of an object's protocol on the private context."""
+    """Post one op of an object's protocol on the private context.
+
+    Raises:
+        CommClosedError: this rank's communicator closed after the object's header was
+            done (nothing is posted: no peer could ever complete it).
+    """
     engine = private._engine
+    if engine.closed:
+        raise CommClosedError(f"rank {engine.rank}'s communicator was closed with an object "
+                              "in flight", rank=engine.rank)
     req = Request(engine, kind, peer, tag, None, buf.nbytes, buf.size, dtype,
                   engine.default_stream, timeout, buf)
     engine.default_stream._submit(req)

@@ -215,11 +215,36 @@ async def flight_record_shows_object_buffers(comm: ac.Communicator) -> None:
     await still_works(comm)
 
 
+async def close_after_the_header(comm: ac.Communicator) -> None:
+    """A rank that closes its communicator once its recv_obj took a header: the object
+    finishes (on MPI the close waits for its peers, and the buffers move meanwhile) or
+    fails, CommClosedError for the recv_obj, CommBrokenError for the send; nothing is
+    left posted on the closed communicator, where no peer could complete it."""
+    if comm.rank == 0:
+        try:
+            await comm.send_obj(big(11), 1, 11)
+        except ac.CommBrokenError:
+            pass
+        return
+    req = comm.irecv_obj(0, 11)
+    await req._first
+    await comm.aclose()
+    try:
+        obj, _ = await req
+    except ac.CommClosedError:
+        pass
+    else:
+        check(intact(obj, 11), f"got {obj!r}")
+    private = comm._private_comm
+    check(private is None or private.statistics().pending_ops == 0,
+          "an object buffer left posted")
+
+
 CASES: dict[str, Callable[[ac.Communicator], Awaitable[None]]] = {
     f.__name__: f for f in (timeout_abandons, timeout_spares_a_delivered_object,
                             cancel_after_match_is_refused, cancel_before_match_withdraws,
                             recv_new_never_takes_an_object,
-                            flight_record_shows_object_buffers)
+                            flight_record_shows_object_buffers, close_after_the_header)
 }
 
 
