@@ -9,6 +9,7 @@ message costs one object.  Its state moves only through ``_core.states`` (the en
 from __future__ import annotations
 
 import asyncio
+import weakref
 from asyncio.events import _get_running_loop
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from ._flight import FlightRecorder
     from ._stream import Stream
 
-__all__ = ["Owner", "Request", "TaskRequest", "defer_cancellation", "settle", "wait_all",
-           "wait_any"]
+__all__ = ["Owner", "Request", "TaskRequest", "awaiting", "defer_cancellation", "settle",
+           "wait_all", "wait_any"]
 
 SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
@@ -366,9 +367,15 @@ class TaskRequest:
 
     async def _wait(self) -> Any:
         task = self._task
+        if task.done():
+            return task.result()
+        fut = task.get_loop().create_future()
+        self._add_waiter(fut)  # (a future the hang proof knows: see ``awaiting``)
         try:
-            return await asyncio.shield(task)
+            await fut
+            return task.result()
         except asyncio.CancelledError as exc:
+            self._discard_waiter(fut)
             if not task.done():
                 self._ask_withdrawal()
                 while not task.done():
@@ -390,8 +397,10 @@ class TaskRequest:
                 waiter.set_result(None)
         self._waiters[waiter] = wake
         self._task.add_done_callback(wake)
+        _AWAITING.add(waiter.fut if isinstance(waiter, _Countdown) else waiter)
 
     def _discard_waiter(self, waiter: Any) -> None:
+        _AWAITING.discard(waiter.fut if isinstance(waiter, _Countdown) else waiter)
         wake = self._waiters.pop(waiter, None)
         if wake is not None:
             self._task.remove_done_callback(wake)
@@ -400,6 +409,17 @@ class TaskRequest:
         if not self._task.done():  # withdrawn: its body has yet to see it
             raise asyncio.CancelledError(f"{self!r} was cancelled")
         return self._task.result()
+
+
+#: The futures that tasks await until a ``TaskRequest`` finishes (its own ``await``, and
+#: ``wait_all``/``wait_any``): only that request's task resolves them.
+_AWAITING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def awaiting() -> list[Any]:
+    """The futures some task awaits until a ``TaskRequest`` finishes (the hang proof
+    follows them to that request's task, which it checks in turn)."""
+    return [f for f in _AWAITING if not f.done()]
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:

@@ -300,6 +300,14 @@ def run_failing(name: str, **env: Any) -> str:
     return f"raised {raised}; rank 0 {outcome[0] if outcome else 'none'}"
 
 
+async def deadlock(comm: ac.Communicator) -> None:
+    """Rank 0's object waits for rank 1, which waits for a message rank 0 never sends."""
+    if comm.rank == 0:
+        await comm.send_obj(big(12), 1, 12)
+    else:
+        await comm.recv(np.zeros(1), 0, 50)
+
+
 ENVS: dict[str, dict[str, Any]] = {"asyncio": {"loop": "asyncio"},
                                    "uvloop": {"loop": "uvloop"},
                                    "virtual": {"clock": "virtual"}}
@@ -313,6 +321,12 @@ def main() -> int:
     env = {} if ac.launched_by_mpi() else ENVS[args.env]
     failed = 0
     for name in args.cases or list(CASES):
+        if name == "deadlock":
+            try:
+                ac.run(deadlock, world_size=2, **env)
+            except Exception as exc:  # reported
+                sys.stdout.write(f"deadlock: raised {type(exc).__name__}: {exc}\n")
+            continue
         if name in FAILING:
             sys.stdout.write(f"{name}: {run_failing(name, **env)}\n")
             continue

@@ -117,3 +117,15 @@ def test_staged_objects_respect_the_pool_bound(env: str) -> None:
 
     peak = ac.run(bounded(_flood, 20.0), world_size=2, pool_bytes=POOL, **ENVS[env])[1]
     assert 0 < peak <= POOL
+
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+def test_a_deadlock_on_an_objects_buffers_is_proven_and_named(env: str) -> None:
+    """The deadlock proof follows a task awaiting an object to the object's own task: the
+    world fails with DeadlockError, which names the object's pending buffer (a
+    subprocess, as the program has no bound of its own: a timer would defeat the proof)."""
+    proc = _run(sys.executable, "-m", "tests.engine.objects_cases", "--env", env, "deadlock")
+    assert proc.returncode == 0, _output(proc)
+    assert proc.stdout.startswith("deadlock: raised DeadlockError: "), _output(proc)
+    assert "a buffer of an object" in proc.stdout and "262144 B" in proc.stdout, _output(proc)
