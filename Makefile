@@ -70,9 +70,11 @@ test-mpi: $(STAMP)
 STRESS ?= 2000
 test-stress: $(STAMP)
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(PY) -m pytest -q --timeout 3600 \
-		tests/transports/test_conservation.py
+		tests/transports/test_conservation.py tests/engine/test_objects_programs.py
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
 		tests.transports.mpi_conservation_runner
+	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
+		tests.engine.mpi_objects_runner
 
 # Every benchmark runs; the target fails (non-zero) if any of them missed a target.
 bench: $(STAMP)

@@ -21,7 +21,7 @@ from ._collective_api import CollectivesMixin
 from ._core.states import DONE, Kind
 from ._exceptions import CommClosedError
 from ._fastlane import LANE, inspect
-from ._groups import Family, GroupsMixin
+from ._groups import OBJECT_TAGS, Family, GroupsMixin
 from ._objects import ObjectsMixin
 from ._options import check_timeout
 from ._request import Request
@@ -425,9 +425,15 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         pending ones: dicts with ``op``, ``peer``, ``tag``, ``nbytes``, ``stream``,
         ``state`` (done, cancelled, timed out, failed; pending: queued, posted, matched)
         and the ``post``, ``match`` and ``finish`` times (seconds since the world opened,
-        model time on the virtual clock; None where unknown).  Always on."""
+        model time on the virtual clock; None where unknown).  Always on.  The pending
+        ones include the buffers of objects in flight (on the private context, each on its
+        object's own tag, from ``OBJECT_TAGS``)."""
         engine = self._engine
-        return engine.flight.dicts(self.rank, engine.live_requests())
+        pending = engine.live_requests()
+        private = self._private_comm
+        if private is not None:
+            pending += [r for r in private._engine.live_requests() if r.tag >= OBJECT_TAGS]
+        return engine.flight.dicts(self.rank, pending)
 
     def model_time(self) -> float:
         """Model seconds since the world opened: the virtual clock, or wall time divided

@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any, Final
 from ._core.states import ACTIVE, Kind
 from ._exceptions import DeadlockError
 from ._flight import format_dump
+from ._groups import OBJECT_TAGS
 from ._logging import NullLogger
 from ._options import seconds_from_env
-from ._request import _Countdown
+from ._request import _Countdown, awaiting
 from ._types import ANY_SOURCE
 
 if TYPE_CHECKING:
@@ -136,14 +137,21 @@ def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
     return format_dump(ranks, last=last)
 
 
+def _where(e: DeviceEngine, req: Any) -> str:
+    """Where an op is, for people: its communicator, or an object's buffers."""
+    if e.private and req.tag >= OBJECT_TAGS:
+        return "(a buffer of an object, send_obj/recv_obj)"
+    return e.context
+
+
 def deadlock_error(engines: Sequence[DeviceEngine]) -> DeadlockError | None:
     """The error for a world whose ranks can never be woken; None if nothing is pending."""
     pending: dict[int, list[str]] = {}
     for e in engines:
         if e.pending_ops:
-            where = e.context
             pending.setdefault(e.world_rank, []).extend(
-                e.describe_all() if not where else [f"{op} {where}" for op in e.describe_all()])
+                f"{op} {where}" if (where := _where(e, r)) else op
+                for r, op in zip(e.live_requests(), e.describe_all(), strict=True))
     if not pending:
         return None
     lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
@@ -283,6 +291,7 @@ def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
         for stream in list(e._streams):
             for event in stream._events:
                 out.update(event._waiters)
+    out.update(awaiting())  # resolved by an object's task, which is checked in turn
     return out
 
 

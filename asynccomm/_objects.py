@@ -5,17 +5,24 @@ bytes-like objects that offer them) travel out of band, as messages of their own
 are never copied into the pickle.  Everything else travels in the object's header.
 Rule 2: the header is one message on the communicator itself, matched like any other (by
 source and tag, wildcards included, in order).  Its dtype is ``OBJECT_DTYPE`` (bytes of a
-kind no array recv takes), so an array recv never takes an object and ``recv_obj`` never
-takes an array: each fails with ``DTypeMismatchError`` and the message waits for the right
-recv.  The out-of-band buffers follow on the private context, on a tag the header names
-(unique to the object), so they never match anything else.
+kind no array recv takes, not even ``recv_new``), so an array recv never takes an object
+and ``recv_obj`` never takes an array: each fails with ``DTypeMismatchError`` and the
+message waits for the right recv.  The out-of-band buffers follow on the private context,
+on a tag the header names (unique to the object), so they never match anything else.
 Rule 3: the buffers are sent only once the header is done (taken or staged at its
-destination, when it can no longer be withdrawn); from then on the object is committed,
-and its buffers wait for the receiver with no timeout (``timeout=`` bounds the header).
-Cancelling or timing out a send before that withdraws the header and nothing else was sent;
-after it, the buffers go all the same and the send reports success (the cancellation is
-delivered at the task's next await), as for any op that completed.  The receiving side is
-the same: once ``recv_obj`` took a header it receives the buffers whatever happens.
+destination, when it can no longer be withdrawn); from then on the object is committed.
+Cancelling or timing out a send before that withdraws the header and nothing else was
+sent.  After it, a cancellation lets the object complete (the send reports success, the
+cancellation being delivered at the task's next await), as for any op that matched; but
+``timeout=`` (or ``ASYNCCOMM_TIMEOUT``) bounds the whole call: the buffers get the time
+left, a buffer that matched finishes, and if one is withdrawn unmatched the object is
+abandoned: the send raises ``CommTimeoutError`` and tells the receiver on the object's
+tag (after the buffers that went), so its ``recv_obj`` raises ``CommTimeoutError`` too
+and takes the notice: nothing is half delivered, nothing stays behind.  The receiving
+side's ``timeout=`` bounds the wait for the header; once ``recv_obj`` took it, the op has
+matched and it receives the buffers (which the sender posts at once), or fails with the
+sender's abandonment or its failure (``CommBrokenError``: the buffers follow the rules of
+any point-to-point op).
 Rule 4: unpickling runs code chosen by the sender.  Receive objects only from peers you
 trust, as with ``pickle`` itself.
 """
@@ -29,8 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._core.matching import OBJECT_DTYPE
 from ._core.states import Kind
-from ._exceptions import DTypeMismatchError
+from ._exceptions import CommClosedError, CommTimeoutError, DTypeMismatchError
 from ._groups import OBJECT_TAGS
 from ._request import Request, TaskRequest, defer_cancellation, settle
 from ._types import ANY_SOURCE, ANY_TAG, Status
@@ -41,8 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OBJECT_DTYPE", "ObjectsMixin"]
 
-#: The dtype name of object headers (numpy's one-byte void).
-OBJECT_DTYPE = "|V1"
 #: magic, the buffers' tag on the private context, the number of buffers; then one size
 #: (8 bytes) per buffer, then the pickle.
 _HEAD = struct.Struct("<4sII")
@@ -100,9 +106,10 @@ class ObjectsMixin:
         Raises:
             TypeError: the object cannot be pickled; bad arguments (nothing is sent).
             ValueError, RuntimeError, CommClosedError: as ``send``.
-            CommBrokenError, CommTimeoutError: as ``send`` (a timeout withdraws the object
-                only while its header has not been taken or staged; after that its buffers
-                wait for the receiver, whatever the timeout).
+            CommBrokenError: as ``send``.
+            CommTimeoutError: ``timeout=`` bounds the whole call: before the header was
+                taken or staged the object is withdrawn; after, the object is abandoned
+                and the receiver's ``recv_obj`` raises ``CommTimeoutError`` too (Rule 3).
         """
         await self.isend_obj(obj, dst, tag, timeout=timeout)
 
@@ -127,17 +134,48 @@ class ObjectsMixin:
         engine = self._engine
         header = Request(engine, Kind.SEND, d, t, memoryview(head), len(head), len(head),
                          OBJECT_DTYPE, engine.default_stream, limit)
+        deadline = None if limit is None else self._loop.time() + limit
         engine.default_stream._submit(header)  # posted now: headers go in call order
-        return TaskRequest(header, lambda: self._send_buffers(header, buffers, d, parts_tag),
+        return TaskRequest(header, lambda: self._send_buffers(header, buffers, d, t, parts_tag,
+                                                              limit, deadline),
                            f"send_obj to {d}")
 
     async def _send_buffers(self, header: Request, buffers: list[memoryview], dst: int,
-                            parts_tag: int) -> None:
+                            tag: int, parts_tag: int, limit: float | None,
+                            deadline: float | None) -> None:
         await header  # cancelled or timed out before it was done: withdrawn, nothing sent
-        if buffers:
-            private = self._private()
-            await _committed([_part(private, Kind.SEND, dst, parts_tag,
-                                    np.frombuffer(buf, np.uint8)) for buf in buffers])
+        if not buffers:
+            return
+        private = self._parts_context()
+        left = None if deadline is None else max(0.0, deadline - self._loop.time())
+        parts = [_part(private, Kind.SEND, dst, parts_tag, np.frombuffer(buf, np.uint8), left)
+                 for buf in buffers]
+        await _committed(parts)
+        failed = [r.exception() for r in parts if r.exception() is not None]
+        if not failed:
+            return
+        if not all(isinstance(e, CommTimeoutError) for e in failed):
+            raise next(e for e in failed if not isinstance(e, CommTimeoutError))  # type: ignore[misc]
+        # Some buffers were withdrawn unmatched: the receiver is told on the object's own
+        # tag, after the buffers that went, and its recv_obj fails too (Rule 3).
+        _post(private, Kind.SEND, dst, parts_tag, np.empty(0, np.uint8), OBJECT_DTYPE)
+        raise CommTimeoutError(
+            f"rank {self.rank}: send_obj to rank {dst} tag {tag} timed out after {limit:g} s: "
+            f"its header was taken or staged, but {len(failed)} of its {len(parts)} buffers "
+            "had not been received; the object was abandoned and the receiver's recv_obj "
+            "fails with CommTimeoutError too", rank=self.rank, op="send", peer=dst, tag=tag,
+            timeout=limit or 0.0)
+
+    def _parts_context(self) -> Communicator:
+        """The private context that carries the buffers of this rank's objects.
+
+        Raises:
+            CommClosedError: this communicator closed after the object's header was done.
+        """
+        if self._engine.closed:
+            raise CommClosedError(f"rank {self.rank}'s communicator was closed with an "
+                                  "object in flight", rank=self.rank)
+        return self._private()
 
     async def recv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                        timeout: float | None = None) -> tuple[Any, Status]:
@@ -152,7 +190,9 @@ class ObjectsMixin:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``recv``.
             DTypeMismatchError: the next fitting message is an array, not an object (it
                 waits for an array recv).
-            CommBrokenError, CommTimeoutError: as ``recv``.
+            CommBrokenError: as ``recv`` (the sender closed or failed mid-object too).
+            CommTimeoutError: ``timeout=`` expired before a header matched, or the sender
+                abandoned the object (its own timeout expired after the header went).
             Exception: whatever unpickling raised (the message was taken).
         """
         result: tuple[Any, Status] = await self.irecv_obj(src, tag, timeout=timeout)
@@ -192,33 +232,71 @@ class ObjectsMixin:
         data = raw[_HEAD.size + 8 * n:]
         buffers = [np.empty(size, np.uint8) for size in sizes]
         if buffers:
-            private = self._private()
-            await _committed([_part(private, Kind.RECV, status.source, parts_tag, buf)
-                              for buf in buffers])
+            private = self._parts_context()
+            parts = [_part(private, Kind.RECV, status.source, parts_tag, buf, None)
+                     for buf in buffers]
+            await _committed(parts)
+            failed = [r.exception() for r in parts if r.exception() is not None]
+            if failed:
+                await self._abandoned(private, failed, status, parts_tag)
         obj = pickle.loads(data, buffers=buffers)
         return obj, Status(status.source, status.tag, status.nbytes + sum(sizes), 1, ())
 
+    async def _abandoned(self, private: Communicator, failed: list[BaseException | None],
+                         status: Status, parts_tag: int) -> None:
+        """Raise the error of an object whose buffers did not all arrive: the sender's
+        failure, or its abandonment (its notice, which the buffers' recvs refused as an
+        object's, is taken here: nothing is left behind).
+
+        Raises:
+            CommTimeoutError: the sender abandoned the object (its timeout expired).
+            CommBrokenError, CommClosedError: the sender or this rank closed.
+        """
+        if not all(isinstance(e, DTypeMismatchError) for e in failed):
+            raise next(e for e in failed if not isinstance(e, DTypeMismatchError))  # type: ignore[misc]
+        notice = _post(private, Kind.RECV, status.source, parts_tag, np.empty(0, np.uint8),
+                       OBJECT_DTYPE)
+        await _committed([notice])
+        raise CommTimeoutError(
+            f"rank {self.rank}: recv_obj from rank {status.source} tag {status.tag}: the "
+            f"sender abandoned the object after its header was taken ({len(failed)} "
+            "buffers were not sent: its send_obj timed out and raised CommTimeoutError); "
+            "nothing was received", rank=self.rank, op="recv", peer=status.source,
+            tag=status.tag, timeout=0.0)
+
 
 def _part(private: Communicator, kind: Kind, peer: int, tag: int,
-          buf: np.ndarray[Any, Any]) -> Request:
-    """Post one buffer of a committed object on the private context, with no timeout (not
-    even ``ASYNCCOMM_TIMEOUT``): once a header is done, its buffers must arrive, or the
-    object would be half delivered (Rule 3)."""
+          buf: np.ndarray[Any, Any], timeout: float | None) -> Request:
+    """Post one buffer of a committed object on the private context: a send with the time
+    its ``send_obj`` has left, if any (Rule 3); a recv with none, not even
+    ``ASYNCCOMM_TIMEOUT``, as for any recv that matched (its header)."""
+    return _post(private, kind, peer, tag, buf, "|u1", timeout)
+
+
+def _post(private: Communicator, kind: Kind, peer: int, tag: int, buf: np.ndarray[Any, Any],
+          dtype: str, timeout: float | None = None) -> Request:
+    """Post one op of an object's protocol on the private context.
+
+    Raises:
+        CommClosedError: this rank's communicator closed after the object's header was
+            done (nothing is posted: no peer could ever complete it).
+    """
     engine = private._engine
-    req = Request(engine, kind, peer, tag, None, buf.nbytes, buf.size, "|u1",
-                  engine.default_stream, None, buf)
+    if engine.closed:
+        raise CommClosedError(f"rank {engine.rank}'s communicator was closed with an object "
+                              "in flight", rank=engine.rank)
+    req = Request(engine, kind, peer, tag, None, buf.nbytes, buf.size, dtype,
+                  engine.default_stream, timeout, buf)
     engine.default_stream._submit(req)
     return req
 
 
 async def _committed(reqs: list[Request]) -> None:
-    """Wait for the buffers of a committed object: a cancellation waits until they are
-    done and is delivered at the task's next await (Rule 3)."""
+    """Wait for the buffers of a committed object, whatever their outcome (the caller
+    reads them): a cancellation waits until they are done and is delivered at the task's
+    next await (Rule 3)."""
     try:
         await settle(reqs)
     except asyncio.CancelledError as exc:
         await settle(reqs, shield=True)
         defer_cancellation(exc)
-    for r in reqs:
-        if r.exception() is not None:
-            raise r.exception()  # type: ignore[misc]

@@ -9,6 +9,7 @@ message costs one object.  Its state moves only through ``_core.states`` (the en
 from __future__ import annotations
 
 import asyncio
+import weakref
 from asyncio.events import _get_running_loop
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from ._flight import FlightRecorder
     from ._stream import Stream
 
-__all__ = ["Owner", "Request", "TaskRequest", "defer_cancellation", "settle", "wait_all",
-           "wait_any"]
+__all__ = ["Owner", "Request", "TaskRequest", "awaiting", "defer_cancellation", "settle",
+           "wait_all", "wait_any"]
 
 SEND: Final = Kind.SEND
 RECV: Final = Kind.RECV
@@ -288,8 +289,9 @@ class TaskRequest:
     first op (the object's header), then a task that finishes the rest.  Await it for its
     result, or pass it to ``wait_all``/``wait_any`` with other requests.  Cancelling it, or
     a task awaiting it, withdraws the first op if it has not matched; once it has, the op
-    completes all the same (and a cancelled awaiting task gets its result, the cancellation
-    being delivered at its next await), as for a single op."""
+    completes (or fails) all the same, ``cancel()`` returns False and a cancelled awaiting
+    task gets its outcome, the cancellation being delivered at its next await, as for a
+    single op."""
 
     __slots__ = ("_cancel_on_start", "_first", "_started", "_task", "_waiters", "_what")
 
@@ -301,6 +303,9 @@ class TaskRequest:
         self._cancel_on_start = False
         self._waiters: dict[Any, Any] = {}
         self._task = first._owner.loop.create_task(self._run(body))
+        # Its outcome is the request's, as a Request's: one never awaited is not logged
+        # as an error never retrieved.
+        self._task.add_done_callback(_retrieved)
 
     async def _run(self, body: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         self._started = True
@@ -320,28 +325,37 @@ class TaskRequest:
 
     def done(self) -> bool:
         """True once the op finished, failed or was cancelled."""
-        return self._task.done()
+        return self._task.done() or self._first._state is CANCELLED
 
     def cancelled(self) -> bool:
-        """True if the op was withdrawn."""
-        return self._task.cancelled()
+        """True if the op was withdrawn (its first op, before it matched)."""
+        return self._task.cancelled() or self._first._state is CANCELLED
 
     def cancel(self) -> bool:
-        """Ask to withdraw the op (see the class docs).
+        """Withdraw the op if its first op has not matched yet, as ``Request.cancel``.
 
         Returns:
-            False if it had finished, else True: it is withdrawn, or it completes if its
-            first op had matched (``cancelled()`` tells which, once it is done).
+            True if it was withdrawn (awaiting it then raises ``CancelledError``); False if
+            its first op had already matched (the op then completes, or fails, as if
+            ``cancel`` had not been called) or finished, or if only its receiver can tell
+            (see ``Request.cancel``; cancelling the task awaiting it asks).
+
+        Raises:
+            RuntimeError: called from another thread or event loop.
         """
-        task = self._task
-        if task.done():
+        if self._task.done():
             return False
+        return self._first.cancel()  # the body, awaiting it, raises CancelledError
+
+    def _ask_withdrawal(self) -> None:
+        """The task awaiting this op was cancelled: withdraw the first op if it has not
+        matched, asking its receiver where only it can tell; once it has matched the op
+        finishes all the same."""
         if not self._started:
-            if self._first.cancel():
-                return task.cancel()
-            self._cancel_on_start = True
-            return True
-        return task.cancel()
+            if not self._first.cancel():
+                self._cancel_on_start = True  # awaiting the first op, cancelled, asks
+            return
+        self._task.cancel()
 
     def exception(self) -> BaseException | None:
         """The op's error once it failed, else None."""
@@ -353,11 +367,17 @@ class TaskRequest:
 
     async def _wait(self) -> Any:
         task = self._task
+        if task.done():
+            return task.result()
+        fut = task.get_loop().create_future()
+        self._add_waiter(fut)  # (a future the hang proof knows: see ``awaiting``)
         try:
-            return await asyncio.shield(task)
+            await fut
+            return task.result()
         except asyncio.CancelledError as exc:
+            self._discard_waiter(fut)
             if not task.done():
-                self.cancel()
+                self._ask_withdrawal()
                 while not task.done():
                     try:
                         await asyncio.shield(task)
@@ -377,14 +397,34 @@ class TaskRequest:
                 waiter.set_result(None)
         self._waiters[waiter] = wake
         self._task.add_done_callback(wake)
+        _AWAITING.add(waiter.fut if isinstance(waiter, _Countdown) else waiter)
 
     def _discard_waiter(self, waiter: Any) -> None:
+        _AWAITING.discard(waiter.fut if isinstance(waiter, _Countdown) else waiter)
         wake = self._waiters.pop(waiter, None)
         if wake is not None:
             self._task.remove_done_callback(wake)
 
     def _outcome(self) -> Any:
+        if not self._task.done():  # withdrawn: its body has yet to see it
+            raise asyncio.CancelledError(f"{self!r} was cancelled")
         return self._task.result()
+
+
+#: The futures that tasks await until a ``TaskRequest`` finishes (its own ``await``, and
+#: ``wait_all``/``wait_any``): only that request's task resolves them.
+_AWAITING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def awaiting() -> list[Any]:
+    """The futures some task awaits until a ``TaskRequest`` finishes (the hang proof
+    follows them to that request's task, which it checks in turn)."""
+    return [f for f in _AWAITING if not f.done()]
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _check_requests(reqs: Sequence[Request]) -> list[Request]:

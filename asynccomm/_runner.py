@@ -18,7 +18,7 @@ from . import _hang, _trace
 from ._clock import ModelClock
 from ._communicator import Communicator
 from ._engine import DeviceEngine
-from ._exceptions import DeadlockError
+from ._exceptions import CommBrokenError, DeadlockError
 from ._fastlane import FAST_LANE
 from ._options import (
     POOL_BYTES,
@@ -202,6 +202,9 @@ class _LocalFamily:
                              f"(inside a collective){self._where(rank, size)}"),
                 default_timeout=member._default_timeout, device=member.device, family=self)
             private._engine.private = True
+            # One staging pool per rank and group: what its objects' buffers and its
+            # collectives stage counts against the same ``pool_bytes`` as its messages.
+            private._engine.pool = member._engine.pool
             if self.sink is not None:
                 private._engine.tracer = self.sink.rank(
                     rank, label=_trace.join(self.label, "collectives"),
@@ -307,7 +310,9 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     """Run ``main(comm)`` for every rank concurrently; each rank's communicator closes when
     its ``main`` returns, so peers still waiting for it get ``CommBrokenError`` instead of
     hanging.  When a rank fails the others are cancelled first (so they do not fail in turn
-    for want of it), then every communicator closes with the world.
+    for want of it), then the failed rank's communicator closes (what a peer still moves
+    with it fails, and is not reported: the failed rank's error is), then every
+    communicator closes with the world.
 
     Raises:
         Exception: the failure of the one rank that failed (with a note naming the rank),
@@ -340,15 +345,24 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
             on_cancel()
         raise
     finally:
-        watch.stop()
+        failed = [t.done() and not t.cancelled() and t.exception() is not None
+                  for t in tasks]
         for t in tasks:
             t.cancel()
-        await asyncio.wait(tasks)
+        # The failed ranks close now, as a failed process's do: what their peers still
+        # move with them (an object's committed buffers) fails with CommBrokenError
+        # instead of waiting for a rank that is gone.  The watchdog watches until the end.
+        closing = [asyncio.ensure_future(c.aclose())
+                   for c, f in zip(comms, failed, strict=True) if f]
+        await asyncio.wait([*tasks, *closing])
+        watch.stop()
     failures: list[Exception] = []
     for rank, t in enumerate(tasks):
         if not t.cancelled() and (exc := t.exception()) is not None:
             if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
                 raise exc
+            if not failed[rank] and any(failed) and isinstance(exc, CommBrokenError):
+                continue  # cancelled, it lost a peer that had failed: that rank's error
             if isinstance(exc, DeadlockError):  # one error for the whole world
                 if all(f is not exc for f in failures):
                     failures.append(exc)

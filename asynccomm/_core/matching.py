@@ -20,6 +20,8 @@ sender's envelopes in posting order, which makes this MPI's non-overtaking guara
 
 Rule 4 (a match that cannot complete loses nothing).  When a recv matches a message by
 envelope but its dtype differs or its buffer is too small, the *recv* fails
+(a recv of any dtype, ``recv_new``, takes every array but no object: an object's header,
+dtype ``OBJECT_DTYPE``, is for ``recv_obj`` alone)
 (``RecvRejected``) and the message stays where it was: first in line for the next recv that
 fits.  An arriving envelope whose earliest recv rejects it tries the next posted recv, and
 is queued as unexpected if none is left.  The sender is never failed by a rejection.
@@ -65,10 +67,15 @@ __all__ = [
     "MatcherStatistics",
     "ProbeMatched",
     "RecvRejected",
+    "OBJECT_DTYPE",
     "misfit",
 ]
 
 Reason = Literal["dtype", "truncated"]
+
+#: The dtype of objects' headers (numpy's one-byte void): only a recv of exactly this
+#: dtype takes one, never a recv of any dtype (``recv_new``).
+OBJECT_DTYPE: Final = "|V1"
 
 
 class RecvRejected(NamedTuple):
@@ -108,8 +115,9 @@ class MatcherStatistics:
 
 def misfit(recv: Descriptor, env: Descriptor) -> Reason | None:
     """Why ``recv`` cannot take ``env`` although their envelopes match, or None if it can
-    (a recv's dtype None takes any dtype, its nbytes -1 any size)."""
-    if recv.dtype is not None and recv.dtype != env.dtype:
+    (a recv's dtype None takes any dtype but an object's, its nbytes -1 any size)."""
+    rd = recv.dtype
+    if rd != env.dtype and (rd is not None or env.dtype == OBJECT_DTYPE):
         return "dtype"
     if recv.nbytes >= 0 and env.nbytes > recv.nbytes:
         return "truncated"
@@ -328,7 +336,9 @@ class Matcher:
             wild = self._earliest_posted(source, tag)
             if wild is None:
                 return None
-            if (wild.dtype is not None and wild.dtype != dtype) or 0 <= wild.nbytes < nbytes:
+            rd = wild.dtype
+            if (rd != dtype and (rd is not None or dtype == OBJECT_DTYPE)
+                    or 0 <= wild.nbytes < nbytes):
                 return False
             self._pop_posted(wild)
             self._matched += 1
@@ -342,7 +352,8 @@ class Matcher:
             recv = _head(self._posted, key)  # type: ignore[assignment]
             if recv is None:
                 return None
-        if (recv.dtype is not None and recv.dtype != dtype) or 0 <= recv.nbytes < nbytes:
+        rd = recv.dtype
+        if rd != dtype and (rd is not None or dtype == OBJECT_DTYPE) or 0 <= recv.nbytes < nbytes:
             return False  # it would reject the message: the full rules say what follows
         bucket.popleft()
         if not bucket:

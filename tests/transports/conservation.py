@@ -243,6 +243,10 @@ async def _cancelled_or_took(way: Any, op: Any) -> None:
         result = await op
     except asyncio.CancelledError:
         way.untouched("was cancelled")
+    except ac.CommTimeoutError:
+        if not isinstance(way, _Objects):
+            raise
+        # its sender's send_obj timed out after the header went: the object was abandoned
     else:
         way.took(result)
 
@@ -285,7 +289,10 @@ async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
         if mode == "req_cancel":
             await turns(k)
         else:
-            await ac.wait_any([req, manifest])
+            try:
+                await ac.wait_any([req, manifest])
+            except ac.CommTimeoutError:  # an abandoned object: told below
+                pass
         if not req.done():
             req.cancel()  # withdrawn, or it completes: its message is ours
         await _cancelled_or_took(way, req)
@@ -302,7 +309,7 @@ async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
                 result = await way.recv()
         else:
             result = await way.recv(timeout=0 if mode == "timeout0" else TINY)
-    except TimeoutError:
+    except TimeoutError:  # (an object abandoned by its sender's timeout too)
         way.untouched("timed out")
     else:
         way.took(result)
@@ -319,13 +326,18 @@ async def receiver(comm: ac.Communicator, plan: Plan) -> list[tuple[int, int]]:
         await _recv_one(comm, plan.objects, mode, k, manifest, seen, plan)
     count = int(box[0])
     sent = [(int(box[1 + 2 * j]), int(box[2 + 2 * j])) for j in range(count)]
-    while len(seen.got) < len(sent):
+    while len(seen.got) < len(sent) or plan.objects and comm.iprobe(0, DATA) is not None:
         # Every send that succeeded was announced before the manifest (one sender's
-        # messages arrive in order): what is not here now was lost.
+        # messages arrive in order): what is not here now was lost.  Objects abandoned by
+        # their sender's timeout after their header went are drained too: each fails.
         check(comm.iprobe(0, DATA) is not None,
               f"lost: received {seen.got}, but the sends that succeeded were {sent}")
         way = _Objects(comm, seen) if plan.objects else _Arrays(comm, seen)
-        way.took(await way.recv())
+        try:
+            way.took(await way.recv())
+        except ac.CommTimeoutError:
+            if not plan.objects:
+                raise
     check(seen.got == sent, f"received {seen.got}, but the sends that succeeded were {sent}")
     check(comm.iprobe(0, DATA) is None, "a withdrawn message arrived")
     echo = np.zeros(1, np.int64)
