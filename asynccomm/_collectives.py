@@ -22,13 +22,13 @@ rank.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import _waits
 from ._buffers import dtype_name
 from ._collective_algorithms import ALGORITHMS, P2P, Exchange
 from ._collective_costs import Chooser, default_choice
@@ -142,13 +142,14 @@ async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None
                body: Callable[[Exchange], Awaitable[None]]) -> None:
     """Run ``body`` (Rules 3 and 4)."""
     ex = Exchange(comm, tag)
+    _waits.inside(ex, where, algo, TAG_SPAN)  # named in hang reports and dumps
     note = (f"during {where} ({algo}, tags {tag}..{tag + TAG_SPAN - 1}) on rank {comm.rank} "
             f"of {comm.size}")
     try:
         if timeout is None:
             await _guarded(ex, body)
             return
-        async with asyncio.timeout(timeout) as cm:
+        async with _waits.armed_timeout(timeout) as cm:  # seen by the deadlock proof
             await _guarded(ex, body)
     except AsyncCommError as exc:
         raise _noted(exc, note, where) from exc.__cause__

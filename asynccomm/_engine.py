@@ -46,6 +46,7 @@ from .transports.base import ASKED, WITHDRAWN
 if TYPE_CHECKING:
     from ._clock import ModelClock
     from ._trace import RankTrace
+    from ._waits import Scope
     from .sim.device import Device
     from .sim.records import OpRecord
     from .transports.base import Link
@@ -67,7 +68,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
         "default_stream", "device", "eager_limit", "failure", "fast", "flight", "gone",
         "inline_copies", "instant", "link", "log", "loop", "matcher", "now", "peers", "pool",
-        "private", "rank", "recent", "records", "size", "taken_at", "trace", "traced",
+        "private", "rank", "recent", "records", "scopes", "size", "taken_at", "trace", "traced",
         "tracer", "unheard", "world_rank", "world_ranks"
     )
 
@@ -132,6 +133,8 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.unheard: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
+        #: The collective calls run on this engine, for reports (``_waits``).
+        self.scopes: list[Scope] = []
         self._n_pending = 0  # tracked (unfinished) ops
         self._pending_recvs = 0  # of them, recvs with a non-empty buffer
         self._recv_buffers: PendingBuffers | None = None  # theirs, once two were pending

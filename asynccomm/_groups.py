@@ -30,6 +30,7 @@ import numpy as np
 from ._collectives import allgather
 from ._options import check_timeout
 from ._types import TAG_UB
+from ._waits import during
 
 if TYPE_CHECKING:
     from ._communicator import Communicator
@@ -113,7 +114,8 @@ class GroupsMixin:
         if timeout is not None:
             check_timeout(timeout)
         private = self._private()
-        table = await _allgather_pair(private, (c, k), self._next_tags(), timeout)
+        with during("split"):  # hang reports say what the allgather is for
+            table = await _allgather_pair(private, (c, k), self._next_tags(), timeout)
         seq = self._next_seq()
         if c < 0:
             members = None

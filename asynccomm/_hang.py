@@ -7,8 +7,10 @@ Rule 1 (the proof).  An in-process world on the wall clock is deadlocked when, a
 checks in a row (every ``PERIOD`` seconds) with no op finishing in between, every task of
 the program but ``run``'s own is blocked on a future that only asynccomm resolves: a
 pending op's, a stream event's, another such task, or a ``gather`` of such tasks; no op
-has a timeout armed, none has matched (its copy is moving), no copy runs on a worker
-thread, and (on asyncio) the loop has no ready callback and no timer but the check's own.
+has a timeout armed, no timeout the library armed around an await is pending (a
+collective's, ``split``'s: ``_waits``), none has matched (its copy is moving), no copy runs
+on a worker thread, and (on asyncio) the loop has no ready callback and no timer but the
+check's own.
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
 What the proof cannot see is an op posted from outside any task: by a thread through
@@ -41,6 +43,7 @@ from ._logging import NullLogger
 from ._options import seconds_from_env
 from ._request import _Countdown
 from ._types import ANY_SOURCE
+from ._waits import armed as library_timeouts
 
 if TYPE_CHECKING:
     from ._engine import DeviceEngine
@@ -247,7 +250,8 @@ class Watch:
     def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
         """What every task waits for, if the world is provably stuck now, else None."""
         library = _library_futures(self.engines)
-        if library is None or not _loop_quiet(self.loop, self._handle):
+        if (library is None or library_timeouts(self.loop)
+                or not _loop_quiet(self.loop, self._handle)):
             return None
         tasks = {t for t in asyncio.all_tasks(self.loop) if t is not self.driver}
         waits = []

@@ -349,8 +349,7 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
             if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
                 raise exc
             if isinstance(exc, DeadlockError):  # one error for the whole world
-                if all(f is not exc for f in failures):
-                    failures.append(exc)
+                _one_deadlock(failures, exc)
                 continue
             exc.add_note(f"(raised on rank {rank})")
             failures.append(exc)
@@ -359,6 +358,20 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     if failures:
         raise ExceptionGroup(f"{len(failures)} ranks failed", failures)
     return [t.result() for t in tasks]
+
+
+def _one_deadlock(failures: list[Exception], exc: DeadlockError) -> None:
+    """Add ``exc`` to ``failures`` unless it is the world's deadlock already there (the
+    same error, or a copy a collective made to note itself: its notes join the first)."""
+    for f in failures:
+        if f is exc:
+            return
+        if isinstance(f, DeadlockError) and f.args == exc.args:
+            for note in getattr(exc, "__notes__", ()):
+                if note not in getattr(f, "__notes__", ()):
+                    f.add_note(note)
+            return
+    failures.append(exc)
 
 
 #: Variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's PMI) set in each process.
