@@ -36,14 +36,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _waits
 from ._core.states import ACTIVE, Kind
 from ._exceptions import DeadlockError
-from ._flight import format_dump
 from ._logging import NullLogger
 from ._options import seconds_from_env
 from ._request import _Countdown
 from ._types import ANY_SOURCE
-from ._waits import armed as library_timeouts
 
 if TYPE_CHECKING:
     from ._engine import DeviceEngine
@@ -104,15 +103,15 @@ def wait_for_cycle(engines: Sequence[DeviceEngine]) -> str:
                 break
             path.append((rank, *nxt))
             if nxt[0] == start:
-                return ", ".join(_waits(r, p, t, op) for r, p, t, op in path)
+                return ", ".join(_waits_for(r, p, t, op) for r, p, t, op in path)
             if nxt[0] in seen:
                 break
             seen.add(nxt[0])
             rank = nxt[0]
-    return "; ".join(_waits(r, p, t, op) for r in sorted(edges) for p, t, op in edges[r])
+    return "; ".join(_waits_for(r, p, t, op) for r in sorted(edges) for p, t, op in edges[r])
 
 
-def _waits(rank: int, peer: int, tag: int, op: str) -> str:
+def _waits_for(rank: int, peer: int, tag: int, op: str) -> str:
     tag_s = "any tag" if tag < 0 else f"tag {tag}"
     return f"rank {rank} waits for {peer} on {tag_s} ({op})"
 
@@ -131,12 +130,9 @@ def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
 
 
 def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
-    """Every rank's pending ops and last ``last`` finished ops, human-readable (a rank's
-    communicators together: the world's first)."""
-    ranks: dict[int, list[dict[str, Any]]] = {}
-    for e in engines:
-        ranks.setdefault(e.world_rank, []).extend(e.flight.dicts(e.rank, e.live_requests()))
-    return format_dump(ranks, last=last)
+    """Every rank's pending ops and last ``last`` finished ops, human-readable: a rank's
+    communicators together, each with its collective calls (``_waits.dump``)."""
+    return _waits.dump(engines, last=last)
 
 
 def deadlock_error(engines: Sequence[DeviceEngine]) -> DeadlockError | None:
@@ -150,8 +146,9 @@ def deadlock_error(engines: Sequence[DeviceEngine]) -> DeadlockError | None:
     if not pending:
         return None
     lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
+    inside = "".join(f"\n{line}" for line in _waits.collective_lines(engines))
     return DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
-                         f"unmatched operations: {lines}\nwait-for cycle: "
+                         f"unmatched operations: {lines}{inside}\nwait-for cycle: "
                          f"{wait_for_cycle(engines)}\nflight record:\n{dump(engines)}",
                          pending=pending)
 
@@ -250,7 +247,7 @@ class Watch:
     def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
         """What every task waits for, if the world is provably stuck now, else None."""
         library = _library_futures(self.engines)
-        if (library is None or library_timeouts(self.loop)
+        if (library is None or _waits.armed(self.loop)
                 or not _loop_quiet(self.loop, self._handle)):
             return None
         tasks = {t for t in asyncio.all_tasks(self.loop) if t is not self.driver}

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from array import array
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -345,7 +345,7 @@ class _Interrupt:
     def __init__(self) -> None:
         self.hit = False
         self.rank = -1
-        self.engines: list[DeviceEngine] = []
+        self.engines: Sequence[DeviceEngine] = []
 
     def install(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -388,7 +388,7 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     world = await _MPIWorld.open(**options)
     comm = world.comm
     interrupt.rank = comm.rank
-    interrupt.engines = [comm._engine]
+    interrupt.engines = world.watch.engines  # every engine of this rank, sub-communicators'
     uninstall = _hang.install_dump_signal(comm._engine.loop, lambda: interrupt.engines)
     try:
         coro = main(comm)

@@ -471,7 +471,10 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         # The results leave through `results`, not as the task's value: asyncio formats a
         # main task's result on the way out, which costs real time for large arrays.
         async with open_world(world_size, cluster, clock, **options) as world:
-            engines = [c._engine for c in world.comms]
+            family = world.comms[0]._family
+            # every engine: sub-communicators' and private contexts' too
+            engines = (family.registry if isinstance(family, _LocalFamily)
+                       else [c._engine for c in world.comms])
             uninstall = _hang.install_dump_signal(asyncio.get_running_loop(),
                                                   lambda: engines)
             try:

@@ -20,20 +20,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._core.states import Kind
+from ._flight import format_entry
 
 if TYPE_CHECKING:
     from ._collective_algorithms import Exchange
     from ._engine import DeviceEngine
     from ._request import Request
 
-__all__ = ["Scope", "armed", "armed_timeout", "describe_scopes", "during", "inside", "scope_of",
-           "scopes"]
+__all__ = ["Scope", "armed", "armed_timeout", "collective_lines", "communicator_label",
+           "describe_scopes", "dump", "during", "inside", "scope_of", "scopes"]
 
 _ARMED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
     weakref.WeakKeyDictionary())
@@ -75,10 +76,12 @@ def armed(loop: asyncio.AbstractEventLoop) -> int:
 class Scope:
     """One collective call on one rank (Rule 2)."""
 
-    __slots__ = ("__weakref__", "algo", "during", "exchange", "span", "where")
+    __slots__ = ("__weakref__", "algo", "during", "exchange", "span", "where", "world_ranks")
 
-    def __init__(self, exchange: Exchange, where: str, algo: str, span: int) -> None:
+    def __init__(self, exchange: Exchange, where: str, algo: str, span: int,
+                 world_ranks: list[int] | None = None) -> None:
         self.exchange = weakref.ref(exchange)
+        self.world_ranks = world_ranks  # of the communicator's ranks (None: the same)
         self.where = where
         self.algo = algo
         self.span = span
@@ -97,10 +100,17 @@ class Scope:
             return f"inside {self.where} ({self.algo}), finished"
         tag = ex.tag
         for_ = f" for {self.during}" if self.during else ""
-        waits = ", ".join(f"rank {r.peer} ({r.kind.value} tag {r.tag})"
+        waits = ", ".join(f"rank {self._peer(r.peer)} ({r.kind.value} tag {r.tag})"
                           for r in self.waiting() if r.kind is not Kind.COMPUTE)
         return (f"inside {self.where}{for_} ({self.algo}), tags {tag}..{tag + self.span - 1}, "
                 f"step {getattr(ex, 'step', 0)}, waiting on {waits or 'nothing'}")
+
+
+    def _peer(self, peer: int) -> str:
+        world = self.world_ranks
+        if world is None or not 0 <= peer < len(world) or world[peer] == peer:
+            return "ANY_SOURCE" if peer < 0 else str(peer)
+        return f"{peer} (world rank {world[peer]})"
 
 
 def inside(exchange: Exchange, where: str, algo: str, span: int) -> None:
@@ -110,7 +120,7 @@ def inside(exchange: Exchange, where: str, algo: str, span: int) -> None:
     if engine is None:
         return
     engine.scopes = [s for s in engine.scopes if s.waiting()]  # forget the finished
-    engine.scopes.append(Scope(exchange, where, algo, span))
+    engine.scopes.append(Scope(exchange, where, algo, span, engine.world_ranks))
 
 
 @contextmanager
@@ -140,3 +150,52 @@ def scope_of(engine: DeviceEngine, req: Request) -> Scope | None:
 def describe_scopes(engine: DeviceEngine) -> list[str]:
     """One line per collective call of ``engine`` with ops pending."""
     return [s.describe() for s in scopes(engine)]
+
+
+# -- dumps: every rank's ops, under their communicator ------------------------------------
+
+def communicator_label(engine: DeviceEngine) -> str:
+    """Where ``engine``'s ops are, for dumps: ``""`` (the world's communicator), ``the
+    private context``, ``on a sub-communicator, as its rank 0 of 2``, or both."""
+    context = engine.context
+    at = context.find("(on a sub-communicator")
+    sub = context[at + 1:context.index(")", at)] if at >= 0 else ""
+    if engine.private or context.startswith("(inside a collective)"):
+        return "the private context (collectives, objects)" + (f", {sub}" if sub else "")
+    return sub
+
+
+def dump(engines: Sequence[DeviceEngine], *, last: int | None) -> str:
+    """Every rank's pending ops and last ``last`` finished ops, human-readable: the world's
+    communicator's pending ops first, then each other communicator's under its label with
+    the collective calls waiting there (every count is the rank's, all communicators)."""
+    ranks: dict[int, list[DeviceEngine]] = {}
+    for e in engines:
+        ranks.setdefault(e.world_rank, []).append(e)
+    lines = []
+    for rank in sorted(ranks):
+        finished: list[dict[str, Any]] = []
+        sections: list[str] = []
+        n_pending = 0
+        for e in sorted(ranks[rank], key=lambda e: communicator_label(e) != ""):
+            live = e.live_requests()
+            finished += e.flight.dicts(e.rank)
+            n_pending += len(live)
+            label = communicator_label(e)
+            if label and (live or scopes(e)):
+                sections.append(f"  {label}: {len(live)} pending op(s)")
+            sections += [f"  {s}" for s in describe_scopes(e)]
+            sections += [f"  pending  {format_entry(d)}" for d in e.flight.dicts(e.rank, live)
+                         if d["finish"] is None]
+        shown = finished if last is None else finished[-last:] if last else []
+        lines.append(f"rank {rank}: {n_pending} pending op(s), last {len(shown)} of "
+                     f"{len(finished)} finished op(s) recorded")
+        lines += sections
+        lines += [f"  finished {format_entry(d)}" for d in shown]
+    return "\n".join(lines)
+
+
+def collective_lines(engines: Sequence[DeviceEngine]) -> list[str]:
+    """``rank 1: inside allreduce (ring), ..., waiting on rank 0 (recv tag 1)``, for every
+    collective call of ``engines`` with ops pending."""
+    return [f"rank {e.world_rank}: {s}" for e in engines for s in describe_scopes(e)]
