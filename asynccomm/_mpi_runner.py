@@ -126,11 +126,8 @@ class _MPIWorld:
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
         of the world has closed."""
-        if isinstance(failure, KeyboardInterrupt):
-            self.transport.close_reason = "was interrupted (KeyboardInterrupt)"
-        elif failure is not None:
-            why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
-            self.transport.close_reason = why
+        if failure is not None:  # said on every communicator of this rank
+            self.comm._mark_failed(failure)
         self.watch.stop()
         await self.comm.aclose()
         await self.transport.wait_closed()
