@@ -19,11 +19,13 @@ What the proof cannot see is an op posted from outside any task: by a thread thr
 Rule 2 (the verdict).  A proven deadlock fails every unmatched op with one
 ``DeadlockError`` naming each rank's ops, the wait-for cycle, and each rank's flight
 record, exactly as the virtual clock does.
-Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_TIMEOUT`` seconds (default 300, 0: off) with ops
-pending and none finishing: every rank's pending ops and recent ops are logged
-(``comm.hang``, a warning; on stderr when no logger is on) and the program keeps waiting.
-On MPI each process watches its own rank, and asks the ranks it waits for what they wait
-for (``DUMP_ASK``; best effort: each answers from its progress task, and its answer is
+Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_WARN`` seconds (default 10, 0: off) with ops
+pending and none finishing: one line per rank says what it waits for (``comm.hang.first``;
+on stderr when no logger is on), once per stall.  ``ASYNCCOMM_HANG_TIMEOUT`` seconds
+(default 300, 0: off): every rank's pending ops and recent ops are logged (``comm.hang``,
+a warning) and the program keeps waiting.
+On MPI each process watches its own rank, and at either point asks the ranks it waits for
+what they wait for (``DUMP_ASK``; best effort: each answers from its progress task, and its answer is
 reported as ``comm.hang.peer`` when it comes).
 """
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _waits
 from ._core.states import ACTIVE, Kind
+from ._diagnostics import describe
 from ._exceptions import DeadlockError
 from ._logging import NullLogger
 from ._options import seconds_from_env
@@ -55,6 +58,7 @@ PERIOD: Final = 0.2
 #: Finished ops of each rank shown in a deadlock message or a hang report.
 SHOWN: Final = 8
 DEFAULT_HANG_TIMEOUT: Final = 300.0
+DEFAULT_HANG_WARN: Final = 10.0
 
 
 def hang_timeout() -> float:
@@ -65,6 +69,16 @@ def hang_timeout() -> float:
     """
     value = seconds_from_env("ASYNCCOMM_HANG_TIMEOUT")
     return DEFAULT_HANG_TIMEOUT if value is None else value
+
+
+def hang_warning() -> float:
+    """``ASYNCCOMM_HANG_WARN`` in seconds (default 10; 0 turns the first warning off).
+
+    Raises:
+        ValueError: the variable is set to something that is not a number >= 0.
+    """
+    value = seconds_from_env("ASYNCCOMM_HANG_WARN")
+    return DEFAULT_HANG_WARN if value is None else value
 
 
 # -- what every rank waits for ------------------------------------------------------------
@@ -114,6 +128,25 @@ def wait_for_cycle(engines: Sequence[DeviceEngine]) -> str:
 def _waits_for(rank: int, peer: int, tag: int, op: str) -> str:
     tag_s = "any tag" if tag < 0 else f"tag {tag}"
     return f"rank {rank} waits for {peer} on {tag_s} ({op})"
+
+
+def _summary(engines: Sequence[DeviceEngine]) -> dict[int, str]:
+    """world rank -> what it waits for, on one line: its collective calls (``allreduce
+    (ring) step 2 waiting on rank 1 (recv tag 0)``) and its other pending ops, each with
+    its communicator where that is not the world's; only ranks with ops pending."""
+    out: dict[int, list[str]] = {}
+    for e in engines:
+        live = e.live_requests()
+        if not live:
+            continue
+        label = _waits.communicator_label(e)
+        where = f" [{label}]" if label else ""
+        calls = _waits.scopes(e)
+        parts = out.setdefault(e.world_rank, [])
+        parts += [s.describe().removeprefix("inside ") + where for s in calls]
+        in_calls = {id(r) for s in calls for r in s.waiting()}
+        parts += [describe(r) + where for r in live if id(r) not in in_calls]
+    return {rank: "; ".join(parts) for rank, parts in sorted(out.items())}
 
 
 def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
@@ -179,12 +212,16 @@ class Watch:
     ``timeout`` > 0."""
 
     def __init__(self, engines: Sequence[DeviceEngine], loop: asyncio.AbstractEventLoop, *,
-                 timeout: float, driver: asyncio.Task[Any] | None) -> None:
+                 timeout: float, driver: asyncio.Task[Any] | None,
+                 warn: float | None = None) -> None:
         self.engines = engines
         self.loop = loop
         self.timeout = timeout
+        self.warn = hang_warning() if warn is None else warn
         self.driver = driver
-        self.period = PERIOD if driver is not None else max(min(timeout / 4, 5.0), 0.05)
+        limit = min((t for t in (timeout, self.warn) if t > 0), default=0.0)
+        self.period = PERIOD if driver is not None else max(min(limit / 4, 5.0), 0.05)
+        self._warned = False
         self._handle: asyncio.TimerHandle | None = None
         self._last: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._progress = -1
@@ -192,7 +229,7 @@ class Watch:
         self._reported = 0.0
 
     def start(self) -> None:
-        if self.driver is None and self.timeout <= 0:
+        if self.driver is None and self.timeout <= 0 and self.warn <= 0:
             return
         self._handle = self.loop.call_later(self.period, self._tick)
 
@@ -206,18 +243,36 @@ class Watch:
         progress = _progress(self.engines)
         now = self.loop.time()
         if progress != self._progress:
-            self._progress, self._since = progress, now
+            self._progress, self._since, self._warned = progress, now, False
         if self.driver is not None:
             proof = self._proof()
             if proof is not None and proof == self._last and fail_deadlocked(self.engines):
                 self.stop()
                 return
             self._last = proof
+        if (self.warn > 0 and not self._warned and now - self._since >= self.warn
+                and (self.timeout <= 0 or self.warn < self.timeout)
+                and any(e.pending_ops for e in self.engines)):
+            self._warned = True
+            self._first_warning(now - self._since)
         if (self.timeout > 0 and now - self._since >= self.timeout
                 and now - self._reported >= self.timeout
                 and any(e.pending_ops for e in self.engines)):
             self._reported = now
             self._report(now - self._since)
+
+    def _first_warning(self, idle: float) -> None:
+        """One line per rank: what it waits for, after ``warn`` seconds with no op
+        finishing; across processes the ranks it waits for are asked too."""
+        log = self.engines[0].log
+        for rank, waits in _summary(self.engines).items():
+            if isinstance(log, NullLogger):
+                sys.stderr.write(f"asynccomm: rank {rank}: no op finished for {idle:.1f} s "
+                                 f"(ASYNCCOMM_HANG_WARN); waiting on: {waits}\n")
+                sys.stderr.flush()
+            else:
+                log.warning("comm.hang.first", idle_s=round(idle, 3), waiting=waits)
+        self._ask_peers()
 
     def _report(self, idle: float) -> None:
         text = dump(self.engines)
@@ -228,8 +283,11 @@ class Watch:
             sys.stderr.flush()
         else:
             log.warning("comm.hang", idle_s=round(idle, 3), pending=text)
-        # Across processes: ask the ranks this one waits for what they wait for (their
-        # answers are reported as they come, by ``peer_report``).
+        self._ask_peers()
+
+    def _ask_peers(self) -> None:
+        """Across processes: ask the ranks this one waits for what they wait for (their
+        answers are reported as they come, by ``peer_report``)."""
         asked: set[tuple[int, int]] = set()
         for e in self.engines:
             ask = getattr(e.link, "ask_dump", None)

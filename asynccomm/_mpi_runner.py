@@ -89,6 +89,7 @@ class _MPIWorld:
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
         trace_file = _trace.trace_path(trace)
         _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
+        _hang.hang_warning()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)

@@ -294,7 +294,7 @@ def _watch(comms: tuple[Communicator, ...]) -> _hang.Watch:
                else [c._engine for c in comms])
     loop = asyncio.get_running_loop()
     if isinstance(loop, VirtualTimeLoop):  # a timer there would keep virtual time moving
-        return _hang.Watch(engines, loop, timeout=0.0, driver=None)
+        return _hang.Watch(engines, loop, timeout=0.0, driver=None, warn=0.0)
     provable = all(isinstance(e.link, LocalLink) and e.link.timing is None for e in engines)
     return _hang.Watch(engines, loop, timeout=_hang.hang_timeout(),
                        driver=asyncio.current_task() if provable else None)

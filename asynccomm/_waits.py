@@ -199,3 +199,4 @@ def collective_lines(engines: Sequence[DeviceEngine]) -> list[str]:
     """``rank 1: inside allreduce (ring), ..., waiting on rank 0 (recv tag 1)``, for every
     collective call of ``engines`` with ops pending."""
     return [f"rank {e.world_rank}: {s}" for e in engines for s in describe_scopes(e)]
+

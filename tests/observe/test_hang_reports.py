@@ -169,3 +169,71 @@ def test_an_mpi_dump_names_the_collective() -> None:
     assert "flight record (SIGUSR1)" in err and "rank 1: 1 pending op(s)" in err, err
     assert re.search(STEP_1.format(peer=0), err), err
     assert proc.returncode == 0, err
+
+
+# -- the first warning: a line in seconds, not a report in minutes --------------------------
+
+_MPI_DEADLOCK_FOR_A_WHILE = textwrap.dedent("""
+    import numpy as np
+    import asynccomm as ac
+
+    async def main(comm):
+        try:  # rank 0 in an allreduce, rank 1 waiting for a message: neither can move
+            if comm.rank == 0:
+                await comm.allreduce(np.ones(4), timeout=3.0)
+            else:
+                await comm.recv(np.zeros(2), 0, tag=1, timeout=3.0)
+        except ac.CommTimeoutError:
+            pass
+        return "ok"
+
+    print(ac.run(main))
+""")
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="needs mpiexec")
+def test_an_mpi_deadlock_is_named_in_seconds_and_each_rank_asks_the_other() -> None:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_HANG_WARN": "0.5"}
+    proc = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c",
+                           _MPI_DEADLOCK_FOR_A_WHILE], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=ROOT)
+    err = proc.stderr
+    assert proc.returncode == 0 and proc.stdout.split() == ["ok", "ok"], err
+    # one line each, long before the watchdog's limit (300 s by default) ...
+    assert ("rank 1: no op finished for 0.5 s (ASYNCCOMM_HANG_WARN); waiting on: "
+            "recv(src=0, tag=1)\n") in err, err
+    assert re.search(r"rank 0: no op finished for 0\.5 s \(ASYNCCOMM_HANG_WARN\); waiting on: "
+                     + STEP_1.format(peer=1).removeprefix("inside ")
+                     + r" \[the private context \(collectives, objects\)\]\n", err), err
+    # ... and what the other rank says it waits for
+    assert "rank 0 asked rank 1, which it waits for; rank 1 says:" in err, err
+    assert "rank 1 asked rank 0, which it waits for; rank 0 says:" in err, err
+    assert "ASYNCCOMM_HANG_TIMEOUT" not in err  # the full report only at its limit
+
+
+def test_the_first_warning_in_process(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ASYNCCOMM_HANG_WARN", "0.3")
+
+    async def main(comm: ac.Communicator) -> None:
+        buf = np.zeros(2)
+        if comm.rank == 0:
+            await asyncio.sleep(1.0)  # not provably stuck
+            await comm.send(buf, 1, tag=3)
+        else:
+            await comm.recv(buf, 0, tag=3)
+
+    ac.run(main, 2)
+    err = capsys.readouterr().err
+    assert err.count("(ASYNCCOMM_HANG_WARN)") == 1, err  # once per stall
+    assert "rank 1: no op finished for" in err and "waiting on: recv(src=0, tag=3)\n" in err
+
+
+def test_a_bad_first_warning_delay_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASYNCCOMM_HANG_WARN", "soon")
+
+    async def main(comm: ac.Communicator) -> None:
+        pass
+
+    with pytest.raises(ValueError, match="ASYNCCOMM_HANG_WARN"):
+        ac.run(main, 2)
