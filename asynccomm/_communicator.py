@@ -489,10 +489,10 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
     def closed(self) -> bool:
         return self._engine.closed
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: object) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         """Close; if the block raised, the peers hear that this rank failed, and why."""
-        if exc is not None:
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(exc, BaseException):
             self._mark_failed(exc)
         await self.aclose()
 

@@ -25,8 +25,8 @@ on stderr when no logger is on), once per stall.  ``ASYNCCOMM_HANG_TIMEOUT`` sec
 (default 300, 0: off): every rank's pending ops and recent ops are logged (``comm.hang``,
 a warning) and the program keeps waiting.
 On MPI each process watches its own rank, and at either point asks the ranks it waits for
-what they wait for (``DUMP_ASK``; best effort: each answers from its progress task, and its answer is
-reported as ``comm.hang.peer`` when it comes).
+what they wait for (``DUMP_ASK``; best effort: each answers from its progress task, and
+its answer is reported as ``comm.hang.peer`` when it comes).
 """
 
 from __future__ import annotations

@@ -59,11 +59,11 @@ class armed_timeout:
         return cm
 
     async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
         loop, self._loop = self._loop, None
         if loop is not None:
             _ARMED[loop] -= 1
-        return await self._cm.__aexit__(exc_type, exc, tb)
+        await self._cm.__aexit__(exc_type, exc, tb)  # (it never swallows: it converts)
 
 
 def armed(loop: asyncio.AbstractEventLoop) -> int:
