@@ -4,6 +4,7 @@ the closed ranks of a broken op)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,6 +74,8 @@ def failed_reason(exc: BaseException) -> str:
     """What a rank that failed with ``exc`` is said to have done, for its peers."""
     if isinstance(exc, KeyboardInterrupt):
         return "was interrupted (KeyboardInterrupt)"
+    if isinstance(exc, asyncio.CancelledError):
+        return "was cancelled"
     return f"failed with {type(exc).__name__}: {exc}".replace("\n", " ")
 
 

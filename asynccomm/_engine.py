@@ -544,16 +544,14 @@ class DeviceEngine(TracedLane, PeersMixin):
         if self.pending_ops:  # matched transfers still moving: they finish, not torn
             self._idle = self.loop.create_future()
             await asyncio.shield(self._idle)
-        dropped: dict[tuple[int, int], list[int]] = {}  # (source, tag): [messages, bytes]
+        dropped = []
         for desc in self.matcher.unexpected():
             msg = cast(Message, desc)  # only messages wait unexpected
             self.matcher.withdraw(msg)
             if msg.where == STAGED:
                 self.pool.release(msg.view)  # type: ignore[arg-type]
             self.link.discard(msg, self.rank)
-            tally = dropped.setdefault((msg.source, msg.tag), [0, 0])
-            tally[0] += 1
-            tally[1] += msg.nbytes
+            dropped.append((msg.source, msg.tag, msg.nbytes))
         if dropped:
             _logging.dropped(self.log, dropped, communicator_label(self) or "world")
         self.pool.trim()

@@ -104,9 +104,14 @@ def op_finished(log: Any, entry: tuple[Any, ...]) -> None:
               copy_us=round((t_fin - match) * 1e6, 3), total_us=round((t_fin - post) * 1e6, 3))
 
 
-def dropped(log: Any, tally: dict[tuple[int, int], list[int]], communicator: str) -> None:
-    """The ``p2p.dropped`` warning of a rank that closed with messages no recv took:
-    ``tally`` maps (source, tag) to [messages, bytes]."""
+def dropped(log: Any, messages: list[tuple[int, int, int]], communicator: str) -> None:
+    """The ``p2p.dropped`` warning of a rank that closed with ``messages`` (source, tag,
+    bytes) that no recv took, counted by source and tag."""
+    tally: dict[tuple[int, int], list[int]] = {}
+    for source, tag, nbytes in messages:
+        counts = tally.setdefault((source, tag), [0, 0])
+        counts[0] += 1
+        counts[1] += nbytes
     log.warning("p2p.dropped", messages=sum(n for n, _ in tally.values()),
                 nbytes=sum(b for _, b in tally.values()),
                 by_source_tag=[{"source": src, "tag": tag, "messages": n, "nbytes": b}

@@ -150,3 +150,19 @@ def test_on_mpi_a_close_reports_what_it_dropped_and_the_sender_hears_alike() -> 
     del event["log_level"]
     shown = " ".join(f"{k}={v!r}" for k, v in sorted(event.items()))  # the runner's way
     assert shown in lines, proc.stdout
+
+
+async def test_a_peer_cancelled_inside_its_block_is_reported_cancelled() -> None:
+    async with asyncio.timeout(10), ac.open_world(2) as world:
+        c0, c1 = world.comms
+
+        async def rank_1() -> None:
+            async with c1:
+                await asyncio.get_running_loop().create_future()  # until cancelled
+
+        task = asyncio.ensure_future(rank_1())
+        recv = asyncio.ensure_future(c0.recv(np.zeros(2), 1))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(ac.CommBrokenError, match="^rank 1 was cancelled$"):
+            await recv
