@@ -13,8 +13,9 @@ on a worker thread, and (on asyncio) the loop has no ready callback and no timer
 check's own.
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
-What the proof cannot see is an op posted from outside any task: by a thread through
-``call_soon_threadsafe``, or on uvloop, which does not show its timers, by a bare
+On uvloop, which does not show its timers, a task's own ``asyncio.timeout`` is looked for
+among its referrers before anything is raised.  What the proof cannot see is an op posted
+from outside any task: by a thread through ``call_soon_threadsafe``, or on uvloop by a bare
 ``call_later`` callback.
 Rule 2 (the verdict).  A proven deadlock fails every unmatched op with one
 ``DeadlockError`` naming each rank's ops, the wait-for cycle, and each rank's flight
@@ -32,6 +33,7 @@ its answer is reported as ``comm.hang.peer`` when it comes).
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 import threading
@@ -222,6 +224,7 @@ class Watch:
         limit = min((t for t in (timeout, self.warn) if t > 0), default=0.0)
         self.period = PERIOD if driver is not None else max(min(limit / 4, 5.0), 0.05)
         self._warned = False
+        self._excused: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._last: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._progress = -1
@@ -246,7 +249,8 @@ class Watch:
             self._progress, self._since, self._warned = progress, now, False
         if self.driver is not None:
             proof = self._proof()
-            if proof is not None and proof == self._last and fail_deadlocked(self.engines):
+            if (proof is not None and proof == self._last and not self._timed(proof)
+                    and fail_deadlocked(self.engines)):
                 self.stop()
                 return
             self._last = proof
@@ -302,6 +306,20 @@ class Watch:
                         asked.add((id(e), p))
                         ask(p)
 
+    def _timed(self, proof: tuple[int, frozenset[tuple[int, int]]]) -> bool:
+        """On a loop that hides its timers (uvloop): True if a task of the program has an
+        ``asyncio.timeout`` of its own armed, which will wake it.  Looked for once per
+        stuck state (it reads the task's referrers: not for every check)."""
+        if hasattr(self.loop, "_scheduled"):
+            return False  # asyncio: ``_loop_quiet`` saw every timer
+        if proof == self._excused:
+            return True
+        for task in asyncio.all_tasks(self.loop):
+            if task is not self.driver and any(_armed(r) for r in gc.get_referrers(task)):
+                self._excused = proof
+                return True
+        return False
+
     def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
         """What every task waits for, if the world is provably stuck now, else None."""
         library = _library_futures(self.engines)
@@ -324,6 +342,13 @@ class Watch:
         if not waits:
             return None
         return _progress(self.engines), frozenset(waits)
+
+
+def _armed(obj: object) -> bool:
+    """True if ``obj`` is an ``asyncio.timeout`` that is armed: entered, with a deadline
+    (its timer handle, which asyncio drops on leaving the block)."""
+    return (isinstance(obj, asyncio.Timeout)
+            and getattr(obj, "_timeout_handler", None) is not None)
 
 
 def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:

@@ -4,6 +4,9 @@ is not a deadlock; a true deadlock still is."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -62,6 +65,36 @@ def test_a_deadlock_inside_a_collective_without_timeout_is_proven(loop: str) -> 
             await comm.recv(np.zeros(2), 1, tag=1)
         else:
             await comm.allreduce(np.ones(4))
+
+    with pytest.raises(ac.DeadlockError):
+        ac.run(main, 2, loop=loop)
+
+
+async def _own_timeout_then_sends(comm: ac.Communicator) -> str:
+    buf = np.zeros(2)
+    if comm.rank == 0:
+        await comm.recv(buf, 1, tag=1)
+        return "got it"
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(0.5):  # the program's own, around an op
+            await comm.recv(buf, 0, tag=2)
+    await comm.send(buf, 0, tag=1)
+    return "gave up"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_wait_the_programs_own_timeout_will_end_is_not_a_deadlock(loop: str) -> None:
+    assert ac.run(_own_timeout_then_sends, 2, loop=loop) == ["got it", "gave up"]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_deadlock_after_the_programs_own_timeout_is_still_proven(loop: str) -> None:
+    async def main(comm: ac.Communicator) -> None:
+        x = np.ones(2)
+        async with asyncio.timeout(5.0) as cm:  # left: no longer armed (still referenced)
+            await comm.sendrecv(x, 1 - comm.rank, np.zeros(2), 1 - comm.rank)
+        assert cm.when() is not None
+        await comm.recv(x, 1 - comm.rank, tag=2)  # both receive first: a deadlock
 
     with pytest.raises(ac.DeadlockError):
         ac.run(main, 2, loop=loop)
