@@ -491,6 +491,12 @@ class DeviceEngine(TracedLane, PeersMixin):
                 self.log.info("p2p.timeout.flight", error=str(exc), flight=diag.flight_dump(self))
             self.withdraw(req, exc)
 
+    def dropped_late(self, source: int, tag: int, nbytes: int) -> None:
+        """A message came after this rank closed (sent before its sender heard of the
+        close) and was dropped: say so, as the close said of those before it."""
+        _logging.dropped(self.log, [(source, tag, nbytes)],
+                         communicator_label(self) or "world", late=True)
+
     # -- copies ---------------------------------------------------------------------------
 
     def copy_on_thread(self, dst: memoryview, src: memoryview, nbytes: int,

@@ -104,9 +104,11 @@ def op_finished(log: Any, entry: tuple[Any, ...]) -> None:
               copy_us=round((t_fin - match) * 1e6, 3), total_us=round((t_fin - post) * 1e6, 3))
 
 
-def dropped(log: Any, messages: list[tuple[int, int, int]], communicator: str) -> None:
+def dropped(log: Any, messages: list[tuple[int, int, int]], communicator: str, *,
+            late: bool = False) -> None:
     """The ``p2p.dropped`` warning of a rank that closed with ``messages`` (source, tag,
-    bytes) that no recv took, counted by source and tag."""
+    bytes) that no recv took, counted by source and tag; ``late``: they arrived after the
+    close (sent before their sender heard of it)."""
     tally: dict[tuple[int, int], list[int]] = {}
     for source, tag, nbytes in messages:
         counts = tally.setdefault((source, tag), [0, 0])
@@ -116,4 +118,4 @@ def dropped(log: Any, messages: list[tuple[int, int, int]], communicator: str) -
                 nbytes=sum(b for _, b in tally.values()),
                 by_source_tag=[{"source": src, "tag": tag, "messages": n, "nbytes": b}
                                for (src, tag), (n, b) in sorted(tally.items())],
-                communicator=communicator)
+                communicator=communicator, **({"after_close": True} if late else {}))

@@ -142,7 +142,11 @@ class MPITransport(Link):
         kind, dlen, src, tag, nbytes, count, ident, dfield = HEADER.unpack_from(slot.buf)
         endpoint = self.endpoint
         if kind == EAGER:  # the hot path, outside the wire
-            if not endpoint.closed:  # a closed rank drops what arrives, as in-process
+            if endpoint.closed:  # a closed rank drops what arrives, and says so
+                late = getattr(endpoint, "dropped_late", None)
+                if late is not None:
+                    late(src, tag, nbytes)
+            else:
                 dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
                 if ";" in dtype:  # not 1-D: the usual way, which keeps its shape
                     dtype, shape = split_shape(dtype)

@@ -136,8 +136,11 @@ class LocalLink(Link):
             ep.arrived(msg)
         elif msg.where == AT_SENDER:
             self.endpoints[msg.source].failed(msg, self._closed(msg.source, dest))
-        else:
+        else:  # staged at the sender's side, in flight: dropped here, and said so
             self._plans.pop(msg, None)
+            late = getattr(ep, "dropped_late", None)
+            if late is not None:
+                late(msg.source, msg.tag, msg.nbytes)
 
     # -- receiving ------------------------------------------------------------------------
 
