@@ -66,6 +66,7 @@ class Exchange:
         self._live: list[Request] = []
         self._counts: dict[Request, int] = {}  # what each recv must receive, exactly
         self.pending_at_withdrawal: list[Request] = []
+        self.step = 0  # waits begun so far (hang reports name the step)
 
     def send(self, buf: Array, dst: int, offset: int = 0) -> Request:
         req = self.comm.isend(buf, dst, self.tag + offset)
@@ -86,6 +87,7 @@ class Exchange:
             asyncio.CancelledError: an op was withdrawn by someone else.
         """
         pending = list(reqs)
+        self.step += 1
         while True:
             for r in pending:
                 if r.done():

@@ -11,7 +11,7 @@ switches by size (``default_choice``).  ``algorithm=`` names one instead (``"rin
 A call takes its place in that order (its tags) when it is *called*, not when its coroutine
 first runs (``_calls``): a call cancelled before it ran, or one that raised, still used up
 its place on this rank, so the next call pairs with the other ranks' next call.  A call
-that leaves unfinished has its block noted (``_abandoned``), and messages the other ranks
+that leaves unfinished has its block noted (``_left_block``), and messages the other ranks
 sent for it are dropped from staging.
 """
 
@@ -47,7 +47,7 @@ class CollectivesMixin:
         def _check_ready(self) -> None: ...
         def _private(self) -> Communicator: ...
         def _next_tags(self) -> int: ...
-        def _abandoned(self, tag: int) -> None: ...
+        def _left_block(self, tag: int) -> None: ...
 
     def _setup(self, algorithm: str | None) -> tuple[Communicator, Chooser]:
         self._check_ready()
@@ -72,7 +72,7 @@ class CollectivesMixin:
         """The call's place (its tags) is taken now, whatever happens to the coroutine."""
         tag = self._next_tags()
         return Call(self._run_collective(run, tag, algorithm, args, kwargs),
-                    lambda _: self._abandoned(tag))
+                    lambda _: self._left_block(tag))
 
     async def _run_collective(self, run: Callable[..., Awaitable[None]], tag: int,
                               algorithm: str | None, args: tuple[Any, ...],
@@ -81,7 +81,7 @@ class CollectivesMixin:
             private, choose = self._setup(algorithm)
             await run(private, *args, tag=tag, choose=choose, **kwargs)
         except BaseException:
-            self._abandoned(tag)
+            self._left_block(tag)
             raise
 
     def barrier(self, *, timeout: float | None = None) -> Call[None]:

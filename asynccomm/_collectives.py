@@ -33,7 +33,6 @@ data; a block of another size or dtype fails the recv that meets it with a ``Mat
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _waits
 from ._buffers import dtype_name
 from ._collective_algorithms import ALGORITHMS, P2P, Exchange
 from ._collective_costs import Chooser, default_choice
@@ -155,13 +155,14 @@ async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None
     """Run ``body`` (Rules 3, 4 and 7); ``sign``: the arguments every rank must pass alike
     that the sizes of its messages do not show (a root, an op)."""
     ex = Exchange(comm, tag + _signature(where, algo, sign))
+    _waits.inside(ex, where, algo, TAG_SPAN)  # named in hang reports and dumps
     note = (f"during {where} ({algo}, tags {tag}..{tag + TAG_SPAN - 1}) on rank {comm.rank} "
             f"of {comm.size}")
     try:
         if timeout is None:
             await _guarded(ex, body)
             return
-        async with asyncio.timeout(timeout) as cm:
+        async with _waits.armed_timeout(timeout) as cm:  # seen by the deadlock proof
             await _guarded(ex, body)
     except AsyncCommError as exc:
         raise _noted(exc, note, where) from exc.__cause__

@@ -497,6 +497,22 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
     def closed(self) -> bool:
         return self._engine.closed
 
+    async def __aexit__(self, *exc_info: object) -> None:
+        """Close; if the block raised, the peers hear that this rank failed, and why."""
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(exc, BaseException):
+            self._mark_failed(exc)
+        await self.aclose()
+
+    def _mark_failed(self, exc: BaseException) -> None:
+        """This rank failed with ``exc``: its peers, on this communicator, its private
+        context and its sub-communicators, hear so when they close."""
+        self._engine.failed_with = exc
+        for sub in list(self._children):
+            sub._mark_failed(exc)
+        if self._private_comm is not None:
+            self._private_comm._mark_failed(exc)
+
     async def aclose(self) -> None:
         """Close this rank's communicator: unmatched ops fail with ``CommClosedError``,
         matched transfers finish, peers waiting for this rank get ``CommBrokenError``.

@@ -4,6 +4,7 @@ the closed ranks of a broken op)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,14 +18,15 @@ from ._exceptions import (
     TruncationError,
 )
 from ._types import ANY_SOURCE
+from .transports.base import gone_error
 
 if TYPE_CHECKING:
     from ._core.matching import RecvRejected
     from ._engine import DeviceEngine
     from ._request import Request
 
-__all__ = ["broken", "describe", "flight_dump", "fresh_copy", "pending_for", "rejection",
-           "timeout_error"]
+__all__ = ["broken", "describe", "failed_reason", "flight_dump", "fresh_copy", "pending_for",
+           "rejection", "timeout_error"]
 
 
 def describe(req: Request) -> str:
@@ -68,9 +70,22 @@ def rejection(rank: int, event: RecvRejected) -> Exception:
                recv_dtype=recv.dtype or "")
 
 
-def broken(rank: int, peer: int, gone: set[int]) -> CommBrokenError:
+def failed_reason(exc: BaseException) -> str:
+    """What a rank that failed with ``exc`` is said to have done, for its peers."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "was interrupted (KeyboardInterrupt)"
+    if isinstance(exc, asyncio.CancelledError):
+        return "was cancelled"
+    return f"failed with {type(exc).__name__}: {exc}".replace("\n", " ")
+
+
+def broken(rank: int, peer: int, gone: set[int], why: str | None = None,
+           cause: BaseException | None = None) -> CommBrokenError:
     """The error for an op of ``rank`` that ``peer`` (``ANY_SOURCE``: every other rank),
-    now closed, can never complete."""
+    now closed, can never complete; ``why`` is what ``peer`` said when it closed (None:
+    it closed normally), ``cause`` its failure, where it is known here."""
+    if peer != ANY_SOURCE:
+        return gone_error(rank, peer, why, cause)
     if peer == ANY_SOURCE:
         ranks = ", ".join(str(r) for r in sorted(gone))
         return CommBrokenError(f"every other rank has closed its communicator (ranks "

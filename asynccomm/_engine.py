@@ -41,11 +41,13 @@ from ._exceptions import CommClosedError, CommTimeoutError
 from ._request import Request
 from ._stream import Stream
 from ._types import Status
+from ._waits import communicator_label
 from .transports.base import ASKED, WITHDRAWN
 
 if TYPE_CHECKING:
     from ._clock import ModelClock
     from ._trace import RankTrace
+    from ._waits import Scope
     from .sim.device import Device
     from .sim.records import OpRecord
     from .transports.base import Link
@@ -65,10 +67,10 @@ class DeviceEngine(TracedLane, PeersMixin):
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
         "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
-        "default_stream", "device", "eager_limit", "failure", "fast", "flight", "gone",
-        "inline_copies", "instant", "link", "log", "loop", "matcher", "now", "peers", "pool",
-        "private", "rank", "recent", "records", "size", "taken_at", "trace", "traced",
-        "tracer", "unheard", "world_rank", "world_ranks"
+        "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
+        "flight", "gone", "inline_copies", "instant", "link", "log", "loop", "matcher", "now",
+        "peers", "pool", "private", "rank", "recent", "records", "scopes", "size", "taken_at",
+        "trace", "traced", "tracer", "unheard", "world_rank", "world_ranks"
     )
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
@@ -124,6 +126,8 @@ class DeviceEngine(TracedLane, PeersMixin):
         #: What broke the link underneath (``broke``): every op posted since fails with it
         #: (a fresh copy), unless a message already here completes it.
         self.failure: BaseException | None = None
+        #: What this rank failed with, if it did: its peers hear it at close.
+        self.failed_with: BaseException | None = None
         self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
@@ -132,6 +136,8 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.unheard: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
+        #: The collective calls run on this engine, for reports (``_waits``).
+        self.scopes: list[Scope] = []
         self._n_pending = 0  # tracked (unfinished) ops
         self._pending_recvs = 0  # of them, recvs with a non-empty buffer
         self._recv_buffers: PendingBuffers | None = None  # theirs, once two were pending
@@ -498,6 +504,12 @@ class DeviceEngine(TracedLane, PeersMixin):
                 self.log.info("p2p.timeout.flight", error=str(exc), flight=diag.flight_dump(self))
             self.withdraw(req, exc)
 
+    def dropped_late(self, source: int, tag: int, nbytes: int) -> None:
+        """A message came after this rank closed (sent before its sender heard of the
+        close) and was dropped: say so, as the close said of those before it."""
+        _logging.dropped(self.log, [(source, tag, nbytes)],
+                         communicator_label(self) or "world", late=True)
+
     # -- copies ---------------------------------------------------------------------------
 
     def copy_on_thread(self, dst: memoryview, src: memoryview, nbytes: int,
@@ -538,7 +550,9 @@ class DeviceEngine(TracedLane, PeersMixin):
 
     async def aclose(self, reason: str = "has closed its communicator") -> None:
         """Close: fail unmatched ops with ``CommClosedError``, let matched transfers finish,
-        drop staged messages, and tell the link.  Idempotent."""
+        drop the messages no recv took (a ``p2p.dropped`` warning counts them by source and
+        tag; a send still waiting for this rank fails, see ``LocalLink.discard``), and tell
+        the link.  Idempotent."""
         if self.closed:
             return
         self.closed = True
@@ -549,13 +563,19 @@ class DeviceEngine(TracedLane, PeersMixin):
         if self.pending_ops:  # matched transfers still moving: they finish, not torn
             self._idle = self.loop.create_future()
             await asyncio.shield(self._idle)
+        dropped = []
         for desc in self.matcher.unexpected():
             msg = cast(Message, desc)  # only messages wait unexpected
             self.matcher.withdraw(msg)
             if msg.where == STAGED:
                 self.pool.release(msg.view)  # type: ignore[arg-type]
             self.link.discard(msg, self.rank)
+            dropped.append((msg.source, msg.tag, msg.nbytes))
+        if dropped:
+            _logging.dropped(self.log, dropped, communicator_label(self) or "world")
         self.pool.trim()
+        if self.failed_with is not None:
+            reason = diag.failed_reason(self.failed_with)
         self.link.close(self.rank, reason)
         if self._executor is not None:
             self._executor.shutdown(wait=False)

@@ -19,6 +19,7 @@ from ._types import ANY_SOURCE
 if TYPE_CHECKING:
     from ._request import Request
     from ._stream import Stream
+    from .transports.base import Link
 
 __all__ = ["EngineStatistics", "PeersMixin"]
 
@@ -56,6 +57,7 @@ class PeersMixin:
     unheard: set[int]
     matcher: Matcher
     pool: StagingPool
+    link: Link
     _n_pending: int
     _copies: int
     _streams: weakref.WeakSet[Stream]
@@ -99,7 +101,8 @@ class PeersMixin:
         """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
         rank), now closed, can never complete."""
         if peer != ANY_SOURCE:  # (the closed ranks are named for wildcards only)
-            return diag.broken(self.rank, peer, self.gone)
+            why, cause = self.link.why_gone(peer)
+            return diag.broken(self.rank, peer, self.gone, why, cause)
         return diag.broken(self.rank, peer, self.gone - self.unheard - {self.rank})
 
     def broke(self, exc: BaseException) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from ._exceptions import AsyncCommError, CommBrokenError, CommClosedError, CommTimeoutError
 from ._request import Request, defer_cancellation, settle, wait_any
 from ._types import ANY_SOURCE
+from ._waits import armed_timeout
 
 if TYPE_CHECKING:
     from ._communicator import Communicator
@@ -101,7 +102,7 @@ async def form(private: Communicator, tag: int, what: str, color: int, key: int,
         private.isend(np.array([READY, color, key, 0], np.int64), 0, tag)
         rest = loop.create_task(_closing_if_left(_follow(private, tag, what, make), left))
     try:
-        async with asyncio.timeout_at(deadline):
+        async with armed_timeout(_left_of(deadline)):  # (seen by the deadlock proof)
             return await asyncio.shield(rest)
     except (asyncio.CancelledError, TimeoutError) as exc:
         if rest.done() and not rest.cancelled() and rest.exception() is None:
@@ -123,6 +124,10 @@ async def form(private: Communicator, tag: int, what: str, color: int, key: int,
         raise CommTimeoutError(f"{what}: rank {private.rank} did not finish within {limit} "
                                "s and left the call", rank=private.rank, op=what, peer=0,
                                tag=tag, timeout=limit or 0.0) from None
+
+
+def _left_of(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - asyncio.get_running_loop().time())
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -178,7 +183,7 @@ async def _coordinate(private: Communicator, tag: int, what: str, color: int, ke
     error: BaseException | None = None
     told: list[Request] = []
     try:
-        async with asyncio.timeout_at(deadline):
+        async with armed_timeout(_left_of(deadline)):
             verdict, why, culprit, error = await _hear(got, rows, notice, late, gone)
     except TimeoutError:
         why, culprit = TIMED_OUT, next((r for r, q in got.items() if not q.done()), 0)

@@ -170,10 +170,10 @@ class GroupsMixin:
         try:
             sub = await form(private, tag, what, c, k, limit, make, self._linger)
         except BaseException:
-            self._abandoned(tag)  # what the others send this call is dropped
+            self._left_block(tag)  # what the others send this call is dropped
             raise
         if private.rank == 0:
-            self._abandoned(tag)  # the late word of a rank that left after GO, dropped
+            self._left_block(tag)  # the late word of a rank that left after GO, dropped
         return sub
 
     def _leave(self, tag: int, exc: BaseException | None) -> None:
@@ -183,7 +183,7 @@ class GroupsMixin:
         except (AsyncCommError, RuntimeError):
             private = None
         leave(private, tag, exc)
-        self._abandoned(tag)
+        self._left_block(tag)
 
     async def _adopt(self, sub: Communicator | None) -> Communicator | None:
         if sub is not None:
@@ -203,7 +203,7 @@ class GroupsMixin:
             self._sweep(block)
         return block * TAG_SPAN
 
-    def _abandoned(self, tag: int) -> None:
+    def _left_block(self, tag: int) -> None:
         """The call on the block of ``tag`` left without finishing here (Rule 5): drop the
         messages the other ranks sent it, now and for the next ``_SWEEP_CALLS`` calls."""
         self._dead[tag // TAG_SPAN] = _SWEEP_CALLS

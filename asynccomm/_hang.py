@@ -7,36 +7,43 @@ Rule 1 (the proof).  An in-process world on the wall clock is deadlocked when, a
 checks in a row (every ``PERIOD`` seconds) with no op finishing in between, every task of
 the program but ``run``'s own is blocked on a future that only asynccomm resolves: a
 pending op's, a stream event's, another such task, or a ``gather`` of such tasks; no op
-has a timeout armed, none has matched (its copy is moving), no copy runs on a worker
-thread, and (on asyncio) the loop has no ready callback and no timer but the check's own.
+has a timeout armed, no timeout the library armed around an await is pending (a
+collective's, ``split``'s: ``_waits``), none has matched (its copy is moving), no copy runs
+on a worker thread, and (on asyncio) the loop has no ready callback and no timer but the
+check's own.
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
-What the proof cannot see is an op posted from outside any task: by a thread through
-``call_soon_threadsafe``, or on uvloop, which does not show its timers, by a bare
+On uvloop, which does not show its timers, a task's own ``asyncio.timeout`` is looked for
+among its referrers before anything is raised.  What the proof cannot see is an op posted
+from outside any task: by a thread through ``call_soon_threadsafe``, or on uvloop by a bare
 ``call_later`` callback.
 Rule 2 (the verdict).  A proven deadlock fails every unmatched op with one
 ``DeadlockError`` naming each rank's ops, the wait-for cycle, and each rank's flight
 record, exactly as the virtual clock does.
-Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_TIMEOUT`` seconds (default 300, 0: off) with ops
-pending and none finishing: every rank's pending ops and recent ops are logged
-(``comm.hang``, a warning; on stderr when no logger is on) and the program keeps waiting.
-On MPI each process watches its own rank, and asks the ranks it waits for what they wait
-for (``DUMP_ASK``; best effort: each answers from its progress task, and its answer is
-reported as ``comm.hang.peer`` when it comes).
+Rule 3 (the watchdog).  ``ASYNCCOMM_HANG_WARN`` seconds (default 10, 0: off) with ops
+pending and none finishing: one line per rank says what it waits for (``comm.hang.first``;
+on stderr when no logger is on), once per stall.  ``ASYNCCOMM_HANG_TIMEOUT`` seconds
+(default 300, 0: off): every rank's pending ops and recent ops are logged (``comm.hang``,
+a warning) and the program keeps waiting.
+On MPI each process watches its own rank, and at either point asks the ranks it waits for
+what they wait for (``DUMP_ASK``; best effort: each answers from its progress task, and
+its answer is reported as ``comm.hang.peer`` when it comes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _waits
 from ._core.states import ACTIVE, Kind
+from ._diagnostics import describe
 from ._exceptions import DeadlockError
-from ._flight import format_dump
 from ._groups import OBJECT_TAGS
 from ._logging import NullLogger
 from ._options import seconds_from_env
@@ -54,6 +61,7 @@ PERIOD: Final = 0.2
 #: Finished ops of each rank shown in a deadlock message or a hang report.
 SHOWN: Final = 8
 DEFAULT_HANG_TIMEOUT: Final = 300.0
+DEFAULT_HANG_WARN: Final = 10.0
 
 
 def hang_timeout() -> float:
@@ -64,6 +72,16 @@ def hang_timeout() -> float:
     """
     value = seconds_from_env("ASYNCCOMM_HANG_TIMEOUT")
     return DEFAULT_HANG_TIMEOUT if value is None else value
+
+
+def hang_warning() -> float:
+    """``ASYNCCOMM_HANG_WARN`` in seconds (default 10; 0 turns the first warning off).
+
+    Raises:
+        ValueError: the variable is set to something that is not a number >= 0.
+    """
+    value = seconds_from_env("ASYNCCOMM_HANG_WARN")
+    return DEFAULT_HANG_WARN if value is None else value
 
 
 # -- what every rank waits for ------------------------------------------------------------
@@ -102,17 +120,36 @@ def wait_for_cycle(engines: Sequence[DeviceEngine]) -> str:
                 break
             path.append((rank, *nxt))
             if nxt[0] == start:
-                return ", ".join(_waits(r, p, t, op) for r, p, t, op in path)
+                return ", ".join(_waits_for(r, p, t, op) for r, p, t, op in path)
             if nxt[0] in seen:
                 break
             seen.add(nxt[0])
             rank = nxt[0]
-    return "; ".join(_waits(r, p, t, op) for r in sorted(edges) for p, t, op in edges[r])
+    return "; ".join(_waits_for(r, p, t, op) for r in sorted(edges) for p, t, op in edges[r])
 
 
-def _waits(rank: int, peer: int, tag: int, op: str) -> str:
+def _waits_for(rank: int, peer: int, tag: int, op: str) -> str:
     tag_s = "any tag" if tag < 0 else f"tag {tag}"
     return f"rank {rank} waits for {peer} on {tag_s} ({op})"
+
+
+def _summary(engines: Sequence[DeviceEngine]) -> dict[int, str]:
+    """world rank -> what it waits for, on one line: its collective calls (``allreduce
+    (ring) step 2 waiting on rank 1 (recv tag 0)``) and its other pending ops, each with
+    its communicator where that is not the world's; only ranks with ops pending."""
+    out: dict[int, list[str]] = {}
+    for e in engines:
+        live = e.live_requests()
+        if not live:
+            continue
+        label = _waits.communicator_label(e)
+        where = f" [{label}]" if label else ""
+        calls = _waits.scopes(e)
+        parts = out.setdefault(e.world_rank, [])
+        parts += [s.describe().removeprefix("inside ") + where for s in calls]
+        in_calls = {id(r) for s in calls for r in s.waiting()}
+        parts += [describe(r) + where for r in live if id(r) not in in_calls]
+    return {rank: "; ".join(parts) for rank, parts in sorted(out.items())}
 
 
 def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
@@ -129,12 +166,9 @@ def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
 
 
 def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
-    """Every rank's pending ops and last ``last`` finished ops, human-readable (a rank's
-    communicators together: the world's first)."""
-    ranks: dict[int, list[dict[str, Any]]] = {}
-    for e in engines:
-        ranks.setdefault(e.world_rank, []).extend(e.flight.dicts(e.rank, e.live_requests()))
-    return format_dump(ranks, last=last)
+    """Every rank's pending ops and last ``last`` finished ops, human-readable: a rank's
+    communicators together, each with its collective calls (``_waits.dump``)."""
+    return _waits.dump(engines, last=last)
 
 
 def _where(e: DeviceEngine, req: Any) -> str:
@@ -155,8 +189,9 @@ def deadlock_error(engines: Sequence[DeviceEngine]) -> DeadlockError | None:
     if not pending:
         return None
     lines = "; ".join(f"rank {rank}: {', '.join(ops)}" for rank, ops in pending.items())
+    inside = "".join(f"\n{line}" for line in _waits.collective_lines(engines))
     return DeadlockError(f"deadlock: every rank is blocked and nothing can wake them; "
-                         f"unmatched operations: {lines}\nwait-for cycle: "
+                         f"unmatched operations: {lines}{inside}\nwait-for cycle: "
                          f"{wait_for_cycle(engines)}\nflight record:\n{dump(engines)}",
                          pending=pending)
 
@@ -187,12 +222,17 @@ class Watch:
     ``timeout`` > 0."""
 
     def __init__(self, engines: Sequence[DeviceEngine], loop: asyncio.AbstractEventLoop, *,
-                 timeout: float, driver: asyncio.Task[Any] | None) -> None:
+                 timeout: float, driver: asyncio.Task[Any] | None,
+                 warn: float | None = None) -> None:
         self.engines = engines
         self.loop = loop
         self.timeout = timeout
+        self.warn = hang_warning() if warn is None else warn
         self.driver = driver
-        self.period = PERIOD if driver is not None else max(min(timeout / 4, 5.0), 0.05)
+        limit = min((t for t in (timeout, self.warn) if t > 0), default=0.0)
+        self.period = PERIOD if driver is not None else max(min(limit / 4, 5.0), 0.05)
+        self._warned = False
+        self._excused: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._last: tuple[int, frozenset[tuple[int, int]]] | None = None
         self._progress = -1
@@ -200,7 +240,7 @@ class Watch:
         self._reported = 0.0
 
     def start(self) -> None:
-        if self.driver is None and self.timeout <= 0:
+        if self.driver is None and self.timeout <= 0 and self.warn <= 0:
             return
         self._handle = self.loop.call_later(self.period, self._tick)
 
@@ -214,18 +254,37 @@ class Watch:
         progress = _progress(self.engines)
         now = self.loop.time()
         if progress != self._progress:
-            self._progress, self._since = progress, now
+            self._progress, self._since, self._warned = progress, now, False
         if self.driver is not None:
             proof = self._proof()
-            if proof is not None and proof == self._last and fail_deadlocked(self.engines):
+            if (proof is not None and proof == self._last and not self._timed(proof)
+                    and fail_deadlocked(self.engines)):
                 self.stop()
                 return
             self._last = proof
+        if (self.warn > 0 and not self._warned and now - self._since >= self.warn
+                and (self.timeout <= 0 or self.warn < self.timeout)
+                and any(e.pending_ops for e in self.engines)):
+            self._warned = True
+            self._first_warning(now - self._since)
         if (self.timeout > 0 and now - self._since >= self.timeout
                 and now - self._reported >= self.timeout
                 and any(e.pending_ops for e in self.engines)):
             self._reported = now
             self._report(now - self._since)
+
+    def _first_warning(self, idle: float) -> None:
+        """One line per rank: what it waits for, after ``warn`` seconds with no op
+        finishing; across processes the ranks it waits for are asked too."""
+        log = self.engines[0].log
+        for rank, waits in _summary(self.engines).items():
+            if isinstance(log, NullLogger):
+                sys.stderr.write(f"asynccomm: rank {rank}: no op finished for {idle:.1f} s "
+                                 f"(ASYNCCOMM_HANG_WARN); waiting on: {waits}\n")
+                sys.stderr.flush()
+            else:
+                log.warning("comm.hang.first", idle_s=round(idle, 3), waiting=waits)
+        self._ask_peers()
 
     def _report(self, idle: float) -> None:
         text = dump(self.engines)
@@ -236,8 +295,11 @@ class Watch:
             sys.stderr.flush()
         else:
             log.warning("comm.hang", idle_s=round(idle, 3), pending=text)
-        # Across processes: ask the ranks this one waits for what they wait for (their
-        # answers are reported as they come, by ``peer_report``).
+        self._ask_peers()
+
+    def _ask_peers(self) -> None:
+        """Across processes: ask the ranks this one waits for what they wait for (their
+        answers are reported as they come, by ``peer_report``)."""
         asked: set[tuple[int, int]] = set()
         for e in self.engines:
             ask = getattr(e.link, "ask_dump", None)
@@ -252,10 +314,25 @@ class Watch:
                         asked.add((id(e), p))
                         ask(p)
 
+    def _timed(self, proof: tuple[int, frozenset[tuple[int, int]]]) -> bool:
+        """On a loop that hides its timers (uvloop): True if a task of the program has an
+        ``asyncio.timeout`` of its own armed, which will wake it.  Looked for once per
+        stuck state (it reads the task's referrers: not for every check)."""
+        if hasattr(self.loop, "_scheduled"):
+            return False  # asyncio: ``_loop_quiet`` saw every timer
+        if proof == self._excused:
+            return True
+        for task in asyncio.all_tasks(self.loop):
+            if task is not self.driver and any(_armed(r) for r in gc.get_referrers(task)):
+                self._excused = proof
+                return True
+        return False
+
     def _proof(self) -> tuple[int, frozenset[tuple[int, int]]] | None:
         """What every task waits for, if the world is provably stuck now, else None."""
         library = _library_futures(self.engines)
-        if library is None or not _loop_quiet(self.loop, self._handle):
+        if (library is None or _waits.armed(self.loop)
+                or not _loop_quiet(self.loop, self._handle)):
             return None
         tasks = {t for t in asyncio.all_tasks(self.loop) if t is not self.driver}
         waits = []
@@ -273,6 +350,13 @@ class Watch:
         if not waits:
             return None
         return _progress(self.engines), frozenset(waits)
+
+
+def _armed(obj: object) -> bool:
+    """True if ``obj`` is an ``asyncio.timeout`` that is armed: entered, with a deadline
+    (its timer handle, which asyncio drops on leaving the block)."""
+    return (isinstance(obj, asyncio.Timeout)
+            and getattr(obj, "_timeout_handler", None) is not None)
 
 
 def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:

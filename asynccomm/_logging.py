@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["NullLogger", "debug_level", "engine_logger", "op_finished"]
+__all__ = ["NullLogger", "debug_level", "dropped", "engine_logger", "op_finished"]
 
 _LEVELS = {"info": logging.INFO, "debug": logging.DEBUG}
 
@@ -112,3 +112,20 @@ def op_finished(log: Any, entry: tuple[Any, ...]) -> None:
     log.debug("p2p.done", op=kind, peer=peer, tag=tag, nbytes=nbytes, stream=sid,
               outcome=how, wait_us=round((match - post) * 1e6, 3),
               copy_us=round((t_fin - match) * 1e6, 3), total_us=round((t_fin - post) * 1e6, 3))
+
+
+def dropped(log: Any, messages: list[tuple[int, int, int]], communicator: str, *,
+            late: bool = False) -> None:
+    """The ``p2p.dropped`` warning of a rank that closed with ``messages`` (source, tag,
+    bytes) that no recv took, counted by source and tag; ``late``: they arrived after the
+    close (sent before their sender heard of it)."""
+    tally: dict[tuple[int, int], list[int]] = {}
+    for source, tag, nbytes in messages:
+        counts = tally.setdefault((source, tag), [0, 0])
+        counts[0] += 1
+        counts[1] += nbytes
+    log.warning("p2p.dropped", messages=sum(n for n, _ in tally.values()),
+                nbytes=sum(b for _, b in tally.values()),
+                by_source_tag=[{"source": src, "tag": tag, "messages": n, "nbytes": b}
+                               for (src, tag), (n, b) in sorted(tally.items())],
+                communicator=communicator, **({"after_close": True} if late else {}))

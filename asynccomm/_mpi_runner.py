@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 from array import array
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
@@ -89,6 +89,7 @@ class _MPIWorld:
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
         trace_file = _trace.trace_path(trace)
         _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
+        _hang.hang_warning()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
@@ -126,11 +127,8 @@ class _MPIWorld:
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
         of the world has closed."""
-        if isinstance(failure, KeyboardInterrupt):
-            self.transport.close_reason = "was interrupted (KeyboardInterrupt)"
-        elif failure is not None:
-            why = f"failed with {type(failure).__name__}: {failure}".replace("\n", " ")
-            self.transport.close_reason = why
+        if failure is not None:  # said on every communicator of this rank
+            self.comm._mark_failed(failure)
         self.watch.stop()
         await self.comm.aclose()
         await self.transport.wait_closed()
@@ -345,7 +343,7 @@ class _Interrupt:
     def __init__(self) -> None:
         self.hit = False
         self.rank = -1
-        self.engines: list[DeviceEngine] = []
+        self.engines: Sequence[DeviceEngine] = []
 
     def install(self) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
@@ -388,7 +386,7 @@ async def _run_rank_body(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     world = await _MPIWorld.open(**options)
     comm = world.comm
     interrupt.rank = comm.rank
-    interrupt.engines = [comm._engine]
+    interrupt.engines = world.watch.engines  # every engine of this rank, sub-communicators'
     uninstall = _hang.install_dump_signal(comm._engine.loop, lambda: interrupt.engines)
     try:
         coro = main(comm)

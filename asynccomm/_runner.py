@@ -298,7 +298,7 @@ def _watch(comms: tuple[Communicator, ...]) -> _hang.Watch:
                else [c._engine for c in comms])
     loop = asyncio.get_running_loop()
     if isinstance(loop, VirtualTimeLoop):  # a timer there would keep virtual time moving
-        return _hang.Watch(engines, loop, timeout=0.0, driver=None)
+        return _hang.Watch(engines, loop, timeout=0.0, driver=None, warn=0.0)
     provable = all(isinstance(e.link, LocalLink) and e.link.timing is None for e in engines)
     return _hang.Watch(engines, loop, timeout=_hang.hang_timeout(),
                        driver=asyncio.current_task() if provable else None)
@@ -364,8 +364,7 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
             if not failed[rank] and any(failed) and isinstance(exc, CommBrokenError):
                 continue  # cancelled, it lost a peer that had failed: that rank's error
             if isinstance(exc, DeadlockError):  # one error for the whole world
-                if all(f is not exc for f in failures):
-                    failures.append(exc)
+                _one_deadlock(failures, exc)
                 continue
             exc.add_note(f"(raised on rank {rank})")
             failures.append(exc)
@@ -374,6 +373,20 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     if failures:
         raise ExceptionGroup(f"{len(failures)} ranks failed", failures)
     return [t.result() for t in tasks]
+
+
+def _one_deadlock(failures: list[Exception], exc: DeadlockError) -> None:
+    """Add ``exc`` to ``failures`` unless it is the world's deadlock already there (the
+    same error, or a copy a collective made to note itself: its notes join the first)."""
+    for f in failures:
+        if f is exc:
+            return
+        if isinstance(f, DeadlockError) and f.args == exc.args:
+            for note in getattr(exc, "__notes__", ()):
+                if note not in getattr(f, "__notes__", ()):
+                    f.add_note(note)
+            return
+    failures.append(exc)
 
 
 #: Variables that MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm's PMI) set in each process.
@@ -436,7 +449,10 @@ async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
         raise TypeError("run_async() needs world_size for in-process ranks "
                         "(or an MPI launch: mpiexec -n N python script.py)")
     async with open_world(world_size, cluster, clock, **options) as world:
-        engines = [c._engine for c in world.comms]
+        family = world.comms[0]._family
+        # every engine: sub-communicators' and private contexts' too
+        engines = (family.registry if isinstance(family, _LocalFamily)
+                   else [c._engine for c in world.comms])
         uninstall = _hang.install_dump_signal(asyncio.get_running_loop(), lambda: engines)
         on_cancel = None if interrupted is None else (
             lambda: interrupted.append(_hang.dump(engines)))

@@ -35,7 +35,7 @@ from .._exceptions import CommBrokenError, TransportError
 from . import _mpi_lib as lib
 from ._mpi_lib import mpi_errors, translate
 from ._mpi_progress import CTRL_SLOTS, Progress, Slot
-from .base import ASKED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
+from .base import ASKED, CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -64,7 +64,6 @@ class MPITransport(Link):
                          credits=[p // self.size for p in pools],
                          grant=pools[self.rank] // self.size)
         self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
-        self.close_reason = "has closed its communicator"
         self.endpoint: Endpoint  # set by start()
         self.progress = Progress(comm, on_control=self._on_control,
                                  finished=lambda: self.wire.finished, failed=self._failed)
@@ -143,7 +142,11 @@ class MPITransport(Link):
         kind, dlen, src, tag, nbytes, count, ident, dfield = HEADER.unpack_from(slot.buf)
         endpoint = self.endpoint
         if kind == EAGER:  # the hot path, outside the wire
-            if not endpoint.closed:  # a closed rank drops what arrives, as in-process
+            if endpoint.closed:  # a closed rank drops what arrives, and says so
+                late = getattr(endpoint, "dropped_late", None)
+                if late is not None:
+                    late(src, tag, nbytes)
+            else:
                 dtype = DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)
                 if ";" in dtype:  # not 1-D: the usual way, which keeps its shape
                     dtype, shape = split_shape(dtype)
@@ -193,16 +196,20 @@ class MPITransport(Link):
             case w.PeerClosed(source, _, announced, withdrawing):
                 exc = self._peer_error(source)
                 for ident in announced:  # never matched: it never will be
-                    endpoint.failed(self._sends.pop(ident), exc)
+                    endpoint.failed(self._sends.pop(ident),
+                                    self._peer_error(source, unreceived=True))
                 for ident in withdrawing:  # dropped unmatched by the closing rank
                     endpoint.withdrawn(self._sends.pop(ident))
                 endpoint.peer_closed(source, exc)
             case _:
                 pass
 
-    def _peer_error(self, peer: int) -> CommBrokenError:
-        reason = self.wire.closed_by.get(peer, "has closed its communicator")
-        return CommBrokenError(f"rank {peer} {reason}", rank=self.rank, peer=peer)
+    def _peer_error(self, peer: int, *, unreceived: bool = False) -> CommBrokenError:
+        return gone_error(self.rank, peer, self.why_gone(peer)[0], None, unreceived=unreceived)
+
+    def why_gone(self, peer: int) -> tuple[str | None, BaseException | None]:
+        reason = self.wire.closed_by.get(peer)
+        return (None if reason == CLOSED else reason), None
 
     # -- the Link interface ---------------------------------------------------------------
 
@@ -309,7 +316,7 @@ class MPITransport(Link):
         self._announced.clear()
         self.progress.closing = True
         try:
-            for dest, raw in self.wire.close(self.close_reason):
+            for dest, raw in self.wire.close(reason):
                 self._send(dest, raw)
         except lib.MPI.Exception as exc:
             self._break(translate(exc, "close", self.rank))

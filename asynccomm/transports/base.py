@@ -37,10 +37,12 @@ import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol
 
+from .._exceptions import CommBrokenError
+
 if TYPE_CHECKING:
     from .._core.descriptors import Message
 
-__all__ = ["ASKED", "TOO_LATE", "WITHDRAWN", "Endpoint", "Link", "Ready"]
+__all__ = ["ASKED", "CLOSED", "TOO_LATE", "WITHDRAWN", "Endpoint", "Link", "Ready", "gone_error"]
 
 #: Outcomes of ``Link.withdraw``.
 TOO_LATE: Final = 0
@@ -102,6 +104,25 @@ class Endpoint(Protocol):
         """This rank's unfinished ops that involve ``peer`` and that ``peer`` cannot see."""
 
 
+#: What a rank that closed normally is said to have done (a failed rank says why).
+CLOSED: Final = "has closed its communicator"
+
+
+def gone_error(rank: int, peer: int, why: str | None, cause: BaseException | None, *,
+               unreceived: bool = False) -> CommBrokenError:
+    """The error of ``rank``'s op that ``peer``, gone, will never complete: it closed
+    normally (``why`` None) or said ``why`` (``failed with ValueError: ...``); with
+    ``unreceived``, a send it closed without receiving.  Every transport says it alike."""
+    if why is None:
+        text = (f"rank {peer} closed its communicator before receiving this message"
+                if unreceived else f"rank {peer} {CLOSED}")
+    else:
+        text = f"rank {peer} {why}" + (", before receiving this message" if unreceived else "")
+    err = CommBrokenError(text, rank=rank, peer=peer)
+    err.__cause__ = cause
+    return err
+
+
 class Link(abc.ABC):
     """Moves messages between the engines of one world (see the module docs)."""
 
@@ -146,6 +167,11 @@ class Link(abc.ABC):
     @abc.abstractmethod
     def describe(self, rank: int, peer: int) -> list[str]:
         """What ``peer`` has posted that involves ``rank``, for error messages."""
+
+    def why_gone(self, peer: int) -> tuple[str | None, BaseException | None]:
+        """What ``peer``, which closed, said then: None if it closed normally, or
+        ``failed with ValueError: ...``; and its exception where it is known here."""
+        return None, None
 
     def waiting(self, rank: int, source: int) -> None:  # noqa: B027
         """A recv or probe of ``rank`` waits for ``source`` (``ANY_SOURCE``: any rank), the

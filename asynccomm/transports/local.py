@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .._core.descriptors import AT_SENDER, STAGED
 from .._exceptions import CommBrokenError
 from .._types import ANY_SOURCE
-from .base import TOO_LATE, WITHDRAWN, Endpoint, Link, Ready
+from .base import CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
 
 if TYPE_CHECKING:
     from .._core.descriptors import Message
@@ -39,6 +39,8 @@ class LocalLink(Link):
         self.timing = timing
         #: The ranks that have closed: every endpoint's ``gone`` (see ``close``).
         self.gone: set[int] = set()
+        #: Why ranks that did not close normally closed, and their failures (``why_gone``).
+        self._why: dict[int, tuple[str, BaseException | None]] = {}
         # The ranks with a recv or probe that waited for a source (ANY_SOURCE included),
         # by source: those a close of that source may concern.
         self._waiters: dict[int, set[int]] = {}
@@ -65,8 +67,7 @@ class LocalLink(Link):
     def send(self, msg: Message, dest: int) -> None:
         ep = self.endpoints[dest]
         if ep.closed:
-            self.endpoints[msg.source].failed(msg, CommBrokenError(
-                f"rank {dest} has closed its communicator", rank=msg.source, peer=dest))
+            self.endpoints[msg.source].failed(msg, self._closed(msg.source, dest))
         elif self.timing is None:
             ep.arrived(msg)
         else:
@@ -134,10 +135,12 @@ class LocalLink(Link):
         if not ep.closed:
             ep.arrived(msg)
         elif msg.where == AT_SENDER:
-            self.endpoints[msg.source].failed(msg, CommBrokenError(
-                f"rank {dest} has closed its communicator", rank=msg.source, peer=dest))
-        else:
+            self.endpoints[msg.source].failed(msg, self._closed(msg.source, dest))
+        else:  # staged at the sender's side, in flight: dropped here, and said so
             self._plans.pop(msg, None)
+            late = getattr(ep, "dropped_late", None)
+            if late is not None:
+                late(msg.source, msg.tag, msg.nbytes)
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -177,9 +180,8 @@ class LocalLink(Link):
     def discard(self, msg: Message, rank: int) -> None:
         self._plans.pop(msg, None)
         if msg.where == AT_SENDER:  # a rendezvous send still waiting: it never will be taken
-            self.endpoints[msg.source].failed(msg, CommBrokenError(
-                f"rank {rank} closed its communicator before receiving this message",
-                rank=msg.source, peer=rank))
+            self.endpoints[msg.source].failed(msg, self._closed(msg.source, rank,
+                                                               unreceived=True))
         elif msg.where != STAGED:
             raise AssertionError(f"an in-process message is never {msg.where}")
 
@@ -193,6 +195,8 @@ class LocalLink(Link):
         sent it has arrived (Rule 5), and until then has it in its ``unheard``: a message in
         flight is delivered, as on the wire.  O(the ranks it concerns), not O(size)."""
         self.gone.add(rank)
+        if reason != CLOSED:
+            self._why[rank] = (reason, getattr(self.endpoints[rank], "failed_with", None))
         timing = self.timing
         later: dict[int, int] = {}
         if timing is not None:
@@ -223,6 +227,13 @@ class LocalLink(Link):
         other.unheard.discard(rank)
         if not other.closed:
             other.peer_closed(rank, None)
+
+    def why_gone(self, peer: int) -> tuple[str | None, BaseException | None]:
+        return self._why.get(peer, (None, None))
+
+    def _closed(self, rank: int, peer: int, *, unreceived: bool = False) -> CommBrokenError:
+        """The error of ``rank``'s send that ``peer``, closed, will never take."""
+        return gone_error(rank, peer, *self.why_gone(peer), unreceived=unreceived)
 
     def describe(self, rank: int, peer: int) -> list[str]:
         return self.endpoints[peer].describe_pending(rank)

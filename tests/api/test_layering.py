@@ -269,8 +269,8 @@ LAYERS: dict[str, int] = {
     "asynccomm.transports.mpi": 5,
     # requests and streams: handles the engine owns
     "asynccomm._request": 6, "asynccomm._stream": 6,
-    # the flight recorder and trace collection: what handles record
-    "asynccomm._flight": 6, "asynccomm._trace": 6,
+    # the flight recorder and trace collection: what handles record; what ranks wait for
+    "asynccomm._flight": 6, "asynccomm._trace": 6, "asynccomm._waits": 6,
     # the engine
     "asynccomm._diagnostics": 7, "asynccomm._engine": 7, "asynccomm._summary": 7,
     "asynccomm._engine_fast": 7, "asynccomm._engine_traced": 7, "asynccomm._engine_peers": 7,
