@@ -66,15 +66,20 @@ N ?= 2
 test-mpi: $(STAMP)
 	$(VENV)/bin/mpiexec -n $(N) $(PY) -m tests.transports.mpi_contract_runner
 
-# Many more randomized cancellation programs than `make test` runs, in-process and on MPI.
+# Many more randomized programs than `make test` runs (cancellation and conservation of
+# point-to-point; collectives, groups and objects with a misbehaving rank), in-process and
+# on MPI.
 STRESS ?= 2000
 test-stress: $(STAMP)
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(PY) -m pytest -q --timeout 3600 \
-		tests/transports/test_conservation.py tests/engine/test_objects_programs.py
+		tests/transports/test_conservation.py tests/engine/test_objects_programs.py \
+		tests/collectives/test_adversity.py
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
 		tests.transports.mpi_conservation_runner
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
 		tests.engine.mpi_objects_runner
+	for n in 2 3 4; do $(VENV)/bin/mpiexec -n $$n $(PY) -m \
+		tests.collectives.mpi_adversity_runner --examples $(STRESS) || exit 1; done
 
 # Every benchmark runs; the target fails (non-zero) if any of them missed a target.
 bench: $(STAMP)

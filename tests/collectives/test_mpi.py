@@ -58,3 +58,17 @@ def test_calls_keep_their_place_and_split_is_all_or_nothing_on_mpi(ranks: int) -
     out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, out
     assert f"sequencing on MPI, {ranks} ranks: 4 passed, 0 failed" in proc.stdout, out
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_random_programs_with_a_misbehaving_rank_on_mpi(ranks: int) -> None:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
+                           "tests.collectives.mpi_adversity_runner", "--examples", "15"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, out
+    assert f"random programs on MPI, {ranks} ranks: 15 examples, 0 failures" in proc.stdout, out
