@@ -176,10 +176,10 @@ def machine(loaded: Sequence[Loaded]) -> list[str]:
     """The lines that say where and with what the figures were measured."""
     env = _env(loaded)
     cores = env.get("cpus_usable") or env.get("cpu_count") or os.cpu_count()
-    versions = [f"{name} {' '.join(str(env[key]).split())}" for name, key in
-                (("Python", "python"), ("numpy", "numpy"), ("uvloop", "uvloop"),
-                 ("mpi4py", "mpi4py"), ("MPI", "mpi"), ("asynccomm", "asynccomm"))
-                if env.get(key)]
+    versions = [f"{name}{' '.join(str(env[key]).split())}" for name, key in
+                (("Python ", "python"), ("numpy ", "numpy"), ("uvloop ", "uvloop"),
+                 ("mpi4py ", "mpi4py"), ("", "mpi"), ("asynccomm ", "asynccomm"))
+                if env.get(key)]  # the MPI library names itself
     lines = [f"- **Machine:** {cores} cores (`nproc`), {env.get('cpu_model') or cpu_model()}; "
              f"{env.get('platform', 'platform unknown')}",
              f"- **Software:** {', '.join(versions) or 'unknown'}",

@@ -74,7 +74,7 @@ def test_the_page_says_when_where_and_with_what(tmp_path: Path) -> None:
     assert page.startswith("# Performance\n")
     assert "2026-12-04 (runs started 05:40 to 05:47 UTC)" in page
     assert "2 cores (`nproc`), Fixture CPU 9000" in page
-    for version in ("Python 3.11.7", "numpy 2.4.6", "mpi4py 4.1.2", "MPI MPICH Version: 5.0.2"):
+    for version in ("Python 3.11.7", "numpy 2.4.6", "mpi4py 4.1.2, MPICH Version: 5.0.2,"):
         assert version in page, version
 
 
