@@ -81,9 +81,12 @@ test-stress: $(STAMP)
 	for n in 2 3 4; do $(VENV)/bin/mpiexec -n $$n $(PY) -m \
 		tests.collectives.mpi_adversity_runner --examples $(STRESS) || exit 1; done
 
-# Every benchmark runs; the target fails (non-zero) if any of them missed a target.
+# Every benchmark runs, then benchmarks.report writes docs/performance.md from the JSON they
+# wrote (old JSON is removed first, so a benchmark that fails cannot leave last run's figures
+# on the page); the target fails (non-zero) if any of them missed a target.
 bench: $(STAMP)
 	@status=0; \
+	rm -f benchmarks/results/*.json; \
 	$(PY) -m benchmarks || status=1; \
 	$(PY) -m benchmarks.cluster || status=1; \
 	$(PY) -m benchmarks.collectives || status=1; \
@@ -91,7 +94,8 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_ring || status=1; \
 	$(VENV)/bin/mpiexec -n 3 $(PY) -m benchmarks.mpi_ring || status=1; \
 	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.mpi_ring || status=1; \
-	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above)"; fi; \
+	$(PY) -m benchmarks.report || status=1; \
+	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above and docs/performance.md)"; fi; \
 	exit $$status
 
 # The tables, JSON and pictures under docs/ that answer the source article's claims.

@@ -10,5 +10,9 @@ is checked against the performance targets:
   the extra memory a large transfer needs;
 - ``responsiveness``: the longest a task on the loop waits while a large transfer runs.
 
-Results are printed as tables and written as JSON (``benchmarks/results/p2p.json``).
+Results are printed as tables and written as JSON (``benchmarks/results/p2p.json``), the
+tables included; so do ``benchmarks.cluster``, ``benchmarks.collectives`` and, under
+``mpiexec``, ``benchmarks.mpi_p2p`` and ``benchmarks.mpi_ring``.  ``python -m
+benchmarks.report`` assembles ``docs/performance.md`` from that JSON (``make bench`` runs
+every benchmark, then it).
 """

@@ -24,6 +24,7 @@ from ._common import (
     environment,
     load_average,
     print_table,
+    printed,
     write_json,
 )
 
@@ -73,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def print_summary(checks: list[Check]) -> None:
-    rows = [[c.loop, c.what, _value(c), c.target, c.verdict] for c in checks]
+    rows = [[c.loop, c.what, c.shown, c.target, c.verdict] for c in checks]
     print_table("Summary against the performance targets (parenthesised: the latency target is "
                 "set for uvloop; asyncio's is shown, not judged)",
                 ["loop", "check", "value", "target", "status"], rows)
@@ -93,16 +94,6 @@ def _print_load(env: dict[str, Any]) -> None:
     print("  -- other work was running, numbers are noisy" if busy > 0.5 else "")
 
 
-def _value(c: Check) -> str:
-    if c.unit == "x":
-        return f"{c.value:.2f}x"
-    if c.unit in ("of copyto", "of message"):
-        return f"{c.value:.1%} {c.unit}"
-    if c.unit == "msg/s":
-        return f"{c.value:,.0f} msg/s"
-    return f"{c.value:.2f} {c.unit}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = Settings.make(args.quick)
@@ -117,14 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     env["loadavg_1min_at_end"] = load_average()
-    print(f"asynccomm {env['asynccomm']} benchmarks{' (--quick)' if args.quick else ''}: "
-          f"Python {env['python']}, numpy {env['numpy']}, uvloop {env['uvloop']}, "
-          f"{env['cpu_count']} cores, {env['platform']}; fast lane: {env['fast_lane']}")
-    _print_load(env)
-    for name in args.only:
-        TABLES[name](results[name])
     checks = [c for name in args.only for loop in args.loops for c in results[name][loop].checks]
-    print_summary(checks)
+    with printed() as report:
+        print(f"asynccomm {env['asynccomm']} benchmarks{' (--quick)' if args.quick else ''}: "
+              f"Python {env['python']}, numpy {env['numpy']}, uvloop {env['uvloop']}, "
+              f"{env['cpu_count']} cores, {env['platform']}; fast lane: {env['fast_lane']}")
+        _print_load(env)
+        for name in args.only:
+            TABLES[name](results[name])
+        print_summary(checks)
 
     doc = {
         "suite": "p2p",
@@ -138,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      for name in args.only},
         "targets_met": sum(c.passed for c in checks if c.binding),
         "targets_judged": sum(c.binding for c in checks),
+        "report": report.getvalue(),
     }
     write_json(args.out, "p2p.json", doc, started)
     missed = any(c.binding and not c.passed for c in checks)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import importlib.metadata
+import io
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,6 +98,17 @@ class Check:
     def verdict(self) -> str:
         word = "PASS" if self.passed else "FAIL"
         return word if self.binding else f"({word.lower()})"
+
+    @property
+    def shown(self) -> str:
+        """The value with its unit, as the tables print it."""
+        if self.unit == "x":
+            return f"{self.value:.2f}x"
+        if self.unit in ("of copyto", "of message"):
+            return f"{self.value:.1%} {self.unit}"
+        if self.unit == "msg/s":
+            return f"{self.value:,.0f} msg/s"
+        return f"{self.value:.2f} {self.unit}"
 
 
 @dataclass
@@ -192,10 +205,25 @@ def environment() -> dict[str, Any]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "loadavg_1min": load_average(),
         "fast_lane": "C accelerator" if ACCELERATED else "pure Python",
     }
+
+
+def cpu_model() -> str:
+    """The processor's name (``model name`` of ``/proc/cpuinfo``, else what ``platform``
+    knows, else "unknown")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def mpi_environment() -> dict[str, Any]:
@@ -217,6 +245,35 @@ def write_json(out: Path, name: str, doc: Any, started: float) -> Path:
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {path} in {time.perf_counter() - started:.1f} s")
     return path
+
+
+class _Tee(io.TextIOBase):
+    """Writes go to ``out`` and are kept as well."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self.out = out
+        self.kept = io.StringIO()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        return self.kept.write(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def printed() -> Iterator[io.StringIO]:
+    """Within the block, what is printed to stdout still goes there and is also kept in the
+    ``StringIO`` yielded: a benchmark's tables go into its JSON (``report``) as printed, and
+    ``python -m benchmarks.report`` puts them on the performance page."""
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        yield tee.kept
 
 
 def print_checks(title: str, checks: Sequence[dict[str, Any]]) -> None:

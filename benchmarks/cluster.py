@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -29,9 +30,12 @@ import asynccomm as ac
 from asynccomm.sim import Cluster, Pipelined, StoreAndForward, Strategy
 
 from ._common import (
+    environment,
+    load_average,
     peak_rss_bytes,
     print_checks,
     print_table,
+    printed,
     reset_peak_rss,
     rss_bytes,
     rss_probe_available,
@@ -216,15 +220,21 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [MB, 16 * MB] if args.quick else [MB, 16 * MB, 128 * MB, 1024 * MB]
     started = time.perf_counter()
-    result = {
-        "bandwidth": bandwidth_section(sizes),
-        "overlap": overlap_section(16 * MB if args.quick else 128 * MB),
-        "ring": ring_section([8, 32] if args.quick else [64, 256, 1024], 64 << 10,
-                             2 if args.quick else 4),
-    }
-    checks = judge(result)
-    print_checks("Targets (cluster model)", checks)
-    result["checks"] = checks
+    stamp = datetime.datetime.now(datetime.UTC)
+    env = environment()
+    with printed() as report:
+        result: dict[str, Any] = {
+            "bandwidth": bandwidth_section(sizes),
+            "overlap": overlap_section(16 * MB if args.quick else 128 * MB),
+            "ring": ring_section([8, 32] if args.quick else [64, 256, 1024], 64 << 10,
+                                 2 if args.quick else 4),
+        }
+        checks = judge(result)
+        print_checks("Targets (cluster model)", checks)
+    env["loadavg_1min_at_end"] = load_average()
+    result.update({"suite": "cluster", "timestamp": stamp.isoformat(timespec="seconds"),
+                   "quick": args.quick, "elapsed_seconds": time.perf_counter() - started,
+                   "environment": env, "checks": checks, "report": report.getvalue()})
     write_json(args.out, "cluster.json", result, started)
     return 1 if not args.quick and not all(c["passed"] for c in checks) else 0
 

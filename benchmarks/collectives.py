@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import math
 import sys
 import time
@@ -29,7 +30,15 @@ from asynccomm import _collectives as coll
 from asynccomm._collective_costs import CollectiveCosts
 from asynccomm.sim.model import ClusterModel
 
-from ._common import print_checks, print_table, size_label, write_json
+from ._common import (
+    environment,
+    load_average,
+    print_checks,
+    print_table,
+    printed,
+    size_label,
+    write_json,
+)
 
 KiB, MiB = 1 << 10, 1 << 20
 OUT = Path(__file__).resolve().parent / "results"
@@ -113,21 +122,29 @@ def main() -> int:
     top = MiB if args.quick else 64 * MiB
     sizes = [KiB << (2 * k) for k in range(9) if KiB << (2 * k) <= top]
     started = time.perf_counter()
+    stamp = datetime.datetime.now(datetime.UTC)
+    env = environment()
     rows = run(sizes)
     wall = time.perf_counter() - started
-    for collective in ("allreduce", "allgather"):
-        print_table(f"{collective}, {RANKS} ranks, {PRESET}, virtual clock (model time)",
-                    ["size", "count", "type", "time us", "algbw GB/s", "busbw GB/s",
-                     "algorithm", "closed form us", "ratio", "line rate GB/s"],
-                    [[size_label(r["nbytes"]), r["count"], r["type"], f"{r['time_s'] * 1e6:.1f}",
-                      f"{r['algbw'] / 1e9:.2f}", f"{r['busbw'] / 1e9:.2f}", r["algorithm"],
-                      f"{r['closed_form_s'] * 1e6:.1f}", f"{r['ratio']:.3f}",
-                      f"{r['line_rate'] / 1e9:.0f}"]
-                     for r in rows if r["collective"] == collective])
+    env["loadavg_1min_at_end"] = load_average()
     checks = judge(rows)
-    print_checks("Targets (collectives)", checks)
-    write_json(args.out, "collectives.json", {"preset": PRESET, "ranks": RANKS, "rows": rows,
-                                              "checks": checks, "wall_s": wall}, started)
+    with printed() as report:
+        for collective in ("allreduce", "allgather"):
+            print_table(f"{collective}, {RANKS} ranks, {PRESET}, virtual clock (model time)",
+                        ["size", "count", "type", "time us", "algbw GB/s", "busbw GB/s",
+                         "algorithm", "closed form us", "ratio", "line rate GB/s"],
+                        [[size_label(r["nbytes"]), r["count"], r["type"],
+                          f"{r['time_s'] * 1e6:.1f}", f"{r['algbw'] / 1e9:.2f}",
+                          f"{r['busbw'] / 1e9:.2f}", r["algorithm"],
+                          f"{r['closed_form_s'] * 1e6:.1f}", f"{r['ratio']:.3f}",
+                          f"{r['line_rate'] / 1e9:.0f}"]
+                         for r in rows if r["collective"] == collective])
+        print_checks("Targets (collectives)", checks)
+    write_json(args.out, "collectives.json",
+               {"suite": "collectives", "timestamp": stamp.isoformat(timespec="seconds"),
+                "quick": args.quick, "elapsed_seconds": wall, "environment": env,
+                "preset": PRESET, "ranks": RANKS, "rows": rows, "checks": checks,
+                "wall_s": wall, "report": report.getvalue()}, started)
     return 0 if all(c["passed"] for c in checks) else 1
 
 

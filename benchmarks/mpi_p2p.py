@@ -37,6 +37,7 @@ from ._common import (
     median,
     mpi_environment,
     print_table,
+    printed,
     size_label,
     write_json,
 )
@@ -342,14 +343,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     env["loadavg_1min_at_end"] = load_average()
     judged = checks(rows)
-    print_report(rows, judged, env, args.loop, args.quick)
-    print(f"\nloop responsiveness: while {size_label(plan.responsiveness_bytes)} moved, the "
-          f"longest any rank's loop went without running another task was {gap_ms:.2f} ms")
+    with printed() as report:
+        print_report(rows, judged, env, args.loop, args.quick)
+        print(f"\nloop responsiveness: while {size_label(plan.responsiveness_bytes)} moved, "
+              f"the longest any rank's loop went without running another task was "
+              f"{gap_ms:.2f} ms")
     doc = {"suite": "mpi_p2p", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
            "quick": args.quick, "loop": args.loop, "elapsed_seconds": elapsed,
            "environment": env, "rows": [asdict(r) for r in rows], "checks": judged,
            "responsiveness": {"nbytes": plan.responsiveness_bytes, "max_gap_ms": gap_ms},
-           "targets_met": sum(c["passed"] for c in judged), "targets_judged": len(judged)}
+           "targets_met": sum(c["passed"] for c in judged), "targets_judged": len(judged),
+           "report": report.getvalue()}
     write_json(args.out, "mpi_p2p.json", doc, started)
     return 1 if not args.quick and not all(c["passed"] for c in judged) else 0
 

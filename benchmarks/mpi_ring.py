@@ -52,6 +52,7 @@ from ._common import (
     median,
     mpi_environment,
     print_table,
+    printed,
     size_label,
     write_json,
 )
@@ -329,14 +330,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     env["loadavg_1min_at_end"] = load_average()
     judged = checks(rings, idles, crowded=crowded)
-    print_report(rings, idles, judged, env, size, args.loop, args.quick)
+    with printed() as report:
+        print_report(rings, idles, judged, env, size, args.loop, args.quick)
     doc = {"suite": "mpi_ring", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
            "quick": args.quick, "loop": args.loop, "processes": size,
            "elapsed_seconds": elapsed, "environment": env,
            "ring": [asdict(r) for r in rings], "idle": [asdict(r) for r in idles],
            "checks": judged,
            "targets_met": sum(c["passed"] for c in judged if c["binding"]),
-           "targets_judged": sum(c["binding"] for c in judged)}
+           "targets_judged": sum(c["binding"] for c in judged),
+           "report": report.getvalue()}
     write_json(args.out, f"mpi_ring_n{size}.json", doc, started)
     missed = any(c["binding"] and not c["passed"] for c in judged)
     return 1 if missed and not args.quick else 0

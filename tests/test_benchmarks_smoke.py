@@ -48,8 +48,11 @@ def test_header(results: dict[str, Any]) -> None:
     assert results["quick"] is True
     assert results["timestamp"]
     env = results["environment"]
-    for key in ("python", "numpy", "uvloop", "asynccomm", "cpu_count"):
+    for key in ("python", "numpy", "uvloop", "asynccomm", "cpu_count", "cpu_model"):
         assert env[key], key
+    # the tables as printed, for the performance page
+    assert "One-way latency" in results["report"]
+    assert "Summary against the performance targets" in results["report"]
     assert results["loops"] == list(LOOPS)
     assert results["targets_judged"] > 0
     assert 0 <= results["targets_met"] <= results["targets_judged"]
@@ -96,3 +99,5 @@ def test_the_cluster_benchmark_judges_its_targets(tmp_path: Path) -> None:
     assert "Targets (cluster model)" in proc.stdout
     doc = json.loads((tmp_path / "cluster.json").read_text())
     assert doc["checks"] and all(isinstance(c["passed"], bool) for c in doc["checks"])
+    assert doc["suite"] == "cluster" and doc["environment"]["cpu_count"]
+    assert "Modelled P2P bandwidth" in doc["report"] and "Targets (cluster model)" in doc["report"]

@@ -1,5 +1,6 @@
-"""Every Python code block of the README (and of docs/*.md) runs on its own, as shown, in
-a fresh interpreter, and those that say what they print print it."""
+"""Every Python code block of the README and of the manual (docs/*.md) runs on its own, as
+shown, in a fresh interpreter, and those that say what they print print it; every link
+between the pages leads somewhere; the README stays short and keeps its two commands."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+#: The manual's pages (docs/performance.md is written by ``make bench``).
+PAGES = ("semantics", "collectives", "cluster-model", "mpi", "debugging", "examples", "claims",
+         "development", "performance")
+#: The pages that show Python: each must have blocks here, or they would go unchecked.
+WITH_CODE = ("README.md", "docs/semantics.md", "docs/collectives.md", "docs/cluster-model.md",
+             "docs/mpi.md", "docs/debugging.md")
 
 
 @dataclass(frozen=True)
@@ -51,9 +59,12 @@ def python_blocks(path: Path) -> list[Block]:
     return blocks
 
 
+def _pages() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
 def _all_blocks() -> list[Block]:
-    paths = [README, *sorted((ROOT / "docs").glob("*.md"))]
-    return [b for p in paths for b in python_blocks(p)]
+    return [b for p in _pages() for b in python_blocks(p)]
 
 
 BLOCKS = _all_blocks()
@@ -86,33 +97,97 @@ def _mpi_idiom(out: str) -> None:
     assert out.strip() == "[1.0, 0.0]"  # started with python: two ranks in-process
 
 
-#: What blocks print, by the heading they sit under (the others must only run).
-PRINTS: dict[str, Callable[[str], None]] = {
-    "## A short example": _short_example,
-    "## Groups, collectives and objects": _groups,
-    "## What would it cost on real hardware? (the cluster model)": _cluster,
-    "## Across processes and hosts (MPI)": _mpi_idiom,
+def _running_loop(out: str) -> None:
+    assert out.strip().splitlines() == ["[0, 10, 20, 30]", "0 5 [0. 1. 2.]"]
+
+
+#: What blocks print, by page and the heading they sit under (the others must only run).
+PRINTS: dict[tuple[str, str], Callable[[str], None]] = {
+    ("README.md", "## A short example"): _short_example,
+    ("docs/semantics.md", "## Running a world"): _running_loop,
+    ("docs/collectives.md", "# Groups, collectives and objects"): _groups,
+    ("docs/cluster-model.md", "# The cluster model: what would it cost on real hardware?"):
+        _cluster,
+    ("docs/mpi.md", "# Across processes and hosts (MPI)"): _mpi_idiom,
 }
 
-#: The one block that fails, on purpose: the hang the debugging section shows.
-DEADLOCK = "## Debugging: traces, the flight recorder and hangs"
+#: The one block that fails, on purpose: the hang the debugging page shows.
+DEADLOCK = ("docs/debugging.md", "# Debugging: traces, the flight recorder and hangs")
+
+
+def _where(block: Block) -> tuple[str, str]:
+    return str(block.path.relative_to(ROOT)), block.heading
 
 
 def test_the_blocks_are_found() -> None:
-    headings = {b.heading for b in BLOCKS}
-    assert set(PRINTS) | {DEADLOCK} <= headings
+    found = {_where(b) for b in BLOCKS}
+    assert set(PRINTS) | {DEADLOCK} <= found
+    assert set(WITH_CODE) <= {where for where, _ in found}
+
+
+def test_the_manual_is_all_there() -> None:
+    assert {f"{name}.md" for name in PAGES} <= {p.name for p in DOCS.glob("*.md")}
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.name)
 def test_every_python_block_runs_on_its_own(block: Block) -> None:
     proc = run(block.code)
-    if block.heading == DEADLOCK and "ac.run(main, world_size=2)" in block.code:
+    if _where(block) == DEADLOCK and "ac.run(main, world_size=2)" in block.code:
         assert proc.returncode != 0
         assert "DeadlockError: deadlock: every rank is blocked" in proc.stderr
         assert ("wait-for cycle: rank 0 waits for 1 on tag 0 (recv), rank 1 waits for 0 on "
                 "tag 0 (recv)") in proc.stderr
         return
     assert proc.returncode == 0, f"{block.name}:\n{proc.stderr[-3000:]}"
-    check = PRINTS.get(block.heading)
+    check = PRINTS.get(_where(block))
     if check is not None:
         check(proc.stdout)
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = heading.lstrip("#").strip().lower()
+    return "".join(ch for ch in text if ch.isalnum() or ch in " -_").replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors of ``path``'s headings (those inside code blocks do not count)."""
+    found, fenced = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            found.add(anchor(line))
+    return found
+
+
+def links(path: Path) -> list[str]:
+    """Every markdown link target of ``path`` outside code blocks and code spans."""
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_leads_somewhere(page: Path) -> None:
+    for target in links(page):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        file, _, fragment = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        assert dest.exists(), f"{page.name}: {target}: no such file"
+        if fragment:
+            assert dest.suffix == ".md", f"{page.name}: {target}: an anchor into a non-page"
+            assert fragment in anchors(dest), f"{page.name}: {target}: no such heading"
+
+
+def test_the_manual_is_linked_from_the_readme() -> None:
+    targets = {t.partition("#")[0] for t in links(README)}
+    assert {f"docs/{name}.md" for name in PAGES} <= targets
+
+
+def test_the_readme_is_short_and_keeps_its_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200  # the manual is docs/
+    for command in ("make demo", "make test", "pip install"):
+        assert command in text, command

@@ -190,11 +190,10 @@ def test_the_ring_example_runs_unchanged_on_two_processes() -> None:
     assert "token after one lap: 1 (expected 1)" in proc.stdout, _output(proc)
 
 
-def test_the_readme_mpi_example_runs_on_two_processes(tmp_path: Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Across processes and hosts (MPI)", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    script = tmp_path / "readme_mpi.py"
+def test_the_manual_mpi_example_runs_on_two_processes(tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "mpi.md").read_text(encoding="utf-8")
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "manual_mpi.py"
     script.write_text(code, encoding="utf-8")
     proc = mpiexec(2, str(script), limit=60)
     assert proc.returncode == 0, _output(proc)
