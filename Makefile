@@ -32,9 +32,9 @@ PIP := PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore $(PY) -
 QUIET := grep -iv -e "editable" -e "careful" -e "precedence" -e "\*\*\*" -e "!!" \
 	-e "with strategy" -e "is ignored: it is neither" -e "^\s*$$" || true
 
-# setup.py builds the optional C accelerators (asynccomm/_speedups.c, and _lane*.c) where a
+# setup.py builds the optional C accelerators (asynccomm/_native/*.c) where a
 # compiler is.
-$(RUNTIME): pyproject.toml setup.py $(wildcard asynccomm/*.c asynccomm/*.h)
+$(RUNTIME): pyproject.toml setup.py $(wildcard asynccomm/_native/*.c asynccomm/_native/*.h)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PIP) install --upgrade pip 2>&1 | $(QUIET)
 	@$(PIP) install -e . 2>&1 | $(QUIET)

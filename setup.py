@@ -1,5 +1,5 @@
-"""The optional C accelerators of the per-message fast lane (asynccomm/_speedups.c, and
-asynccomm/_lane.c: the in-process lane's whole per-message path).
+"""The optional C accelerators of the per-message fast lane (asynccomm/_native/_speedups.c,
+and asynccomm/_native/_lane.c: the in-process lane's whole per-message path).
 
 Everything else is in pyproject.toml.  The extensions are optional: where they cannot
 be built (no C compiler), the install goes on and asynccomm uses its pure-Python fast lane,
@@ -27,8 +27,10 @@ SOURCES = {
               "_lane_objects.c", "_lane_recv.c", "_lane_steps.c"],
 }
 
-setup(ext_modules=[Extension(f"asynccomm.{name}", [f"asynccomm/{f}" for f in files],
-                             depends=["asynccomm/_lane.h", "asynccomm/_judge.h"],
+setup(ext_modules=[Extension(f"asynccomm._native.{name}",
+                             [f"asynccomm/_native/{f}" for f in files],
+                             depends=["asynccomm/_native/_lane.h",
+                                      "asynccomm/_native/_judge.h"],
                              include_dirs=[numpy.get_include()],
                              extra_compile_args=STRICT if REQUIRE else [],
                              optional=not REQUIRE)

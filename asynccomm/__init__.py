@@ -5,9 +5,27 @@ Re-exports only; see the README for a tour and ``help(asynccomm.Communicator)`` 
 
 from __future__ import annotations
 
-from ._batches import RecvOp as RecvOp
-from ._batches import SendOp as SendOp
-from ._communicator import Communicator as Communicator
+from ._collectives.ops import MAX as MAX
+from ._collectives.ops import MIN as MIN
+from ._collectives.ops import PROD as PROD
+from ._collectives.ops import SUM as SUM
+from ._collectives.ops import ReduceOp as ReduceOp
+from ._comm.batches import RecvOp as RecvOp
+from ._comm.batches import SendOp as SendOp
+from ._comm.communicator import Communicator as Communicator
+from ._comm.mpi_runner import open_mpi_world as open_mpi_world
+from ._comm.runner import World as World
+from ._comm.runner import launched_by_mpi as launched_by_mpi
+from ._comm.runner import mpi_world_size as mpi_world_size
+from ._comm.runner import open_world as open_world
+from ._comm.runner import run as run
+from ._comm.runner import run_async as run_async
+from ._engine.request import Request as Request
+from ._engine.request import TaskRequest as TaskRequest
+from ._engine.request import wait_all as wait_all
+from ._engine.request import wait_any as wait_any
+from ._engine.stream import Event as Event
+from ._engine.stream import Stream as Stream
 from ._exceptions import AsyncCommError as AsyncCommError
 from ._exceptions import CommBrokenError as CommBrokenError
 from ._exceptions import CommClosedError as CommClosedError
@@ -18,24 +36,6 @@ from ._exceptions import MatchError as MatchError
 from ._exceptions import OutOfDeviceMemoryError as OutOfDeviceMemoryError
 from ._exceptions import TransportError as TransportError
 from ._exceptions import TruncationError as TruncationError
-from ._mpi_runner import open_mpi_world as open_mpi_world
-from ._reduce_ops import MAX as MAX
-from ._reduce_ops import MIN as MIN
-from ._reduce_ops import PROD as PROD
-from ._reduce_ops import SUM as SUM
-from ._reduce_ops import ReduceOp as ReduceOp
-from ._request import Request as Request
-from ._request import TaskRequest as TaskRequest
-from ._request import wait_all as wait_all
-from ._request import wait_any as wait_any
-from ._runner import World as World
-from ._runner import launched_by_mpi as launched_by_mpi
-from ._runner import mpi_world_size as mpi_world_size
-from ._runner import open_world as open_world
-from ._runner import run as run
-from ._runner import run_async as run_async
-from ._stream import Event as Event
-from ._stream import Stream as Stream
 from ._types import ANY_SOURCE as ANY_SOURCE
 from ._types import ANY_TAG as ANY_TAG
 from ._types import EAGER_LIMIT as EAGER_LIMIT

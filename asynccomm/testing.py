@@ -6,6 +6,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from .transports import _mpi_lib
+from .transports.mpi import MPITransport
+
 __all__ = ["fail_next_mpi_call", "posted"]
 
 T = TypeVar("T")
@@ -42,8 +45,6 @@ def fail_next_mpi_call(comm: Any, call: str) -> None:
         TypeError: ``comm`` is not a communicator of an MPI world.
         ValueError: ``call`` is neither of those.
     """
-    from .transports.mpi import MPITransport
-
     link = getattr(getattr(comm, "_engine", None), "link", None)
     if not isinstance(link, MPITransport):
         raise TypeError("fail_next_mpi_call needs a communicator of an MPI world")
@@ -84,8 +85,6 @@ class _FailOnce:
 
 
 def _mpi_error() -> Exception:
-    from .transports import _mpi_lib
-
     _mpi_lib.load_mpi()
     mpi = _mpi_lib.MPI
     return mpi.Exception(mpi.ERR_OTHER)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._trace import paired_flows
+from ._engine.tracing import paired_flows
 
 __all__ = ["load", "main", "merge"]
 

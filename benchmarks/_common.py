@@ -22,7 +22,7 @@ import numpy as np
 import uvloop
 
 import asynccomm
-from asynccomm._fastlane import ACCELERATED
+from asynccomm._engine.lane import ACCELERATED
 
 T = TypeVar("T")
 

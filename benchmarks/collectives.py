@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
-from asynccomm._collective_costs import CollectiveCosts
+from asynccomm._collectives import functions as coll
+from asynccomm._collectives.costs import CollectiveCosts
 from asynccomm.sim.model import ClusterModel
 
 from ._common import (

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._clock import ModelClock
+from .clock import ModelClock
 from .model import ChunkPlan, ClusterModel, TransferPlan
 from .records import OpRecord
 

@@ -13,7 +13,8 @@ import structlog
 import structlog.testing
 
 import asynccomm as ac
-from asynccomm import _fastlane, _logging
+from asynccomm._engine import lane as _fastlane
+from asynccomm._engine import log as _logging
 
 
 @pytest.fixture(autouse=True)

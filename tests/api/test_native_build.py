@@ -41,7 +41,7 @@ def _build(tree: Path, *, require: bool) -> subprocess.CompletedProcess[str]:
 ], ids=["error", "warning"])
 def test_a_broken_c_file_fails_the_required_build(tmp_path: Path, breakage: str) -> None:
     tree = _tree(tmp_path)
-    source = tree / "asynccomm" / "_speedups.c"
+    source = tree / "asynccomm" / "_native" / "_speedups.c"
     source.write_text(source.read_text() + breakage)
     required = _build(tree, require=True)
     assert required.returncode != 0, required.stdout + required.stderr
@@ -53,7 +53,7 @@ def test_a_broken_c_file_fails_the_required_build(tmp_path: Path, breakage: str)
 #: Import the copy with no extension built, as a checkout would (without the editable
 #: install's finder, which would find this checkout's extensions).
 IMPORT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'ditable' not in "
-          "str(f)]; import asynccomm._fastlane as f; print(f.FAST_LANE)")
+          "str(f)]; import asynccomm._engine.lane as f; print(f.FAST_LANE)")
 
 
 def test_import_refuses_to_run_without_the_extensions_when_they_are_required(

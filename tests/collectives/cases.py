@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
-from asynccomm._collective_algorithms import ALGORITHMS
-from asynccomm._reduce_ops import ReduceOp
+from asynccomm._collectives import functions as coll
+from asynccomm._collectives.algorithms import ALGORITHMS
+from asynccomm._collectives.ops import ReduceOp
 
 #: Seconds (wall or model) any one test program may take before it fails as hung.
 LIMIT = 30.0

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
+from asynccomm._collectives import functions as coll
 
 from .cases import Case, all_cases, bounded, call, check, report_on_mpi
 

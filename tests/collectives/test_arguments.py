@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
-from asynccomm._reduce_ops import MAX, ReduceOp, resolve_op
+from asynccomm._collectives import functions as coll
+from asynccomm._collectives.ops import MAX, ReduceOp, resolve_op
 
 A = np.arange(4, dtype=np.int32)
 Call = Callable[[ac.Communicator], Any]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
-from asynccomm._collective_costs import CollectiveCosts, default_choice, model_chooser
+from asynccomm._collectives import functions as coll
+from asynccomm._collectives.costs import CollectiveCosts, default_choice, model_chooser
 from asynccomm.sim.model import ClusterModel
 
 KiB, MiB = 1 << 10, 1 << 20

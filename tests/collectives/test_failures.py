@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
+from asynccomm._collectives import functions as coll
 from asynccomm.sim import DeviceSpec, LinkSpec
 from asynccomm.sim.loop import new_virtual_loop
 from asynccomm.testing import posted

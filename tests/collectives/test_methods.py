@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
-from asynccomm._collective_costs import CollectiveCosts, model_chooser
+from asynccomm._collectives import functions as coll
+from asynccomm._collectives.costs import CollectiveCosts, model_chooser
 from asynccomm.sim.model import ClusterModel
 
 MiB = 1 << 20

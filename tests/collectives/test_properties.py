@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
-from asynccomm._collective_algorithms import ALGORITHMS
+from asynccomm._collectives.algorithms import ALGORITHMS
 
 from .cases import (
     DTYPES,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm import _collectives as coll
+from asynccomm._collectives import functions as coll
 
 from .cases import ENVIRONMENTS, Case, all_cases, bounded, call, check
 

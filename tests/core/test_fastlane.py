@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
-from asynccomm import _fastlane
 from asynccomm._buffers import dtype_name
+from asynccomm._engine import lane as _fastlane
 
-BUILT = importlib.util.find_spec("asynccomm._speedups") is not None
+BUILT = importlib.util.find_spec("asynccomm._native._speedups") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
 needs_c = pytest.mark.skipif(not BUILT, reason="the C accelerator was not built here")
 
@@ -85,8 +85,8 @@ def test_pure_inspect_takes_exactly_the_fast_lanes_buffers(buf: Any, writable: b
 @settings(max_examples=300, deadline=None)
 @given(buffers(), st.booleans())
 def test_c_inspect_agrees_with_pure_inspect(buf: Any, writable: bool) -> None:
-    from asynccomm import _speedups  # type: ignore[attr-defined]
     from asynccomm._buffers import _NAMES
+    from asynccomm._native import _speedups  # type: ignore[attr-defined]
 
     _speedups.configure(_NAMES)  # what importing _fastlane does unless pure Python is asked
     assert _speedups.inspect(buf, writable) == _fastlane._inspect(buf, writable)
@@ -97,7 +97,7 @@ def test_c_inspect_agrees_with_pure_inspect(buf: Any, writable: bool) -> None:
 @given(st.integers(0, 64), st.integers(0, 64), st.data())
 def test_c_copy_moves_exactly_the_bytes_asked_for(dlen: int, slen: int,
                                                   data: st.DataObject) -> None:
-    from asynccomm import _speedups
+    from asynccomm._native import _speedups
 
     nbytes = data.draw(st.integers(0, min(dlen, slen)))
     src_kind = data.draw(st.sampled_from(["array", "bytes", "memoryview"]))
@@ -117,7 +117,7 @@ def test_c_copy_moves_exactly_the_bytes_asked_for(dlen: int, slen: int,
 
 @needs_c
 def test_c_copy_refuses_what_does_not_fit_and_read_only_targets() -> None:
-    from asynccomm import _speedups
+    from asynccomm._native import _speedups
 
     dst = np.zeros(4, np.uint8)
     with pytest.raises(ValueError, match="copy of 5 bytes"):

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynccomm import _flight
+from asynccomm._engine import flight as _flight
 
-BUILT = importlib.util.find_spec("asynccomm._lane") is not None
+BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 pytestmark = pytest.mark.skipif(not BUILT, reason="the C lane was not built here")
 
 small = st.integers(-(2**40), 2**40)
@@ -23,7 +23,7 @@ entries = st.tuples(st.integers(0, 3), small, small, st.integers(0, 2**40), smal
 
 
 def lane() -> Any:
-    from asynccomm import _lane  # type: ignore[attr-defined]
+    from asynccomm._native import _lane  # type: ignore[attr-defined]
 
     return _lane
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm._groups import OBJECT_TAGS
+from asynccomm._comm.groups import OBJECT_TAGS
 from asynccomm.testing import posted
 
 #: An array above the eager limit (256 KiB): its buffer goes by rendezvous.

@@ -29,9 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
-from asynccomm import _communicator
+from asynccomm._comm import communicator as _communicator
 
-BUILT = importlib.util.find_spec("asynccomm._lane") is not None
+BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
@@ -174,7 +174,7 @@ def test_a_recv_the_lane_completed_is_the_request_python_completes() -> None:
 @pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
 def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from asynccomm._fastlane import LANE
+    from asynccomm._engine.lane import LANE
 
     class Stale:  # a Request whose fields are not slots
         array = None

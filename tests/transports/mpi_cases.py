@@ -269,9 +269,9 @@ async def doorbell(comm: ac.Communicator) -> str:
 async def lane(comm: ac.Communicator) -> str:
     from mpi4py import MPI
 
-    from asynccomm import _communicator
+    from asynccomm._comm import communicator as _communicator
     from asynccomm._core.wire import charge
-    from asynccomm._engine_fast import FastLane
+    from asynccomm._engine.fast import FastLane
 
     if _communicator._lane_send is None:
         return "no C lane"

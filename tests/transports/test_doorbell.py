@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from asynccomm._mpi_runner import _bells
+from asynccomm._comm.mpi_runner import _bells
 from asynccomm.transports import _ticker
 from asynccomm.transports._doorbell import SHM_DIR, Doorbell
 from asynccomm.transports._ticker import Ticker

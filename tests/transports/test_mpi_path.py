@@ -23,10 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asynccomm import _communicator
+from asynccomm._comm import communicator as _communicator
 from asynccomm._core import wire as w
+from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
-from asynccomm._fastlane import LANE
 from asynccomm.transports import _mpi_lib
 from asynccomm.transports._mpi_progress import CTRL_SLOTS, Slot
 from asynccomm.transports._mpi_transport import MPITransport

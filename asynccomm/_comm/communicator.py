@@ -15,23 +15,31 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
 
-from ._batches import BatchesMixin, _shape_of
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer
-from ._collective_api import CollectivesMixin
-from ._core.states import DONE, Kind
-from ._exceptions import CommClosedError
-from ._fastlane import LANE, inspect
-from ._groups import OBJECT_TAGS, Family, GroupsMixin
-from ._objects import ObjectsMixin
-from ._options import check_timeout
-from ._request import Request
-from ._stream import Stream
-from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
-from .sim.device import Device
+from .._buffers import _NAMES, BufferView, StagingPool, as_recv_buffer, as_send_buffer
+from .._core.descriptors import AT_SENDER, STAGED, Message
+from .._core.matching import Matcher
+from .._core.states import DONE, POSTED, QUEUED, Kind
+from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
+from .._engine.engine import DeviceEngine
+from .._engine.fast import TIMED_COPY_MIN
+from .._engine.flight import FlightRecorder, Tally
+from .._engine.lane import LANE, inspect
+from .._engine.options import check_timeout
+from .._engine.request import Request
+from .._engine.stream import Stream
+from .._engine.summary import measured_records, rank_summary
+from .._engine.tracing import RankTrace
+from .._exceptions import CommClosedError
+from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
+from ..sim.device import Device
+from .batches import BatchesMixin, _shape_of
+from .collective_api import CollectivesMixin
+from .groups import OBJECT_TAGS, Family, GroupsMixin
+from .objects import ObjectsMixin
 
 if TYPE_CHECKING:
-    from ._engine import DeviceEngine, EngineStatistics
-    from .sim.records import OpRecord, RankSummary
+    from .._engine.engine import DeviceEngine, EngineStatistics
+    from ..sim.records import OpRecord, RankSummary
 
 __all__ = ["Communicator"]
 
@@ -404,8 +412,6 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         (post to match) and copying (match to finish), per peer (``peers``).  With a
         cluster model it adds the modelled figures: link busy time, compute time, and how
         much communication was hidden behind compute (``modelled`` is then True)."""
-        from ._summary import rank_summary
-
         return rank_summary(self._engine)
 
     def records(self) -> list[OpRecord]:
@@ -416,7 +422,6 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         records = self._engine.records
         if records is not None:
             return list(records)
-        from ._summary import measured_records
 
         return measured_records(self._engine)
 
@@ -559,15 +564,6 @@ def _configure(lane: Any) -> None:
     import time
     from collections import deque
 
-    from ._buffers import _NAMES, StagingPool
-    from ._core.descriptors import AT_SENDER, STAGED, Message
-    from ._core.matching import Matcher
-    from ._core.states import POSTED, QUEUED
-    from ._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
-    from ._engine import DeviceEngine
-    from ._engine_fast import TIMED_COPY_MIN
-    from ._flight import FlightRecorder, Tally
-    from ._trace import RankTrace
 
     lane.configure({
         "names": _NAMES, "get_running_loop": _get_running_loop,

@@ -22,23 +22,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from . import _flight
-from ._buffers import PendingBuffers, StagingPool, new_array
-from ._core.descriptors import AT_SENDER, STAGED, Descriptor, Message
-from ._core.matching import Matcher
-from ._core.states import DONE, NEXT, POSTED, check
-from ._fastlane import copy as fast_copy
-from ._request import Request
-from ._types import Status
+from .._buffers import PendingBuffers, StagingPool, new_array
+from .._core.descriptors import AT_SENDER, STAGED, Descriptor, Message
+from .._core.matching import Matcher
+from .._core.states import DONE, NEXT, POSTED, check
+from .._types import Status
+from . import flight as _flight
+from .lane import copy as fast_copy
+from .request import Request
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-    from ._exceptions import CommBrokenError
-    from ._stream import Stream
-    from ._trace import RankTrace
-    from .transports.base import Link
+    from .._exceptions import CommBrokenError
+    from ..transports.base import Link
+    from .stream import Stream
+    from .tracing import RankTrace
 
 __all__ = ["THREAD_COPY_MIN", "FastLane", "byte_view"]
 

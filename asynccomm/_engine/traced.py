@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._core.states import Kind
-from ._engine_fast import FastLane
-from ._request import Request
+from .._core.states import Kind
+from .fast import FastLane
+from .request import Request
 
 if TYPE_CHECKING:
-    from ._types import Status
+    from .._types import Status
 
 __all__ = ["TracedLane"]
 

@@ -6,7 +6,7 @@ import math
 import os
 from typing import Final
 
-from .sim.cluster import Cluster
+from ..sim.cluster import Cluster
 
 __all__ = ["POOL_BYTES", "check_timeout", "check_world", "clock_mode", "default_timeout",
            "not_async", "seconds_from_env"]

@@ -36,16 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._core.matching import OBJECT_DTYPE
-from ._core.states import Kind
-from ._exceptions import CommClosedError, CommTimeoutError, DTypeMismatchError
-from ._groups import OBJECT_TAGS
-from ._request import Request, TaskRequest, defer_cancellation, settle
-from ._types import ANY_SOURCE, ANY_TAG, Status
+from .._core.matching import OBJECT_DTYPE
+from .._core.states import Kind
+from .._engine.request import Request, TaskRequest, defer_cancellation, settle
+from .._exceptions import CommClosedError, CommTimeoutError, DTypeMismatchError
+from .._types import ANY_SOURCE, ANY_TAG, Status
+from .groups import OBJECT_TAGS
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
-    from ._engine import DeviceEngine
+    from .._engine.engine import DeviceEngine
+    from .communicator import Communicator
 
 __all__ = ["OBJECT_DTYPE", "ObjectsMixin"]
 

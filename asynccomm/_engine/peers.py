@@ -9,17 +9,17 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import _diagnostics as diag
-from ._buffers import PoolStatistics, StagingPool
-from ._core.matching import Matcher, MatcherStatistics
-from ._core.states import DONE, POSTED, QUEUED, Kind, State
-from ._exceptions import CommBrokenError
-from ._types import ANY_SOURCE
+from .._buffers import PoolStatistics, StagingPool
+from .._core.matching import Matcher, MatcherStatistics
+from .._core.states import DONE, POSTED, QUEUED, Kind, State
+from .._exceptions import CommBrokenError
+from .._types import ANY_SOURCE
+from . import diagnostics as diag
 
 if TYPE_CHECKING:
-    from ._request import Request
-    from ._stream import Stream
-    from .transports.base import Link
+    from ..transports.base import Link
+    from .request import Request
+    from .stream import Stream
 
 __all__ = ["EngineStatistics", "PeersMixin"]
 

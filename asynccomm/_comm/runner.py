@@ -14,13 +14,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import uvloop
 
-from . import _hang, _trace
-from ._clock import ModelClock
-from ._communicator import Communicator
-from ._engine import DeviceEngine
-from ._exceptions import CommBrokenError, DeadlockError
-from ._fastlane import FAST_LANE
-from ._options import (
+from .._engine import tracing as _trace
+from .._engine.engine import DeviceEngine
+from .._engine.lane import FAST_LANE
+from .._engine.options import (
     POOL_BYTES,
     check_timeout,
     check_world,
@@ -28,15 +25,22 @@ from ._options import (
     default_timeout,
     not_async,
 )
-from ._types import EAGER_LIMIT
-from .sim.device import Device
-from .sim.loop import VirtualTimeLoop, new_virtual_loop
-from .transports.local import LocalLink
+from .._exceptions import CommBrokenError, DeadlockError
+from .._types import EAGER_LIMIT
+from ..sim.clock import ModelClock
+from ..sim.device import Device
+from ..sim.loop import VirtualTimeLoop, new_virtual_loop
+from ..sim.model import ClusterModel
+from ..sim.timing import ModelledTiming
+from ..transports._mpi_lib import comm_world
+from ..transports.local import LocalLink
+from . import hang as _hang
+from .communicator import Communicator
 
 if TYPE_CHECKING:
-    from .sim.cluster import Cluster
-    from .sim.model import Strategy
-    from .sim.timing import ModelledTiming
+    from ..sim.cluster import Cluster
+    from ..sim.model import Strategy
+    from ..sim.timing import ModelledTiming
 
 __all__ = ["World", "launched_by_mpi", "mpi_world_size", "open_world", "run",
            "run_async"]
@@ -278,8 +282,6 @@ def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
     """The timing and devices of a world: instant, or timed by a cluster model."""
     if cluster is None:
         return None, [Device(rank, f"sim:{rank}") for rank in range(size)]
-    from .sim.model import ClusterModel
-    from .sim.timing import ModelledTiming
 
     fitted = cluster.fit(size)
     spec = fitted.device
@@ -416,7 +418,6 @@ def mpi_world_size() -> int | None:
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
-    from .transports._mpi_lib import comm_world
 
     return int(comm_world().Get_size())
 
@@ -511,7 +512,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
                          "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
     if backend == "mpi":
-        from ._mpi_runner import run_mpi  # mpi4py is imported only when a world opens
+        from .mpi_runner import run_mpi  # mpi4py is imported only when a world opens
 
         return run_mpi(main, world_size, loop_factory=factory, cluster=cluster, clock=clock,
                        **options)
@@ -574,7 +575,7 @@ async def run_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
                          "ac.run(main, n, ...) from synchronous code, or use open_world on "
                          "asynccomm.sim.new_virtual_loop()")
     if backend == "mpi":
-        from ._mpi_runner import run_mpi_async
+        from .mpi_runner import run_mpi_async
 
         return await run_mpi_async(main, world_size, cluster=cluster, clock=clock, **options)
     if world_size is not None:

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _collectives as coll
-from ._calls import Call
-from ._collective_costs import Chooser, default_choice, model_chooser
-from ._reduce_ops import ReduceOp
+from .._collectives import functions as coll
+from .._collectives.costs import Chooser, default_choice, model_chooser
+from .._collectives.ops import ReduceOp
+from .calls import Call
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 __all__ = ["CollectivesMixin"]
 

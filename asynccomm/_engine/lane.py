@@ -3,7 +3,7 @@
 Most of a small message's cost in the fast lane went to numpy's Python-level attributes:
 judging a buffer (``type``, ``dtype``, ``flags``, ``ndim``, ``nbytes``, ``size``: about
 0.5 us a side here) and copying 8 bytes with a slice assignment (about 0.5 us).
-``asynccomm._speedups``, built from ``_speedups.c`` where a C compiler is available, does
+``asynccomm._native._speedups``, built from ``_speedups.c`` where a C compiler is available, does
 each in well under 0.1 us.  Where it is not built (or ``ASYNCCOMM_PURE_PYTHON=1``), the
 pure-Python versions here are used, and behave the same:
 
@@ -14,7 +14,7 @@ pure-Python versions here are used, and behave the same:
   buffers (ndarrays or byte buffers); None where there is no accelerator, and the callers
   then use the numpy or memoryview assignment that suits each site.
 
-A second accelerator, ``asynccomm._lane`` (``_lane*.c``), takes the fast lane's commonest
+A second accelerator, ``asynccomm._native._lane`` (``_lane*.c``), takes the fast lane's commonest
 op: a send or recv (awaited, or ``isend``/``irecv``) of a small 1-D array with an exact
 peer and tag, on the default stream; whole in an in-process world, traced or not; whole on
 MPI too (untraced), where the MPI link's own steps for it are there as well (``Path``:
@@ -32,7 +32,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from ._buffers import _NAMES
+from .._buffers import _NAMES
 
 __all__ = ["ACCELERATED", "FAST_LANE", "LANE", "copy", "inspect"]
 
@@ -55,7 +55,7 @@ LANE: Any = None
 
 if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
     try:
-        from . import _speedups  # type: ignore[attr-defined]
+        from .._native import _speedups  # type: ignore[attr-defined]
     except ImportError:  # not built: the pure-Python fast lane
         pass
     else:
@@ -63,7 +63,7 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
         inspect = _speedups.inspect
         copy = _speedups.copy
         try:
-            from . import _lane as LANE  # type: ignore[attr-defined,no-redef]
+            from .._native import _lane as LANE  # type: ignore[attr-defined,no-redef]
         except ImportError:
             pass
 

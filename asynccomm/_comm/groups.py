@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ._calls import Call
-from ._exceptions import AsyncCommError
-from ._forming import form, leave
-from ._options import check_timeout
-from ._types import TAG_UB
+from .._engine.options import check_timeout
+from .._exceptions import AsyncCommError
+from .._types import TAG_UB
+from .calls import Call
+from .forming import form, leave
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 __all__ = ["OBJECT_TAGS", "TAG_SPAN", "Family", "GroupsMixin"]
 

@@ -30,14 +30,15 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
-from ._core.states import ACTIVE, CANCELLED, QUEUED, Kind, State
-from ._exceptions import CommTimeoutError
-from ._fastlane import LANE
-from ._types import ANY_SOURCE, Status
-from .sim.records import PeerTotals
+from .._core.states import ACTIVE, CANCELLED, QUEUED, Kind, State
+from .._exceptions import CommTimeoutError
+from .._types import ANY_SOURCE, Status
+from ..sim.loop import VirtualTimeLoop
+from ..sim.records import OpRecord, PeerTotals
+from .lane import LANE
 
 if TYPE_CHECKING:
-    from ._request import Request
+    from .request import Request
 
 __all__ = ["DEFAULT_SIZE", "Entry", "FlightRecorder", "PeerTotals", "clock_for",
            "flight_size", "format_dump"]
@@ -82,8 +83,6 @@ def flight_size() -> int:
 def clock_for(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
     """The clock ops are timed with: the virtual loop's own (model time), else the
     process's monotonic high-resolution clock (uvloop's ``time()`` has millisecond steps)."""
-    from .sim.loop import VirtualTimeLoop
-
     return loop.time if isinstance(loop, VirtualTimeLoop) else time.perf_counter
 
 
@@ -227,8 +226,6 @@ def format_dump(records: dict[int, list[dict[str, Any]]], *, last: int | None = 
 def measured_record(req: Request, rank: int, origin: float) -> Any:
     """The ``OpRecord`` of a finished send, recv or compute, from its measured times (seconds
     since the world opened); None for other ops or when the times are unknown."""
-    from .sim.records import OpRecord
-
     t_fin = getattr(req, "t_fin", -1.0)
     if req.kind is Kind.PROBE or t_fin < 0:
         return None

@@ -26,8 +26,8 @@ import math
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from ._types import EAGER_LIMIT
-from .sim.model import ChunkPlan, ClusterModel
+from .._types import EAGER_LIMIT
+from ..sim.model import ChunkPlan, ClusterModel
 
 __all__ = ["CollectiveCosts", "Chooser", "default_choice", "model_chooser"]
 

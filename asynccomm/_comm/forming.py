@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._exceptions import AsyncCommError, CommBrokenError, CommClosedError, CommTimeoutError
-from ._request import Request, defer_cancellation, settle, wait_any
-from ._types import ANY_SOURCE
-from ._waits import armed_timeout
+from .._engine.request import Request, defer_cancellation, settle, wait_any
+from .._engine.waits import armed_timeout
+from .._exceptions import AsyncCommError, CommBrokenError, CommClosedError, CommTimeoutError
+from .._types import ANY_SOURCE
 
 if TYPE_CHECKING:
-    from ._communicator import Communicator
+    from .communicator import Communicator
 
 __all__ = ["form", "leave"]
 

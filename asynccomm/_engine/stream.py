@@ -26,9 +26,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol, final
 
-from ._core.states import DONE, QUEUED
-from ._exceptions import CommClosedError
-from ._request import Request
+from .._core.states import DONE, QUEUED
+from .._exceptions import CommClosedError
+from .request import Request
 
 __all__ = ["Event", "Stream", "StreamOwner", "StreamStatistics"]
 

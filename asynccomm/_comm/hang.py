@@ -40,18 +40,18 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _waits
-from ._core.states import ACTIVE, Kind
-from ._diagnostics import describe
-from ._exceptions import DeadlockError
-from ._groups import OBJECT_TAGS
-from ._logging import NullLogger
-from ._options import seconds_from_env
-from ._request import _Countdown, awaiting
-from ._types import ANY_SOURCE
+from .._core.states import ACTIVE, Kind
+from .._engine import waits as _waits
+from .._engine.diagnostics import describe
+from .._engine.log import NullLogger
+from .._engine.options import seconds_from_env
+from .._engine.request import _Countdown, awaiting
+from .._exceptions import DeadlockError
+from .._types import ANY_SOURCE
+from .groups import OBJECT_TAGS
 
 if TYPE_CHECKING:
-    from ._engine import DeviceEngine
+    from .._engine.engine import DeviceEngine
 
 __all__ = ["PERIOD", "Watch", "deadlock_error", "dump", "fail_deadlocked", "hang_timeout",
            "install_dump_signal", "wait_for_cycle"]

@@ -28,29 +28,31 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
-from . import _diagnostics as diag
-from . import _flight, _logging
-from ._buffers import PendingBuffers, StagingPool, new_array
-from ._core.descriptors import AT_SENDER, INLINE, STAGED, Message
-from ._core.matching import Matcher, ProbeMatched, RecvRejected
-from ._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
-from ._engine_fast import THREAD_COPY_MIN, _status_of, byte_view
-from ._engine_peers import EngineStatistics, PeersMixin
-from ._engine_traced import TracedLane
-from ._exceptions import CommClosedError, CommTimeoutError
-from ._request import Request
-from ._stream import Stream
-from ._types import Status
-from ._waits import communicator_label
-from .transports.base import ASKED, WITHDRAWN
+from .._buffers import PendingBuffers, StagingPool, new_array
+from .._core.descriptors import AT_SENDER, INLINE, STAGED, Message
+from .._core.matching import Matcher, ProbeMatched, RecvRejected
+from .._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
+from .._exceptions import CommClosedError, CommTimeoutError
+from .._types import Status
+from ..sim.records import OpRecord
+from ..transports.base import ASKED, WITHDRAWN
+from . import diagnostics as diag
+from . import flight as _flight
+from . import log as _logging
+from .fast import THREAD_COPY_MIN, _status_of, byte_view
+from .peers import EngineStatistics, PeersMixin
+from .request import Request
+from .stream import Stream
+from .traced import TracedLane
+from .waits import communicator_label
 
 if TYPE_CHECKING:
-    from ._clock import ModelClock
-    from ._trace import RankTrace
-    from ._waits import Scope
-    from .sim.device import Device
-    from .sim.records import OpRecord
-    from .transports.base import Link
+    from ..sim.clock import ModelClock
+    from ..sim.device import Device
+    from ..sim.records import OpRecord
+    from ..transports.base import Link
+    from .tracing import RankTrace
+    from .waits import Scope
 
 __all__ = ["THREAD_COPY_MIN", "DeviceEngine", "EngineStatistics", "byte_view"]
 
@@ -289,8 +291,6 @@ class DeviceEngine(TracedLane, PeersMixin):
 
     def _compute_done(self, req: Request, start: int, end: int) -> None:
         if self.records is not None:
-            from .sim.records import OpRecord
-
             req.record = OpRecord(rank=self.rank, kind="compute", peer=self.rank, tag=0,
                                   nbytes=0, chunks=1, start=start * 1e-9, end=end * 1e-9,
                                   mode="compute")

@@ -23,18 +23,26 @@ import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._core.states import Kind
-from ._flight import format_entry
+from .._core.states import Kind
+from .flight import format_entry
 
 if TYPE_CHECKING:
-    from ._collective_algorithms import Exchange
-    from ._engine import DeviceEngine
-    from ._request import Request
+    from .engine import DeviceEngine
+    from .request import Request
 
 __all__ = ["Scope", "armed", "armed_timeout", "collective_lines", "communicator_label",
            "describe_scopes", "dump", "during", "inside", "scope_of", "scopes"]
+
+class Exchange(Protocol):
+    """What a scope reads of a collective call's ops (``_collectives.algorithms.Exchange``,
+    a layer above)."""
+
+    comm: Any
+    tag: int
+    _live: list[Request]
+
 
 _ARMED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = (
     weakref.WeakKeyDictionary())
@@ -80,7 +88,7 @@ class Scope:
 
     def __init__(self, exchange: Exchange, where: str, algo: str, span: int,
                  world_ranks: list[int] | None = None) -> None:
-        self.exchange = weakref.ref(exchange)
+        self.exchange: weakref.ref[Exchange] = weakref.ref(exchange)
         self.world_ranks = world_ranks  # of the communicator's ranks (None: the same)
         self.where = where
         self.algo = algo

@@ -9,21 +9,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._core.states import QUEUED, Kind
-from ._exceptions import (
+from .._core.states import QUEUED, Kind
+from .._exceptions import (
     CommBrokenError,
     CommTimeoutError,
     DTypeMismatchError,
     TransportError,
     TruncationError,
 )
-from ._types import ANY_SOURCE
-from .transports.base import gone_error
+from .._types import ANY_SOURCE
+from ..transports.base import gone_error
+from .flight import format_dump
 
 if TYPE_CHECKING:
-    from ._core.matching import RecvRejected
-    from ._engine import DeviceEngine
-    from ._request import Request
+    from .._core.matching import RecvRejected
+    from .engine import DeviceEngine
+    from .request import Request
 
 __all__ = ["broken", "describe", "failed_reason", "flight_dump", "fresh_copy", "pending_for",
            "rejection", "timeout_error"]
@@ -123,8 +124,6 @@ def pending_for(engine: DeviceEngine, peer: int) -> list[str]:
 def flight_dump(engine: DeviceEngine, last: int = 16) -> str:
     """The flight records of ``engine``'s rank and, in-process, of every rank of its world
     (their pending ops and last ``last`` finished ones), for a timeout's log event."""
-    from ._flight import format_dump
-
     engines = getattr(engine.link, "endpoints", None) or [engine]
     return format_dump({e.rank: e.flight.dicts(e.rank, e.live_requests()) for e in engines},
                        last=last)

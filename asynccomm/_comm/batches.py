@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from ._buffers import BufferView, as_recv_buffer, as_send_buffer, memory_owner, overlapping
-from ._core.states import DONE, Kind
-from ._fastlane import LANE as _LANE
-from ._fastlane import inspect
-from ._request import Request, defer_cancellation, settle, wait_all
-from ._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
+from .._buffers import BufferView, as_recv_buffer, as_send_buffer, memory_owner, overlapping
+from .._core.states import DONE, Kind
+from .._engine.lane import LANE as _LANE
+from .._engine.lane import inspect
+from .._engine.request import Request, defer_cancellation, settle, wait_all
+from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 
 if TYPE_CHECKING:
-    from ._engine import DeviceEngine
-    from ._stream import Stream
+    from .._engine.engine import DeviceEngine
+    from .._engine.stream import Stream
 
 __all__ = ["BatchesMixin", "RecvOp", "SendOp"]
 

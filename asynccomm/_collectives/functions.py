@@ -40,14 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from . import _waits
-from ._buffers import dtype_name
-from ._collective_algorithms import ALGORITHMS, P2P, Exchange
-from ._collective_costs import Chooser, default_choice
-from ._exceptions import AsyncCommError, CommTimeoutError, MatchError
-from ._options import check_timeout
-from ._reduce_ops import reducible, resolve_op
-from ._types import TAG_UB
+from .._buffers import dtype_name
+from .._engine import waits as _waits
+from .._engine.options import check_timeout
+from .._exceptions import AsyncCommError, CommTimeoutError, MatchError
+from .._types import TAG_UB
+from .algorithms import ALGORITHMS, P2P, Exchange
+from .costs import Chooser, default_choice
+from .ops import reducible, resolve_op
 
 __all__ = ["TAG_SPAN", "algorithms", "allgather", "allreduce", "alltoall", "barrier", "bcast",
            "gather", "reduce", "reduce_scatter", "scatter"]

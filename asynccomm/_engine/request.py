@@ -14,13 +14,14 @@ from asyncio.events import _get_running_loop
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-from ._core.descriptors import AT_SENDER, Message
-from ._core.states import ACTIVE, CANCELLED, DONE, QUEUED, Kind, State
-from ._types import Status
+from .._core.descriptors import AT_SENDER, Message
+from .._core.states import ACTIVE, CANCELLED, DONE, QUEUED, Kind, State
+from .._types import Status
+from .flight import measured_record
 
 if TYPE_CHECKING:
-    from ._flight import FlightRecorder
-    from ._stream import Stream
+    from .flight import FlightRecorder
+    from .stream import Stream
 
 __all__ = ["Owner", "Request", "TaskRequest", "awaiting", "defer_cancellation", "settle",
            "wait_all", "wait_any"]
@@ -121,8 +122,6 @@ class Request(Message):
         seconds since the world opened (``mode="measured"``).  None before it completed,
         and for ops that failed or were cancelled."""
         if self._record is None and self._state is DONE and self._exc is None:
-            from ._flight import measured_record
-
             self._record = measured_record(self, self._owner.rank, self._owner.flight.origin)
         return self._record
 

@@ -38,7 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Final
 
-from ._flight import KIND_NAMES, OUTCOMES
+from .flight import KIND_NAMES, OUTCOMES
 
 __all__ = ["RankTrace", "TraceSink", "attach", "context_label", "join", "paired_flows", "rank_path",
            "trace_path"]

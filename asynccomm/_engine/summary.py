@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from ._flight import DONE_C, KIND_NAMES
-from .sim.records import OpRecord, RankSummary, summarize
+from ..sim.records import OpRecord, RankSummary, summarize
+from .flight import DONE_C, KIND_NAMES
 
 if TYPE_CHECKING:
-    from ._engine import DeviceEngine
+    from .engine import DeviceEngine
 
 __all__ = ["measured_records", "rank_summary"]
 

@@ -32,9 +32,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ._exceptions import MatchError
-from ._reduce_ops import ReduceOp
-from ._request import Request, wait_any
+from .._engine.request import Request, wait_any
+from .._exceptions import MatchError
+from .ops import ReduceOp
 
 __all__ = ["ALGORITHMS", "Exchange", "P2P"]
 

@@ -29,18 +29,19 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, TypeVar
 
-from . import _hang, _trace
-from ._clock import ModelClock
-from ._communicator import Communicator
-from ._engine import DeviceEngine
-from ._fastlane import FAST_LANE, LANE
-from ._options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
-from ._types import EAGER_LIMIT
-from .sim.device import Device
-from .transports import _mpi_lib
-from .transports._doorbell import Bell, Doorbell
-from .transports._mpi_lib import comm_world, mpi_errors, wait_request
-from .transports.mpi import MPITransport
+from .._engine import tracing as _trace
+from .._engine.engine import DeviceEngine
+from .._engine.lane import FAST_LANE, LANE
+from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
+from .._types import EAGER_LIMIT
+from ..sim.clock import ModelClock
+from ..sim.device import Device
+from ..transports import _mpi_lib
+from ..transports._doorbell import Bell, Doorbell
+from ..transports._mpi_lib import comm_world, mpi_errors, wait_request
+from ..transports.mpi import MPITransport
+from . import hang as _hang
+from .communicator import Communicator
 
 __all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
 

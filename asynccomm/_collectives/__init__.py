@@ -1,0 +1,1 @@
+"""Collectives on point-to-point: argument checks, algorithms, their costs, reduce ops."""

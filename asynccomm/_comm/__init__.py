@@ -1,0 +1,2 @@
+"""The public communicator, its groups, objects and batches, hang diagnosis and the
+runners."""

@@ -1,0 +1,1 @@
+"""The C extensions (see README.md here): the per-message lane and its helpers."""
