@@ -237,6 +237,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *engine = c.engine;
     Py_ssize_t nbytes = c.nbytes, count = c.count;
     PyObject *result = NULL, *peers = NULL, *rank = NULL, *flow = NULL, *k = NULL;
+    PyObject *tracer = NULL;
     peers = slot_get(engine, EN.peers);  /* a list: fast_engine saw it */
     if (peers == NULL) {
         goto done;
@@ -252,6 +253,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     rank = slot_get(comm, CO.rank);
     if (SLOT(engine, EN.tracer) != Py_None) {  /* traced: number the message */
+        tracer = Py_NewRef(SLOT(engine, EN.tracer));  /* (offer() may run Python code) */
         flow = rank == NULL ? NULL : next_flow(engine, dst, &k);
         if (flow == NULL) {
             Py_DECREF(peer);
@@ -268,7 +270,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         goto done;
     }
-    if (flow != NULL && PyObject_SetItem(SLOT(SLOT(engine, EN.tracer), TR.sent), dst, k) < 0) {
+    if (flow != NULL && PyObject_SetItem(SLOT(tracer, TR.sent), dst, k) < 0) {
         goto done;  /* (the number is kept once the message went) */
     }
     if (t < 0 && now_of(engine, &t) < 0) {
@@ -278,6 +280,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     Py_XDECREF(flow);
     Py_XDECREF(k);
+    Py_XDECREF(tracer);
     Py_XDECREF(rank);
     Py_XDECREF(peers);
     Py_DECREF(engine);

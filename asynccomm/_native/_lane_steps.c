@@ -9,11 +9,31 @@
 
 /* -- the receiving engine: a message offered, a recv completed ------------------------ */
 
+static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
+                       PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when);
+
 /* What ``_complete_fast`` does for a posted ``recv`` (state POSTED) that the message
- * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one. */
+ * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
+ * The recv's stream is held for the whole step: it calls back into Python (waiters,
+ * the timer), which could drop the recv's own reference. */
 static int
 complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
          Py_ssize_t nbytes, Py_ssize_t count, double *when)
+{
+    PyObject *stream = SLOT(recv, R.stream);
+    if (stream == NULL || Py_TYPE(stream) != StreamType) {
+        PyErr_SetString(PyExc_TypeError, "a fast-lane recv's stream");
+        return -1;
+    }
+    Py_INCREF(stream);
+    int r = complete_on(engine, recv, stream, source, tag, nbytes, count, when);
+    Py_DECREF(stream);
+    return r;
+}
+
+static int
+complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
+            PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when)
 {
     PyObject *status = new_status(source, tag, nbytes, count, NULL);
     if (status == NULL) {
@@ -46,11 +66,6 @@ complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
     }
     if (t_match < 0) {
         t_match = t;
-    }
-    PyObject *stream = SLOT(recv, R.stream);
-    if (stream == NULL || Py_TYPE(stream) != StreamType) {
-        PyErr_SetString(PyExc_TypeError, "a fast-lane recv's stream");
-        return -1;
     }
     if (record(engine, 1, source, tag, nbytes, SLOT(stream, S.sid), t_post, t_match, t,
                SLOT(recv, M.flow)) < 0) {
