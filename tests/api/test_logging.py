@@ -4,7 +4,6 @@ silence when it is not (a library must never print)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -16,20 +15,8 @@ import asynccomm as ac
 from asynccomm._engine import lane as _fastlane
 from asynccomm._engine import log as _logging
 
-
-@pytest.fixture(autouse=True)
-def restore_structlog() -> Iterator[None]:
-    """Every test here changes structlog's global configuration (``capture_logs`` leaves it
-    *configured* on exit); put back what was there so other tests see the same world."""
-    was_configured = structlog.is_configured()
-    saved = structlog.get_config()
-    saved["processors"] = list(saved["processors"])
-    try:
-        yield
-    finally:
-        structlog.reset_defaults()
-        if was_configured:
-            structlog.configure(**saved)
+#: Every test here changes structlog's global configuration.
+pytestmark = pytest.mark.usefixtures("restore_structlog")
 
 
 @pytest.fixture

@@ -21,54 +21,37 @@ pytestmark = [
 ]
 
 
-def test_every_collective_on_mpi() -> None:
+def _mpi(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
+    """``mpiexec -n ranks python -m module args``'s output; it must exit 0."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
     env.pop("ASYNCCOMM_TIMEOUT", None)
-    proc = subprocess.run([str(MPIEXEC), "-n", "3", sys.executable, "-m",
-                           "tests.collectives.mpi_runner"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=90, check=False)
+    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", module,
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
     out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert proc.returncode == 0, out
-    assert "collectives on MPI, 3 ranks: 28 passed, 0 failed" in proc.stdout, out
+    return proc.stdout
+
+
+def test_every_collective_on_mpi() -> None:
+    out = _mpi(3, "tests.collectives.mpi_runner", timeout=90)
+    assert "collectives on MPI, 3 ranks: 28 passed, 0 failed" in out, out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_random_collectives_on_mpi_through_the_methods(ranks: int) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
-    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
-                           "tests.collectives.mpi_property_runner", "--examples", "25"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert proc.returncode == 0, out
-    assert f"random collectives on MPI, {ranks} ranks: 25 examples, 0 failures" in proc.stdout
+    out = _mpi(ranks, "tests.collectives.mpi_property_runner", "--examples", "25")
+    assert f"random collectives on MPI, {ranks} ranks: 25 examples, 0 failures" in out, out
 
 
 @pytest.mark.parametrize("ranks", [3])
 def test_calls_keep_their_place_and_split_is_all_or_nothing_on_mpi(ranks: int) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
-    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
-                           "tests.collectives.mpi_sequencing_runner"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=90, check=False)
-    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert proc.returncode == 0, out
-    assert f"sequencing on MPI, {ranks} ranks: 4 passed, 0 failed" in proc.stdout, out
+    out = _mpi(ranks, "tests.collectives.mpi_sequencing_runner", timeout=90)
+    assert f"sequencing on MPI, {ranks} ranks: 4 passed, 0 failed" in out, out
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_random_programs_with_a_misbehaving_rank_on_mpi(ranks: int) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
-    proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m",
-                           "tests.collectives.mpi_adversity_runner", "--examples", "15"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
-    out = f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    assert proc.returncode == 0, out
-    assert f"random programs on MPI, {ranks} ranks: 15 examples, 0 failures" in proc.stdout, out
+    out = _mpi(ranks, "tests.collectives.mpi_adversity_runner", "--examples", "15")
+    assert f"random programs on MPI, {ranks} ranks: 15 examples, 0 failures" in out, out

@@ -12,60 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-import traceback
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-import asynccomm as ac
-
-from .conservation import Plan, plans, program
-from .contract import bounded
+from .conservation import plans, program
+from .mpi_programs import run_plans
 
 EXAMPLES = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "25"))
-#: Seconds one example may take before it fails as hung.
-LIMIT = 10.0
 
 
 def main() -> int:
-    if not ac.launched_by_mpi():
-        sys.stderr.write("run under an MPI launcher: mpiexec -n N python -m "
-                         "tests.transports.mpi_conservation_runner\n")
-        return 2
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    failures: list[str] = []
-    started = time.perf_counter()
-    for loop in ("uvloop", "asyncio"):
-
-        @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-                  suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(plan=plans(), loop=st.just(loop))
-        def conserves(plan: Plan, loop: str) -> None:
-            error = ""
-            try:
-                ac.run(bounded(program(plan), LIMIT), loop=loop)
-            except Exception as exc:
-                error = f"rank {rank}: {type(exc).__name__}: {exc}"
-            errors = [e for e in world.allgather(error) if e]
-            if errors:  # every rank raises, so the search stays in step
-                raise AssertionError("; ".join(errors))
-
-        try:
-            conserves()
-        except Exception as exc:
-            failures.append(f"[{loop}] {exc}")
-            if rank == 0:
-                traceback.print_exception(exc, file=sys.stderr)
-    if rank == 0:
-        for line in failures:
-            sys.stdout.write(f"FAILED {line}\n")
-        sys.stdout.write(f"conservation on MPI, {size} ranks: {EXAMPLES} examples per loop, "
-                         f"{len(failures)} failed in {time.perf_counter() - started:.1f} s\n")
-    return 1 if failures else 0
+    return run_plans("conservation", "tests.transports.mpi_conservation_runner", plans(),
+                     program, EXAMPLES)
 
 
 if __name__ == "__main__":

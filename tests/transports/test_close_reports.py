@@ -10,7 +10,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,6 @@ MPIEXEC = Path(sys.executable).parent / "mpiexec"
 BIG = ac.EAGER_LIMIT + 1  # bytes: a send that waits for its recv
 
 
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    """``capture_logs`` leaves structlog configured: put back what was there."""
-    was_configured = structlog.is_configured()
-    saved = structlog.get_config()
-    saved["processors"] = list(saved["processors"])
-    try:
-        yield
-    finally:
-        structlog.reset_defaults()
-        if was_configured:
-            structlog.configure(**saved)
 
 
 async def _fails_inside(comm: ac.Communicator) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,18 +25,6 @@ SLOW = ac.Cluster(nodes=1, devices_per_node=2, intra=LinkSpec("slow", 1e9, 0.3),
                   device=DeviceSpec("dev", 1e12, 1 << 34, 1e12), name="slow")
 
 
-@pytest.fixture
-def restore_structlog() -> Iterator[None]:
-    """``capture_logs`` leaves structlog configured: put back what was there."""
-    was_configured = structlog.is_configured()
-    saved = structlog.get_config()
-    saved["processors"] = list(saved["processors"])
-    try:
-        yield
-    finally:
-        structlog.reset_defaults()
-        if was_configured:
-            structlog.configure(**saved)
 
 
 class _Req:
