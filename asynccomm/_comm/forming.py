@@ -105,9 +105,12 @@ async def form(private: Communicator, tag: int, what: str, color: int, key: int,
         async with armed_timeout(_left_of(deadline)):  # (seen by the deadlock proof)
             return await asyncio.shield(rest)
     except (asyncio.CancelledError, TimeoutError) as exc:
-        if rest.done() and not rest.cancelled() and rest.exception() is None:
+        if rest.done() and not rest.cancelled():  # it had finished: its outcome stands
             if isinstance(exc, asyncio.CancelledError):
                 defer_cancellation(exc)
+            failure = rest.exception()
+            if failure is not None:
+                raise failure from None
             return rest.result()  # it completed: never reported cancelled
         if not rest.done():
             left[0] = True
