@@ -20,10 +20,10 @@ from .._exceptions import (
 from .._types import ANY_SOURCE
 from ..transports.base import gone_error
 from .flight import format_dump
+from .waits import EngineView
 
 if TYPE_CHECKING:
     from .._core.matching import RecvRejected
-    from .engine import DeviceEngine
     from .request import Request
 
 __all__ = ["broken", "describe", "failed_reason", "flight_dump", "fresh_copy", "pending_for",
@@ -104,7 +104,7 @@ def fresh_copy(exc: BaseException) -> BaseException:
     return exc
 
 
-def pending_for(engine: DeviceEngine, peer: int) -> list[str]:
+def pending_for(engine: EngineView, peer: int) -> list[str]:
     """``engine``'s unfinished ops that involve ``peer`` and that ``peer`` cannot see
     (posted sends sit in the peer's own matcher), and those it withdrew a moment ago."""
     out = []
@@ -121,7 +121,7 @@ def pending_for(engine: DeviceEngine, peer: int) -> list[str]:
     return out
 
 
-def flight_dump(engine: DeviceEngine, last: int = 16) -> str:
+def flight_dump(engine: EngineView, last: int = 16) -> str:
     """The flight records of ``engine``'s rank and, in-process, of every rank of its world
     (their pending ops and last ``last`` finished ones), for a timeout's log event."""
     engines = getattr(engine.link, "endpoints", None) or [engine]
@@ -129,7 +129,7 @@ def flight_dump(engine: DeviceEngine, last: int = 16) -> str:
                        last=last)
 
 
-def timeout_error(engine: DeviceEngine, req: Request) -> CommTimeoutError:
+def timeout_error(engine: EngineView, req: Request) -> CommTimeoutError:
     """The error for a timed-out op, naming what its peer(s) had posted for this rank."""
     rank = engine.rank
     wild = req.kind is not Kind.SEND and req.peer == ANY_SOURCE

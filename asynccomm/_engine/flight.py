@@ -28,7 +28,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from .._core.states import ACTIVE, CANCELLED, QUEUED, Kind, State
 from .._exceptions import CommTimeoutError
@@ -37,8 +37,28 @@ from ..sim.loop import VirtualTimeLoop
 from ..sim.records import OpRecord, PeerTotals
 from .lane import LANE
 
-if TYPE_CHECKING:
-    from .request import Request
+
+class Op(Protocol):
+    """What the recorder reads of an op (``request.Request``, which records itself here:
+    named by what it has, so neither module imports the other)."""
+
+    kind: Kind
+    peer: int
+    tag: int
+    nbytes: int
+    t_post: float
+    t_match: float
+    _result: Any
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def status(self) -> Status | None: ...
+
+    @property
+    def stream(self) -> Any: ...
+
 
 __all__ = ["DEFAULT_SIZE", "Entry", "FlightRecorder", "PeerTotals", "clock_for",
            "flight_size", "format_dump"]
@@ -163,13 +183,13 @@ class FlightRecorder:
                                       s.c + r.c))
         return self.finished(), out
 
-    def dicts(self, rank: int, pending: Iterable[Request] = ()) -> list[dict[str, Any]]:
+    def dicts(self, rank: int, pending: Iterable[Op] = ()) -> list[dict[str, Any]]:
         """The last ops as dicts (``Communicator.flight_record()``), then the pending ones."""
         out = [self._dict(rank, e) for e in self.entries()]
         out += [self._dict(rank, pending_entry(r), pending=r) for r in pending]
         return out
 
-    def _dict(self, rank: int, e: Entry, pending: Request | None = None) -> dict[str, Any]:
+    def _dict(self, rank: int, e: Entry, pending: Op | None = None) -> dict[str, Any]:
         kind, peer, tag, nbytes, sid, how, t_post, t_match, t_fin = e
 
         def rel(t: float) -> float | None:
@@ -180,7 +200,7 @@ class FlightRecorder:
                 "post": rel(t_post), "match": rel(t_match), "finish": rel(t_fin)}
 
 
-def pending_entry(req: Request) -> Entry:
+def pending_entry(req: Op) -> Entry:
     """An entry for an op that has not finished (state: queued, posted or matched)."""
     state = req.state
     how = 4 if state is QUEUED else 6 if state is ACTIVE else 5
@@ -223,7 +243,7 @@ def format_dump(records: dict[int, list[dict[str, Any]]], *, last: int | None = 
     return "\n".join(lines)
 
 
-def measured_record(req: Request, rank: int, origin: float) -> Any:
+def measured_record(req: Op, rank: int, origin: float) -> Any:
     """The ``OpRecord`` of a finished send, recv or compute, from its measured times (seconds
     since the world opened); None for other ops or when the times are unknown."""
     t_fin = getattr(req, "t_fin", -1.0)
@@ -245,7 +265,7 @@ def named(e: Entry) -> tuple[Any, ...]:
     return (KIND_NAMES[e[0]], *e[1:5], OUTCOMES[e[5]], *e[6:])
 
 
-def finish(flight: FlightRecorder, req: Request, state: State, exc: BaseException | None,
+def finish(flight: FlightRecorder, req: Op, state: State, exc: BaseException | None,
            t_fin: float) -> Entry:
     """Record ``req``, which just ended (``state``, ``exc``), and return its entry: what
     ``entry`` and ``FlightRecorder.add`` do, in one call (it runs for every op that is not

@@ -21,7 +21,6 @@ from .flight import measured_record
 
 if TYPE_CHECKING:
     from .flight import FlightRecorder
-    from .stream import Stream
 
 __all__ = ["Owner", "Request", "TaskRequest", "awaiting", "defer_cancellation", "settle",
            "wait_all", "wait_any"]
@@ -40,6 +39,24 @@ class Owner(Protocol):
 
     def withdraw(self, req: Request, exc: BaseException | None, *, ask: bool = True) -> bool:
         ...
+
+
+class OpStream(Protocol):
+    """What those that hold a request use of its stream (``stream.Stream``, which holds
+    requests itself: named here by what it does, so neither module imports the other)."""
+
+    sid: int
+    _queue: Any
+    _events: Any
+    _pending: Any
+
+    def _submit(self, item: Request | list[Request]) -> None: ...
+
+    def _finished(self, req: Request) -> None: ...
+
+    def _withdraw_queued(self, req: Request) -> None: ...
+
+    def statistics(self) -> Any: ...
 
 
 @final
@@ -73,7 +90,7 @@ class Request(Message):
 
     def __init__(self, owner: Owner, kind: Kind, peer: int, tag: int,
                  view: memoryview | None, nbytes: int, count: int, dtype: str | None,
-                 stream: Stream | None, timeout: float | None, array: Any = None) -> None:
+                 stream: OpStream | None, timeout: float | None, array: Any = None) -> None:
         # Message's fields, set here directly: this runs once per message, so the fields
         # only some ops use (duration_ns, _withdraw_exc, sseq) are set when they are.
         self.source = owner.rank if kind is SEND else peer

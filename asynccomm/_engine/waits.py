@@ -29,11 +29,61 @@ from .._core.states import Kind
 from .flight import format_entry
 
 if TYPE_CHECKING:
-    from .engine import DeviceEngine
+    from .._core.matching import Matcher
+    from ..transports.base import Link
+    from .flight import FlightRecorder
     from .request import Request
 
 __all__ = ["Scope", "armed", "armed_timeout", "collective_lines", "communicator_label",
            "describe_scopes", "dump", "during", "inside", "scope_of", "scopes"]
+
+class EngineView(Protocol):
+    """What the reports read of a rank's engine (``engine.EngineView``, which imports
+    this module: named by what it has, so neither module imports the other)."""
+
+    scopes: list[Scope]
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def world_rank(self) -> int: ...
+
+    @property
+    def world_ranks(self) -> list[int] | None: ...
+
+    @property
+    def context(self) -> str: ...
+
+    @property
+    def private(self) -> bool: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def link(self) -> Link: ...
+
+    @property
+    def matcher(self) -> Matcher: ...
+
+    @property
+    def log(self) -> Any: ...
+
+    @property
+    def trace(self) -> bool: ...
+
+    @property
+    def flight(self) -> FlightRecorder: ...
+
+    @property
+    def recent(self) -> Any: ...
+
+    def live_requests(self) -> list[Request]: ...
+
 
 class Exchange(Protocol):
     """What a scope reads of a collective call's ops (``_collectives.algorithms.Exchange``,
@@ -141,12 +191,12 @@ def during(operation: str) -> Iterator[None]:
         _DURING.reset(token)
 
 
-def scopes(engine: DeviceEngine) -> list[Scope]:
+def scopes(engine: EngineView) -> list[Scope]:
     """The collective calls of ``engine`` with ops pending."""
     return [s for s in engine.scopes if s.waiting()]
 
 
-def scope_of(engine: DeviceEngine, req: Request) -> Scope | None:
+def scope_of(engine: EngineView, req: Request) -> Scope | None:
     """The collective call ``req`` belongs to, if any."""
     for s in engine.scopes:
         ex = s.exchange()
@@ -155,14 +205,14 @@ def scope_of(engine: DeviceEngine, req: Request) -> Scope | None:
     return None
 
 
-def describe_scopes(engine: DeviceEngine) -> list[str]:
+def describe_scopes(engine: EngineView) -> list[str]:
     """One line per collective call of ``engine`` with ops pending."""
     return [s.describe() for s in scopes(engine)]
 
 
 # -- dumps: every rank's ops, under their communicator ------------------------------------
 
-def communicator_label(engine: DeviceEngine) -> str:
+def communicator_label(engine: EngineView) -> str:
     """Where ``engine``'s ops are, for dumps: ``""`` (the world's communicator), ``the
     private context``, ``on a sub-communicator, as its rank 0 of 2``, or both."""
     context = engine.context
@@ -173,11 +223,11 @@ def communicator_label(engine: DeviceEngine) -> str:
     return sub
 
 
-def dump(engines: Sequence[DeviceEngine], *, last: int | None) -> str:
+def dump(engines: Sequence[EngineView], *, last: int | None) -> str:
     """Every rank's pending ops and last ``last`` finished ops, human-readable: the world's
     communicator's pending ops first, then each other communicator's under its label with
     the collective calls waiting there (every count is the rank's, all communicators)."""
-    ranks: dict[int, list[DeviceEngine]] = {}
+    ranks: dict[int, list[EngineView]] = {}
     for e in engines:
         ranks.setdefault(e.world_rank, []).append(e)
     lines = []
@@ -203,7 +253,7 @@ def dump(engines: Sequence[DeviceEngine], *, last: int | None) -> str:
     return "\n".join(lines)
 
 
-def collective_lines(engines: Sequence[DeviceEngine]) -> list[str]:
+def collective_lines(engines: Sequence[EngineView]) -> list[str]:
     """``rank 1: inside allreduce (ring), ..., waiting on rank 0 (recv tag 1)``, for every
     collective call of ``engines`` with ops pending."""
     return [f"rank {e.world_rank}: {s}" for e in engines for s in describe_scopes(e)]

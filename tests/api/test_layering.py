@@ -270,13 +270,12 @@ LAYERS: dict[str, int] = {
 }
 
 #: Cycles among modules that only type checking closes (``TYPE_CHECKING`` imports of the
-#: class a module's functions take): each is a module pair that names the other's class.
+#: class a module's functions take).  The communicator's with its mixins is the one left;
+#: the engine's were broken by naming the other side by a protocol of what is used
+#: (``request.OpStream``, ``flight.Op``, ``waits.EngineView``).
 #: This list may only shrink: the test fails on a new cycle, and on one listed here that is
 #: gone (then remove it).
 TYPE_ONLY_CYCLES: list[set[str]] = [
-    {"asynccomm._engine.flight", "asynccomm._engine.request", "asynccomm._engine.stream"},
-    {"asynccomm._engine.diagnostics", "asynccomm._engine.engine", "asynccomm._engine.peers",
-     "asynccomm._engine.waits"},
     {"asynccomm._comm.collective_api", "asynccomm._comm.communicator",
      "asynccomm._comm.forming", "asynccomm._comm.groups", "asynccomm._comm.objects"},
 ]
