@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any, Final, final
 import numpy as np
 
 from .._buffers import _NAMES, BufferView, StagingPool, as_recv_buffer, as_send_buffer
+from .._collectives import functions as coll
+from .._collectives.costs import Chooser
+from .._collectives.ops import ReduceOp
 from .._core.descriptors import AT_SENDER, STAGED, Message
 from .._core.matching import Matcher
 from .._core.states import DONE, POSTED, QUEUED, Kind
@@ -33,7 +36,8 @@ from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
 from .batches import BatchesMixin, _shape_of
-from .collective_api import CollectivesMixin
+from .calls import Call
+from .collective_api import Op, collective
 from .groups import OBJECT_TAGS, Family, GroupsMixin
 from .objects import ObjectsMixin
 
@@ -48,7 +52,7 @@ RECV: Final = Kind.RECV
 
 
 @final
-class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
+class Communicator(BatchesMixin, GroupsMixin, ObjectsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -83,7 +87,7 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         self._after_close = None
         self._lingering = set()
         self._obj_seq = 0
-        self._chooser = None
+        self._chooser: Chooser | None = None  # the collectives' algorithm chooser
         self._dead = {}
 
     def __repr__(self) -> str:
@@ -477,6 +481,118 @@ class Communicator(BatchesMixin, GroupsMixin, CollectivesMixin, ObjectsMixin):
         self._engine.post_probe(req)
         status: Status = await req
         return status
+
+    # -- collectives (see collective_api) -------------------------------------------------
+
+    def barrier(self, *, timeout: float | None = None) -> Call[None]:
+        """Return once every rank has entered the barrier (dissemination).
+
+        Raises:
+            TypeError, ValueError: bad arguments (nothing is sent).
+            CommClosedError, CommBrokenError, CommTimeoutError, DeadlockError: as the
+                point-to-point ops, with a note naming the collective and this rank;
+                ``timeout`` bounds the whole call.
+        """
+        return collective(self, coll.barrier, None, timeout=timeout)
+
+    def bcast(self, buf: Any, root: int = 0, *, timeout: float | None = None) -> Call[None]:
+        """Copy the root's ``buf`` into every rank's ``buf`` (binomial tree).
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.bcast, None, buf, root, timeout=timeout)
+
+    def reduce(self, sendbuf: Any, recvbuf: Any, op: Op = ReduceOp.SUM, root: int = 0,
+               *, timeout: float | None = None) -> Call[None]:
+        """Reduce every rank's ``sendbuf`` with ``op`` into the root's ``recvbuf`` (binomial
+        tree).  ``recvbuf`` is used at the root only (None elsewhere is fine) and may be
+        ``sendbuf`` there (in place).
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.reduce, None, sendbuf, recvbuf, op, root,
+                          timeout=timeout)
+
+    def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: Op = ReduceOp.SUM, *,
+                  timeout: float | None = None,
+                  algorithm: str | None = None) -> Call[None]:
+        """Reduce every rank's ``sendbuf`` with ``op`` into every rank's ``recvbuf`` (None:
+        in place, in ``sendbuf``).  Every rank gets the same bits.  Ring for large arrays,
+        recursive doubling for small ones, or the ``algorithm`` named (``"ring"``,
+        ``"recursive_doubling"``).
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.allreduce, algorithm, sendbuf, recvbuf, op,
+                          timeout=timeout)
+
+    def allgather(self, sendbuf: Any, recvbuf: Any, *,
+                  timeout: float | None = None,
+                  algorithm: str | None = None) -> Call[None]:
+        """Gather every rank's ``sendbuf`` into every rank's ``recvbuf``, of shape
+        ``(size, *sendbuf.shape)`` (``algorithm``: ``"ring"`` or ``"bruck"``; None chooses).
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.allgather, algorithm, sendbuf, recvbuf, timeout=timeout)
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any, op: Op = ReduceOp.SUM, *,
+                       timeout: float | None = None,
+                       algorithm: str | None = None) -> Call[None]:
+        """Reduce every rank's ``sendbuf``, of shape ``(size, *recvbuf.shape)``, with
+        ``op``; rank i gets row i of the result in ``recvbuf``.
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.reduce_scatter, algorithm,
+                                sendbuf, recvbuf, op, timeout=timeout)
+
+    def gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+               timeout: float | None = None,
+               algorithm: str | None = None) -> Call[None]:
+        """Gather every rank's ``sendbuf`` into the root's ``recvbuf``, of shape
+        ``(size, *sendbuf.shape)``; ``recvbuf`` is used at the root only.
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.gather, algorithm, sendbuf, recvbuf, root,
+                          timeout=timeout)
+
+    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *,
+                timeout: float | None = None,
+                algorithm: str | None = None) -> Call[None]:
+        """Send row i of the root's ``sendbuf``, of shape ``(size, *recvbuf.shape)``, to
+        rank i's ``recvbuf``; ``sendbuf`` is used at the root only.
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.scatter, algorithm, sendbuf, recvbuf, root,
+                          timeout=timeout)
+
+    def alltoall(self, sendbuf: Any, recvbuf: Any, *,
+                 timeout: float | None = None) -> Call[None]:
+        """Send row j of ``sendbuf`` to rank j, which puts it in row i (this rank) of its
+        ``recvbuf``; both have shape ``(size, ...)`` (pairwise exchange).
+
+        Raises:
+            TypeError, ValueError, CommClosedError, CommBrokenError, CommTimeoutError,
+            DeadlockError: as ``barrier``.
+        """
+        return collective(self, coll.alltoall, None, sendbuf, recvbuf, timeout=timeout)
 
     # -- streams and lifetime -------------------------------------------------------------
 
