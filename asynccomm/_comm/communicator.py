@@ -28,18 +28,18 @@ from .._engine.fast import TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
 from .._engine.lane import LANE, inspect
 from .._engine.options import check_timeout
-from .._engine.request import Request
+from .._engine.request import Request, TaskRequest
 from .._engine.stream import Stream
 from .._engine.summary import measured_records, rank_summary
 from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
+from . import objects as _objects
 from .batches import BatchesMixin, _shape_of
 from .calls import Call
 from .collective_api import Op, collective
 from .groups import OBJECT_TAGS, Family, GroupsMixin
-from .objects import ObjectsMixin
 
 if TYPE_CHECKING:
     from .._engine.engine import DeviceEngine, EngineStatistics
@@ -52,7 +52,7 @@ RECV: Final = Kind.RECV
 
 
 @final
-class Communicator(BatchesMixin, GroupsMixin, ObjectsMixin):
+class Communicator(BatchesMixin, GroupsMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -481,6 +481,62 @@ class Communicator(BatchesMixin, GroupsMixin, ObjectsMixin):
         self._engine.post_probe(req)
         status: Status = await req
         return status
+
+    # -- objects (see objects) ------------------------------------------------------------
+
+    async def send_obj(self, obj: Any, dst: int, tag: int = 0, *,
+                       timeout: float | None = None) -> None:
+        """Send a picklable object (pickle protocol 5; numpy arrays inside it travel as
+        buffers, not through the pickle) to ``dst`` with ``tag``.
+
+        Raises:
+            TypeError: the object cannot be pickled; bad arguments (nothing is sent).
+            ValueError, RuntimeError, CommClosedError: as ``send``.
+            CommBrokenError: as ``send``.
+            CommTimeoutError: ``timeout=`` bounds the whole call: before the header was
+                taken or staged the object is withdrawn; after, the object is abandoned
+                and the receiver's ``recv_obj`` raises ``CommTimeoutError`` too (Rule 3).
+        """
+        await self.isend_obj(obj, dst, tag, timeout=timeout)
+
+    def isend_obj(self, obj: Any, dst: int, tag: int = 0, *,
+                  timeout: float | None = None) -> TaskRequest:
+        """Post ``send_obj`` and return its request (await it, or pass it to ``wait_all``).
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``send_obj``.
+        """
+        return _objects.isend_obj(self, obj, dst, tag, timeout=timeout)
+
+    async def recv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                       timeout: float | None = None) -> tuple[Any, Status]:
+        """Receive an object sent with ``send_obj`` from ``src`` with ``tag`` (wildcards
+        allowed).  Unpickling runs code the sender chose: receive only from peers you trust.
+
+        Returns:
+            The object and a ``Status`` (``nbytes``: the header's and buffers' bytes;
+            ``count`` 1; ``shape`` ``()``).
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``recv``.
+            DTypeMismatchError: the next fitting message is an array, not an object (it
+                waits for an array recv).
+            CommBrokenError: as ``recv`` (the sender closed or failed mid-object too).
+            CommTimeoutError: ``timeout=`` expired before a header matched, or the sender
+                abandoned the object (its own timeout expired after the header went).
+            Exception: whatever unpickling raised (the message was taken).
+        """
+        result: tuple[Any, Status] = await self.irecv_obj(src, tag, timeout=timeout)
+        return result
+
+    def irecv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+                  timeout: float | None = None) -> TaskRequest:
+        """Post ``recv_obj`` and return its request; awaiting it gives ``(obj, status)``.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``recv``.
+        """
+        return _objects.irecv_obj(self, src, tag, timeout=timeout)
 
     # -- collectives (see collective_api) -------------------------------------------------
 

@@ -44,10 +44,9 @@ from .._types import ANY_SOURCE, ANY_TAG, Status
 from .groups import OBJECT_TAGS
 
 if TYPE_CHECKING:
-    from .._engine.engine import DeviceEngine
     from .communicator import Communicator
 
-__all__ = ["OBJECT_DTYPE", "ObjectsMixin"]
+__all__ = ["OBJECT_DTYPE", "irecv_obj", "isend_obj"]
 
 #: magic, the buffers' tag on the private context, the number of buffers; then one size
 #: (8 bytes) per buffer, then the pickle.
@@ -80,189 +79,132 @@ def _pickle(obj: object, what: str) -> tuple[bytes, list[memoryview]]:
     return data, buffers
 
 
-class ObjectsMixin:
-    """``send_obj``, ``recv_obj``, ``isend_obj`` and ``irecv_obj`` (see the module docs)."""
+def isend_obj(comm: Communicator, obj: Any, dst: int, tag: int = 0, *,
+              timeout: float | None = None) -> TaskRequest:
+    """``Communicator.isend_obj`` (see there)."""
+    comm._check_ready()
+    d = comm._check_rank(dst, "dst", wildcard=False)
+    t = comm._check_tag(tag, wildcard=False)
+    limit = comm._timeout(timeout)
+    data, buffers = _pickle(obj, "send_obj")
+    comm._obj_seq = seq = (comm._obj_seq + 1) % OBJECT_TAGS
+    parts_tag = OBJECT_TAGS + seq
+    head = bytearray(_HEAD.pack(_MAGIC, parts_tag, len(buffers)))
+    for buf in buffers:
+        head += _SIZE.pack(buf.nbytes)
+    head += data
+    engine = comm._engine
+    header = Request(engine, Kind.SEND, d, t, memoryview(head), len(head), len(head),
+                     OBJECT_DTYPE, engine.default_stream, limit)
+    deadline = None if limit is None else comm._loop.time() + limit
+    engine.default_stream._submit(header)  # posted now: headers go in call order
+    return TaskRequest(header, lambda: _send_buffers(comm, header, buffers, d, t, parts_tag,
+                                                          limit, deadline),
+                       f"send_obj to {d}")
 
-    if not TYPE_CHECKING:  # (mypy would refuse the fields the class that mixes it in lists)
-        __slots__ = ()  # that class lists the fields
 
-    rank: int
-    _engine: DeviceEngine
-    _loop: asyncio.AbstractEventLoop
-    _obj_seq: int
+async def _send_buffers(comm: Communicator, header: Request, buffers: list[memoryview], dst: int,
+                        tag: int, parts_tag: int, limit: float | None,
+                        deadline: float | None) -> None:
+    await header  # cancelled or timed out before it was done: withdrawn, nothing sent
+    if not buffers:
+        return
+    private = _parts_context(comm, )
+    left = None if deadline is None else max(0.0, deadline - comm._loop.time())
+    parts = [_part(private, Kind.SEND, dst, parts_tag, np.frombuffer(buf, np.uint8), left)
+             for buf in buffers]
+    await _committed(parts)
+    failed = [r.exception() for r in parts if r.exception() is not None]
+    if not failed:
+        return
+    if not all(isinstance(e, CommTimeoutError) for e in failed):
+        raise next(e for e in failed if not isinstance(e, CommTimeoutError))  # type: ignore[misc]
+    # Some buffers were withdrawn unmatched: the receiver is told on the object's own
+    # tag, after the buffers that went, and its recv_obj fails too (Rule 3).
+    _post(private, Kind.SEND, dst, parts_tag, np.empty(0, np.uint8), OBJECT_DTYPE)
+    raise CommTimeoutError(
+        f"rank {comm.rank}: send_obj to rank {dst} tag {tag} timed out after {limit:g} s: "
+        f"its header was taken or staged, but {len(failed)} of its {len(parts)} buffers "
+        "had not been received; the object was abandoned and the receiver's recv_obj "
+        "fails with CommTimeoutError too", rank=comm.rank, op="send", peer=dst, tag=tag,
+        timeout=limit or 0.0)
 
-    if TYPE_CHECKING:
-        def _check_ready(self) -> None: ...
-        def _check_rank(self, peer: object, what: str, *, wildcard: bool) -> int: ...
-        def _check_tag(self, tag: object, *, wildcard: bool) -> int: ...
-        def _timeout(self, timeout: object) -> float | None: ...
-        def _private(self) -> Communicator: ...
 
-    async def send_obj(self, obj: Any, dst: int, tag: int = 0, *,
-                       timeout: float | None = None) -> None:
-        """Send a picklable object (pickle protocol 5; numpy arrays inside it travel as
-        buffers, not through the pickle) to ``dst`` with ``tag``.
+def _parts_context(comm: Communicator) -> Communicator:
+    """The private context that carries the buffers of this rank's objects.
 
-        Raises:
-            TypeError: the object cannot be pickled; bad arguments (nothing is sent).
-            ValueError, RuntimeError, CommClosedError: as ``send``.
-            CommBrokenError: as ``send``.
-            CommTimeoutError: ``timeout=`` bounds the whole call: before the header was
-                taken or staged the object is withdrawn; after, the object is abandoned
-                and the receiver's ``recv_obj`` raises ``CommTimeoutError`` too (Rule 3).
-        """
-        await self.isend_obj(obj, dst, tag, timeout=timeout)
+    Raises:
+        CommClosedError: this communicator closed after the object's header was done.
+    """
+    if comm._engine.closed:
+        raise CommClosedError(f"rank {comm.rank}'s communicator was closed with an "
+                              "object in flight", rank=comm.rank)
+    return comm._private()
 
-    def isend_obj(self, obj: Any, dst: int, tag: int = 0, *,
-                  timeout: float | None = None) -> TaskRequest:
-        """Post ``send_obj`` and return its request (await it, or pass it to ``wait_all``).
 
-        Raises:
-            TypeError, ValueError, RuntimeError, CommClosedError: as ``send_obj``.
-        """
-        self._check_ready()
-        d = self._check_rank(dst, "dst", wildcard=False)
-        t = self._check_tag(tag, wildcard=False)
-        limit = self._timeout(timeout)
-        data, buffers = _pickle(obj, "send_obj")
-        self._obj_seq = seq = (self._obj_seq + 1) % OBJECT_TAGS
-        parts_tag = OBJECT_TAGS + seq
-        head = bytearray(_HEAD.pack(_MAGIC, parts_tag, len(buffers)))
-        for buf in buffers:
-            head += _SIZE.pack(buf.nbytes)
-        head += data
-        engine = self._engine
-        header = Request(engine, Kind.SEND, d, t, memoryview(head), len(head), len(head),
-                         OBJECT_DTYPE, engine.default_stream, limit)
-        deadline = None if limit is None else self._loop.time() + limit
-        engine.default_stream._submit(header)  # posted now: headers go in call order
-        return TaskRequest(header, lambda: self._send_buffers(header, buffers, d, t, parts_tag,
-                                                              limit, deadline),
-                           f"send_obj to {d}")
+def irecv_obj(comm: Communicator, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+              timeout: float | None = None) -> TaskRequest:
+    """``Communicator.irecv_obj`` (see there)."""
+    comm._check_ready()
+    s = comm._check_rank(src, "src", wildcard=True)
+    t = comm._check_tag(tag, wildcard=True)
+    limit = comm._timeout(timeout)
+    engine = comm._engine
+    header = Request(engine, Kind.RECV, s, t, None, -1, 0, OBJECT_DTYPE,
+                     engine.default_stream, limit)
+    engine.default_stream._submit(header)
+    return TaskRequest(header, lambda: _recv_buffers(comm, header), f"recv_obj from {s}")
 
-    async def _send_buffers(self, header: Request, buffers: list[memoryview], dst: int,
-                            tag: int, parts_tag: int, limit: float | None,
-                            deadline: float | None) -> None:
-        await header  # cancelled or timed out before it was done: withdrawn, nothing sent
-        if not buffers:
-            return
-        private = self._parts_context()
-        left = None if deadline is None else max(0.0, deadline - self._loop.time())
-        parts = [_part(private, Kind.SEND, dst, parts_tag, np.frombuffer(buf, np.uint8), left)
+
+async def _recv_buffers(comm: Communicator, header: Request) -> tuple[Any, Status]:
+    try:
+        arr, status = await header
+    except DTypeMismatchError as exc:
+        exc.add_note(f"rank {comm.rank}: recv_obj matched a message that is an array, not "
+                     "an object (sent with send, not send_obj); it waits for an array "
+                     "recv")
+        raise
+    raw = memoryview(arr).cast("B")
+    magic, parts_tag, n = _HEAD.unpack_from(raw)
+    if magic != _MAGIC:
+        raise ValueError(f"rank {comm.rank}: recv_obj from rank {status.source} tag "
+                         f"{status.tag}: the header is not an object's")
+    sizes = [_SIZE.unpack_from(raw, _HEAD.size + 8 * i)[0] for i in range(n)]
+    data = raw[_HEAD.size + 8 * n:]
+    buffers = [np.empty(size, np.uint8) for size in sizes]
+    if buffers:
+        private = _parts_context(comm, )
+        parts = [_part(private, Kind.RECV, status.source, parts_tag, buf, None)
                  for buf in buffers]
         await _committed(parts)
         failed = [r.exception() for r in parts if r.exception() is not None]
-        if not failed:
-            return
-        if not all(isinstance(e, CommTimeoutError) for e in failed):
-            raise next(e for e in failed if not isinstance(e, CommTimeoutError))  # type: ignore[misc]
-        # Some buffers were withdrawn unmatched: the receiver is told on the object's own
-        # tag, after the buffers that went, and its recv_obj fails too (Rule 3).
-        _post(private, Kind.SEND, dst, parts_tag, np.empty(0, np.uint8), OBJECT_DTYPE)
-        raise CommTimeoutError(
-            f"rank {self.rank}: send_obj to rank {dst} tag {tag} timed out after {limit:g} s: "
-            f"its header was taken or staged, but {len(failed)} of its {len(parts)} buffers "
-            "had not been received; the object was abandoned and the receiver's recv_obj "
-            "fails with CommTimeoutError too", rank=self.rank, op="send", peer=dst, tag=tag,
-            timeout=limit or 0.0)
+        if failed:
+            await _abandoned(comm, private, failed, status, parts_tag)
+    obj = pickle.loads(data, buffers=buffers)
+    return obj, Status(status.source, status.tag, status.nbytes + sum(sizes), 1, ())
 
-    def _parts_context(self) -> Communicator:
-        """The private context that carries the buffers of this rank's objects.
 
-        Raises:
-            CommClosedError: this communicator closed after the object's header was done.
-        """
-        if self._engine.closed:
-            raise CommClosedError(f"rank {self.rank}'s communicator was closed with an "
-                                  "object in flight", rank=self.rank)
-        return self._private()
+async def _abandoned(comm: Communicator, private: Communicator, failed: list[BaseException | None],
+                     status: Status, parts_tag: int) -> None:
+    """Raise the error of an object whose buffers did not all arrive: the sender's
+    failure, or its abandonment (its notice, which the buffers' recvs refused as an
+    object's, is taken here: nothing is left behind).
 
-    async def recv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
-                       timeout: float | None = None) -> tuple[Any, Status]:
-        """Receive an object sent with ``send_obj`` from ``src`` with ``tag`` (wildcards
-        allowed).  Unpickling runs code the sender chose: receive only from peers you trust.
-
-        Returns:
-            The object and a ``Status`` (``nbytes``: the header's and buffers' bytes;
-            ``count`` 1; ``shape`` ``()``).
-
-        Raises:
-            TypeError, ValueError, RuntimeError, CommClosedError: as ``recv``.
-            DTypeMismatchError: the next fitting message is an array, not an object (it
-                waits for an array recv).
-            CommBrokenError: as ``recv`` (the sender closed or failed mid-object too).
-            CommTimeoutError: ``timeout=`` expired before a header matched, or the sender
-                abandoned the object (its own timeout expired after the header went).
-            Exception: whatever unpickling raised (the message was taken).
-        """
-        result: tuple[Any, Status] = await self.irecv_obj(src, tag, timeout=timeout)
-        return result
-
-    def irecv_obj(self, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
-                  timeout: float | None = None) -> TaskRequest:
-        """Post ``recv_obj`` and return its request; awaiting it gives ``(obj, status)``.
-
-        Raises:
-            TypeError, ValueError, RuntimeError, CommClosedError: as ``recv``.
-        """
-        self._check_ready()
-        s = self._check_rank(src, "src", wildcard=True)
-        t = self._check_tag(tag, wildcard=True)
-        limit = self._timeout(timeout)
-        engine = self._engine
-        header = Request(engine, Kind.RECV, s, t, None, -1, 0, OBJECT_DTYPE,
-                         engine.default_stream, limit)
-        engine.default_stream._submit(header)
-        return TaskRequest(header, lambda: self._recv_buffers(header), f"recv_obj from {s}")
-
-    async def _recv_buffers(self, header: Request) -> tuple[Any, Status]:
-        try:
-            arr, status = await header
-        except DTypeMismatchError as exc:
-            exc.add_note(f"rank {self.rank}: recv_obj matched a message that is an array, not "
-                         "an object (sent with send, not send_obj); it waits for an array "
-                         "recv")
-            raise
-        raw = memoryview(arr).cast("B")
-        magic, parts_tag, n = _HEAD.unpack_from(raw)
-        if magic != _MAGIC:
-            raise ValueError(f"rank {self.rank}: recv_obj from rank {status.source} tag "
-                             f"{status.tag}: the header is not an object's")
-        sizes = [_SIZE.unpack_from(raw, _HEAD.size + 8 * i)[0] for i in range(n)]
-        data = raw[_HEAD.size + 8 * n:]
-        buffers = [np.empty(size, np.uint8) for size in sizes]
-        if buffers:
-            private = self._parts_context()
-            parts = [_part(private, Kind.RECV, status.source, parts_tag, buf, None)
-                     for buf in buffers]
-            await _committed(parts)
-            failed = [r.exception() for r in parts if r.exception() is not None]
-            if failed:
-                await self._abandoned(private, failed, status, parts_tag)
-        obj = pickle.loads(data, buffers=buffers)
-        return obj, Status(status.source, status.tag, status.nbytes + sum(sizes), 1, ())
-
-    async def _abandoned(self, private: Communicator, failed: list[BaseException | None],
-                         status: Status, parts_tag: int) -> None:
-        """Raise the error of an object whose buffers did not all arrive: the sender's
-        failure, or its abandonment (its notice, which the buffers' recvs refused as an
-        object's, is taken here: nothing is left behind).
-
-        Raises:
-            CommTimeoutError: the sender abandoned the object (its timeout expired).
-            CommBrokenError, CommClosedError: the sender or this rank closed.
-        """
-        if not all(isinstance(e, DTypeMismatchError) for e in failed):
-            raise next(e for e in failed if not isinstance(e, DTypeMismatchError))  # type: ignore[misc]
-        notice = _post(private, Kind.RECV, status.source, parts_tag, np.empty(0, np.uint8),
-                       OBJECT_DTYPE)
-        await _committed([notice])
-        raise CommTimeoutError(
-            f"rank {self.rank}: recv_obj from rank {status.source} tag {status.tag}: the "
-            f"sender abandoned the object after its header was taken ({len(failed)} "
-            "buffers were not sent: its send_obj timed out and raised CommTimeoutError); "
-            "nothing was received", rank=self.rank, op="recv", peer=status.source,
-            tag=status.tag, timeout=0.0)
+    Raises:
+        CommTimeoutError: the sender abandoned the object (its timeout expired).
+        CommBrokenError, CommClosedError: the sender or this rank closed.
+    """
+    if not all(isinstance(e, DTypeMismatchError) for e in failed):
+        raise next(e for e in failed if not isinstance(e, DTypeMismatchError))  # type: ignore[misc]
+    notice = _post(private, Kind.RECV, status.source, parts_tag, np.empty(0, np.uint8),
+                   OBJECT_DTYPE)
+    await _committed([notice])
+    raise CommTimeoutError(
+        f"rank {comm.rank}: recv_obj from rank {status.source} tag {status.tag}: the "
+        f"sender abandoned the object after its header was taken ({len(failed)} "
+        "buffers were not sent: its send_obj timed out and raised CommTimeoutError); "
+        "nothing was received", rank=comm.rank, op="recv", peer=status.source,
+        tag=status.tag, timeout=0.0)
 
 
 def _part(private: Communicator, kind: Kind, peer: int, tag: int,
