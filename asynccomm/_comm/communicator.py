@@ -11,6 +11,7 @@ import asyncio
 import math
 import os
 from asyncio.events import _get_running_loop
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
@@ -35,11 +36,12 @@ from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
+from . import groups as _groups
 from . import objects as _objects
 from .batches import BatchesMixin, _shape_of
 from .calls import Call
 from .collective_api import Op, collective
-from .groups import OBJECT_TAGS, Family, GroupsMixin
+from .groups import _BLOCKS, _SWEEP_CALLS, OBJECT_TAGS, TAG_SPAN, Family
 
 if TYPE_CHECKING:
     from .._engine.engine import DeviceEngine, EngineStatistics
@@ -52,7 +54,7 @@ RECV: Final = Kind.RECV
 
 
 @final
-class Communicator(BatchesMixin, GroupsMixin):
+class Communicator(BatchesMixin):
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -79,16 +81,16 @@ class Communicator(BatchesMixin, GroupsMixin):
         self.size: int = engine.size
         self.device = device
         self._family = family
-        self._children = set()
-        self._private_comm = None
-        self._seq = 0
-        self._tag_block = 0
-        self._parent = None
-        self._after_close = None
-        self._lingering = set()
-        self._obj_seq = 0
+        self._children: set[Communicator] = set()  # open sub-communicators
+        self._private_comm: Communicator | None = None  # made on first use in-process
+        self._seq = 0  # split and dup calls so far
+        self._tag_block = 0  # the next collective call's block of tags
+        self._parent: Communicator | None = None
+        self._after_close: Callable[[], Awaitable[None]] | None = None  # the link's goodbyes
+        self._lingering: set[asyncio.Future[Any]] = set()  # closes still saying goodbye
+        self._obj_seq = 0  # objects sent so far (their buffers' tags)
         self._chooser: Chooser | None = None  # the collectives' algorithm chooser
-        self._dead = {}
+        self._dead: dict[int, int] = {}  # blocks left unfinished here: calls left to sweep
 
     def __repr__(self) -> str:
         return f"<Communicator rank={self.rank} size={self.size}>"
@@ -481,6 +483,107 @@ class Communicator(BatchesMixin, GroupsMixin):
         self._engine.post_probe(req)
         status: Status = await req
         return status
+
+    # -- groups (see groups): sub-communicators, the private context, tag blocks --------
+
+    def split(self, color: int | None, key: int = 0, *,
+              timeout: float | None = None) -> Call[Communicator | None]:
+        """A new communicator for the ranks that pass the same ``color``, ranked by
+        (``key``, rank here): ``MPI_Comm_split``.  Collective: every rank calls it.
+
+        The ranks agree through rank 0 (``_forming``): the call makes a communicator on
+        every rank or on none, and a call that fails on one rank (a bad color, a
+        cancellation, a timeout) fails on every rank; the parent keeps working.
+
+        Args:
+            color: an int >= 0, or None to join no group (returns None).
+            key: orders the ranks of the new communicator (ties keep this one's order).
+            timeout: bounds the whole call (None: the default op timeout).
+
+        Raises:
+            TypeError, ValueError: a bad color, key or timeout (on this rank; the others
+                get ``CommBrokenError`` naming it).
+            CommClosedError: this communicator is closed.
+            CommBrokenError: another rank left the call or failed, or a rank closed.
+            CommTimeoutError: a rank's timeout expired before every rank was ready.
+        """
+        return _groups.split(self, color, key, timeout=timeout)
+
+    def dup(self, *, timeout: float | None = None) -> Call[Communicator]:
+        """A new communicator with the same ranks: messages on it never match this one's.
+        Collective: every rank calls it; as ``split``, it succeeds on every rank or none.
+
+        Raises:
+            CommClosedError, CommBrokenError, CommTimeoutError: as ``split``.
+            TransportError: MPI failed.
+        """
+        return _groups.dup(self, timeout=timeout)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _next_tags(self) -> int:
+        """The tag base of the next collective call on the private context (Rule 3)."""
+        block = self._tag_block
+        self._tag_block = (block + 1) % _BLOCKS
+        if self._dead:
+            self._sweep(block)
+        return block * TAG_SPAN
+
+    def _left_block(self, tag: int) -> None:
+        """The call on the block of ``tag`` left without finishing here (Rule 5): drop the
+        messages the other ranks sent it, now and for the next ``_SWEEP_CALLS`` calls."""
+        self._dead[tag // TAG_SPAN] = _SWEEP_CALLS
+        self._sweep(-1)
+
+    def _sweep(self, reused: int) -> None:
+        dead = self._dead
+        private = self._private_comm
+        if private is not None and not private._engine.closed:
+            private._engine.discard_staged(
+                lambda tag: tag < OBJECT_TAGS and tag // TAG_SPAN in dead)
+        for block in list(dead):
+            dead[block] -= 1
+            if dead[block] <= 0 or block == reused:
+                del dead[block]
+
+    def _private(self) -> Communicator:
+        """This communicator's private context (Rule 3)."""
+        private = self._private_comm
+        if private is None:
+            self._family.open_private(self)
+            private = self._private_comm
+            assert private is not None, "a private context has no private context"
+        return private
+
+    def _adopt_private(self, private: Communicator) -> None:
+        self._private_comm = private
+        private._parent = self  # its close is waited for by this one's
+
+    async def _close_children(self) -> None:
+        for sub in list(self._children):
+            await sub.aclose()
+        if self._private_comm is not None:
+            await self._private_comm.aclose()
+
+    def _linger(self, task: asyncio.Future[Any]) -> None:
+        self._lingering.add(task)
+        task.add_done_callback(self._lingering.discard)
+
+    async def _wait_lingering(self) -> None:
+        """Wait until the sub-communicators closed here have said goodbye to their peers
+        (on MPI: every member closed too); errors there are their own ranks' to report."""
+        while self._lingering:
+            await asyncio.gather(*list(self._lingering), return_exceptions=True)
+
+    def _orphan(self) -> None:
+        if self._parent is not None:
+            self._parent._children.discard(self)
+            self._parent = None
+
+    async def __aenter__(self) -> Communicator:
+        return self
 
     # -- objects (see objects) ------------------------------------------------------------
 
