@@ -11,7 +11,7 @@ import asyncio
 import math
 import os
 from asyncio.events import _get_running_loop
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, final
 
 import numpy as np
@@ -29,16 +29,17 @@ from .._engine.fast import TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
 from .._engine.lane import LANE, inspect
 from .._engine.options import check_timeout
-from .._engine.request import Request, TaskRequest
+from .._engine.request import Request, TaskRequest, wait_all
 from .._engine.stream import Stream
 from .._engine.summary import measured_records, rank_summary
 from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
+from . import batches as _batches
 from . import groups as _groups
 from . import objects as _objects
-from .batches import BatchesMixin, _shape_of
+from .batches import RecvOp, SendOp, _shape_of
 from .calls import Call
 from .collective_api import Op, collective
 from .groups import _BLOCKS, _SWEEP_CALLS, OBJECT_TAGS, TAG_SPAN, Family
@@ -54,7 +55,7 @@ RECV: Final = Kind.RECV
 
 
 @final
-class Communicator(BatchesMixin):
+class Communicator:
     """One rank's endpoint: point-to-point operations with the other ranks of its world
     (or of a sub-communicator: ``split``, ``dup``), and collectives over them.
 
@@ -371,6 +372,90 @@ class Communicator(BatchesMixin):
         if arr.shape != status.shape:
             arr = arr.reshape(status.shape)
         return arr, status
+
+    # -- exchanges that cannot deadlock (see batches) --------------------------------------
+
+    async def sendrecv(self, sendbuf: Any, dst: int, recvbuf: Any, src: int = ANY_SOURCE, *,
+                       sendtag: int = 0, recvtag: int = ANY_TAG,
+                       stream: Stream | None = None, timeout: float | None = None) -> Status:
+        """Send to ``dst`` and receive from ``src`` at once, without deadlock.
+
+        Returns:
+            The recv's Status.
+
+        Raises:
+            As ``batch``.
+        """
+        if stream is None and _batches.simple_pair(self, sendbuf, dst, sendtag, recvbuf, src,
+                                                   recvtag):
+            # Every check batch makes holds already: post the two at once the fast way (the
+            # C lane's, where it takes them, else the Python steps').
+            lane = LANE if timeout is None else None
+            posted = None if lane is None else lane.recv(self, recvbuf, src, recvtag, True)
+            # (No ``cast``: a call, where this runs per message.)
+            recv: Request = posted if posted is not None else self._recv_op(  # type: ignore[assignment]
+                recvbuf, src, recvtag, None, timeout, None, None, True)
+            went = False if lane is None else lane.send(self, sendbuf, dst, sendtag, True)
+            send: Request = went if went is not False else self._send_op(  # type: ignore[assignment]
+                sendbuf, dst, sendtag, None, timeout, None, None, True)
+            reqs = [send, recv]
+            if recv._state is not DONE and send._state is DONE and recv._waiters is None:
+                # The commonest wait (an eager send is done): on the recv alone, as
+                # ``Communicator.recv`` waits, one generator fewer than ``settle``.
+                fut = self._engine.loop.create_future()
+                recv._waiters = [fut]
+                try:
+                    await fut
+                except asyncio.CancelledError as exc:
+                    recv._discard_waiter(fut)
+                    await _batches.cancel_batch(self, reqs, exc)
+            if not (recv._state is DONE and send._state is DONE):
+                await _batches.settle_all(self, reqs)
+            if send._exc is not None or recv._exc is not None:
+                _batches.raise_failed(self, reqs)
+            return recv._outcome()  # type: ignore[no-any-return]
+        results = await self.batch([SendOp(sendbuf, dst, sendtag), RecvOp(recvbuf, src, recvtag)],
+                                   stream=stream, timeout=timeout)
+        status = results[1]
+        assert status is not None
+        return status
+
+    async def batch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
+                    timeout: float | None = None) -> list[Status | None]:
+        """Post every op at once (HcclBatchSendRecv) and wait for all: exchanges that cannot
+        deadlock.  Every op is checked before any is posted.
+
+        Returns:
+            One result per op, in order: ``None`` for a send, a ``Status`` for a recv.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
+            Exception: the error of the one op that failed, once all are done, or an
+                ``ExceptionGroup`` if several failed.
+        """
+        reqs = self.ibatch(ops, stream=stream, timeout=timeout)
+        if not reqs:
+            return []
+        await _batches.settle_all(self, reqs)
+        _batches.raise_failed(self, reqs)
+        return await wait_all(reqs)
+
+    def ibatch(self, ops: Sequence[SendOp | RecvOp], *, stream: Stream | None = None,
+               timeout: float | None = None) -> list[Request]:
+        """Post every op at once, as ``batch`` does, and return their requests without
+        waiting (torch's ``batch_isend_irecv``): ``await ac.wait_all(reqs)``.
+
+        Raises:
+            TypeError, ValueError, RuntimeError, CommClosedError: as ``batch`` (every op is
+                checked before any is posted).
+        """
+        self._check_ready()
+        made = [_batches.batch_op(self, op, stream, timeout) for op in ops]
+        reqs = [r for r, _ in made]
+        if reqs:
+            _batches.check_aliasing(self, reqs, [v for _, v in made])
+            reqs[0].stream._submit(reqs)  # type: ignore[union-attr]
+        return reqs
 
     # -- compute --------------------------------------------------------------------------
 
