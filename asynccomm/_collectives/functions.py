@@ -16,7 +16,7 @@ the call still pending is withdrawn (matched transfers finish), and so on cancel
 Rule 4 (timeout).  ``timeout`` bounds the whole call, not each op, and expires as
 ``CommTimeoutError``; None means no bound beyond each op's own default.
 Rule 5 (choice).  ``choose(names, nbytes, size)`` picks the algorithm (see
-``_collective_costs``); it is asked before anything is sent, and must answer alike on every
+``_collectives.costs``); it is asked before anything is sent, and must answer alike on every
 rank.
 Rule 6 (outputs are written last).  The algorithm works on scratch arrays of this call's
 own; the caller's output buffer is written only once the call has succeeded, in one copy

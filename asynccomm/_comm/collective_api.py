@@ -1,15 +1,15 @@
 """How a communicator's collective methods call the collectives (each returns a coroutine).
 
-Each call runs the algorithms of ``_collectives`` on the communicator's private context
-(``_groups``, Rule 3), on the next block of its tags, so collectives never match the
+Each call runs the algorithms of ``_collectives.functions`` on the communicator's private context
+(``_comm.groups``, Rule 3), on the next block of its tags, so collectives never match the
 program's messages and calls in flight at once never match each other.  Every rank must
 call the same collectives in the same order.  On a cluster world the algorithm is the one
-the model says is fastest for the size (``_collective_costs.model_chooser``); elsewhere it
+the model says is fastest for the size (``_collectives.costs.model_chooser``); elsewhere it
 switches by size (``default_choice``).  ``algorithm=`` names one instead (``"ring"``,
 ``"recursive_doubling"``, ``"bruck"``, ``"binomial"``, ``"linear"``: the collective's own).
 
 A call takes its place in that order (its tags) when it is *called*, not when its coroutine
-first runs (``_calls``): a call cancelled before it ran, or one that raised, still used up
+first runs (``_comm.calls``): a call cancelled before it ran, or one that raised, still used up
 its place on this rank, so the next call pairs with the other ranks' next call.  A call
 that leaves unfinished has its block noted (``_left_block``), and messages the other ranks
 sent for it are dropped from staging.

@@ -576,7 +576,7 @@ class Communicator:
         """A new communicator for the ranks that pass the same ``color``, ranked by
         (``key``, rank here): ``MPI_Comm_split``.  Collective: every rank calls it.
 
-        The ranks agree through rank 0 (``_forming``): the call makes a communicator on
+        The ranks agree through rank 0 (``_comm.forming``): the call makes a communicator on
         every rank or on none, and a call that fails on one rank (a bad color, a
         cancellation, a timeout) fails on every rank; the parent keeps working.
 
@@ -898,7 +898,7 @@ class Communicator:
 
 
 def _configure_lane() -> tuple[Any, Any]:
-    """The C lane's ``send`` and ``recv`` (``_fastlane``), told the classes and constants
+    """The C lane's ``send`` and ``recv`` (``_engine.lane``), told the classes and constants
     the Python steps use; (None, None) where it is not built, or where it does not fit
     these classes (an extension built from other sources: it says so, and the Python steps
     run)."""

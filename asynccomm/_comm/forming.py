@@ -3,7 +3,7 @@
 How it works
 ------------
 Rule 1 (one decision).  A call takes its place (a block of tags, a sequence number) when
-it is called (``_calls``).  Each rank then tells rank 0 of the parent, the coordinator,
+it is called (``_comm.calls``).  Each rank then tells rank 0 of the parent, the coordinator,
 that it is ready (with its color and key), or that it left the call (a bad argument, a
 cancellation, its timeout, a failure).  Rank 0 decides GO once every rank is ready, and
 ABORT as soon as one left, when its own timeout expires or when it is cancelled; it tells

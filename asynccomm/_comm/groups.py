@@ -14,7 +14,7 @@ messages.  Each collective call takes the next block of ``TAG_SPAN`` tags of its
 half, in call order, so calls in flight at once never match each other; the upper half
 (from ``OBJECT_TAGS``) carries objects' out-of-band buffers.
 Rule 4: ``split`` and ``dup`` make a communicator on every rank or on none
-(``_forming``): the ranks agree through rank 0, and a call that fails on one rank fails on
+(``_comm.forming``): the ranks agree through rank 0, and a call that fails on one rank fails on
 every rank, the parent left usable.
 Rule 5: a collective call that leaves unfinished on this rank (an error, a timeout, a
 cancellation, even before it ran) marks its block dead here: the messages the other ranks
@@ -46,7 +46,7 @@ __all__ = ["OBJECT_TAGS", "TAG_SPAN", "Family", "dup", "split"]
 
 #: The tags one collective call may use on the private context (its base is a multiple).
 TAG_SPAN = 4096
-#: The private context's tags from here up carry objects' buffers (see ``_objects.py``).
+#: The private context's tags from here up carry objects' buffers (see ``_comm/objects.py``).
 OBJECT_TAGS = (TAG_UB + 1) // 2
 _BLOCKS = OBJECT_TAGS // TAG_SPAN
 #: For how many later calls a block left unfinished here is swept of late messages.

@@ -8,7 +8,7 @@ checks in a row (every ``PERIOD`` seconds) with no op finishing in between, ever
 the program but ``run``'s own is blocked on a future that only asynccomm resolves: a
 pending op's, a stream event's, another such task, or a ``gather`` of such tasks; no op
 has a timeout armed, no timeout the library armed around an await is pending (a
-collective's, ``split``'s: ``_waits``), none has matched (its copy is moving), no copy runs
+collective's, ``split``'s: ``_engine.waits``), none has matched (its copy is moving), no copy runs
 on a worker thread, and (on asyncio) the loop has no ready callback and no timer but the
 check's own.
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
@@ -167,7 +167,7 @@ def peer_report(engines: Sequence[DeviceEngine], world_rank: int, peer: int,
 
 def dump(engines: Sequence[DeviceEngine], *, last: int | None = SHOWN) -> str:
     """Every rank's pending ops and last ``last`` finished ops, human-readable: a rank's
-    communicators together, each with its collective calls (``_waits.dump``)."""
+    communicators together, each with its collective calls (``_engine.waits.dump``)."""
     return _waits.dump(engines, last=last)
 
 

@@ -69,7 +69,7 @@ class Message(Descriptor):
             staged payload's are the staging pool's bytearray).
         ident: the message's id at its sender (``REMOTE``), else 0.
         shape: the sender's array shape when it is not 1-D (``(count,)``), else None.
-        flow: in a traced world, the message's flow id (``_trace`` Rule 4), once numbered.
+        flow: in a traced world, the message's flow id (``_engine.tracing`` Rule 4), once numbered.
     """
 
     __slots__ = ("flow", "ident", "shape", "view", "where")

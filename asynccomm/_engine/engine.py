@@ -11,9 +11,9 @@ Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the link, which tells the
 other ranks (their ops waiting for this rank fail with ``CommBrokenError``).
 
-Three parts live in modules of their own, as mixins of ``DeviceEngine``: the fast lane
-(``_engine_fast``), its traced form (``_engine_traced``), and the steps that read the whole
-rank: peers that closed, diagnostics, statistics (``_engine_peers``).
+The Python fast lane (``fast``) and its traced form (``traced``) are base classes of
+``DeviceEngine`` in modules of their own; the steps that read the whole rank (peers that
+closed or failed, diagnostics, statistics) are its own methods.
 """
 
 from __future__ import annotations
@@ -32,15 +32,15 @@ from .._buffers import PendingBuffers, StagingPool, new_array
 from .._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from .._core.matching import Matcher, ProbeMatched, RecvRejected
 from .._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
-from .._exceptions import CommClosedError, CommTimeoutError
-from .._types import Status
+from .._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
+from .._types import ANY_SOURCE, Status
 from ..sim.records import OpRecord
 from ..transports.base import ASKED, WITHDRAWN
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
 from .fast import THREAD_COPY_MIN, _status_of, byte_view
-from .peers import EngineStatistics, PeersMixin
+from .peers import EngineStatistics
 from .request import Request
 from .stream import Stream
 from .traced import TracedLane
@@ -61,7 +61,7 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-class DeviceEngine(TracedLane, PeersMixin):
+class DeviceEngine(TracedLane):
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
@@ -123,7 +123,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         #: they can (in-process and instant, or across processes; never while logging every
         #: message; set by the world).
         self.fast = False
-        #: The fast lane of a traced in-process world (``_engine_traced``; set by the world).
+        #: The fast lane of a traced in-process world (``traced``; set by the world).
         self.traced = False
         #: What broke the link underneath (``broke``): every op posted since fails with it
         #: (a fresh copy), unless a message already here completes it.
@@ -138,7 +138,7 @@ class DeviceEngine(TracedLane, PeersMixin):
         self.unheard: set[int] = set()
         #: Ops withdrawn lately (timed out, cancelled), for the messages of peers' timeouts.
         self.recent: deque[tuple[Request, str, float]] = deque(maxlen=16)
-        #: The collective calls run on this engine, for reports (``_waits``).
+        #: The collective calls run on this engine, for reports (``_engine.waits``).
         self.scopes: list[Scope] = []
         self._n_pending = 0  # tracked (unfinished) ops
         self._pending_recvs = 0  # of them, recvs with a non-empty buffer
@@ -540,6 +540,74 @@ class DeviceEngine(TracedLane, PeersMixin):
             on_done()
 
         fut.add_done_callback(copied)
+
+    # -- peers that closed or failed; the whole rank --------------------------------------
+
+    def peer_closed(self, rank: int, exc: BaseException | None) -> None:
+        """``rank`` closed or failed: fail recvs and probes that only it could have matched,
+        and wildcard ones once no other rank is left (with ``exc``, or a
+        ``CommBrokenError`` naming it)."""
+        self.gone.add(rank)
+        if self.closed or not self._n_pending:
+            return
+        everyone = self._heard() >= self.size - 1
+        if not self.matcher.waits_for(rank, wildcards=everyone):
+            return  # (a queued recv meets the closed peer when it is posted)
+        for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
+                    and (r.peer == rank or (everyone and r.peer == ANY_SOURCE))]:
+            if req._state is POSTED:
+                self.withdraw(req, exc if exc is not None and req.peer == rank
+                              else self.broken(req.peer))
+
+    def _unreachable(self, peer: int) -> bool:
+        """True if no rank is left that could send what an op from ``peer`` waits for.  A
+        wildcard gives up once every other rank has closed (a message to itself is matched
+        when it is posted, so a rank waiting on ANY_SOURCE alone would wait forever)."""
+        if peer == ANY_SOURCE:
+            return self.size > 1 and self._heard() >= self.size - 1
+        return peer in self.gone and peer != self.rank and peer not in self.unheard
+
+    def _heard(self) -> int:
+        """How many other ranks this rank knows to have closed."""
+        gone = self.gone
+        return len(gone) - (self.rank in gone) - len(self.unheard)
+
+    def broken(self, peer: int) -> CommBrokenError:
+        """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
+        rank), now closed, can never complete."""
+        if peer != ANY_SOURCE:  # (the closed ranks are named for wildcards only)
+            why, cause = self.link.why_gone(peer)
+            return diag.broken(self.rank, peer, self.gone, why, cause)
+        return diag.broken(self.rank, peer, self.gone - self.unheard - {self.rank})
+
+    def broke(self, exc: BaseException) -> None:
+        """The link failed underneath: fail every unfinished op of this rank with ``exc``,
+        and every op posted from now on that no message already here completes (the fast
+        lanes close: the usual way checks)."""
+        self.failure = exc
+        self.fast = self.traced = False
+        for req in self._live():
+            if req._state < DONE:
+                self._finish(req, DONE, diag.fresh_copy(exc))
+
+    @property
+    def pending_ops(self) -> int:
+        """How many ops of this rank are unfinished."""
+        return self._n_pending
+
+    def live_requests(self) -> list[Request]:
+        """Every unfinished op of this rank (a copy)."""
+        return self._live()
+
+    def describe_all(self) -> list[str]:
+        """Every unfinished op of this rank, for deadlock reports."""
+        return [diag.describe(r) + ("" if r._state is not QUEUED else " queued on its stream")
+                for r in self._live()]
+
+    def statistics(self) -> EngineStatistics:
+        return EngineStatistics(pending_ops=self.pending_ops, active_copies=self._copies,
+                                streams=len(self._streams), matcher=self.matcher.statistics(),
+                                pool=self.pool.statistics())
 
     # -- diagnostics and closing ----------------------------------------------------------
 

@@ -3,7 +3,7 @@ it is made, where the general path (streams, events, the link) has nothing to ad
 
 The fast lane is open (``DeviceEngine.fast``) in-process on an instant link, and across
 processes, but never while every message is logged; a traced world takes these steps
-through the traced lane (``_engine_traced``, ``DeviceEngine.traced``).  A sender's engine
+through the traced lane (``traced``, ``DeviceEngine.traced``).  A sender's engine
 hands a small message to the destination's engine (``offer``, or ``offer_bytes`` for bytes
 that arrived from another process): a recv waiting there takes it at once, or the staging
 pool keeps it.  A recv takes a message already waiting (``take_now``), or is posted on the
@@ -170,7 +170,7 @@ class FastLane:
             source, tag, nbytes, dtype)
         if not recv:
             return False  # (``arrived`` numbers it, in a traced world)
-        if self.tracer is not None:  # number it as it arrives (``_trace`` Rule 4)
+        if self.tracer is not None:  # number it as it arrives (``_engine.tracing`` Rule 4)
             recv.flow = self.tracer.arrived_from(source)
         if nbytes >= TIMED_COPY_MIN:
             recv.t_match = self.now()

@@ -3,9 +3,9 @@
 Most of a small message's cost in the fast lane went to numpy's Python-level attributes:
 judging a buffer (``type``, ``dtype``, ``flags``, ``ndim``, ``nbytes``, ``size``: about
 0.5 us a side here) and copying 8 bytes with a slice assignment (about 0.5 us).
-``asynccomm._native._speedups``, built from ``_speedups.c`` where a C compiler is available, does
-each in well under 0.1 us.  Where it is not built (or ``ASYNCCOMM_PURE_PYTHON=1``), the
-pure-Python versions here are used, and behave the same:
+``asynccomm._native._speedups``, built from ``_native/_speedups.c`` where a C compiler is
+available, does each in well under 0.1 us.  Where it is not built (or
+``ASYNCCOMM_PURE_PYTHON=1``), the pure-Python versions here are used, and behave the same:
 
 - ``inspect(buf, writable)``: ``(name, nbytes, count)`` when ``buf`` is an exact, 1-D,
   C-contiguous (and, if asked, writeable) ndarray of a dtype whose name is already known
@@ -19,9 +19,9 @@ op: a send or recv (awaited, or ``isend``/``irecv``) of a small 1-D array with a
 peer and tag, on the default stream; whole in an in-process world, traced or not; whole on
 MPI too (untraced), where the MPI link's own steps for it are there as well (``Path``:
 framing and sending an eager message, and landing one into the recv posted for it).
-``LANE`` is that module, configured by ``_communicator``; None where it is not built, or
+``LANE`` is that module, configured by ``_comm.communicator``; None where it is not built, or
 with ``ASYNCCOMM_PURE_PYTHON=1``.  It returns "not handled" for everything else, and the
-Python steps run.  It also gives the flight recorder its ring and tallies (``_flight``).
+Python steps run.  It also gives the flight recorder its ring and tallies (``_engine.flight``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The fast lane in a traced world: the same steps, with each message numbered and each op
 handed to the rank's trace.
 
-Tracing needs every op's flight-recorder entry and every message's flow id (``_trace``
+Tracing needs every op's flight-recorder entry and every message's flow id (``_engine.tracing``
 Rule 4: the k-th message from rank s to rank d).  On the general path a request carries
 both.  Here, in-process, the sender numbers the message before offering it (the number is
 kept only if the offer is taken) and the destination's recv or staged message carries the

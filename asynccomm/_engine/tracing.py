@@ -6,7 +6,7 @@ How it works
 Rule 1 (collecting).  While a world traces, its engines hand every finished op to their
 ``RankTrace`` (the flight recorder's entry, the message's flow id, the modelled record);
 events are built only when the file is written, when the world closes.  Traced ops have
-a fast lane of their own (``_engine_traced``), which numbers each message as Rule 4 says.
+a fast lane of their own (``traced``), which numbers each message as Rule 4 says.
 Rule 2 (layout).  One process per rank (``pid`` = rank, named "rank N"), one thread per
 stream ("stream 0" is the default one), one for compute, and on a cluster world one per
 outgoing link with the modelled transfers.  Ops that overlap on one stream (the default
