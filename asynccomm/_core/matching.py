@@ -20,11 +20,11 @@ sender's envelopes in posting order, which makes this MPI's non-overtaking guara
 
 Rule 4 (a match that cannot complete loses nothing).  When a recv matches a message by
 envelope but its dtype differs or its buffer is too small, the *recv* fails
-(a recv of any dtype, ``recv_new``, takes every array but no object: an object's header,
-dtype ``OBJECT_DTYPE``, is for ``recv_obj`` alone)
 (``RecvRejected``) and the message stays where it was: first in line for the next recv that
-fits.  An arriving envelope whose earliest recv rejects it tries the next posted recv, and
-is queued as unexpected if none is left.  The sender is never failed by a rejection.
+fits.  A recv of any dtype (``recv_new``) takes every array but no object: an object's
+header (dtype ``OBJECT_DTYPE``) is for ``recv_obj`` alone.  An arriving envelope whose
+earliest recv rejects it tries the next posted recv, and is queued as unexpected if none is
+left.  The sender is never failed by a rejection.
 
 Rule 5 (withdrawal is atomic, and a match is final).  ``cancel`` removes a posted recv or
 probe, ``withdraw`` removes an unexpected message; each returns False when the item has

@@ -4,35 +4,16 @@ collective, its algorithm, tags and rank; every op of the call withdrawn before 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asynccomm as ac
 from asynccomm._collectives import functions as coll
-from asynccomm.sim import DeviceSpec, LinkSpec
-from asynccomm.sim.loop import new_virtual_loop
 from asynccomm.testing import posted
 
-T = TypeVar("T")
-
-#: Every message takes 0.3 s of model time: a ring allreduce of 4 ranks takes ~1.8 s.
-SLOW = ac.Cluster(nodes=1, devices_per_node=8, intra=LinkSpec("slow", 1e9, 0.3), inter=None,
-                  device=DeviceSpec("dev", 1e12, 1 << 34, 1e12), name="slow")
-
-
-def virtual(size: int, body: Callable[[ac.World], Awaitable[T]],
-            cluster: ac.Cluster | None = None, limit: float | None = 60.0) -> T:
-    """``body(world)`` on the virtual clock, bounded by ``limit`` model seconds (None: by
-    the virtual loop's deadlock detection, which a pending timer would defeat)."""
-    async def main() -> T:
-        async with asyncio.timeout(limit), ac.open_world(size, cluster, "virtual") as world:
-            return await body(world)
-
-    with asyncio.Runner(loop_factory=new_virtual_loop) as runner:
-        return runner.run(main())
+from .cases import SLOW, virtual
 
 
 def ring(names: Any, nbytes: int, size: int) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import asynccomm as ac
+
+from ..transports.environments import mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -23,9 +24,7 @@ pytestmark = [
 
 def _mpi(ranks: int, module: str, *args: str, timeout: float = 120) -> str:
     """``mpiexec -n ranks python -m module args``'s output; it must exit 0."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
+    env = mpi_env()
     proc = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", module,
                            *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)

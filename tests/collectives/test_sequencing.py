@@ -5,32 +5,14 @@ make a communicator on every rank or on none."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asynccomm as ac
-from asynccomm.sim import DeviceSpec, LinkSpec
-from asynccomm.sim.loop import new_virtual_loop
 
-T = TypeVar("T")
-
-
-#: Every message takes 0.3 s of model time.
-SLOW = ac.Cluster(nodes=1, devices_per_node=8, intra=LinkSpec("slow", 1e9, 0.3), inter=None,
-                  device=DeviceSpec("dev", 1e12, 1 << 34, 1e12), name="slow")
-
-
-def virtual(size: int, body: Callable[[ac.World], Awaitable[T]], limit: float = 60.0,
-            cluster: ac.Cluster | None = None) -> T:
-    async def main() -> T:
-        async with asyncio.timeout(limit), ac.open_world(size, cluster, "virtual") as world:
-            return await body(world)
-
-    with asyncio.Runner(loop_factory=new_virtual_loop) as runner:
-        return runner.run(main())
+from .cases import SLOW, virtual
 
 
 async def sums_are_right(world: ac.World, rounds: int = 3) -> None:

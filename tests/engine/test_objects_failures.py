@@ -4,7 +4,6 @@ cases are ``objects_cases.py``'s SPMD programs)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 import asynccomm as ac
 
+from ..transports.environments import mpi_env
 from .objects_cases import CASES, ENVS, FAILING
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,10 +23,7 @@ LIMIT = 60.0
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
-    return env
+    return mpi_env()
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:

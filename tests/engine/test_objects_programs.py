@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 import asynccomm as ac
 
 from ..transports.contract import bounded
+from ..transports.environments import mpi_env
 from .objects_cases import ENVS, Boom
 from .objects_programs import Plan, plans, program
 
@@ -49,9 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
                     "(pip install -e '.[mpi]')")
 @pytest.mark.skipif(ac.launched_by_mpi(), reason="this test starts mpiexec itself")
 def test_random_object_programs_on_mpi() -> None:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
+    env = mpi_env()
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "tests.engine.mpi_objects_runner"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,

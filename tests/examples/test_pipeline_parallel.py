@@ -5,7 +5,6 @@ works in-process and one rank per process."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,8 @@ from ps.model import softmax_cross_entropy
 
 import asynccomm as ac
 from tests.test_examples import result_line, run_example
+
+from ..transports.environments import mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -141,8 +142,7 @@ def test_in_one_process_the_grid_is_four_by_two() -> None:
 
 def _mpiexec(n: int, *flags: str) -> subprocess.CompletedProcess[str]:
     cmd = [str(MPIEXEC), "-n", str(n), sys.executable, "examples/pipeline_parallel.py", *flags]
-    env = {k: v for k, v in os.environ.items()  # not a launcher's, if pytest runs under one
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env = mpi_env()
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
 
@@ -178,8 +178,7 @@ def test_script_prints_the_result_line() -> None:
 def test_one_rank_per_process_on_mpi() -> None:
     cmd = [str(MPIEXEC), "-n", "4", sys.executable, "examples/pipeline_parallel.py",
            "--stages", "2", "--steps", "3"]
-    env = {k: v for k, v in os.environ.items()  # not a launcher's, if pytest runs under one
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env = mpi_env()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -53,3 +54,13 @@ def run_world(env: str, size: int, body: Callable[[ac.World], Awaitable[T]],
                uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop)
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main())
+
+
+def mpi_env(**extra: str) -> dict[str, str]:
+    """The environment for an ``mpiexec`` a test starts: not a launcher's (if pytest runs
+    under one), without ``ASYNCCOMM_TIMEOUT``, with ``extra`` set."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
+    env.pop("ASYNCCOMM_TIMEOUT", None)
+    env.update(extra)
+    return env

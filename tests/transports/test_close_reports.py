@@ -7,7 +7,6 @@ and on MPI through ``mpi_close_runner``."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ import pytest
 import structlog
 
 import asynccomm as ac
+
+from .environments import mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -102,9 +103,7 @@ def _dropped_event(rank: int) -> dict[str, Any]:
 # -- on MPI ---------------------------------------------------------------------------------
 
 def _mpi(case: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
+    env = mpi_env()
     return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m",
                            "tests.transports.mpi_close_runner", case], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=90, check=False)

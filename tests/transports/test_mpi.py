@@ -9,7 +9,6 @@ stalling the suite.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 
 import asynccomm as ac
+
+from .environments import mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
@@ -31,12 +32,7 @@ pytestmark = [
 ]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_CVAR_"))}
-    env.pop("ASYNCCOMM_TIMEOUT", None)
-    env.update(extra)
-    return env
+_env = mpi_env
 
 
 def mpiexec(n: int, *args: str, limit: float = JOB_LIMIT,
