@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -19,9 +19,7 @@ from .._core.states import Kind
 from .._engine.lane import inspect
 from .._engine.request import Request, defer_cancellation, settle
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .view import CommView
 
 __all__ = ["RecvOp", "SendOp", "batch_op", "cancel_batch", "check_aliasing", "raise_failed",
            "settle_all", "simple_pair"]
@@ -60,7 +58,7 @@ def _shape_of(buf: object, count: object, dtype: object) -> tuple[int, ...] | No
     return None
 
 
-def simple_pair(comm: Communicator, sendbuf: Any, dst: Any, sendtag: Any, recvbuf: Any, src: Any,
+def simple_pair(comm: CommView, sendbuf: Any, dst: Any, sendtag: Any, recvbuf: Any, src: Any,
                  recvtag: Any) -> bool:
     """A sendrecv of 1-D contiguous arrays of known dtypes (the recv's writeable) and
     plain ranks and tags, whose buffers share no memory: nothing the checks of ``batch``
@@ -77,7 +75,7 @@ def simple_pair(comm: Communicator, sendbuf: Any, dst: Any, sendtag: Any, recvbu
     return memory_owner(sendbuf) is not memory_owner(recvbuf)
 
 
-async def settle_all(comm: Communicator, reqs: list[Request]) -> None:
+async def settle_all(comm: CommView, reqs: list[Request]) -> None:
     """Wait until every op of a batch finished; if the task is cancelled meanwhile,
     withdraw what has not matched (``cancel_batch``)."""
     try:
@@ -86,7 +84,7 @@ async def settle_all(comm: Communicator, reqs: list[Request]) -> None:
         await cancel_batch(comm, reqs, exc)
 
 
-def raise_failed(comm: Communicator, reqs: list[Request]) -> None:
+def raise_failed(comm: CommView, reqs: list[Request]) -> None:
     """Raise the error of the one op of a finished batch that failed, or a group of
     them if several did."""
     failed = [r.exception() for r in reqs if r.exception() is not None]
@@ -97,7 +95,7 @@ def raise_failed(comm: Communicator, reqs: list[Request]) -> None:
                              failed)  # type: ignore[type-var]
 
 
-async def cancel_batch(comm: Communicator, reqs: list[Request],
+async def cancel_batch(comm: CommView, reqs: list[Request],
                        exc: asyncio.CancelledError) -> None:
     """A batch's task was cancelled: withdraw the ops that have not matched and wait for
     the others.  If none was withdrawn the batch completed, and the cancellation waits
@@ -118,7 +116,7 @@ async def cancel_batch(comm: Communicator, reqs: list[Request],
     raise exc
 
 
-def check_aliasing(comm: Communicator, reqs: list[Request], views: list[BufferView]) -> None:
+def check_aliasing(comm: CommView, reqs: list[Request], views: list[BufferView]) -> None:
     """Refuse a batch in which a recv buffer shares memory with another op's buffer, or
     with a pending recv's (MPI forbids it: the data would be corrupted).
 
@@ -139,7 +137,7 @@ def check_aliasing(comm: Communicator, reqs: list[Request], views: list[BufferVi
             comm._engine.check_recv_buffer(view.mv, view.nbytes)
 
 
-def batch_op(comm: Communicator, op: object, stream: object,
+def batch_op(comm: CommView, op: object, stream: object,
               timeout: object) -> tuple[Request, BufferView]:
     if isinstance(op, SendOp):
         view = as_send_buffer(op.buf, op.count, op.dtype)

@@ -18,21 +18,19 @@ sent for it are dropped from staging.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._collectives.costs import Chooser, default_choice, model_chooser
 from .._collectives.ops import ReduceOp
 from .calls import Call
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .view import CommView
 
 __all__ = ["Op", "collective"]
 
 Op = ReduceOp | str
 
 
-def collective(comm: Communicator, run: Callable[..., Awaitable[None]], algorithm: str | None,
+def collective(comm: CommView, run: Callable[..., Awaitable[None]], algorithm: str | None,
                *args: Any, **kwargs: Any) -> Call[None]:
     """The call of ``run`` (a collective of ``_collectives.functions``) by ``comm``: its
     place (its tags) is taken now, whatever happens to the coroutine."""
@@ -41,7 +39,7 @@ def collective(comm: Communicator, run: Callable[..., Awaitable[None]], algorith
                 lambda _: comm._left_block(tag))
 
 
-async def _run(comm: Communicator, run: Callable[..., Awaitable[None]], tag: int,
+async def _run(comm: CommView, run: Callable[..., Awaitable[None]], tag: int,
                algorithm: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     try:
         private, choose = _setup(comm, algorithm)
@@ -51,7 +49,7 @@ async def _run(comm: Communicator, run: Callable[..., Awaitable[None]], tag: int
         raise
 
 
-def _setup(comm: Communicator, algorithm: str | None) -> tuple[Communicator, Chooser]:
+def _setup(comm: CommView, algorithm: str | None) -> tuple[CommView, Chooser]:
     """The private context to run on, and the chooser of the algorithm."""
     comm._check_ready()
     if algorithm is not None:

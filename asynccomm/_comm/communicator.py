@@ -12,7 +12,7 @@ import math
 import os
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import numpy as np
 
@@ -42,7 +42,8 @@ from . import objects as _objects
 from .batches import RecvOp, SendOp, _shape_of
 from .calls import Call
 from .collective_api import Op, collective
-from .groups import _BLOCKS, _SWEEP_CALLS, OBJECT_TAGS, TAG_SPAN, Family
+from .groups import _BLOCKS, _SWEEP_CALLS, OBJECT_TAGS, TAG_SPAN
+from .view import CommView, Family
 
 if TYPE_CHECKING:
     from .._engine.engine import DeviceEngine, EngineStatistics
@@ -592,7 +593,8 @@ class Communicator:
             CommBrokenError: another rank left the call or failed, or a rank closed.
             CommTimeoutError: a rank's timeout expired before every rank was ready.
         """
-        return _groups.split(self, color, key, timeout=timeout)
+        return cast("Call[Communicator | None]",  # the family makes Communicators
+                    _groups.split(self, color, key, timeout=timeout))
 
     def dup(self, *, timeout: float | None = None) -> Call[Communicator]:
         """A new communicator with the same ranks: messages on it never match this one's.
@@ -602,7 +604,7 @@ class Communicator:
             CommClosedError, CommBrokenError, CommTimeoutError: as ``split``.
             TransportError: MPI failed.
         """
-        return _groups.dup(self, timeout=timeout)
+        return cast("Call[Communicator]", _groups.dup(self, timeout=timeout))
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -642,9 +644,16 @@ class Communicator:
             assert private is not None, "a private context has no private context"
         return private
 
-    def _adopt_private(self, private: Communicator) -> None:
+    def _adopt_private(self, private: CommView) -> None:
+        assert isinstance(private, Communicator)
         self._private_comm = private
         private._parent = self  # its close is waited for by this one's
+
+    def _adopt(self, sub: CommView) -> None:
+        """``sub`` is a new sub-communicator of this one (closed with it)."""
+        assert isinstance(sub, Communicator)
+        sub._parent = self
+        self._children.add(sub)
 
     async def _close_children(self) -> None:
         for sub in list(self._children):

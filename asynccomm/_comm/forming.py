@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,9 +33,7 @@ from .._engine.request import Request, defer_cancellation, settle, wait_any
 from .._engine.waits import armed_timeout
 from .._exceptions import AsyncCommError, CommBrokenError, CommClosedError, CommTimeoutError
 from .._types import ANY_SOURCE
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .view import CommView
 
 __all__ = ["form", "leave"]
 
@@ -49,7 +47,7 @@ BAD, CANCELLED, TIMED_OUT, FAILED, CLOSED = 1, 2, 3, 4, 5
 LATE = 2
 
 Table = list[tuple[int, int]]
-Make = Callable[[Table], Awaitable["Communicator | None"]]
+Make = Callable[[Table], Awaitable["CommView | None"]]
 
 
 def why_of(exc: BaseException | None) -> int:
@@ -64,7 +62,7 @@ def why_of(exc: BaseException | None) -> int:
     return FAILED
 
 
-def leave(private: Communicator | None, tag: int, exc: BaseException | None) -> None:
+def leave(private: CommView | None, tag: int, exc: BaseException | None) -> None:
     """This rank leaves the call before it said it was ready: tell rank 0 (or, on rank 0,
     tell every rank that the call is off).  Quietly nothing where it cannot be told (a
     closed communicator, outside its loop)."""
@@ -80,9 +78,9 @@ def leave(private: Communicator | None, tag: int, exc: BaseException | None) -> 
         pass  # closed, or not on its loop: nobody is waiting for this rank's word there
 
 
-async def form(private: Communicator, tag: int, what: str, color: int, key: int,
+async def form(private: CommView, tag: int, what: str, color: int, key: int,
                limit: float | None, make: Make,
-               linger: Callable[[asyncio.Future[Any]], None]) -> Communicator | None:
+               linger: Callable[[asyncio.Future[Any]], None]) -> CommView | None:
     """Agree with every rank on ``(color, key)`` of each (Rule 1), then ``make`` the new
     communicator from the table of every rank's pair.  ``linger`` is given the task that
     finishes the call in the background if this rank leaves it (Rule 2).
@@ -138,15 +136,15 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
-async def _made(told: list[Request], make: Make, table: Table) -> Communicator | None:
+async def _made(told: list[Request], make: Make, table: Table) -> CommView | None:
     """Rank 0 after GO: its word delivered (so that no later message of this rank waits
     behind it on a modelled link), then its communicator."""
     await settle(told)
     return await make(table)
 
 
-async def _closing_if_left(made: Awaitable[Communicator | None],
-                           left: list[bool]) -> Communicator | None:
+async def _closing_if_left(made: Awaitable[CommView | None],
+                           left: list[bool]) -> CommView | None:
     """``made``'s communicator, closed at once if the caller left meanwhile (Rule 2)."""
     comm = await made
     if comm is not None and left[0]:
@@ -154,8 +152,8 @@ async def _closing_if_left(made: Awaitable[Communicator | None],
     return comm
 
 
-async def _follow(private: Communicator, tag: int, what: str,
-                  make: Make) -> Communicator | None:
+async def _follow(private: CommView, tag: int, what: str,
+                  make: Make) -> CommView | None:
     """A rank that said it was ready: rank 0's decision, then its communicator."""
     size = private.size
     decision = np.zeros(3 + 2 * size, np.int64)
@@ -167,7 +165,7 @@ async def _follow(private: Communicator, tag: int, what: str,
     return await make([(int(c), int(k)) for c, k in zip(colors, keys, strict=True)])
 
 
-async def _coordinate(private: Communicator, tag: int, what: str, color: int, key: int,
+async def _coordinate(private: CommView, tag: int, what: str, color: int, key: int,
                       deadline: float | None, limit: float | None
                       ) -> tuple[Table, list[Request]]:
     """Rank 0: wait until every rank is ready (GO) or one left (ABORT), and tell them.
@@ -230,7 +228,7 @@ async def _hear(got: dict[int, Request], rows: Any, notice: Request | None, late
             pass  # the loop above names it
 
 
-def _decide(private: Communicator, tag: int, colors: Any, keys: Any, verdict: int,
+def _decide(private: CommView, tag: int, colors: Any, keys: Any, verdict: int,
             why: int, culprit: int, gone: set[int]) -> list[Request]:
     """Rank 0 tells every rank that may wait for it (not those that left)."""
     decision = np.concatenate([np.array([verdict, why, culprit], np.int64), colors, keys])

@@ -23,13 +23,11 @@ calls for those that arrive late, so they never fill the staging pool.
 Rule 6: a communicator closes its sub-communicators (and its private context) before
 itself; closing one sub-communicator leaves its parent and siblings open.
 
-The world makes the new communicators (``Family.child``): in-process worlds share one
+The world makes the new communicators (``view.Family.child``): in-process worlds share one
 link per new group, MPI worlds create an MPI communicator for it.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -38,11 +36,9 @@ from .._exceptions import AsyncCommError
 from .._types import TAG_UB
 from .calls import Call
 from .forming import form, leave
+from .view import CommView
 
-if TYPE_CHECKING:
-    from .communicator import Communicator
-
-__all__ = ["OBJECT_TAGS", "TAG_SPAN", "Family", "dup", "split"]
+__all__ = ["OBJECT_TAGS", "TAG_SPAN", "dup", "split"]
 
 #: The tags one collective call may use on the private context (its base is a multiple).
 TAG_SPAN = 4096
@@ -51,22 +47,6 @@ OBJECT_TAGS = (TAG_UB + 1) // 2
 _BLOCKS = OBJECT_TAGS // TAG_SPAN
 #: For how many later calls a block left unfinished here is swept of late messages.
 _SWEEP_CALLS = 64
-
-
-class Family(Protocol):
-    """How a world makes new communicators for a group of a parent's ranks."""
-
-    async def child(self, parent: Communicator, members: list[int] | None, color: int,
-                    key: tuple[Any, ...]) -> Communicator | None:
-        """The new communicator of this rank: ``members`` are parent ranks in new-rank
-        order (None: this rank joins none, but must still take part).  ``key`` names the
-        group the same way on every member rank; ``color`` is the same for all members."""
-        ...
-
-    def open_private(self, comm: Communicator) -> None:
-        """Give ``comm`` (and, where the world can, its group) a private context now, for
-        a world that makes them on first use; others make them with the communicator."""
-        ...
 
 
 def _check_int(value: object, what: str, *, minimum: int | None = None) -> int:
@@ -80,28 +60,28 @@ def _check_int(value: object, what: str, *, minimum: int | None = None) -> int:
     return v
 
 
-def split(comm: Communicator, color: int | None, key: int = 0, *,
-          timeout: float | None = None) -> Call[Communicator | None]:
+def split(comm: CommView, color: int | None, key: int = 0, *,
+          timeout: float | None = None) -> Call[CommView | None]:
     """``Communicator.split`` (see there): its place is taken now."""
     tag, seq = comm._next_tags(), comm._next_seq()
     return Call(_form(comm, "split", tag, seq, color, key, timeout),
                 lambda exc: _leave(comm, tag, exc))
 
 
-def dup(comm: Communicator, *, timeout: float | None = None) -> Call[Communicator]:
+def dup(comm: CommView, *, timeout: float | None = None) -> Call[CommView]:
     """``Communicator.dup`` (see there): its place is taken now."""
     tag, seq = comm._next_tags(), comm._next_seq()
     return Call(_dup(comm, tag, seq, timeout), lambda exc: _leave(comm, tag, exc))
 
 
-async def _dup(comm: Communicator, tag: int, seq: int, timeout: float | None) -> Communicator:
+async def _dup(comm: CommView, tag: int, seq: int, timeout: float | None) -> CommView:
     sub = await _form(comm, "dup", tag, seq, 0, 0, timeout)
     assert sub is not None
     return sub
 
 
-async def _form(comm: Communicator, what: str, tag: int, seq: int, color: object, key: object,
-                timeout: object) -> Communicator | None:
+async def _form(comm: CommView, what: str, tag: int, seq: int, color: object, key: object,
+                timeout: object) -> CommView | None:
     try:
         comm._check_ready()
         c = -1 if color is None else _check_int(color, "color", minimum=0)
@@ -113,7 +93,7 @@ async def _form(comm: Communicator, what: str, tag: int, seq: int, color: object
         raise
     family = comm._family
 
-    async def make(table: list[tuple[int, int]]) -> Communicator | None:
+    async def make(table: list[tuple[int, int]]) -> CommView | None:
         members = None if c < 0 else sorted(
             (r for r in range(comm.size) if table[r][0] == c),
             key=lambda r: (table[r][1], r))
@@ -130,7 +110,7 @@ async def _form(comm: Communicator, what: str, tag: int, seq: int, color: object
     return sub
 
 
-def _leave(comm: Communicator, tag: int, exc: BaseException | None) -> None:
+def _leave(comm: CommView, tag: int, exc: BaseException | None) -> None:
     """This rank left a split or dup before it said it was ready."""
     try:
         private = None if comm.closed else comm._private()
@@ -140,9 +120,8 @@ def _leave(comm: Communicator, tag: int, exc: BaseException | None) -> None:
     comm._left_block(tag)
 
 
-async def _adopt(comm: Communicator, sub: Communicator | None) -> Communicator | None:
+async def _adopt(comm: CommView, sub: CommView | None) -> CommView | None:
     if sub is not None:
-        sub._parent = comm
-        comm._children.add(sub)
+        comm._adopt(sub)
     return sub
 

@@ -42,6 +42,7 @@ from ..transports._mpi_lib import comm_world, mpi_errors, wait_request
 from ..transports.mpi import MPITransport
 from . import hang as _hang
 from .communicator import Communicator
+from .view import CommView
 
 __all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
 
@@ -191,7 +192,7 @@ class _MPIFamily:
         comm._adopt_private(private)
         return transport, comm
 
-    def open_private(self, comm: Communicator) -> None:
+    def open_private(self, comm: CommView) -> None:
         raise AssertionError("an MPI communicator is made with its private context")
 
     def trace(self, sink: _trace.TraceSink | None, comm: Communicator) -> None:
@@ -249,7 +250,7 @@ class _MPIFamily:
         transport.start(engine, loop)  # last: from here on its progress task runs
         return transport, comm
 
-    async def child(self, parent: Communicator, members: list[int] | None, color: int,
+    async def child(self, parent: CommView, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:
         with mpi_errors(f"making a communicator ({key[0]})", parent.rank):
             if key[0] == "split":

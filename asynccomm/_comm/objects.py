@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -42,9 +42,7 @@ from .._engine.request import Request, TaskRequest, defer_cancellation, settle
 from .._exceptions import CommClosedError, CommTimeoutError, DTypeMismatchError
 from .._types import ANY_SOURCE, ANY_TAG, Status
 from .groups import OBJECT_TAGS
-
-if TYPE_CHECKING:
-    from .communicator import Communicator
+from .view import CommView
 
 __all__ = ["OBJECT_DTYPE", "irecv_obj", "isend_obj"]
 
@@ -79,7 +77,7 @@ def _pickle(obj: object, what: str) -> tuple[bytes, list[memoryview]]:
     return data, buffers
 
 
-def isend_obj(comm: Communicator, obj: Any, dst: int, tag: int = 0, *,
+def isend_obj(comm: CommView, obj: Any, dst: int, tag: int = 0, *,
               timeout: float | None = None) -> TaskRequest:
     """``Communicator.isend_obj`` (see there)."""
     comm._check_ready()
@@ -103,7 +101,7 @@ def isend_obj(comm: Communicator, obj: Any, dst: int, tag: int = 0, *,
                        f"send_obj to {d}")
 
 
-async def _send_buffers(comm: Communicator, header: Request, buffers: list[memoryview], dst: int,
+async def _send_buffers(comm: CommView, header: Request, buffers: list[memoryview], dst: int,
                         tag: int, parts_tag: int, limit: float | None,
                         deadline: float | None) -> None:
     await header  # cancelled or timed out before it was done: withdrawn, nothing sent
@@ -130,7 +128,7 @@ async def _send_buffers(comm: Communicator, header: Request, buffers: list[memor
         timeout=limit or 0.0)
 
 
-def _parts_context(comm: Communicator) -> Communicator:
+def _parts_context(comm: CommView) -> CommView:
     """The private context that carries the buffers of this rank's objects.
 
     Raises:
@@ -142,7 +140,7 @@ def _parts_context(comm: Communicator) -> Communicator:
     return comm._private()
 
 
-def irecv_obj(comm: Communicator, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
+def irecv_obj(comm: CommView, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
               timeout: float | None = None) -> TaskRequest:
     """``Communicator.irecv_obj`` (see there)."""
     comm._check_ready()
@@ -156,7 +154,7 @@ def irecv_obj(comm: Communicator, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
     return TaskRequest(header, lambda: _recv_buffers(comm, header), f"recv_obj from {s}")
 
 
-async def _recv_buffers(comm: Communicator, header: Request) -> tuple[Any, Status]:
+async def _recv_buffers(comm: CommView, header: Request) -> tuple[Any, Status]:
     try:
         arr, status = await header
     except DTypeMismatchError as exc:
@@ -184,7 +182,7 @@ async def _recv_buffers(comm: Communicator, header: Request) -> tuple[Any, Statu
     return obj, Status(status.source, status.tag, status.nbytes + sum(sizes), 1, ())
 
 
-async def _abandoned(comm: Communicator, private: Communicator, failed: list[BaseException | None],
+async def _abandoned(comm: CommView, private: CommView, failed: list[BaseException | None],
                      status: Status, parts_tag: int) -> None:
     """Raise the error of an object whose buffers did not all arrive: the sender's
     failure, or its abandonment (its notice, which the buffers' recvs refused as an
@@ -207,7 +205,7 @@ async def _abandoned(comm: Communicator, private: Communicator, failed: list[Bas
         tag=status.tag, timeout=0.0)
 
 
-def _part(private: Communicator, kind: Kind, peer: int, tag: int,
+def _part(private: CommView, kind: Kind, peer: int, tag: int,
           buf: np.ndarray[Any, Any], timeout: float | None) -> Request:
     """Post one buffer of a committed object on the private context: a send with the time
     its ``send_obj`` has left, if any (Rule 3); a recv with none, not even
@@ -215,7 +213,7 @@ def _part(private: Communicator, kind: Kind, peer: int, tag: int,
     return _post(private, kind, peer, tag, buf, "|u1", timeout)
 
 
-def _post(private: Communicator, kind: Kind, peer: int, tag: int, buf: np.ndarray[Any, Any],
+def _post(private: CommView, kind: Kind, peer: int, tag: int, buf: np.ndarray[Any, Any],
           dtype: str, timeout: float | None = None) -> Request:
     """Post one op of an object's protocol on the private context.
 

@@ -36,6 +36,7 @@ from ..transports._mpi_lib import comm_world
 from ..transports.local import LocalLink
 from . import hang as _hang
 from .communicator import Communicator
+from .view import CommView
 
 if TYPE_CHECKING:
     from ..sim.cluster import Cluster
@@ -193,7 +194,7 @@ class _LocalFamily:
                             default_timeout=self.timeout, device=self.devices[self.ranks[rank]],
                             family=self)
 
-    def open_private(self, comm: Communicator) -> None:
+    def open_private(self, comm: CommView) -> None:
         """Make the private contexts of every rank of ``comm``'s group: in one process a
         group can make them all at once, when the first rank needs one (a world that only
         sends and receives never has them).  Those of ranks that closed close at once."""
@@ -248,7 +249,7 @@ class _LocalFamily:
                 else:
                     engine.traced = True
 
-    async def child(self, parent: Communicator, members: list[int] | None, color: int,
+    async def child(self, parent: CommView, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:
         if members is None:
             return None

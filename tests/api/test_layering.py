@@ -269,19 +269,6 @@ LAYERS: dict[str, int] = {
     "asynccomm": 8, "asynccomm.testing": 8, "asynccomm.trace": 8, "asynccomm.timeline": 8,
 }
 
-#: Cycles among modules that only type checking closes (``TYPE_CHECKING`` imports of the
-#: class a module's functions take).  The communicator's with the modules its methods hand
-#: off to (which name it for type checking) is the one left;
-#: the engine's were broken by naming the other side by a protocol of what is used
-#: (``request.OpStream``, ``flight.Op``, ``waits.EngineView``).
-#: This list may only shrink: the test fails on a new cycle, and on one listed here that is
-#: gone (then remove it).
-TYPE_ONLY_CYCLES: list[set[str]] = [
-    {"asynccomm._comm.batches", "asynccomm._comm.collective_api",
-     "asynccomm._comm.communicator", "asynccomm._comm.forming", "asynccomm._comm.groups",
-     "asynccomm._comm.objects"},
-]
-
 #: The imports of ours that stand inside a function: ``run`` reaches the MPI runner only
 #: under a launcher (the other way round, the MPI runner imports the communicator).
 FUNCTION_IMPORTS = {("asynccomm._comm.runner", "asynccomm._comm.mpi_runner")}
@@ -453,15 +440,11 @@ def test_no_module_imports_from_a_layer_above() -> None:
     assert layer_violations(all_edges()) == []
 
 
-def test_the_runtime_imports_have_no_cycle() -> None:
-    assert cycles([e for e in all_edges() if not e.type_checking]) == []
-
-
-def test_no_cycle_but_the_listed_type_only_ones() -> None:
-    found = cycles(all_edges())
-    assert [c for c in found if c not in TYPE_ONLY_CYCLES] == [], "a new import cycle"
-    assert [c for c in TYPE_ONLY_CYCLES if c not in found] == [], (
-        "a listed cycle is gone: remove it from TYPE_ONLY_CYCLES")
+def test_no_import_cycle_of_any_kind() -> None:
+    """Not at run time, not for the type checker, not through a function-level import:
+    where two modules need each other, one names the other by a protocol of what it uses
+    (``_comm.view.CommView``, ``_engine.request.OpStream``, ...)."""
+    assert cycles(all_edges()) == []
 
 
 def test_only_the_lane_module_imports_the_extensions() -> None:
