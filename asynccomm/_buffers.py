@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,7 +304,11 @@ class _Spans:
         return None
 
     def add(self, start: int, end: int, req: object) -> None:
-        bisect.insort(self.starts, start)
+        starts = self.starts
+        if starts and start < starts[-1]:
+            bisect.insort(starts, start)
+        else:  # rows posted in order: the commonest case
+            starts.append(start)
         self.ends[start] = (end, req)
 
     def remove(self, start: int) -> None:
@@ -319,44 +324,58 @@ class PendingBuffers:
     Buffers are grouped by the object that owns their memory, so a recv into an array of
     its own costs a dict lookup: addresses are taken only when a second pending buffer
     shares an owner (disjoint slices of one array are fine, overlapping ones are not), and
-    then kept sorted, so each check is a bisection.
+    then kept sorted, so each check is a bisection that looks at the two neighbours.  A
+    recv is checked, then added: what the check found of its buffer (owner, address) is
+    kept for the add, so each is looked up once.  ``address`` finds a buffer's address
+    (the C accelerator's where it is built: ``_engine.lane.address``).
     """
 
-    def __init__(self) -> None:
+    __slots__ = ("_address", "_by_owner", "_last", "_where")
+
+    def __init__(self, address: Callable[[Any], int] = address) -> None:
+        self._address = address
         # id(memory owner) -> the one pending (request, buffer, nbytes) of that owner, or
         # the spans of several
         self._by_owner: dict[int, tuple[object, Any, int] | _Spans] = {}
         self._where: dict[int, tuple[int, int]] = {}  # id(request) -> (owner id, start)
+        self._last: tuple[Any, int, int] = (None, 0, -1)  # the last checked: buf, owner, start
 
     def __len__(self) -> int:
         return len(self._where)
 
     def conflict(self, buf: Any, nbytes: int) -> object | None:
         """The request whose pending buffer overlaps the first ``nbytes`` of ``buf``."""
-        group = self._by_owner.get(id(memory_owner(buf)))
+        key = id(memory_owner(buf))
+        group = self._by_owner.get(key)
         if group is None or nbytes <= 0:
+            self._last = (buf, key, -1)
             return None
-        start = address(buf)
-        if isinstance(group, _Spans):
+        start = self._address(buf)
+        self._last = (buf, key, start)
+        if type(group) is _Spans:
             return group.conflict(start, start + nbytes)
-        req, other, size = group
-        other_start = address(other)
+        req, other, size = group  # type: ignore[misc]
+        other_start = self._address(other)
         return req if other_start < start + nbytes and start < other_start + size else None
 
     def add(self, buf: Any, nbytes: int, req: object) -> None:
-        key = id(memory_owner(buf))
+        last_buf, key, start = self._last
+        if last_buf is not buf:
+            key, start = id(memory_owner(buf)), -1
+        self._last = (None, 0, -1)
         group = self._by_owner.get(key)
         if group is None:
             self._by_owner[key] = (req, buf, nbytes)
             self._where[id(req)] = (key, -1)
             return
-        if not isinstance(group, _Spans):  # a second buffer of one owner: index them
-            first, first_buf, first_size = group
+        if type(group) is not _Spans:  # a second buffer of one owner: index them
+            first, first_buf, first_size = group  # type: ignore[misc]
             group = self._by_owner[key] = _Spans()
-            first_start = address(first_buf)
+            first_start = self._address(first_buf)
             group.add(first_start, first_start + first_size, first)
             self._where[id(first)] = (key, first_start)
-        start = address(buf)
+        if start < 0:
+            start = self._address(buf)
         group.add(start, start + nbytes, req)
         self._where[id(req)] = (key, start)
 
@@ -366,7 +385,7 @@ class PendingBuffers:
             return
         key, start = where
         group = self._by_owner[key]
-        if isinstance(group, _Spans):
+        if type(group) is _Spans:
             group.remove(start)
             if not group.ends:
                 del self._by_owner[key]

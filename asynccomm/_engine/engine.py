@@ -40,6 +40,7 @@ from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
 from .fast import THREAD_COPY_MIN, _status_of, byte_view
+from .lane import address
 from .peers import EngineStatistics
 from .request import Request
 from .stream import Stream
@@ -205,7 +206,7 @@ class DeviceEngine(TracedLane):
         """
         pending = self._recv_buffers
         if pending is None:  # built on first need: most programs never have two pending
-            pending = self._recv_buffers = PendingBuffers()
+            pending = self._recv_buffers = PendingBuffers(address)
             for r in self._live():
                 if r.kind is RECV and r.nbytes > 0:
                     self._add_buffer(pending, r)

@@ -13,6 +13,8 @@ available, does each in well under 0.1 us.  Where it is not built (or
 - ``copy``: ``copy(dst, src, nbytes)`` copies the first ``nbytes`` bytes between two
   buffers (ndarrays or byte buffers); None where there is no accelerator, and the callers
   then use the numpy or memoryview assignment that suits each site.
+- ``address(buf)``: the address of a contiguous buffer's first byte, for the check that
+  pending recvs never share memory (``_buffers.PendingBuffers``); ``ctypes`` without it.
 
 A second accelerator, ``asynccomm._native._lane`` (``_lane*.c``), takes the fast lane's commonest
 op: a send or recv (awaited, or ``isend``/``irecv``) of a small 1-D array with an exact
@@ -33,8 +35,9 @@ from typing import Any, Final
 import numpy as np
 
 from .._buffers import _NAMES
+from .._buffers import address as _address
 
-__all__ = ["ACCELERATED", "FAST_LANE", "LANE", "copy", "inspect"]
+__all__ = ["ACCELERATED", "FAST_LANE", "LANE", "address", "copy", "inspect"]
 
 
 def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
@@ -51,6 +54,7 @@ def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
 
 inspect: Callable[[Any, bool], tuple[str, int, int] | None] = _inspect
 copy: Callable[[Any, Any, int], None] | None = None
+address: Callable[[Any], int] = _address
 LANE: Any = None
 
 if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
@@ -62,6 +66,7 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
         _speedups.configure(_NAMES)
         inspect = _speedups.inspect
         copy = _speedups.copy
+        address = _speedups.address
         try:
             from .._native import _lane as LANE  # type: ignore[attr-defined,no-redef]
         except ImportError:

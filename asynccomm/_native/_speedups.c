@@ -131,6 +131,19 @@ copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* address(buf): the address of the first byte of a contiguous buffer, as an int. */
+static PyObject *
+address(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    PyObject *result = PyLong_FromVoidPtr(view.buf);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* configure(names): the dtype -> name dict that ``inspect`` consults. */
 static PyObject *
 configure(PyObject *self, PyObject *arg)
@@ -149,6 +162,7 @@ static PyMethodDef methods[] = {
      "inspect(buf, writable) -> (name, nbytes, count) or None"},
     {"copy", (PyCFunction)(void (*)(void))copy, METH_FASTCALL,
      "copy(dst, src, nbytes): copy the first nbytes bytes of src into dst"},
+    {"address", address, METH_O, "address(buf) -> the address of its first byte"},
     {"configure", configure, METH_O, "configure(names): the dtype -> name dict"},
     {NULL, NULL, 0, NULL},
 };
