@@ -88,6 +88,7 @@ bench: $(STAMP)
 	@status=0; \
 	rm -f benchmarks/results/*.json; \
 	$(PY) -m benchmarks || status=1; \
+	$(PY) -m benchmarks.instructions || status=1; \
 	$(PY) -m benchmarks.cluster || status=1; \
 	$(PY) -m benchmarks.collectives || status=1; \
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_p2p || status=1; \

@@ -49,6 +49,11 @@ SUITES: tuple[Suite, ...] = (
           "hand-off between two tasks (latency), an `asyncio.Queue` (message rate), "
           "`np.copyto` of the same size (bandwidth), the same program untraced (tracing), "
           "a ticker task's turns (responsiveness), awaiting one by one (`wait_all`)."),
+    Suite("instructions", "instructions.json", "Instructions per message",
+          "python -m benchmarks.instructions",
+          "CPU instructions per message counted by valgrind's callgrind (a send and its recv, "
+          "both sides; the difference of two runs of different lengths): a figure this "
+          "machine's load does not move, to compare two versions of a hot path. No target."),
     Suite("cluster", "cluster.json", "Cluster model", "python -m benchmarks.cluster",
           "modelled point-to-point bandwidth, store-and-forward beside pipelined and the "
           "link's line rate; a step of transfer and compute, one after the other and "
@@ -116,6 +121,7 @@ def _formatted(shown: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, An
 #: How each suite's checks are read (by the ``suite`` its JSON names).
 VERDICTS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "p2p": _p2p,
+    "instructions": _shown_already,
     "cluster": _shown_already,
     "collectives": _shown_already,
     "mpi_p2p": _formatted(mpi_p2p._value),

@@ -101,3 +101,19 @@ def test_the_cluster_benchmark_judges_its_targets(tmp_path: Path) -> None:
     assert doc["checks"] and all(isinstance(c["passed"], bool) for c in doc["checks"])
     assert doc["suite"] == "cluster" and doc["environment"]["cpu_count"]
     assert "Modelled P2P bandwidth" in doc["report"] and "Targets (cluster model)" in doc["report"]
+
+
+def test_the_instruction_count_takes_the_difference_of_two_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per message: the difference of two totals over the difference of the counts (the
+    start-up cancels); the children it counts run the cases for real."""
+    from benchmarks import instructions
+
+    totals = {512: 1_000_000, 1536: 3_048_000}
+    monkeypatch.setattr(instructions, "count", lambda case, n, env: totals[n])
+    rows = instructions.measure(quick=True)
+    assert [r["per_message"] for r in rows] == [2_000.0] * len(instructions.CASES)
+    for case in ("pair", "rows"):
+        instructions.child(case, 300)
+    assert instructions._COLLECTED.findall("==1== Events : Ir\n==1== Collected : 1234\n") == [
+        "1234"]
