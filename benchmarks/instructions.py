@@ -5,8 +5,9 @@ in a child process under ``valgrind --tool=callgrind`` twice, with ``small`` and
 messages; the difference of the two totals over the difference of the counts is the
 instructions one message costs (a send and its recv, both sides), start-up and warm-up
 cancelled out.  A change to a hot path is judged in one run by this figure, beside the
-timings of ``python -m benchmarks``.  Hash seeds are fixed, so a run repeats to within a
-fraction of a percent.
+timings of ``python -m benchmarks``.  Hash seeds are fixed; start-up still varies by about
+1% (10-20 million instructions here), so the runs differ by 32,768 messages, which puts
+that variation under a few percent of the per-message figure.
 
 Cases (in-process, two ranks, asyncio's loop: valgrind runs every loop alike):
 
@@ -93,7 +94,7 @@ def count(case: str, n: int, env: dict[str, str]) -> int:
 
 
 def measure(quick: bool) -> list[dict[str, Any]]:
-    small, large = (512, 1536) if quick else (1024, 5120)
+    small, large = (512, 1536) if quick else (1024, 1024 + 32768)
     rows = []
     for name, (case, env) in CASES.items():
         a, b = count(case, small, env), count(case, large, env)
