@@ -30,8 +30,11 @@ from .._engine.flight import FlightRecorder, Tally
 from .._engine.lane import LANE, inspect
 from .._engine.options import check_timeout
 from .._engine.request import Request, TaskRequest, wait_all
+from .._engine.steps import finished, offer
 from .._engine.stream import Stream
 from .._engine.summary import measured_records, rank_summary
+from .._engine.take import post_now, take_now
+from .._engine.traced import recv_traced, send_traced
 from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
@@ -279,7 +282,7 @@ class Communicator:
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
         if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue
-                and (peers[dst].offer(self.rank, tag, arr, nbytes, n, name)
+                and (offer(peers[dst], self.rank, tag, arr, nbytes, n, name)
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if not handle:
@@ -289,11 +292,11 @@ class Communicator:
                 tally.n += 1
                 tally.nbytes += nbytes
                 return None
-            return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
-                                           engine.default_stream, timeout, arr), None)
+            return finished(engine, Request(engine, SEND, dst, tag, None, nbytes, n, name,
+                                            engine.default_stream, timeout, arr), None)
         if (engine.traced and arr is not None and stream is None
-                and not engine.default_stream._queue and (done := engine.send_traced(
-                    dst, tag, arr, nbytes, n, name, handle, timeout)) is not False):
+                and not engine.default_stream._queue and (done := send_traced(
+                    engine, dst, tag, arr, nbytes, n, name, handle, timeout)) is not False):
             return done
         req = Request(engine, SEND, dst, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
@@ -324,7 +327,7 @@ class Communicator:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
         if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue):
-            status = engine.take_now(src, tag, arr, nbytes, name)
+            status = take_now(engine, src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
                     t = engine.now()  # FlightRecorder.add, inlined (done as posted)
@@ -339,16 +342,16 @@ class Communicator:
                     tally.nbytes += status.nbytes
                     tally.c += t - t0
                     return status
-                return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
-                                               engine.default_stream, timeout, arr), status,
-                                       engine.taken_at)
+                return finished(engine, Request(engine, RECV, src, tag, None, nbytes, n,
+                                                name, engine.default_stream, timeout, arr),
+                                        status, engine.taken_at)
             req = Request(engine, RECV, src, tag, None, nbytes, n, name,
                           engine.default_stream, timeout, arr)
-            engine.post_now(req)
+            post_now(engine, req)
             return req
         if (engine.traced and arr is not None and stream is None and src >= 0 and tag >= 0
                 and not engine.default_stream._queue):
-            return engine.recv_traced(src, tag, arr, nbytes, n, name, handle, timeout)
+            return recv_traced(engine, src, tag, arr, nbytes, n, name, handle, timeout)
         req = Request(engine, RECV, src, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       timeout, arr)

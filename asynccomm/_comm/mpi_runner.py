@@ -33,6 +33,7 @@ from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
 from .._engine.lane import FAST_LANE, LANE
 from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
+from .._engine.steps import offer_bytes
 from .._types import EAGER_LIMIT
 from ..sim.clock import ModelClock
 from ..sim.device import Device
@@ -234,6 +235,7 @@ class _MPIFamily:
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
+        transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
         if LANE is not None:  # the per-message steps in C
             transport.accelerate(LANE)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog

@@ -11,9 +11,11 @@ Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the link, which tells the
 other ranks (their ops waiting for this rank fail with ``CommBrokenError``).
 
-The Python fast lane (``fast``) and its traced form (``traced``) are base classes of
-``DeviceEngine`` in modules of their own; the steps that read the whole rank (peers that
-closed or failed, diagnostics, statistics) are its own methods.
+The Python fast lane is free functions of the engine in modules of their own, twins of the
+C lane's files (``steps``: a message offered, a recv completed, an op finished as it was
+made; ``take``: a recv taken or posted; ``traced``: a traced world's entries); the steps
+that read the whole rank (peers that closed or failed, diagnostics, statistics) are its
+own methods.
 """
 
 from __future__ import annotations
@@ -39,11 +41,10 @@ from ..transports.base import ASKED, WITHDRAWN
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
-from .fast import THREAD_COPY_MIN, _status_of, byte_view
+from .fast import THREAD_COPY_MIN, byte_view, status_of
 from .peers import EngineStatistics
 from .request import Request
 from .stream import Stream
-from .traced import TracedLane
 from .waits import communicator_label
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-class DeviceEngine(TracedLane):
+class DeviceEngine:
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
@@ -130,6 +131,7 @@ class DeviceEngine(TracedLane):
         self.failure: BaseException | None = None
         #: What this rank failed with, if it did: its peers hear it at close.
         self.failed_with: BaseException | None = None
+        #: When ``take.take_now``'s last timed copy began (-1: it was not timed).
         self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
@@ -264,7 +266,7 @@ class DeviceEngine(TracedLane):
         msg = self.matcher.probe(source, tag)
         if msg is None and self.failure is not None:
             raise diag.fresh_copy(self.failure)
-        return None if msg is None else _status_of(msg)
+        return None if msg is None else status_of(msg)
 
     def post_probe(self, req: Request) -> None:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
@@ -273,7 +275,7 @@ class DeviceEngine(TracedLane):
         req.t_post = self.now()
         msg = self.matcher.post_probe(req)
         if msg is not None:
-            req._result = _status_of(msg)
+            req._result = status_of(msg)
             self._finish(req, DONE, None)
             return
         self.track(req)
@@ -400,7 +402,7 @@ class DeviceEngine(TracedLane):
         if record is not None and self.records is not None:
             recv.record = record
             self.records.append(record)  # type: ignore[arg-type]
-        status = _status_of(msg)
+        status = status_of(msg)
         recv._result = status if recv._result is None else (recv._result, status)
         if self.tracer is not None:  # in-process, the message is the send, numbered
             recv.flow = self.tracer.flow_in(msg)  # the send's own, or its arrival's
@@ -415,7 +417,7 @@ class DeviceEngine(TracedLane):
             elif isinstance(event, ProbeMatched):
                 probe: Request = event.probe  # type: ignore[assignment]
                 msg = event.envelope
-                probe._result = _status_of(msg)
+                probe._result = status_of(msg)
                 self._finish(probe, DONE, None)
 
     # -- the sending side (the link calls these) ------------------------------------------

@@ -95,7 +95,7 @@ class Bell:
 
 class Endpoint:
     """A receiving engine as the link's Python steps see it (the C steps hand anything
-    but the engine's own class to them)."""
+    but the engine's own class to them), with its fast lane's ``offer_bytes``."""
 
     rank = 1
     closed = False
@@ -134,6 +134,7 @@ def world(state: dict[str, Any], native: bool, loop: asyncio.AbstractEventLoop) 
     progress = link.progress
     progress._slots.extend(Slot(link.comm) for _ in range(CTRL_SLOTS))
     link.endpoint = Endpoint()  # type: ignore[assignment]
+    link.offer_bytes = Endpoint.offer_bytes  # (the world gives the fast lane's step)
     link.wire.credit[0] = state["credit"]
     if state["closed"]:
         link.wire.closed_by[0] = "has closed its communicator"
