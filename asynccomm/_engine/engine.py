@@ -42,6 +42,7 @@ from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
 from .fast import THREAD_COPY_MIN, byte_view, status_of
+from .lane import PYTHON, Lane
 from .peers import EngineStatistics
 from .request import Request
 from .stream import Stream
@@ -69,16 +70,17 @@ class DeviceEngine:
     # offsets).
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
-        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
+        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context", "copy",
         "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
-        "flight", "gone", "inline_copies", "instant", "link", "log", "loop", "matcher", "now",
-        "peers", "pool", "private", "rank", "recent", "records", "scopes", "size", "taken_at",
-        "trace", "traced", "tracer", "unheard", "world_rank", "world_ranks"
+        "flight", "gone", "inline_copies", "inspect", "instant", "lane", "link", "log", "loop",
+        "matcher", "now", "peers", "pool", "private", "rank", "recent", "records", "scopes",
+        "size", "taken_at", "trace", "traced", "tracer", "unheard", "world_rank",
+        "world_ranks"
     )
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
                  eager_limit: int, pool_bytes: int, clock: ModelClock, device: Device,
-                 record: bool = False, inline_copies: bool = False,
+                 lane: Lane = PYTHON, record: bool = False, inline_copies: bool = False,
                  instant: bool = False) -> None:
         self.rank = rank
         self.size = size
@@ -98,7 +100,12 @@ class DeviceEngine:
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
         #: The clock ops are timed with (seconds), and the last ops of this rank.
         self.now = _flight.clock_for(loop)
-        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now())
+        #: Its world's fast lane (``_engine.lane``), and the lane's two primitives: a
+        #: buffer judged, bytes copied (None: the callers' own assignment).
+        self.lane = lane
+        self.inspect = lane.inspect
+        self.copy = lane.copy
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now(), lane.module)
         #: Collects every op for a trace file (set by the world when tracing), or None.
         self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.

@@ -30,7 +30,6 @@ from .._core.descriptors import STAGED, Message
 from .._core.states import DONE, NEXT, check
 from .._types import Status
 from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, byte_view, bytes_of, new_status
-from .lane import copy as fast_copy
 
 if TYPE_CHECKING:
     from .engine import DeviceEngine
@@ -55,6 +54,7 @@ def offer(engine: DeviceEngine, source: int, tag: int, array: Any, nbytes: int, 
     if recv is not None:
         if nbytes >= TIMED_COPY_MIN:
             recv.t_match = engine.now()
+        fast_copy = engine.copy  # (None: a Python world's)
         if recv.array is not None:  # both 1-D arrays of one dtype: a numpy copy
             if fast_copy is not None:
                 fast_copy(recv.array, array, nbytes)
@@ -73,6 +73,7 @@ def offer(engine: DeviceEngine, source: int, tag: int, array: Any, nbytes: int, 
     buf = engine.pool.acquire(nbytes, tentative=True)
     if buf is None:
         return False
+    fast_copy = engine.copy
     if fast_copy is not None:
         fast_copy(buf, array, nbytes)
     elif nbytes:
@@ -100,6 +101,7 @@ def offer_bytes(engine: DeviceEngine, source: int, tag: int, view: memoryview, n
     if nbytes >= TIMED_COPY_MIN:
         recv.t_match = engine.now()
     dst: Any
+    fast_copy = engine.copy  # (None: a Python world's)
     if recv.nbytes < 0:  # recv_new
         arr = recv._result = new_array(dtype, count)
         dst = arr.data.cast("B")

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from .._core.descriptors import AT_SENDER, STAGED, Message
 from .._core.states import NEXT, POSTED, check
 from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, bytes_of, status_of
-from .lane import copy as fast_copy
 
 if TYPE_CHECKING:
     from .._types import Status
@@ -40,6 +39,7 @@ def take_now(engine: DeviceEngine, source: int, tag: int, array: Any, nbytes: in
         return None
     matcher.take(msg)
     engine.taken_at = engine.now() if n >= TIMED_COPY_MIN else -1.0
+    fast_copy = engine.copy  # (None: a Python world's)
     if fast_copy is not None:
         fast_copy(array, msg.view, n)
     elif n:
