@@ -492,7 +492,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
             in-process elsewhere.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
-            ``trace``, under MPI each process writes ``<name>.rank<N>.json``; ``native``).
+            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``).
 
     Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
     ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
