@@ -50,13 +50,14 @@ demo: $(RUNTIME)
 	$(PY) examples/parameter_server.py
 
 # The whole suite, then the in-process engine, transport and cancellation tests again on
-# the pure-Python fast lane (what runs where the C accelerator could not be built).
+# the pure-Python fast lane (what runs where the C accelerator could not be built), but for
+# those of the C lane or that compare it with the Python steps (marked native).
 PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
 	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py \
 	tests/api/test_send_buffers.py
 test: $(STAMP)
 	$(PY) -m pytest -q
-	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
+	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not native" $(PURE_TESTS)
 
 test-core: $(STAMP)
 	$(PY) -m pytest -q tests/core

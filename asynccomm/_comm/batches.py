@@ -16,7 +16,6 @@ import numpy as np
 
 from .._buffers import BufferView, as_recv_buffer, as_send_buffer, memory_owner, overlapping
 from .._core.states import Kind
-from .._engine.lane import inspect
 from .._engine.request import Request, defer_cancellation, settle
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB
 from .view import CommView
@@ -64,6 +63,7 @@ def simple_pair(comm: CommView, sendbuf: Any, dst: Any, sendtag: Any, recvbuf: A
     plain ranks and tags, whose buffers share no memory: nothing the checks of ``batch``
     would refuse."""
     size = comm.size
+    inspect = comm._engine.inspect
     if not (type(dst) is int and 0 <= dst < size and type(src) is int
             and (0 <= src < size or src == ANY_SOURCE)
             and type(sendtag) is int and 0 <= sendtag <= TAG_UB

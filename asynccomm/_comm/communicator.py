@@ -27,11 +27,14 @@ from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
 from .._engine.engine import DeviceEngine
 from .._engine.fast import TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
-from .._engine.lane import LANE, inspect
+from .._engine.lane import LANE, Lane, choose
 from .._engine.options import check_timeout
 from .._engine.request import Request, TaskRequest, wait_all
+from .._engine.steps import finished, offer
 from .._engine.stream import Stream
 from .._engine.summary import measured_records, rank_summary
+from .._engine.take import post_now, take_now
+from .._engine.traced import recv_traced, send_traced
 from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
@@ -71,13 +74,18 @@ class Communicator:
 
     # Slots: the C lane (``_lane.c``) reads these at their offsets, once per message.
     __slots__ = ("_after_close", "_children", "_chooser", "_dead", "_default_timeout", "_engine",
-                 "_family", "_lingering", "_loop", "_obj_seq", "_parent", "_private_comm",
-                 "_seq", "_tag_block", "device", "rank", "size")
+                 "_family", "_lane_recv", "_lane_send", "_lingering", "_loop", "_obj_seq",
+                 "_parent", "_private_comm", "_seq", "_tag_block", "device", "rank", "size")
 
     def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,
                  device: Device, family: Family) -> None:
         self._engine = engine
         self._loop = engine.loop
+        #: The C lane's entry points in a world on the C lane (its engine's lane), else
+        #: None: ``send`` and ``recv`` try them first for the commonest op, and take the
+        #: Python steps when they say "not handled".
+        self._lane_send = engine.lane.send
+        self._lane_recv = engine.lane.recv
         self._default_timeout = default_timeout
         self.rank: int = engine.rank
         self.size: int = engine.size
@@ -177,8 +185,8 @@ class Communicator:
             CommClosedError: this communicator is closed.
         """
         if (stream is None and timeout is None and count is None and dtype is None
-                and _lane_send is not None
-                and (req := _lane_send(self, buf, dst, tag, True)) is not False):
+                and (lane := self._lane_send) is not None
+                and (req := lane(self, buf, dst, tag, True)) is not False):
             return req  # type: ignore[no-any-return]  # the C lane did it all
         return self._send_op(buf, dst, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
@@ -192,8 +200,8 @@ class Communicator:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
         """
         if (stream is None and timeout is None and count is None and dtype is None
-                and _lane_recv is not None
-                and (req := _lane_recv(self, buf, src, tag, True)) is not None):
+                and (lane := self._lane_recv) is not None
+                and (req := lane(self, buf, src, tag, True)) is not None):
             return req  # type: ignore[no-any-return]  # the C lane: taken or posted
         return self._recv_op(buf, src, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
@@ -212,7 +220,7 @@ class Communicator:
                 staged, so only larger messages, or ops held on their stream, time out.
         """
         if (stream is None and timeout is None and count is None and dtype is None
-                and _lane_send is not None and _lane_send(self, buf, dst, tag, False)):
+                and (lane := self._lane_send) is not None and lane(self, buf, dst, tag, False)):
             return  # the C lane did it all (the commonest case)
         req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
         if req is not None and (req._state is not DONE or req._exc is not None):
@@ -233,9 +241,9 @@ class Communicator:
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
         """
-        out = (_lane_recv(self, buf, src, tag, False)  # the C lane: the commonest case
+        out = (lane(self, buf, src, tag, False)  # the C lane: the commonest case
                if (stream is None and timeout is None and count is None and dtype is None
-                   and _lane_recv is not None) else None)
+                   and (lane := self._lane_recv) is not None) else None)
         if out is None:
             out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
         if type(out) is Status:
@@ -270,7 +278,7 @@ class Communicator:
             dst = self._check_rank(dst, "dst", wildcard=False)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=False)
-        if count is None and dtype is None and (info := inspect(buf, False)) is not None:
+        if count is None and dtype is None and (info := engine.inspect(buf, False)) is not None:
             name, nbytes, n = info  # a 1-D array: copies to and from it are numpy's
             arr, mv = buf, None
         else:
@@ -280,7 +288,7 @@ class Communicator:
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
         if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue
-                and (peers[dst].offer(self.rank, tag, arr, nbytes, n, name)
+                and (offer(peers[dst], self.rank, tag, arr, nbytes, n, name)
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if not handle:
@@ -290,11 +298,11 @@ class Communicator:
                 tally.n += 1
                 tally.nbytes += nbytes
                 return None
-            return engine.finished(Request(engine, SEND, dst, tag, None, nbytes, n, name,
-                                           engine.default_stream, timeout, arr), None)
+            return finished(engine, Request(engine, SEND, dst, tag, None, nbytes, n, name,
+                                            engine.default_stream, timeout, arr), None)
         if (engine.traced and arr is not None and stream is None
-                and not engine.default_stream._queue and (done := engine.send_traced(
-                    dst, tag, arr, nbytes, n, name, handle, timeout)) is not False):
+                and not engine.default_stream._queue and (done := send_traced(
+                    engine, dst, tag, arr, nbytes, n, name, handle, timeout)) is not False):
             return done
         req = Request(engine, SEND, dst, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
@@ -313,7 +321,7 @@ class Communicator:
             src = self._check_rank(src, "src", wildcard=True)
         if type(tag) is not int or not 0 <= tag <= TAG_UB:
             tag = self._check_tag(tag, wildcard=True)
-        if count is None and dtype is None and (info := inspect(buf, True)) is not None:
+        if count is None and dtype is None and (info := engine.inspect(buf, True)) is not None:
             name, nbytes, n = info
             arr, mv = buf, None
         else:
@@ -325,7 +333,7 @@ class Communicator:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
         if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue):
-            status = engine.take_now(src, tag, arr, nbytes, name)
+            status = take_now(engine, src, tag, arr, nbytes, name)
             if status is not None:
                 if not handle:
                     t = engine.now()  # FlightRecorder.add, inlined (done as posted)
@@ -340,16 +348,16 @@ class Communicator:
                     tally.nbytes += status.nbytes
                     tally.c += t - t0
                     return status
-                return engine.finished(Request(engine, RECV, src, tag, None, nbytes, n, name,
-                                               engine.default_stream, timeout, arr), status,
-                                       engine.taken_at)
+                return finished(engine, Request(engine, RECV, src, tag, None, nbytes, n,
+                                                name, engine.default_stream, timeout, arr),
+                                        status, engine.taken_at)
             req = Request(engine, RECV, src, tag, None, nbytes, n, name,
                           engine.default_stream, timeout, arr)
-            engine.post_now(req)
+            post_now(engine, req)
             return req
         if (engine.traced and arr is not None and stream is None and src >= 0 and tag >= 0
                 and not engine.default_stream._queue):
-            return engine.recv_traced(src, tag, arr, nbytes, n, name, handle, timeout)
+            return recv_traced(engine, src, tag, arr, nbytes, n, name, handle, timeout)
         req = Request(engine, RECV, src, tag, mv, nbytes, n, name,
                       engine.default_stream if stream is None else self._check_stream(stream),
                       timeout, arr)
@@ -391,12 +399,13 @@ class Communicator:
                                                    recvtag):
             # Every check batch makes holds already: post the two at once the fast way (the
             # C lane's, where it takes them, else the Python steps').
-            lane = LANE if timeout is None else None
-            posted = None if lane is None else lane.recv(self, recvbuf, src, recvtag, True)
+            lane = self._lane_recv if timeout is None else None
+            posted = None if lane is None else lane(self, recvbuf, src, recvtag, True)
             # (No ``cast``: a call, where this runs per message.)
             recv: Request = posted if posted is not None else self._recv_op(  # type: ignore[assignment]
                 recvbuf, src, recvtag, None, timeout, None, None, True)
-            went = False if lane is None else lane.send(self, sendbuf, dst, sendtag, True)
+            lane = self._lane_send if timeout is None else None
+            went = False if lane is None else lane(self, sendbuf, dst, sendtag, True)
             send: Request = went if went is not False else self._send_op(  # type: ignore[assignment]
                 sendbuf, dst, sendtag, None, timeout, None, None, True)
             reqs = [send, recv]
@@ -949,6 +958,15 @@ def _configure(lane: Any) -> None:
     })
 
 
-#: The C lane's entry points (None where it is not built): ``send`` and ``recv`` try them
-#: first for the commonest op, and take the Python steps when they say "not handled".
+#: The C lane's entry points (None where it is not built): the communicators of a world on
+#: the C lane try them first for the commonest op (``world_lane``).
 _lane_send, _lane_recv = _configure_lane()
+
+
+def world_lane(native: object) -> Lane:
+    """The fast lane of a world opened with ``native=`` (``_engine.lane.choose``).
+
+    Raises:
+        TypeError, ValueError: as ``choose``.
+    """
+    return choose(native, _lane_send, _lane_recv)

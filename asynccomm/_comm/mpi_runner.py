@@ -31,8 +31,9 @@ from typing import Any, TypeVar
 
 from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
-from .._engine.lane import FAST_LANE, LANE
+from .._engine.lane import Lane
 from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
+from .._engine.steps import offer_bytes
 from .._types import EAGER_LIMIT
 from ..sim.clock import ModelClock
 from ..sim.device import Device
@@ -41,7 +42,7 @@ from ..transports._doorbell import Bell, Doorbell
 from ..transports._mpi_lib import comm_world, mpi_errors, wait_request
 from ..transports.mpi import MPITransport
 from . import hang as _hang
-from .communicator import Communicator
+from .communicator import Communicator, world_lane
 from .view import CommView
 
 __all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
@@ -80,7 +81,8 @@ class _MPIWorld:
 
     @classmethod
     async def open(cls, *, eager_limit: int, pool_bytes: int, timeout: float | None,
-                   trace: str | os.PathLike[str] | None = None) -> _MPIWorld:
+                   trace: str | os.PathLike[str] | None = None,
+                   native: bool | None = None) -> _MPIWorld:
         """Open this rank (collective over ``COMM_WORLD``).
 
         Raises:
@@ -88,6 +90,7 @@ class _MPIWorld:
             TransportError: MPI failed.
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
+        lane = world_lane(native)
         op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
         trace_file = _trace.trace_path(trace)
         _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
@@ -117,13 +120,13 @@ class _MPIWorld:
         registry: list[DeviceEngine] = []
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
                             eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout,
-                            registry=registry, bells=bells)
+                            registry=registry, bells=bells, lane=lane)
         rank = mpi_comm.Get_rank()
         transport, comm = await family.open(mpi_comm, pools, Device(rank, f"mpi:{rank}"))
         sink = None if trace_file is None else _trace.attach(
             _trace.rank_path(trace_file, rank), [comm._engine], model=False, partial=True)
         family.trace(sink, comm)
-        comm._engine.log.info("comm.opened", transport="mpi", fast_lane=FAST_LANE)
+        comm._engine.log.info("comm.opened", transport="mpi", fast_lane=lane.name)
         return cls(transport, comm, sink, registry)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
@@ -163,7 +166,7 @@ class _MPIFamily:
 
     def __init__(self, mpi_comm: Any, pools: list[int], *, crowded: bool, eager_limit: int,
                  pool_bytes: int, timeout: float | None, registry: list[DeviceEngine],
-                 bells: list[Bell | None], ranks: list[int] | None = None,
+                 bells: list[Bell | None], lane: Lane, ranks: list[int] | None = None,
                  label: str = "") -> None:
         self.mpi_comm = mpi_comm
         self.bells = bells  # each world rank's doorbell (see _bells)
@@ -176,6 +179,7 @@ class _MPIFamily:
         self.eager_limit = eager_limit
         self.pool_bytes = pool_bytes
         self.timeout = timeout
+        self.lane = lane  # the world's fast lane
 
     async def open(self, mpi_comm: Any, pools: list[int],
                    device: Device) -> tuple[MPITransport, Communicator]:
@@ -224,7 +228,7 @@ class _MPIFamily:
                                 if r != transport.rank)
         engine = DeviceEngine(transport.rank, transport.size, transport, loop=loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
-                              clock=ModelClock(loop), device=device)
+                              clock=ModelClock(loop), device=device, lane=self.lane)
         # The fast lane, unless logging or tracing every message (``trace`` opens the
         # traced one).
         engine.fast = not engine.trace and self.sink is None
@@ -235,15 +239,16 @@ class _MPIFamily:
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
-        if LANE is not None:  # the per-message steps in C
-            transport.accelerate(LANE)
+        transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
+        if self.lane.module is not None:  # the per-message steps in C
+            transport.accelerate(self.lane.module)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(
             registry, engine.world_rank, peer if ranks is None else ranks[peer], text)
         family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
                             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                             timeout=self.timeout, registry=self.registry, bells=self.bells,
-                            ranks=self.ranks, label=self.label)
+                            lane=self.lane, ranks=self.ranks, label=self.label)
         family.sink = self.sink
         comm = Communicator(engine, default_timeout=self.timeout, device=device,
                             family=family)
@@ -270,7 +275,8 @@ class _MPIFamily:
         pools = [self.pools[m] for m in members]
         sub = _MPIFamily(new, pools, crowded=self.crowded, eager_limit=self.eager_limit,
                          pool_bytes=self.pool_bytes, timeout=self.timeout,
-                         registry=self.registry, bells=self.bells, label=_trace.join(
+                         registry=self.registry, bells=self.bells, lane=self.lane,
+                         label=_trace.join(
                              self.label, _trace.context_label(key)),
                          ranks=[m if self.ranks is None else self.ranks[m] for m in members])
         sub.sink = self.sink
@@ -287,8 +293,8 @@ class _MPIFamily:
 @asynccontextmanager
 async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
                          timeout: float | None = None,
-                         trace: str | os.PathLike[str] | None = None
-                         ) -> AsyncIterator[Communicator]:
+                         trace: str | os.PathLike[str] | None = None,
+                         native: bool | None = None) -> AsyncIterator[Communicator]:
     """Open this process's rank of an MPI world and yield its ``Communicator``.
 
     Every process of ``COMM_WORLD`` must open its worlds in the same order (it is
@@ -301,13 +307,16 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
         trace: a trace file name (None: ``ASYNCCOMM_TRACE``): this rank writes
             ``<name>.rank<N>.json`` once every rank has closed; ``python -m
             asynccomm.trace merge`` joins the ranks' files.
+        native: the fast lane, as ``asynccomm.open_world``'s (on the C lane the MPI
+            link's per-message steps are in C too).
 
     Raises:
-        TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+        TypeError, ValueError: bad arguments (``native=True`` where the C accelerator is
+            not built among them) or a bad ``ASYNCCOMM_TIMEOUT``.
         TransportError: MPI failed.
     """
     world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,
-                                 timeout=timeout, trace=trace)
+                                 timeout=timeout, trace=trace, native=native)
     failure: BaseException | None = None
     try:
         yield world.comm
@@ -443,7 +452,7 @@ def run_mpi(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: 
         cluster: must be None (cluster models are in-process only).
         clock: ``"auto"`` or ``"wall"``.
         abort_grace: seconds a failed rank waits for the others before aborting the job.
-        options: ``eager_limit``, ``pool_bytes``, ``timeout``, ``trace`` (as
+        options: ``eager_limit``, ``pool_bytes``, ``timeout``, ``trace``, ``native`` (as
             ``open_mpi_world``).
 
     Raises:
@@ -484,7 +493,7 @@ def _mpi_options(world_size: int | None, cluster: object, clock: str, abort_grac
         raise ValueError(f"clock must be 'auto' or 'wall' under MPI, got {clock!r}")
     if world_size is not None and (type(world_size) is not int or world_size < 1):
         raise ValueError(f"world_size must be None or an int >= 1, got {world_size!r}")
-    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout", "trace"}
+    unknown = set(options) - {"eager_limit", "pool_bytes", "timeout", "trace", "native"}
     if unknown:
         raise TypeError(f"unexpected options for the MPI backend: {sorted(unknown)}")
     grace = check_timeout(abort_grace)

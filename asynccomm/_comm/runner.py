@@ -16,7 +16,7 @@ import uvloop
 
 from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
-from .._engine.lane import FAST_LANE
+from .._engine.lane import Lane
 from .._engine.options import (
     POOL_BYTES,
     check_timeout,
@@ -35,7 +35,7 @@ from ..sim.timing import ModelledTiming
 from ..transports._mpi_lib import comm_world
 from ..transports.local import LocalLink
 from . import hang as _hang
-from .communicator import Communicator
+from .communicator import Communicator, world_lane
 from .view import CommView
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                      eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
                      timeout: float | None = None, time_scale: float = 1.0,
                      strategy: Strategy | None = None,
-                     trace: str | os.PathLike[str] | None = None) -> AsyncIterator[World]:
+                     trace: str | os.PathLike[str] | None = None,
+                     native: bool | None = None) -> AsyncIterator[World]:
     """Open ``size`` in-process ranks on the running loop; close them all on exit.
 
     Args:
@@ -90,12 +91,17 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
             and chunk sizes (``asynccomm.sim.DefaultStrategy`` unless given).
         trace: write a Chrome trace-event JSON file of every op here when the world
             closes (None: ``ASYNCCOMM_TRACE``, if set).  See ``asynccomm.trace``.
+        native: the fast lane of this world's small messages: True the C accelerator,
+            False the pure-Python steps (they behave the same), None the C accelerator
+            where it is built (``ASYNCCOMM_PURE_PYTHON=1`` switches it off everywhere).
 
     Raises:
-        TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``, or
-            ``clock="virtual"`` on a loop that is not the virtual-time loop.
+        TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``,
+            ``clock="virtual"`` on a loop that is not the virtual-time loop, or
+            ``native=True`` where the C accelerator is not built (or is switched off).
     """
     mode = check_world(size, cluster, clock, eager_limit, pool_bytes)
+    lane = world_lane(native)
     trace_file = _trace.trace_path(trace)
     op_timeout = default_timeout() if timeout is None else check_timeout(timeout)
     loop = asyncio.get_running_loop()
@@ -108,7 +114,7 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
     registry: list[DeviceEngine] = []  # every engine of the world, sub-communicators' too
     family = _LocalFamily(timing, list(range(size)), devices, registry, loop=loop,
                           clock=model_clock, eager_limit=eager_limit, pool_bytes=pool_bytes,
-                          timeout=op_timeout, mode=mode, record=cluster is not None)
+                          timeout=op_timeout, mode=mode, record=cluster is not None, lane=lane)
     comms = [family.make(rank, size) for rank in range(size)]
     sink = None if trace_file is None else _trace.attach(
         trace_file, [c._engine for c in comms], model=cluster is not None,
@@ -116,7 +122,7 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
     family.trace(sink, comms)
     family.connect(comms)
     for comm in comms:
-        comm._engine.log.info("comm.opened", clock=mode, fast_lane=FAST_LANE)
+        comm._engine.log.info("comm.opened", clock=mode, fast_lane=lane.name)
     if isinstance(loop, VirtualTimeLoop):
         loop.on_idle = lambda: _hang.fail_deadlocked(registry)
     try:
@@ -150,7 +156,7 @@ class _LocalFamily:
                  devices: list[Device], registry: list[DeviceEngine], *,
                  loop: asyncio.AbstractEventLoop, clock: ModelClock, eager_limit: int,
                  pool_bytes: int, timeout: float | None, mode: str, record: bool,
-                 world: list[int] | None = None, label: str = "") -> None:
+                 lane: Lane, world: list[int] | None = None, label: str = "") -> None:
         self.link = LocalLink(timing)
         self.label = label  # where in the world's communicators (traces): "" the world
         self.sink: _trace.TraceSink | None = None
@@ -165,6 +171,7 @@ class _LocalFamily:
         self.timeout = timeout
         self.mode = mode
         self.record = record
+        self.lane = lane  # the world's fast lane
         self.forming: dict[tuple[Any, ...], _Forming] = {}
         self.world = ranks if world is None else world
         self.group: list[Communicator] = []  # the group's communicators, once connected
@@ -173,8 +180,8 @@ class _LocalFamily:
         engine = DeviceEngine(rank, size, link, loop=self.loop,
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                               clock=self.clock, device=self.devices[self.ranks[rank]],
-                              record=self.record, inline_copies=self.mode == "virtual",
-                              instant=link.timing is None)
+                              lane=self.lane, record=self.record,
+                              inline_copies=self.mode == "virtual", instant=link.timing is None)
         engine.world_rank = self.ranks[rank]
         engine.world_ranks = self.ranks
         engine.context = context
@@ -261,7 +268,7 @@ class _LocalFamily:
                                self.registry, loop=self.loop, clock=self.clock,
                                eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                                timeout=self.timeout, mode=self.mode, record=self.record,
-                               world=self.world, label=_trace.join(
+                               lane=self.lane, world=self.world, label=_trace.join(
                                    self.label, _trace.context_label(key)))
             forming = self.forming[key] = _Forming(sub, len(members))
         rank = members.index(parent.rank)
@@ -486,7 +493,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
             in-process elsewhere.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
-            ``trace``; under MPI each process writes ``<name>.rank<N>.json``).
+            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``).
 
     Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
     ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
@@ -522,6 +529,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
                         "(or an MPI launch: mpiexec -n N python script.py)")
     check_world(world_size, cluster, clock, options.get("eager_limit", 0),
                 options.get("pool_bytes", 0))
+    world_lane(options.get("native"))  # (a lane that is not here: said before the loop runs)
 
     results: list[T] = []
     interrupted: list[str] = []

@@ -11,9 +11,11 @@ Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the link, which tells the
 other ranks (their ops waiting for this rank fail with ``CommBrokenError``).
 
-The Python fast lane (``fast``) and its traced form (``traced``) are base classes of
-``DeviceEngine`` in modules of their own; the steps that read the whole rank (peers that
-closed or failed, diagnostics, statistics) are its own methods.
+The Python fast lane is free functions of the engine in modules of their own, twins of the
+C lane's files (``steps``: a message offered, a recv completed, an op finished as it was
+made; ``take``: a recv taken or posted; ``traced``: a traced world's entries); the steps
+that read the whole rank (peers that closed or failed, diagnostics, statistics) are its
+own methods.
 """
 
 from __future__ import annotations
@@ -39,12 +41,11 @@ from ..transports.base import ASKED, WITHDRAWN
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
-from .fast import THREAD_COPY_MIN, _status_of, byte_view
-from .lane import address
+from .fast import THREAD_COPY_MIN, byte_view, status_of
+from .lane import PYTHON, Lane
 from .peers import EngineStatistics
 from .request import Request
 from .stream import Stream
-from .traced import TracedLane
 from .waits import communicator_label
 
 if TYPE_CHECKING:
@@ -62,23 +63,24 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
-class DeviceEngine(TracedLane):
+class DeviceEngine:
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
     # offsets).
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
-        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
+        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context", "copy",
         "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
-        "flight", "gone", "inline_copies", "instant", "link", "log", "loop", "matcher", "now",
-        "peers", "pool", "private", "rank", "recent", "records", "scopes", "size", "taken_at",
-        "trace", "traced", "tracer", "unheard", "world_rank", "world_ranks"
+        "flight", "gone", "inline_copies", "inspect", "instant", "lane", "link", "log", "loop",
+        "matcher", "now", "peers", "pool", "private", "rank", "recent", "records", "scopes",
+        "size", "taken_at", "trace", "traced", "tracer", "unheard", "world_rank",
+        "world_ranks"
     )
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,
                  eager_limit: int, pool_bytes: int, clock: ModelClock, device: Device,
-                 record: bool = False, inline_copies: bool = False,
+                 lane: Lane = PYTHON, record: bool = False, inline_copies: bool = False,
                  instant: bool = False) -> None:
         self.rank = rank
         self.size = size
@@ -98,7 +100,12 @@ class DeviceEngine(TracedLane):
         self.log, self.trace = _logging.engine_logger(rank=rank, size=size)
         #: The clock ops are timed with (seconds), and the last ops of this rank.
         self.now = _flight.clock_for(loop)
-        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now())
+        #: Its world's fast lane (``_engine.lane``), and the lane's two primitives: a
+        #: buffer judged, bytes copied (None: the callers' own assignment).
+        self.lane = lane
+        self.inspect = lane.inspect
+        self.copy = lane.copy
+        self.flight = _flight.FlightRecorder(_flight.flight_size(), self.now(), lane.module)
         #: Collects every op for a trace file (set by the world when tracing), or None.
         self.tracer: RankTrace | None = None
         #: Model time (the virtual clock, or scaled wall time) for compute and transfers.
@@ -131,6 +138,7 @@ class DeviceEngine(TracedLane):
         self.failure: BaseException | None = None
         #: What this rank failed with, if it did: its peers hear it at close.
         self.failed_with: BaseException | None = None
+        #: When ``take.take_now``'s last timed copy began (-1: it was not timed).
         self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
         #: but for those in ``unheard``; an in-process link shares one set among its
@@ -206,7 +214,7 @@ class DeviceEngine(TracedLane):
         """
         pending = self._recv_buffers
         if pending is None:  # built on first need: most programs never have two pending
-            pending = self._recv_buffers = PendingBuffers(address)
+            pending = self._recv_buffers = PendingBuffers(self.lane.address)
             for r in self._live():
                 if r.kind is RECV and r.nbytes > 0:
                     self._add_buffer(pending, r)
@@ -265,7 +273,7 @@ class DeviceEngine(TracedLane):
         msg = self.matcher.probe(source, tag)
         if msg is None and self.failure is not None:
             raise diag.fresh_copy(self.failure)
-        return None if msg is None else _status_of(msg)
+        return None if msg is None else status_of(msg)
 
     def post_probe(self, req: Request) -> None:
         """Post a blocking probe; it finishes with the Status of a fitting message."""
@@ -274,7 +282,7 @@ class DeviceEngine(TracedLane):
         req.t_post = self.now()
         msg = self.matcher.post_probe(req)
         if msg is not None:
-            req._result = _status_of(msg)
+            req._result = status_of(msg)
             self._finish(req, DONE, None)
             return
         self.track(req)
@@ -401,7 +409,7 @@ class DeviceEngine(TracedLane):
         if record is not None and self.records is not None:
             recv.record = record
             self.records.append(record)  # type: ignore[arg-type]
-        status = _status_of(msg)
+        status = status_of(msg)
         recv._result = status if recv._result is None else (recv._result, status)
         if self.tracer is not None:  # in-process, the message is the send, numbered
             recv.flow = self.tracer.flow_in(msg)  # the send's own, or its arrival's
@@ -416,7 +424,7 @@ class DeviceEngine(TracedLane):
             elif isinstance(event, ProbeMatched):
                 probe: Request = event.probe  # type: ignore[assignment]
                 msg = event.envelope
-                probe._result = _status_of(msg)
+                probe._result = status_of(msg)
                 self._finish(probe, DONE, None)
 
     # -- the sending side (the link calls these) ------------------------------------------

@@ -10,7 +10,7 @@ Rule 2: the same step adds the op to per-peer totals (ops, bytes, seconds waitin
 copying: what ``Communicator.summary()`` reports on every world), one ``Tally`` per peer
 and kind, made on first use (a rank of a large world talks to few peers).  The fast lane
 does both inline: a clock read, a tuple, an append and a few attribute updates per op.
-Where the C lane is built (``_fastlane.LANE``), the ring is its ``Ring`` and the tallies its
+In a world on the C lane (``_engine.lane``), the ring is its ``Ring`` and the tallies its
 ``Tally``: the same entries and totals, kept as numbers, so recording an op makes no
 Python objects.
 Rule 3: times are seconds on the engine's clock (``clock_for``: the virtual loop's clock,
@@ -35,7 +35,6 @@ from .._exceptions import CommTimeoutError
 from .._types import ANY_SOURCE, Status
 from ..sim.loop import VirtualTimeLoop
 from ..sim.records import OpRecord, PeerTotals
-from .lane import LANE
 
 
 class Op(Protocol):
@@ -118,19 +117,22 @@ class Tally:
         self.c = 0.0  # seconds from match to finish
 
 
-#: The tallies made (the C lane's where it is built: the same fields, kept as numbers).
-_new_tally: Callable[[], Tally] = Tally if LANE is None else LANE.Tally
-_NONE = _new_tally()  # read only: a peer with no ops of a kind
+_NONE = Tally()  # read only: a peer with no ops of a kind
 
 
 class Tallies(dict[int, Tally]):
     """Tallies by peer, made on first use: a rank of a large world that talks to a few
     peers keeps a few (per-peer lists would cost size² objects over a world)."""
 
-    __slots__ = ()
+    __slots__ = ("new",)
+
+    def __init__(self, new: Callable[[], Tally]) -> None:
+        super().__init__()
+        #: Makes a tally (the C lane's ``Tally``: the same fields, kept as numbers).
+        self.new = new
 
     def __missing__(self, peer: int) -> Tally:
-        tally = self[peer] = _new_tally()
+        tally = self[peer] = self.new()
         return tally
 
 
@@ -139,14 +141,17 @@ class FlightRecorder:
 
     __slots__ = ("origin", "others", "recvs", "ring", "sends", "size")
 
-    def __init__(self, size: int, origin: float) -> None:
+    def __init__(self, size: int, origin: float, native: Any = None) -> None:
+        """``native``: the C lane (``_engine.lane.Lane.module``), whose ``Ring`` and
+        ``Tally`` keep the entries and totals; None: a deque and Python tallies."""
         self.size = size
         self.origin = origin
         #: The last ``size`` entries, oldest first.
-        self.ring: deque[Entry] = deque(maxlen=size) if LANE is None else LANE.Ring(size)
+        self.ring: deque[Entry] = deque(maxlen=size) if native is None else native.Ring(size)
         # Totals of finished sends and recvs, per peer.  The fast lane updates them inline.
-        self.sends = Tallies()
-        self.recvs = Tallies()
+        new = Tally if native is None else native.Tally
+        self.sends = Tallies(new)
+        self.recvs = Tallies(new)
         self.others = 0  # other finished ops: probes, computes, failed or cancelled ones
 
     def add(self, entry: Entry) -> None:

@@ -1,11 +1,13 @@
-"""The fast lane's two per-message primitives, from the optional C accelerator.
+"""The fast lane a world runs: the C lane where it is built, or the Python steps; chosen
+per world (``open_world(..., native=)``), carried by its engines and communicators.
 
 Most of a small message's cost in the fast lane went to numpy's Python-level attributes:
 judging a buffer (``type``, ``dtype``, ``flags``, ``ndim``, ``nbytes``, ``size``: about
 0.5 us a side here) and copying 8 bytes with a slice assignment (about 0.5 us).
 ``asynccomm._native._speedups``, built from ``_native/_speedups.c`` where a C compiler is
-available, does each in well under 0.1 us.  Where it is not built (or
-``ASYNCCOMM_PURE_PYTHON=1``), the pure-Python versions here are used, and behave the same:
+available, does each in well under 0.1 us.  In a Python world (or where it is not built,
+or with ``ASYNCCOMM_PURE_PYTHON=1``) the pure-Python versions here are used, and behave
+the same:
 
 - ``inspect(buf, writable)``: ``(name, nbytes, count)`` when ``buf`` is an exact, 1-D,
   C-contiguous (and, if asked, writeable) ndarray of a dtype whose name is already known
@@ -24,6 +26,8 @@ framing and sending an eager message, and landing one into the recv posted for i
 ``LANE`` is that module, configured by ``_comm.communicator``; None where it is not built, or
 with ``ASYNCCOMM_PURE_PYTHON=1``.  It returns "not handled" for everything else, and the
 Python steps run.  It also gives the flight recorder its ring and tallies (``_engine.flight``).
+
+A ``Lane`` is one world's choice of all of these (``choose``): ``PYTHON``, or the C lane.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ import numpy as np
 from .._buffers import _NAMES
 from .._buffers import address as _address
 
-__all__ = ["ACCELERATED", "FAST_LANE", "LANE", "address", "copy", "inspect"]
+__all__ = ["ACCELERATED", "FAST_LANE", "LANE", "PYTHON", "Lane", "address", "choose", "copy",
+           "inspect"]
 
 
 def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
@@ -78,7 +83,58 @@ if (LANE is None and os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", 
                       "(_speedups, _lane) are not built: install with a C compiler "
                       "(pip install -e .) and read the build's errors")
 
-#: True when the C accelerator is in use.
+#: True when the C accelerator is in use (by the worlds that do not say otherwise).
 ACCELERATED: Final = copy is not None
-#: Which fast lane runs, as the ``comm.opened`` log event says it.
+#: Which fast lane runs by default, as the ``comm.opened`` log event says it.
 FAST_LANE: Final = "C" if ACCELERATED else "python"
+
+
+class Lane:
+    """One world's fast lane: the C lane's entry points, primitives, flight ring and
+    tallies, or the Python steps' (see module docs)."""
+
+    __slots__ = ("address", "copy", "inspect", "module", "name", "recv", "send")
+
+    def __init__(self, module: Any, send: Any, recv: Any) -> None:
+        native = module is not None
+        #: The C lane (``_native._lane``: its ``Ring``, ``Tally``, ``Path``), or None.
+        self.module = module
+        #: Its ``send`` and ``recv`` entries, configured (``_comm.communicator``), or None.
+        self.send = send
+        self.recv = recv
+        self.inspect: Callable[[Any, bool], tuple[str, int, int] | None] = (
+            inspect if native else _inspect)
+        self.copy: Callable[[Any, Any, int], None] | None = copy if native else None
+        self.address: Callable[[Any], int] = address if native else _address
+        #: As the ``comm.opened`` log event says it.
+        self.name = "C" if native else "python"
+
+    def __repr__(self) -> str:
+        return f"<Lane {self.name}>"
+
+
+#: The Python steps' lane (``steps``, ``take``, ``traced``; deques and Python tallies).
+PYTHON: Final = Lane(None, None, None)
+
+
+def choose(native: object, send: Any, recv: Any) -> Lane:
+    """The lane of a world opened with ``native=``: True the C lane, False the Python
+    steps, None the C lane where it is built (``send``, ``recv``: its entries, configured;
+    None where it is not built, does not fit, or ``ASYNCCOMM_PURE_PYTHON=1``).
+
+    Raises:
+        TypeError: ``native`` is not a bool or None.
+        ValueError: ``native=True`` where the C lane is not built (or is switched off).
+    """
+    if native is not None and type(native) is not bool:
+        raise TypeError(f"native must be True, False or None, got {type(native).__name__}")
+    if native is False or (native is None and send is None):
+        return PYTHON
+    if send is None:
+        why = ("ASYNCCOMM_PURE_PYTHON is set"
+               if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
+               else "it is not built here, or does not fit this version")
+        raise ValueError(f"native=True asks for asynccomm's C lane, but {why}: install "
+                         "with a C compiler (pip install -e .), or pass native=None (the "
+                         "C lane where it is built) or native=False (the Python steps)")
+    return Lane(LANE, send, recv)

@@ -40,7 +40,16 @@ from .base import ASKED, CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gon
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["MPITransport"]
+__all__ = ["MPITransport", "OfferBytes"]
+
+#: What ``MPITransport.offer_bytes`` is.
+OfferBytes = Callable[[Any, int, int, memoryview, int, int, str], bool]
+
+
+def _deliver(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+             dtype: str) -> bool:
+    """No recv takes a message as it lands: it is delivered as a ``Message``."""
+    return False
 
 
 class MPITransport(Link):
@@ -65,6 +74,11 @@ class MPITransport(Link):
                          grant=pools[self.rank] // self.size)
         self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
         self.endpoint: Endpoint  # set by start()
+        #: The fast lane's step for an eager message that lands, ``offer_bytes(endpoint,
+        #: source, tag, view, nbytes, count, dtype)``: True if a recv posted there took it
+        #: (the world gives its engines', ``_engine.steps.offer_bytes``).  Without one,
+        #: every such message is delivered as a ``Message``.
+        self.offer_bytes: OfferBytes = _deliver
         self.progress = Progress(comm, on_control=self._on_control,
                                  finished=lambda: self.wire.finished, failed=self._failed)
         self._sends: dict[int, Message] = {}  # announced sends, until CTS or WITHDRAWN
@@ -153,7 +167,7 @@ class MPITransport(Link):
                     msg = Message(src, tag, nbytes, count, dtype, INLINE, slot.payload)
                     msg.shape = shape
                     endpoint.arrived(msg)
-                elif endpoint.offer_bytes(src, tag, slot.payload, nbytes, count, dtype):
+                elif self.offer_bytes(endpoint, src, tag, slot.payload, nbytes, count, dtype):
                     credit = self.wire.consumed(src, nbytes)
                     if credit is not None:
                         self._send(src, credit)

@@ -74,11 +74,6 @@ class Endpoint(Protocol):
         """Copy ``msg``'s eager payload into this rank's staging pool if it fits (then
         ``msg.where`` is ``STAGED``); False if it is too large or the pool is full."""
 
-    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
-                    dtype: str) -> bool:
-        """A small message whose bytes are readable only now: a recv waiting here takes it
-        at once (True), or nothing happens and it is delivered as a ``Message``."""
-
     def retract(self, msg: Message) -> bool:
         """Remove ``msg`` from this rank's unexpected messages; False if a recv took it."""
 

@@ -76,8 +76,10 @@ def test_the_tally_counts_as_the_python_one_does() -> None:
         lane().Tally(1)
 
 
-def test_the_flight_recorder_uses_them_where_the_lane_is_in_use() -> None:
-    recorder = _flight.FlightRecorder(8, 0.0)
-    in_use = _flight.LANE is not None
-    assert (type(recorder.ring) is deque) is not in_use
-    assert (type(recorder.sends[3]) is _flight.Tally) is not in_use
+def test_the_flight_recorder_uses_them_in_a_world_on_the_lane() -> None:
+    native = _flight.FlightRecorder(8, 0.0, lane())
+    assert type(native.ring) is lane().Ring
+    assert type(native.sends[3]) is type(native.recvs[0]) is lane().Tally
+    python = _flight.FlightRecorder(8, 0.0)
+    assert type(python.ring) is deque
+    assert type(python.sends[3]) is type(python.recvs[0]) is _flight.Tally

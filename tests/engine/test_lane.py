@@ -1,13 +1,15 @@
 """The C lane (``asynccomm/_lane.c``) does exactly what the Python steps do.
 
 Random programs of sends and recvs (awaited and not, exact and wildcard, some that misfit,
-some on another stream, some left pending, some cancelled) run twice on the same loop:
-once with the C lane, once with it switched off so that every op takes the Python steps.
-Everything a program can observe must be the same: each op's outcome, the bytes received,
-each rank's flight record (without its times), summary tallies, staging-pool and matcher
-statistics, and in a traced world each traced op with its message's flow id.  Where the
-lane was not built (or ``ASYNCCOMM_PURE_PYTHON=1``) both runs take the Python steps, and
-the test still checks the programs run.
+some on another stream, some left pending, some cancelled; sendrecv and batch exchanges)
+run twice on the same loop: in a world on the C lane (``open_world(native=True)``) and in
+one on the Python steps (``native=False``).  Everything a program can observe must be the
+same: each op's outcome, the bytes received, each rank's flight record (without its
+times; the C lane's ``Ring`` against a deque), summary tallies (its ``Tally`` against the
+Python one), staging-pool and matcher statistics, and in a traced world each traced op
+with its message's flow id.  These tests are marked ``native``: where the lane is not
+built (or ``ASYNCCOMM_PURE_PYTHON=1``, whose pass of ``make test`` deselects them) there
+is nothing to compare them with.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import importlib.util
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ from hypothesis import strategies as st
 
 import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
+from asynccomm._engine import lane as _fastlane
+from asynccomm._engine.flight import Tally
 
 BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
@@ -41,15 +45,18 @@ SIZE = 3
 DTYPES = (np.float64, np.int32)
 
 
-@contextmanager
-def python_steps_only() -> Iterator[None]:
-    """Switch the C lane off: every op takes the Python steps."""
-    saved = _communicator._lane_send, _communicator._lane_recv
-    _communicator._lane_send = _communicator._lane_recv = None
-    try:
-        yield
-    finally:
-        _communicator._lane_send, _communicator._lane_recv = saved
+#: A test of the C lane, or one that compares it with the Python steps, is also marked
+#: ``native``: ``make test``'s pure-Python pass deselects them (``-m "not native"``).
+needs_lane = pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+
+
+@pytest.fixture(params=[pytest.param(True, marks=pytest.mark.native), False],
+                ids=["native", "python"])
+def native(request: pytest.FixtureRequest) -> bool:
+    """Each world of a test: on the C lane (marked ``native``), and on the Python steps."""
+    if request.param and (not BUILT or PURE):
+        pytest.skip("the C lane is not in use here")
+    return bool(request.param)
 
 
 def test_the_lane_is_used_where_it_was_built() -> None:
@@ -57,7 +64,58 @@ def test_the_lane_is_used_where_it_was_built() -> None:
     assert (_communicator._lane_recv is not None) is (BUILT and not PURE)
 
 
-@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+def test_a_world_carries_the_lane_it_chose(native: bool) -> None:
+    """Its communicators (sub-communicators and private contexts too) hold the C lane's
+    entries or None, its engines the lane's primitives, flight ring and tallies."""
+    async def lanes(world: ac.World) -> list[tuple[Any, ...]]:
+        c0, c1 = world.comms
+        await asyncio.gather(c0.barrier(), c1.barrier())  # (opens the private contexts)
+        subs = await asyncio.gather(c0.dup(), c1.dup())
+        out = []
+        for comm in (c0, c1, c0._private(), subs[1]):
+            engine = comm._engine
+            out.append((comm._lane_send, comm._lane_recv, engine.lane.name, engine.copy,
+                         type(engine.flight.ring), type(engine.flight.sends[0])))
+        return out
+
+    async def run() -> list[tuple[Any, ...]]:
+        async with ac.open_world(2, native=native) as world:
+            return await asyncio.wait_for(lanes(world), 10)
+
+    got = set(asyncio.run(run()))
+    if native:
+        assert got == {(_communicator._lane_send, _communicator._lane_recv, "C",
+                        _fastlane.copy, _fastlane.LANE.Ring, _fastlane.LANE.Tally)}
+    else:
+        assert got == {(None, None, "python", None, deque, Tally)}
+
+
+def test_a_world_asks_for_the_lane_where_it_is_not_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``native=True`` without the C lane is refused before the world opens; the others
+    open on the Python steps."""
+    monkeypatch.setattr(_communicator, "_lane_send", None)
+    monkeypatch.setattr(_communicator, "_lane_recv", None)
+
+    async def main(comm: ac.Communicator) -> str | None:
+        return comm._engine.lane.name if comm._lane_send is None else "C"
+
+    async def one(native: object) -> str | None:
+        async with ac.open_world(2, native=native) as world:  # type: ignore[arg-type]
+            return await main(world.comms[0])
+
+    with pytest.raises(ValueError, match="native=True asks for asynccomm's C lane"):
+        asyncio.run(one(True))
+    with pytest.raises(ValueError, match="native=True"):
+        ac.run(main, 2, native=True)  # said before any rank runs
+    with pytest.raises(TypeError, match="native must be True, False or None"):
+        asyncio.run(one(1))
+    assert asyncio.run(one(None)) == asyncio.run(one(False)) == "python"
+    assert ac.run(main, 2, native=None) == ["python", "python"]
+
+
+@pytest.mark.native
+@needs_lane
 def test_small_awaited_messages_never_reach_the_python_steps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any) -> Any:
@@ -93,7 +151,8 @@ def test_small_awaited_messages_never_reach_the_python_steps(
     assert asyncio.run(run()) == [0.0, 1.0, 2.0, 9.0, 5.0]
 
 
-@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+@pytest.mark.native
+@needs_lane
 def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     """A staged message can be part of no cycle; the collector does not walk it."""
     import gc
@@ -118,7 +177,8 @@ def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     assert refs == 2  # the test's own name and getrefcount's argument: nothing else
 
 
-@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+@pytest.mark.native
+@needs_lane
 def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
     """Every field of a recv the lane posted equals the Python steps' own."""
     fields = [n for cls in ac.Request.__mro__ for n in getattr(cls, "__slots__", ())]
@@ -130,19 +190,19 @@ def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
         req.cancel()
         return out
 
-    async def run() -> dict[str, Any]:
-        async with ac.open_world(2) as world:
+    async def run(native: bool) -> dict[str, Any]:
+        async with ac.open_world(2, native=native) as world:
             return await asyncio.wait_for(post(world), 10)
 
-    lane = asyncio.run(run())
-    with python_steps_only():
-        python = asyncio.run(run())
+    lane = asyncio.run(run(True))
+    python = asyncio.run(run(False))
     for name in ("t_post", "array", "_owner", "stream"):  # times, and this world's objects
         assert type(lane.pop(name)) is type(python.pop(name))
     assert lane == python
 
 
-@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+@pytest.mark.native
+@needs_lane
 def test_a_recv_the_lane_completed_is_the_request_python_completes() -> None:
     """Every field of a posted recv that a message then filled, lane against Python steps:
     its status, its state, that nothing tracks it any more."""
@@ -158,20 +218,20 @@ def test_a_recv_the_lane_completed_is_the_request_python_completes() -> None:
         await req
         return {n: getattr(req, n, "<unset>") for n in fields}, c1.statistics().pending_ops
 
-    async def run() -> tuple[dict[str, Any], int]:
-        async with ac.open_world(2) as world:
+    async def run(native: bool) -> tuple[dict[str, Any], int]:
+        async with ac.open_world(2, native=native) as world:
             return await asyncio.wait_for(fill(world), 10)
 
-    lane, lane_pending = asyncio.run(run())
-    with python_steps_only():
-        python, python_pending = asyncio.run(run())
+    lane, lane_pending = asyncio.run(run(True))
+    python, python_pending = asyncio.run(run(False))
     for name in ("t_post", "t_match", "t_fin", "array", "_owner", "stream"):  # times, objects
         assert type(lane.pop(name)) is type(python.pop(name))
     assert lane == python
     assert lane["_tracked"] is False and lane_pending == python_pending == 0
 
 
-@pytest.mark.skipif(not BUILT or PURE, reason="the C lane is not in use here")
+@pytest.mark.native
+@needs_lane
 def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from asynccomm._engine.lane import LANE
@@ -223,13 +283,14 @@ _n = st.sampled_from([0, 1, 3, 8, 100])
 _dt = st.sampled_from(range(len(DTYPES)))
 _send = st.sampled_from(["send", "send", "isend", "send_stream"])
 _recv = st.sampled_from(["recv", "recv", "irecv", "recv_stream"])
+_exchange = st.sampled_from(["sendrecv", "sendrecv", "batch"])
 
 
 @st.composite
 def programs(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     """Messages (a send and a recv that names it, mostly with room and the same dtype,
-    sometimes a wildcard, a smaller buffer or another dtype), stray sends and recvs, and
-    cancellations, shuffled."""
+    sometimes a wildcard, a smaller buffer or another dtype), exchanges (sendrecv or batch
+    on both sides), stray sends, recvs and exchanges, and cancellations, shuffled."""
     out: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 10))):
         src, dst, tag, n, dt = draw(_rank), draw(_rank), draw(_tag), draw(_n), draw(_dt)
@@ -239,7 +300,12 @@ def programs(draw: st.DrawFn) -> list[tuple[Any, ...]]:
         rtag = draw(st.sampled_from([tag, tag, tag, ac.ANY_TAG]))
         out.append((draw(_send), src, dst, tag, n, dt))
         out.append((draw(_recv), dst, rsrc, rtag, cap, rdt))
+    for _ in range(draw(st.integers(0, 2))):
+        a, b, tag, n, dt = draw(_rank), draw(_rank), draw(_tag), draw(_n), draw(_dt)
+        out.append((draw(_exchange), a, b, tag, n, dt))
+        out.append((draw(_exchange), b, a, tag, n, dt))
     strays = st.one_of(
+        st.tuples(_exchange, _rank, _rank, _tag, _n, _dt),
         st.tuples(_send, _rank, _rank, _tag, _n, _dt),
         st.tuples(_recv, _rank, _rank, _tag, _n, _dt),
         st.tuples(st.just("cancel"), _rank, _rank, _tag, _n, _dt))
@@ -261,7 +327,14 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
     for i, (op, rank, peer, tag, n, dt) in enumerate(program):
         comm = comms[rank]
         dtype = DTYPES[dt]
-        if op.startswith("send") or op == "isend":  # "send_stream": an isend on a stream
+        if op in ("sendrecv", "batch"):  # with ``peer`` both ways, on one tag
+            buf = np.arange(i * 100, i * 100 + n).astype(dtype)
+            out = np.full(n, -1).astype(dtype)
+            exchange = (comm.sendrecv(buf, peer, out, peer, sendtag=tag, recvtag=tag)
+                        if op == "sendrecv" else
+                        comm.batch([ac.SendOp(buf, peer, tag), ac.RecvOp(out, peer, tag)]))
+            pending.append((i, asyncio.ensure_future(exchange), out))
+        elif op.startswith("send") or op == "isend":  # "send_stream": an isend on a stream
             buf = np.arange(i * 100, i * 100 + n).astype(dtype)
             if op == "send":
                 try:
@@ -328,9 +401,9 @@ def _result(what: Any) -> Any:
     return what.exception() or what.result()
 
 
-def _run(loop: str, traced: bool, program: list[tuple[Any, ...]]) -> list[Any]:
+def _run(loop: str, traced: bool, program: list[tuple[Any, ...]], native: bool) -> list[Any]:
     async def main(trace: str | None) -> list[Any]:
-        async with ac.open_world(SIZE, trace=trace) as world:
+        async with ac.open_world(SIZE, trace=trace, native=native) as world:
             return await asyncio.wait_for(_program(world, program), 20)
 
     with tempfile.TemporaryDirectory() as tmp, asyncio.Runner(
@@ -338,13 +411,14 @@ def _run(loop: str, traced: bool, program: list[tuple[Any, ...]]) -> list[Any]:
         return runner.run(main(str(Path(tmp) / "trace.json") if traced else None))
 
 
+@pytest.mark.native
+@needs_lane
 @pytest.mark.parametrize(("loop", "traced"), ENVS, ids=["uvloop", "asyncio", "traced"])
 @settings(max_examples=40, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs())
 def test_the_lane_and_the_python_steps_agree(loop: str, traced: bool,
                                              program: list[tuple[Any, ...]]) -> None:
-    lane = _run(loop, traced, program)
-    with python_steps_only():
-        python = _run(loop, traced, program)
+    lane = _run(loop, traced, program, True)
+    python = _run(loop, traced, program, False)
     assert lane == python

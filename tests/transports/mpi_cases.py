@@ -271,7 +271,6 @@ async def lane(comm: ac.Communicator) -> str:
 
     from asynccomm._comm import communicator as _communicator
     from asynccomm._core.wire import charge
-    from asynccomm._engine.fast import FastLane
 
     if _communicator._lane_send is None:
         return "no C lane"
@@ -281,9 +280,10 @@ async def lane(comm: ac.Communicator) -> str:
     def refuse(*args: Any) -> Any:
         raise AssertionError("the Python steps ran")
 
-    saved = ac.Communicator._send_op, ac.Communicator._recv_op, FastLane.offer_bytes
+    link = comm._engine.link
+    saved = ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes  # type: ignore[attr-defined]
     ac.Communicator._send_op = ac.Communicator._recv_op = refuse  # type: ignore[method-assign]
-    FastLane.offer_bytes = refuse  # type: ignore[method-assign]
+    link.offer_bytes = refuse  # type: ignore[attr-defined]
     got = []
     try:
         for i in range(4):  # each message lands on a recv posted before it
@@ -321,7 +321,7 @@ async def lane(comm: ac.Communicator) -> str:
             back = wire._owed[0] - owed
             got.append(f"landed {out[0]:g} owed {'+charge' if back == charge(16) else back}")
     finally:
-        ac.Communicator._send_op, ac.Communicator._recv_op, FastLane.offer_bytes = saved
+        ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes = saved  # type: ignore[attr-defined]
     stats = comm._engine.flight.sends  # type: ignore[attr-defined]
     return f"rank {comm.rank}: {' '.join(got)}; sent {stats[peer].n}"
 

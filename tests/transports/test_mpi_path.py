@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import mmap
 import types
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from asynccomm._comm import communicator as _communicator
 from asynccomm._core import wire as w
+from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
 from asynccomm.transports import _mpi_lib
@@ -95,7 +97,7 @@ class Bell:
 
 class Endpoint:
     """A receiving engine as the link's Python steps see it (the C steps hand anything
-    but the engine's own class to them)."""
+    but the engine's own class to them), with its fast lane's ``offer_bytes``."""
 
     rank = 1
     closed = False
@@ -134,6 +136,7 @@ def world(state: dict[str, Any], native: bool, loop: asyncio.AbstractEventLoop) 
     progress = link.progress
     progress._slots.extend(Slot(link.comm) for _ in range(CTRL_SLOTS))
     link.endpoint = Endpoint()  # type: ignore[assignment]
+    link.offer_bytes = Endpoint.offer_bytes  # (the world gives the fast lane's step)
     link.wire.credit[0] = state["credit"]
     if state["closed"]:
         link.wire.closed_by[0] = "has closed its communicator"
@@ -243,3 +246,59 @@ def test_the_c_steps_send_through_the_communicator_progress_holds_now() -> None:
         assert len(fine.sent) == 1 and link.comm.sent == []  # type: ignore[attr-defined]
     finally:
         loop.close()
+
+
+async def _mpi_world(native: bool) -> tuple[Any, ...]:
+    """This rank (1 of 2) of an MPI world opened on the fake communicator with
+    ``native=``: a recv posted before its message lands, one after, and a send.  What
+    every op gave, what was handed to MPI, the eager credit, and the flight record."""
+    from asynccomm._buffers import dtype_name
+    from asynccomm._comm import mpi_runner
+    from asynccomm.sim.device import Device
+
+    dtype_name(np.dtype("<f8"), "send")  # (names learnt: the fast lanes take these)
+    w.encode_dtype("<f8")
+    comm_ = Comm(completes=True, fails="")
+    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
+                                   pool_bytes=POOL, timeout=None, registry=[],
+                                   bells=[None, None], lane=_communicator.world_lane(native))
+    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    slots = link.progress._slots
+    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
+    first, second = np.zeros(2), np.zeros(2)
+    req = comm.irecv(first, 0, 9)  # posted: the message lands into it
+    land(slots[0], w.HEADER.pack(w.EAGER, 3, 0, 9, 16, 2, 0, b"<f8"),
+         np.array([1.5, 2.5]).tobytes())
+    land(slots[1], w.HEADER.pack(w.EAGER, 3, 0, 4, 16, 2, 0, b"<f8"),
+         np.array([3.5, 4.5]).tobytes())  # no recv for it yet: staged
+    link.progress.deliver()
+    status = await comm.recv(second, 0, 4)
+    await comm.send(np.arange(3.0), 0, 7)
+    engine = comm._engine
+    return (link.send_now.__qualname__, link.offer_bytes.__name__, engine.lane.name,
+            req.done(), req.status, status, first.tolist(), second.tolist(), comm_.sent,
+            list(link.wire.credit), list(link.wire._owed), comm.statistics(),
+            [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
+             for e in comm.flight_record()],
+            [{peer: (t.n, t.nbytes) for peer, t in tally.items()}
+             for tally in (engine.flight.sends, engine.flight.recvs)],
+            type(engine.flight.ring), type(engine.flight.recvs[0]))
+
+
+@pytest.mark.native
+def test_an_mpi_world_on_either_lane_does_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A world opened with ``native=True`` runs the link's per-message steps in C (its
+    ``Path``), one with ``native=False`` the Python steps: the same ops give the same."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))  # (no progress task: the test hands over what lands)
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_mpi_world(native))
+    c, python = seen[True], seen[False]
+    assert c[:3] == ("Path.send_now", "offer_bytes", "C")
+    assert python[:3] == ("MPITransport.send_now", "offer_bytes", "python")
+    assert c[-2:] == (LANE.Ring, LANE.Tally)
+    assert python[-2:] == (deque, Tally)
+    assert c[3:-2] == python[3:-2]
+    assert c[3:8] == (True, (0, 9, 16, 2, (2,)), (0, 4, 16, 2, (2,)), [1.5, 2.5], [3.5, 4.5])
