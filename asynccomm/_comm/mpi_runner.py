@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
-from .._engine.lane import FAST_LANE, LANE
+from .._engine.lane import FAST_LANE
 from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
 from .._types import EAGER_LIMIT
 from ..sim.clock import ModelClock
@@ -41,6 +41,7 @@ from ..transports._doorbell import Bell, Doorbell
 from ..transports._mpi_lib import comm_world, mpi_errors, wait_request
 from ..transports.mpi import MPITransport
 from . import hang as _hang
+from . import native as _native
 from .communicator import Communicator
 
 __all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
@@ -234,8 +235,8 @@ class _MPIFamily:
             self.registry[:] = [e for e in self.registry if not e.closed]
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
-        if LANE is not None:  # the per-message steps in C
-            transport.accelerate(LANE)
+        if _native.CONFIGURED is not None:  # the per-message steps in C
+            transport.accelerate(_native.CONFIGURED)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(
             registry, engine.world_rank, peer if ranks is None else ranks[peer], text)

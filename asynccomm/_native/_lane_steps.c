@@ -252,20 +252,11 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         goto done;
     }
     pool = slot_get(peer, EN.pool);
-    if (pool == NULL || Py_TYPE(pool) != PoolType) {
+    if (pool == NULL || Py_TYPE(pool) != StagingPoolType) {
         rc = pool == NULL ? -1 : 0;
         goto done;
     }
-    long long size = 0, in_use, capacity, peak;
-    if (nbytes) {
-        size = 1;
-        while (size < nbytes) {
-            size <<= 1;
-        }
-        if (size < MIN_BUCKET) {
-            size = MIN_BUCKET;
-        }
-    }
+    long long size = bucket_size(nbytes), in_use, capacity, peak;
     long long cost = size + MESSAGE_OVERHEAD;
     if (slot_ll(pool, PO.in_use, &in_use) < 0 || slot_ll(pool, PO.capacity_bytes, &capacity) < 0
         || slot_ll(pool, PO.peak, &peak) < 0) {
