@@ -216,7 +216,8 @@ NUMBERS: Final = _numbers(wire.HEADER.format)
 
 #: The objects the lane compares with or calls (C: ``object_vars``).
 OBJECTS: Final[Mapping[str, object]] = {
-    "get_running_loop": _get_running_loop, "perf_counter": time.perf_counter, "deque": deque,
+    "get_running_loop": _get_running_loop, "perf_counter": time.perf_counter,
+    "deque_type": deque,
     "K_SEND": Kind.SEND, "K_RECV": Kind.RECV, "S_QUEUED": QUEUED, "S_POSTED": POSTED,
     "S_DONE": DONE, "W_AT_SENDER": AT_SENDER, "W_STAGED": STAGED,
 }
