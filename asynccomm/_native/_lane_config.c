@@ -97,7 +97,9 @@ static PyObject **const name_vars[] = {
  * time a loop starts): while the same holder is there, in the same process, the same loop
  * runs.  That holder is 3.11's own internal: on every other version (and where it is not
  * found) every call asks asyncio. */
+#ifndef RUNNING_LOOP_CACHE  /* (-DRUNNING_LOOP_CACHE=0 builds the public way here too) */
 #define RUNNING_LOOP_CACHE (PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000)
+#endif
 
 static int
 asks_asyncio(PyObject *loop)
@@ -239,14 +241,13 @@ configure(PyObject *self, PyObject *spec)
             return NULL;
         }
     }
-    PyTypeObject *status = (PyTypeObject *)PyTuple_GET_ITEM(classes, 2);
-    if (!PyType_IsSubtype(status, &PyTuple_Type)
-        || status->tp_itemsize != PyTuple_Type.tp_itemsize) {
-        PyErr_SetString(PyExc_TypeError, "configure: Status must be a tuple");
-        return NULL;
-    }
     for (size_t i = 0; i < COUNT(class_vars); i++) {
         Py_XSETREF(*class_vars[i], (PyTypeObject *)Py_NewRef(PyTuple_GET_ITEM(classes, i)));
+    }
+    if (!PyType_IsSubtype(StatusType, &PyTuple_Type)
+        || StatusType->tp_itemsize != PyTuple_Type.tp_itemsize) {
+        PyErr_SetString(PyExc_TypeError, "configure: Status must be a tuple");
+        return NULL;
     }
     /* Where each field the lane touches lives in its class. */
     for (size_t i = 0; i < COUNT(layouts); i++) {
