@@ -47,7 +47,8 @@ from ..transports._mpi_transport import MPITransport
 from ..transports.base import Link
 
 __all__ = ["CLASSES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
-           "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "spec"]
+           "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "numbers",
+           "spec"]
 
 
 class LaneMismatch(TypeError):
@@ -201,18 +202,27 @@ def header_offsets(fmt: str) -> dict[str, int]:
     return offsets
 
 
-def _numbers(fmt: str) -> dict[str, int]:
-    at = header_offsets(fmt)
-    return {"TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET, "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
-            "TIMED_COPY_MIN": TIMED_COPY_MIN, "EAGER": wire.EAGER, "H_SIZE": at["size"],
-            "H_KIND": at["kind"], "H_DLEN": at["dlen"], "H_SRC": at["src"], "H_TAG": at["tag"],
-            "H_NBYTES": at["nbytes"], "H_COUNT": at["count"], "H_DTYPE": at["dtype"],
-            "DTYPE_MAX": struct.calcsize("<" + HEADER_FIELDS[-1][1])}
-
-
 #: The numbers the lane takes (C: ``number_vars``): constants, and the wire header's size
-#: and field offsets, from ``wire.HEADER``'s format.
-NUMBERS: Final = _numbers(wire.HEADER.format)
+#: and field offsets; their values: ``numbers``.
+NUMBERS: Final = ("TAG_UB", "MIN_BUCKET", "MESSAGE_OVERHEAD", "TIMED_COPY_MIN", "EAGER",
+                  "H_SIZE", "H_KIND", "H_DLEN", "H_SRC", "H_TAG", "H_NBYTES", "H_COUNT",
+                  "H_DTYPE", "DTYPE_MAX")
+
+
+def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
+    """The values of ``NUMBERS``, in order: the header's from its format ``header``.
+
+    Raises:
+        LaneMismatch: the header's fields are not ``HEADER_FIELDS``.
+    """
+    at = header_offsets(header)
+    values = {"TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
+              "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD, "TIMED_COPY_MIN": TIMED_COPY_MIN,
+              "EAGER": wire.EAGER, "H_SIZE": at["size"],
+              "DTYPE_MAX": struct.calcsize("<" + HEADER_FIELDS[-1][1])}
+    values.update((f"H_{field.upper()}", at[field]) for field, _ in HEADER_FIELDS)
+    return {name: values[name] for name in NUMBERS}
+
 
 #: The objects the lane compares with or calls (C: ``object_vars``).
 OBJECTS: Final[Mapping[str, object]] = {
@@ -279,7 +289,7 @@ def spec(classes: Mapping[str, type]) -> dict[str, tuple[Any, ...]]:
     return {"classes": tuple(classes[name] for name in CLASSES),
             "slots": tuple(SLOTS.values()),
             "objects": tuple(OBJECTS.values()),
-            "numbers": tuple(NUMBERS.values()),
+            "numbers": tuple(numbers().values()),
             "names": tuple(n.name for n in NAMES.values())}
 
 

@@ -120,7 +120,7 @@ def test_the_c_reads_and_writes_each_header_field_at_its_declared_width() -> Non
 
 def test_the_header_numbers_come_from_the_wires_format() -> None:
     fmt = wire.HEADER.format
-    assert native.NUMBERS["H_SIZE"] == wire.HEADER.size
+    assert native.numbers()["H_SIZE"] == wire.HEADER.size
     for field, _ in native.HEADER_FIELDS:
         at = native.header_offsets(fmt)[field]
         packed = wire.HEADER.pack(*[(1 if f == field else 0) if c != "48s" else
