@@ -8,7 +8,6 @@ the classes (subclasses, stand-ins), never on the real ones."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import os
 import re
@@ -18,7 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -322,21 +320,6 @@ def test_the_c_refuses_a_slot_list_of_another_length() -> None:
     spec["slots"] = (spec["slots"][0][:-1],) + spec["slots"][1:]
     with pytest.raises(TypeError, match=r"slots\[0\] must be a tuple of the 11 slots"):
         LANE.configure(spec)
-
-
-async def _one_message() -> float:
-    async with ac.open_world(2) as world:
-        c0, c1 = world.comms
-        out = np.empty(1)
-        await c0.send(np.full(1, 7.0), 1, 1)
-        await c1.recv(out, 0, 1)
-        return float(out[0])
-
-
-@needs_lane
-def test_the_configured_lane_carries_a_message() -> None:
-    assert native.CONFIGURED is LANE
-    assert asyncio.run(asyncio.wait_for(_one_message(), 30)) == 7.0
 
 
 # -- the C's arithmetic and clock are Python's ------------------------------------------------
