@@ -127,6 +127,13 @@ def test_the_header_numbers_come_from_the_wires_format() -> None:
         assert packed[at] == 1, field  # the field's first byte (little-endian) is there
 
 
+def test_the_one_extension_is_built_from_every_c_file_here() -> None:
+    setup = (NATIVE.parents[1] / "setup.py").read_text()
+    m = re.search(r"^SOURCES = \[(.*?)\]", setup, re.S | re.M)
+    assert m and sorted(re.findall(r'"(\w+\.c)"', m.group(1))) == _c_files()
+    assert setup.count("Extension(") == 1
+
+
 # -- the C files make a DAG ----------------------------------------------------------------
 
 
