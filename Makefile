@@ -32,7 +32,7 @@ PIP := PIP_QUIET=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONWARNINGS=ignore $(PY) -
 QUIET := grep -iv -e "editable" -e "careful" -e "precedence" -e "\*\*\*" -e "!!" \
 	-e "with strategy" -e "is ignored: it is neither" -e "^\s*$$" || true
 
-# setup.py builds the optional C accelerators (asynccomm/_native/*.c) where a
+# setup.py builds the optional C extension (asynccomm/_native/_lane*.c, one module) where a
 # compiler is.
 $(RUNTIME): pyproject.toml setup.py $(wildcard asynccomm/_native/*.c asynccomm/_native/*.h)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -9,25 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast, final
 
 import numpy as np
 
-from .._buffers import _NAMES, BufferView, StagingPool, as_recv_buffer, as_send_buffer
+from .._buffers import BufferView, as_recv_buffer, as_send_buffer
 from .._collectives import functions as coll
 from .._collectives.costs import Chooser
 from .._collectives.ops import ReduceOp
-from .._core.descriptors import AT_SENDER, STAGED, Message
-from .._core.matching import Matcher
-from .._core.states import DONE, POSTED, QUEUED, Kind
-from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET
+from .._core.states import DONE, Kind
 from .._engine.engine import DeviceEngine
-from .._engine.fast import TIMED_COPY_MIN
-from .._engine.flight import FlightRecorder, Tally
-from .._engine.lane import LANE, Lane, choose
+from .._engine.lane import Lane, choose
 from .._engine.options import check_timeout
 from .._engine.request import Request, TaskRequest, wait_all
 from .._engine.steps import finished, offer
@@ -35,12 +29,12 @@ from .._engine.stream import Stream
 from .._engine.summary import measured_records, rank_summary
 from .._engine.take import post_now, take_now
 from .._engine.traced import recv_traced, send_traced
-from .._engine.tracing import RankTrace
 from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
 from . import batches as _batches
 from . import groups as _groups
+from . import native as _native
 from . import objects as _objects
 from .batches import RecvOp, SendOp, _shape_of
 from .calls import Call
@@ -915,52 +909,10 @@ class Communicator:
             self._lingering.clear()
 
 
-def _configure_lane() -> tuple[Any, Any]:
-    """The C lane's ``send`` and ``recv`` (``_engine.lane``), told the classes and constants
-    the Python steps use; (None, None) where it is not built, or where it does not fit
-    these classes (an extension built from other sources: it says so, and the Python steps
-    run)."""
-    if LANE is None:
-        return None, None
-    try:
-        _configure(LANE)
-    except (TypeError, KeyError, AttributeError) as exc:
-        if os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0"):
-            raise ImportError(f"asynccomm's C lane does not fit this version ({exc}) and "
-                              "ASYNCCOMM_REQUIRE_NATIVE is set: rebuild it") from exc
-        import warnings
-
-        warnings.warn(f"asynccomm's C lane does not fit this version ({exc}); rebuild it "
-                      "(pip install -e .), the pure-Python steps run meanwhile",
-                      RuntimeWarning, stacklevel=2)
-        return None, None
-    return LANE.send, LANE.recv
-
-
-def _configure(lane: Any) -> None:
-    """Tell ``lane`` the classes (their slots), constants and functions it works with."""
-    import time
-    from collections import deque
-
-
-    lane.configure({
-        "names": _NAMES, "get_running_loop": _get_running_loop,
-        "perf_counter": time.perf_counter, "Request": Request,
-        "Message": Message, "Status": Status, "Stream": Stream,
-        "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
-        "StagingPool": StagingPool, "Communicator": Communicator, "DeviceEngine": DeviceEngine,
-        "RankTrace": RankTrace,
-        "deque": deque, "SEND": SEND, "RECV": RECV,
-        "QUEUED": QUEUED, "POSTED": POSTED, "DONE": DONE, "AT_SENDER": AT_SENDER,
-        "STAGED": STAGED, "TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
-        "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD,
-        "TIMED_COPY_MIN": TIMED_COPY_MIN,
-    })
-
-
-#: The C lane's entry points (None where it is not built): the communicators of a world on
-#: the C lane try them first for the commonest op (``world_lane``).
-_lane_send, _lane_recv = _configure_lane()
+#: The C lane's entry points (None where it is not built, or does not fit these classes:
+#: ``_comm.native``): the communicators of a world on the C lane try them first for the
+#: commonest op (``world_lane``), and take the Python steps when they say "not handled".
+_lane_send, _lane_recv = _native.configure_lane(Communicator)
 
 
 def world_lane(native: object) -> Lane:

@@ -4,10 +4,10 @@ per world (``open_world(..., native=)``), carried by its engines and communicato
 Most of a small message's cost in the fast lane went to numpy's Python-level attributes:
 judging a buffer (``type``, ``dtype``, ``flags``, ``ndim``, ``nbytes``, ``size``: about
 0.5 us a side here) and copying 8 bytes with a slice assignment (about 0.5 us).
-``asynccomm._native._speedups``, built from ``_native/_speedups.c`` where a C compiler is
-available, does each in well under 0.1 us.  In a Python world (or where it is not built,
-or with ``ASYNCCOMM_PURE_PYTHON=1``) the pure-Python versions here are used, and behave
-the same:
+``asynccomm._native._lane``, the one C extension (``_native/_lane*.c``), built where a C
+compiler is available, does each in well under 0.1 us.  In a Python world (or where it
+is not built, or with ``ASYNCCOMM_PURE_PYTHON=1``) the pure-Python versions here are used,
+and behave the same:
 
 - ``inspect(buf, writable)``: ``(name, nbytes, count)`` when ``buf`` is an exact, 1-D,
   C-contiguous (and, if asked, writeable) ndarray of a dtype whose name is already known
@@ -18,14 +18,15 @@ the same:
 - ``address(buf)``: the address of a contiguous buffer's first byte, for the check that
   pending recvs never share memory (``_buffers.PendingBuffers``); ``ctypes`` without it.
 
-A second accelerator, ``asynccomm._native._lane`` (``_lane*.c``), takes the fast lane's commonest
-op: a send or recv (awaited, or ``isend``/``irecv``) of a small 1-D array with an exact
-peer and tag, on the default stream; whole in an in-process world, traced or not; whole on
-MPI too (untraced), where the MPI link's own steps for it are there as well (``Path``:
-framing and sending an eager message, and landing one into the recv posted for it).
-``LANE`` is that module, configured by ``_comm.communicator``; None where it is not built, or
-with ``ASYNCCOMM_PURE_PYTHON=1``.  It returns "not handled" for everything else, and the
-Python steps run.  It also gives the flight recorder its ring and tallies (``_engine.flight``).
+The same extension takes the fast lane's commonest op: a send or recv (awaited, or
+``isend``/``irecv``) of a small 1-D array with an exact peer and tag, on the default
+stream; whole in an in-process world, traced or not; whole on MPI too (untraced), where
+the MPI link's own steps for it are there as well (``Path``: framing and sending an eager
+message, and landing one into the recv posted for it).  ``LANE`` is that module,
+configured by ``_comm.native``; None where it is not built, or with
+``ASYNCCOMM_PURE_PYTHON=1``.  It returns "not handled" for everything else, and the
+Python steps run.  It also gives the flight recorder its ring and tallies
+(``_engine.flight``).
 
 A ``Lane`` is one world's choice of all of these (``choose``): ``PYTHON``, or the C lane.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, Final
 
 import numpy as np
@@ -60,27 +62,24 @@ def _inspect(buf: Any, writable: bool) -> tuple[str, int, int] | None:
 inspect: Callable[[Any, bool], tuple[str, int, int] | None] = _inspect
 copy: Callable[[Any, Any, int], None] | None = None
 address: Callable[[Any], int] = _address
-LANE: Any = None
+LANE: ModuleType | None = None
 
 if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0"):
     try:
-        from .._native import _speedups  # type: ignore[attr-defined]
+        from .._native import _lane
     except ImportError:  # not built: the pure-Python fast lane
         pass
     else:
-        _speedups.configure(_NAMES)
-        inspect = _speedups.inspect
-        copy = _speedups.copy
-        address = _speedups.address
-        try:
-            from .._native import _lane as LANE  # type: ignore[attr-defined,no-redef]
-        except ImportError:
-            pass
+        _lane.set_dtype_names(_NAMES)
+        inspect = _lane.inspect
+        copy = _lane.copy
+        address = _lane.address
+        LANE = _lane
 
 if (LANE is None and os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0")
         and os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0")):
-    raise ImportError("ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm's C extensions "
-                      "(_speedups, _lane) are not built: install with a C compiler "
+    raise ImportError("ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm's C extension "
+                      "(_native._lane) is not built: install with a C compiler "
                       "(pip install -e .) and read the build's errors")
 
 #: True when the C accelerator is in use (by the worlds that do not say otherwise).

@@ -1,1 +1,1 @@
-"""The C extensions (see README.md here): the per-message lane and its helpers."""
+"""The C extension (see README.md here): the per-message lane, ``_lane``."""

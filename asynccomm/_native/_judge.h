@@ -1,5 +1,5 @@
-/* Whether a buffer can take the fast lane: shared by both C accelerators (_speedups.c's
- * ``inspect`` and the C lane's ``judge``).  Include after numpy's arrayobject.h. */
+/* Whether a buffer can take the fast lane: shared by ``inspect`` (_lane_buffers.c) and the
+ * entry points ``send`` and ``recv`` (_lane.c).  Include after numpy's arrayobject.h. */
 #ifndef ASYNCCOMM_JUDGE_H
 #define ASYNCCOMM_JUDGE_H
 

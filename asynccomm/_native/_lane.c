@@ -1,10 +1,10 @@
 /* Optional accelerator: the fast lane's per-message path in C.
  *
  * ``send(comm, buf, dst, tag, handle)`` and ``recv(comm, buf, src, tag, handle)`` do what
- * ``Communicator._send_op``/``_recv_op`` and ``FastLane.offer``/``take_now``/``post_now``/
- * ``_complete_fast`` (asynccomm/_engine_fast.py) do for the commonest case: an awaited op
- * (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an exact source or
- * destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
+ * ``Communicator._send_op``/``_recv_op`` and the Python steps (asynccomm/_engine/steps.py
+ * ``offer``/``complete``, take.py ``take_now``/``post_now``) do for the commonest case: an
+ * awaited op (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an
+ * exact source or destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
  * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
@@ -22,11 +22,16 @@
  * their ``__slots__``, looked up by name once.  An object of any other class is not
  * handled.
  *
- * The files: this one (the entry points ``send`` and ``recv``), _lane_steps.c and
- * _lane_recv.c (the receiving engine's steps), _lane_objects.c (builders, the matcher's deques, the
- * clock), _lane_config.c (configuration and the running-loop check), _lane_flight.c (the
- * flight recorder's ring and tallies), _lane_mpi.c (the MPI link's per-message steps),
- * _lane.h (what they share).
+ * What it works with (the classes, the slots it reads and writes, the names it calls, the
+ * constants, the wire header's layout) is declared once, in Python:
+ * ``asynccomm._comm.native``, which checks it and hands it to ``configure``.
+ *
+ * The files (a DAG, see _lane.h): this one (the module: ``send``, ``recv`` and the module
+ * table), _lane_mpi.c (the MPI link's per-message steps), _lane_steps.c and _lane_recv.c
+ * (the receiving engine's steps), _lane_objects.c (builders, the matcher's deques, the
+ * clock, the wire's charge), _lane_flight.c (the flight recorder's ring and tallies),
+ * _lane_buffers.c (the Python steps' buffer judge and copy), _lane_config.c
+ * (configuration and the running-loop check), _lane.h (what they share).
  */
 #define LANE_IMPORTS_NUMPY
 #include "_lane.h"
@@ -45,7 +50,7 @@ static PyObject *
 fast_engine(PyObject *comm, PyObject **stream, int *remote)
 {
     PyObject *engine = slot_get(comm, CO.engine);
-    if (engine == NULL || Py_TYPE(engine) != EngineType) {
+    if (engine == NULL || Py_TYPE(engine) != DeviceEngineType) {
         Py_XDECREF(engine);
         return NULL;
     }
@@ -133,7 +138,7 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     if (c->handle < 0) {
         return -1;
     }
-    if (Py_TYPE(c->comm) != CommType) {
+    if (Py_TYPE(c->comm) != CommunicatorType) {
         return 0;
     }
     int j = judge_array(names, c->buf, writable, &c->name, &c->nbytes, &c->count);
@@ -246,7 +251,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (peer == NULL) {
         goto done;
     }
-    if (Py_TYPE(peer) != EngineType) {
+    if (Py_TYPE(peer) != DeviceEngineType) {
         Py_DECREF(peer);
         result = Py_NewRef(Py_False);
         goto done;
@@ -397,25 +402,58 @@ done:
     return result;
 }
 
+/* charge(nbytes) -> int: ``wire.charge``, as the lane counts it. */
+static PyObject *
+lane_charge(PyObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "charge(nbytes): nbytes >= 0");
+        return NULL;
+    }
+    return PyLong_FromLongLong(charge(n));
+}
+
+/* perf_counter() -> float: the lane's reading of ``time.perf_counter``. */
+static PyObject *
+lane_perf_counter(PyObject *self, PyObject *unused)
+{
+    double t;
+    return perf_clock(&t) < 0 ? NULL : PyFloat_FromDouble(t);
+}
+
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
      "send(comm, buf, dst, tag, handle) -> bool | Request"},
     {"recv", (PyCFunction)(void (*)(void))lane_recv, METH_FASTCALL,
      "recv(comm, buf, src, tag, handle) -> Status | Request | None"},
     {"configure", configure, METH_O, "configure(spec): what the lane works with"},
+    {"inspect", (PyCFunction)(void (*)(void))buffers_inspect, METH_FASTCALL,
+     "inspect(buf, writable) -> (name, nbytes, count) or None"},
+    {"copy", (PyCFunction)(void (*)(void))buffers_copy, METH_FASTCALL,
+     "copy(dst, src, nbytes): copy the first nbytes bytes of src into dst"},
+    {"address", buffers_address, METH_O, "address(buf) -> int: the address of its first byte"},
+    {"set_dtype_names", set_dtype_names, METH_O,
+     "set_dtype_names(names): the dtype -> name dict of inspect and the lane"},
+    {"charge", lane_charge, METH_O, "charge(nbytes) -> int: wire.charge, as the lane counts"},
+    {"perf_counter", lane_perf_counter, METH_NOARGS,
+     "perf_counter() -> float: the lane's reading of time.perf_counter"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_lane",
-    "Optional accelerator: asynccomm's in-process fast lane, per message, in C.", -1, methods,
+    "Optional accelerator: asynccomm's fast lane, per message, in C.", -1, methods,
 };
 
 PyMODINIT_FUNC
 PyInit__lane(void)
 {
     import_array();
-    if (intern_names() < 0 || intern_mpi_names() < 0) {
+    if (make_constants() < 0) {
         return NULL;
     }
     if (pthread_atfork(NULL, NULL, forget_in_child) != 0) {
@@ -436,8 +474,9 @@ PyInit__lane(void)
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[ssssss]", "Path", "Ring", "Tally", "configure", "recv",
-                                  "send");
+    PyObject *all = Py_BuildValue("[ssssssssssss]", "Path", "Ring", "Tally", "address",
+                                  "charge", "configure", "copy", "inspect", "perf_counter",
+                                  "recv", "send", "set_dtype_names");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
         Py_XDECREF(all);
         Py_DECREF(m);

@@ -1,6 +1,6 @@
 /* The C lane's shared declarations (see _lane.c): what ``configure`` fills in (the
- * classes, constants and slot offsets), the slot accessors, and the steps each file gives
- * the others. */
+ * classes, constants and slot offsets), the slot accessors, and what each file gives the
+ * others. */
 #ifndef ASYNCCOMM_LANE_H
 #define ASYNCCOMM_LANE_H
 
@@ -23,21 +23,34 @@
 
 /* -- what configure() fills in (_lane_config.c) --------------------------------------- */
 
+/* Everything here comes from ``asynccomm._comm.native`` (the declaration of what the lane
+ * takes), by position: each table in _lane_config.c lists these variables in the order of
+ * the declaration, and tests/api/test_native_contract.py checks that they agree. */
+
 extern int ready;
-extern PyObject *names;  /* dtype -> name */
-extern PyObject *get_running_loop, *perf_counter, *deque_type;
+extern PyObject *names;  /* dtype -> name (``set_dtype_names``) */
 extern PyObject *deque_append, *deque_popleft;  /* deque's own methods */
-extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightType,
-    *TallyType, *MatcherType, *PoolType, *CommType, *EngineType, *TraceType;
-extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
-extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD;
-extern Py_ssize_t TIMED_COPY_MIN;
 extern PyObject *zero, *minus_one, *minus_one_f;
 
-/* The offsets of the slots the lane reads and writes, per class. */
+/* native.CLASSES: <name>Type */
+extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType,
+    *FlightRecorderType, *TallyType, *MatcherType, *StagingPoolType, *CommunicatorType,
+    *DeviceEngineType, *RankTraceType;
+/* native.OBJECTS */
+extern PyObject *get_running_loop, *perf_counter, *deque_type;
+extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
+/* native.NUMBERS: constants, and where the wire header's fields are (``wire.HEADER``) */
+extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, EAGER;
+extern long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
+/* native.STATUS_FIELDS: the fields of a Status tuple the lane builds */
+#define STATUS_FIELDS 5
+
+/* native.SLOTS: the offsets of the slots the lane reads and writes, per class, in the
+ * order of the declaration (a member is the slot's name without its leading ``_``). */
 extern struct message_slots {
     Py_ssize_t source, tag, nbytes, count, dtype, seq, where, view, ident, shape, flow;
 } M;
+extern struct trace_slots { Py_ssize_t ops, sent, label, size; } TR;
 extern struct request_slots {
     Py_ssize_t array, owner, kind, peer, stream, timeout, record, t_post, t_match, state,
         result, exc, waiters, timer, tracked, t_fin, sseq;
@@ -45,26 +58,31 @@ extern struct request_slots {
 extern struct stream_slots { Py_ssize_t queue, events, pending, seq, sid; } S;
 extern struct flight_slots { Py_ssize_t ring, sends, recvs; } F;
 extern struct tally_slots { Py_ssize_t n, nbytes, w, c; } T;
-extern struct trace_slots { Py_ssize_t ops, sent, label, size; } TR;
 extern struct matcher_slots {
     Py_ssize_t by_source, events, matched, n_posted, n_unexp, n_wild_posted, posted, probes,
         seq, unexp, unexp_bytes, waited;
 } MA;
-extern struct comm_slots { Py_ssize_t default_timeout, engine, loop, rank, size; } CO;
-extern struct engine_slots {
-    Py_ssize_t closed, default_stream, eager_limit, engine_loop, fast, flight, gone, idle,
-        instant, link, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers,
-        traced, tracer;
-} EN;
 extern struct pool_slots {
     Py_ssize_t acquired, cached, capacity_bytes, free, in_use, peak, reused;
 } PO;
+extern struct comm_slots { Py_ssize_t default_timeout, engine, loop, rank, size; } CO;
+extern struct engine_slots {
+    Py_ssize_t closed, default_stream, eager_limit, loop, fast, flight, gone, idle,
+        instant, link, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers,
+        traced, tracer;
+} EN;
 
-/* Interned method names. */
+/* native.NAMES: a_<key>, the interned names of the methods and attributes the lane calls
+ * or reads by name. */
 extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
     *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later,
     *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
     *a_cancel, *a_send_now, *a_received;
+extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
+    *a_link_broken, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked,
+    *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
+    *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
+    *a_rank, *a_inline_max, *a_return_at;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -167,10 +185,39 @@ slot_is_none(PyObject *o, Py_ssize_t off)
     return v == Py_None;
 }
 
-/* -- the steps each file gives the others --------------------------------------------- */
+/* -- what each file gives the others ------------------------------------------------- */
 
-/* _lane_objects.c: the clock, buffers, builders, the matcher's deques. */
+/* The files make a DAG: _lane.c (the module: its init, ``send`` and ``recv``) calls down
+ * into the others; _lane_mpi.c into _lane_steps.c; the steps (_lane_steps.c,
+ * _lane_recv.c) into _lane_objects.c; that into _lane_flight.c; and all of them read
+ * what _lane_config.c holds, which calls none of them.  No file calls back up
+ * (tests/api/test_native_contract.py checks it). */
+
+/* _lane_config.c: configuration, the constants, the running-loop check. */
+int running(PyObject *loop);
+void forget_in_child(void);
+PyObject *configure(PyObject *self, PyObject *spec);
+int make_constants(void);
+
+/* _lane_buffers.c: the Python steps' buffer judge and copy. */
+PyObject *buffers_inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *buffers_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *buffers_address(PyObject *self, PyObject *arg);
+PyObject *set_dtype_names(PyObject *self, PyObject *arg);
+
+/* _lane_flight.c: the flight recorder's ring and tallies. */
+extern PyTypeObject RingType, TallyCType;
+void ring_push(PyObject *ring, long long kind, long long peer, long long tag,
+               long long nbytes, long long sid, long long how, double t_post,
+               double t_match, double t_fin);
+void tally_add(PyObject *tally, long long nbytes, double w, double c);
+
+/* _lane_objects.c: the clock, buffers, builders, the matcher's deques, the wire's
+ * charge. */
+int perf_clock(double *t);
 int now_of(PyObject *engine, double *t);
+long long bucket_size(Py_ssize_t nbytes);
+long long charge(Py_ssize_t nbytes);
 char *array_bytes(PyObject *a, int writable, Py_ssize_t *len);
 PyObject *new_status(PyObject *source, PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count,
                      PyObject *shape);
@@ -188,19 +235,6 @@ PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObje
                       PyObject *stream, PyObject *timeout, PyObject *array);
 int finish_now(PyObject *req, PyObject *result, double t);
 
-/* _lane_config.c: configuration, interned names, the running-loop check. */
-int running(PyObject *loop);
-void forget_in_child(void);
-PyObject *configure(PyObject *self, PyObject *spec);
-int intern_names(void);
-
-/* _lane_flight.c: the flight recorder's ring and tallies. */
-extern PyTypeObject RingType, TallyCType;
-void ring_push(PyObject *ring, long long kind, long long peer, long long tag,
-               long long nbytes, long long sid, long long how, double t_post,
-               double t_match, double t_fin);
-void tally_add(PyObject *tally, long long nbytes, double w, double c);
-
 /* _lane_steps.c and _lane_recv.c: the receiving engine's steps. */
 int offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
           Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when);
@@ -212,7 +246,6 @@ int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
 
 /* _lane_mpi.c: the MPI link's per-message steps. */
 extern PyTypeObject PathType;
-int intern_mpi_names(void);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

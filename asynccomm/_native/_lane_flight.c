@@ -185,7 +185,7 @@ static PySequenceMethods ring_as_sequence = {
 
 PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asynccomm._lane.Ring",
+    .tp_name = "asynccomm._native._lane.Ring",
     .tp_doc = "Ring(maxlen): the last maxlen flight entries, oldest first (as a deque).",
     .tp_basicsize = sizeof(RingObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -246,7 +246,7 @@ static PyMemberDef tally_members[] = {
 
 PyTypeObject TallyCType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asynccomm._lane.Tally",
+    .tp_name = "asynccomm._native._lane.Tally",
     .tp_doc = "Tally(): running totals of one kind of op with one peer (n, nbytes, w, c).",
     .tp_basicsize = sizeof(TallyObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,

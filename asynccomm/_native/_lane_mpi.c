@@ -13,24 +13,10 @@
  * steps keep it (the wire's credit lists, the progress task's flags), so both kinds of
  * step can run in one world.
  *
- * The wire's header is ``wire.HEADER`` (``"<BBxxiiqqq48s4x"``, 88 bytes), written and
- * read here field by field, little-endian. */
+ * The wire's header is ``wire.HEADER``, written and read here field by field,
+ * little-endian, at the offsets ``configure`` was given (``native.NUMBERS``: H_SIZE, H_SRC,
+ * ...); the field widths are those of the format ``native.HEADER_FIELDS`` declares. */
 #include "_lane.h"
-
-#define HSIZE 88
-#define H_SRC 4
-#define H_TAG 8
-#define H_NBYTES 12
-#define H_COUNT 20
-#define H_IDENT 28
-#define H_DTYPE 36
-#define DTYPE_MAX 48
-#define EAGER 1
-
-static PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
-    *a_broken_, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked, *a_woke,
-    *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
-    *a_consumed, *a_send_ctl;
 
 typedef struct {
     PyObject_HEAD
@@ -57,28 +43,15 @@ get_le(const char *at, int n)
     return n == 4 ? (long long)(int)(unsigned int)v : (long long)v;
 }
 
-/* ``wire.charge(nbytes)``: the message's staging bucket plus its overhead. */
-static long
-charge(Py_ssize_t nbytes)
-{
-    if (nbytes == 0) {
-        return MESSAGE_OVERHEAD;
-    }
-    unsigned long long m = (unsigned long long)nbytes - 1;
-    int bits = m == 0 ? 0 : 64 - __builtin_clzll(m);
-    long bucket = 1L << bits;
-    return (bucket < MIN_BUCKET ? MIN_BUCKET : bucket) + MESSAGE_OVERHEAD;
-}
-
 /* list[i] += delta, for the wire's credit lists (ints). */
 static int
-list_add(PyObject *list, Py_ssize_t i, long delta)
+list_add(PyObject *list, Py_ssize_t i, long long delta)
 {
-    long v = PyLong_AsLong(PyList_GET_ITEM(list, i));
+    long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
     if (v == -1 && PyErr_Occurred()) {
         return -1;
     }
-    PyObject *n = PyLong_FromLong(v + delta);
+    PyObject *n = PyLong_FromLongLong(v + delta);
     return n == NULL ? -1 : PyList_SetItem(list, i, n);
 }
 
@@ -97,13 +70,13 @@ static int
 dispatch(Path *p, PyObject *head, PyObject *buf)
 {
     const char *b = PyByteArray_AS_STRING(buf);
-    if (!ready || b[0] != EAGER) {
+    if (!ready || b[H_KIND] != EAGER) {
         return 0;
     }
     Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
     Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
     if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
-        || nbytes > PyByteArray_GET_SIZE(buf) - HSIZE) {
+        || nbytes > PyByteArray_GET_SIZE(buf) - H_SIZE) {
         return 0;
     }
     PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
@@ -113,7 +86,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
     int rc = 0;
     PyObject *field = NULL, *dtype = NULL, *src = NULL, *tag = NULL, *nb = NULL;
     PyObject *cnt = NULL, *closed = NULL, *out = NULL;
-    if (Py_TYPE(endpoint) != EngineType || SLOT(endpoint, EN.tracer) != Py_None) {
+    if (Py_TYPE(endpoint) != DeviceEngineType || SLOT(endpoint, EN.tracer) != Py_None) {
         goto done;  /* traced: the Python steps number what arrives */
     }
     closed = PyObject_GetAttr(endpoint, a_closed);
@@ -141,7 +114,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         goto done;
     }
     double when;
-    int r = offer(endpoint, src, tag, (char *)b + HSIZE, nbytes, count, dtype, NULL, 0, &when);
+    int r = offer(endpoint, src, tag, (char *)b + H_SIZE, nbytes, count, dtype, NULL, 0, &when);
     if (r <= 0) {
         rc = r;  /* 0: the Python steps judge */
         goto done;
@@ -154,7 +127,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
             rc = -1;
             goto done;
         }
-        long owed = PyLong_AsLong(PyList_GET_ITEM(p->owed, s));
+        long long owed = PyLong_AsLongLong(PyList_GET_ITEM(p->owed, s));
         int gone = PyDict_Contains(p->closed_by, src);
         if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
             rc = -1;
@@ -162,7 +135,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         }
         owed += charge(nbytes);
         if (owed < p->return_at || gone) {
-            PyObject *v = PyLong_FromLong(owed);
+            PyObject *v = PyLong_FromLongLong(owed);
             rc = v == NULL || PyList_SetItem(p->owed, s, v) < 0 ? -1 : 1;
             goto done;
         }
@@ -223,7 +196,7 @@ land(Path *p, int eager_only)
             }
             done = -1;
         }
-        if (done > 0 && eager_only && PyByteArray_AS_STRING(buf)[0] != EAGER) {
+        if (done > 0 && eager_only && PyByteArray_AS_STRING(buf)[H_KIND] != EAGER) {
             done = 0;  /* left for the task */
         }
         int rc = done;
@@ -418,7 +391,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         || t > INT32_MAX) {
         goto python;
     }
-    PyObject *broken = PyObject_GetAttr(p->link, a_broken_);
+    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
     if (broken == NULL) {
         return NULL;
     }
@@ -437,8 +410,8 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         }
         goto python;  /* a dtype not seen yet: the wire's encode_dtype */
     }
-    long cost = charge(nbytes);
-    long have = PyLong_AsLong(PyList_GET_ITEM(p->credit, d));
+    long long cost = charge(nbytes);
+    long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
     if (have == -1 && PyErr_Occurred()) {
         return NULL;
     }
@@ -455,7 +428,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto python;
     }
     Py_INCREF(field);  /* held while allocating (a collection may run) */
-    PyObject *raw = PyBytes_FromStringAndSize(NULL, HSIZE + nbytes);
+    PyObject *raw = PyBytes_FromStringAndSize(NULL, H_SIZE + nbytes);
     if (raw == NULL || list_add(p->credit, d, -cost) < 0) {
         Py_XDECREF(raw);
         Py_DECREF(field);
@@ -463,16 +436,16 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     char *h = PyBytes_AS_STRING(raw);
-    memset(h, 0, HSIZE);
+    memset(h, 0, H_SIZE);
     Py_ssize_t flen = PyBytes_GET_SIZE(field);
-    h[0] = EAGER;
-    h[1] = (char)flen;
+    h[H_KIND] = (char)EAGER;
+    h[H_DLEN] = (char)flen;
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
     put_le(h + H_COUNT, (unsigned long long)count, 8);
     memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
-    memcpy(h + HSIZE, view.buf, nbytes);
+    memcpy(h + H_SIZE, view.buf, nbytes);
     Py_DECREF(field);
     PyBuffer_Release(&view);
     /* progress.comm.Isend(raw, dest, 0): the control tag; the communicator looked up each
@@ -508,9 +481,9 @@ python:
 /* -- the type ---------------------------------------------------------------------------- */
 
 static int
-long_attr(PyObject *o, const char *name, long *out)
+long_attr(PyObject *o, PyObject *name, long *out)
 {
-    PyObject *v = PyObject_GetAttrString(o, name);
+    PyObject *v = PyObject_GetAttr(o, name);
     *out = v == NULL ? -1 : PyLong_AsLong(v);
     Py_XDECREF(v);
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
@@ -528,6 +501,10 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &mpi_exc, &inline_where, &ctrl_slots)) {
         return NULL;
     }
+    if (!ready) {  /* the names it looks up come with the lane's configuration */
+        PyErr_SetString(PyExc_TypeError, "Path: the lane is not configured");
+        return NULL;
+    }
     Path *p = (Path *)type->tp_alloc(type, 0);
     if (p == NULL) {
         return NULL;
@@ -540,17 +517,17 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->mpi_exc = Py_NewRef(mpi_exc);
     p->inline_where = Py_NewRef(inline_where);
     p->ctrl_slots = ctrl_slots;
-    p->slots = PyObject_GetAttrString(progress, "_slots");
-    p->credit = PyObject_GetAttrString(wire, "credit");
-    p->owed = PyObject_GetAttrString(wire, "_owed");
-    p->closed_by = PyObject_GetAttrString(wire, "closed_by");
-    p->py_send_now = PyObject_GetAttrString(link, "send_now");
-    p->on_control = PyObject_GetAttrString(link, "_on_control");
+    p->slots = PyObject_GetAttr(progress, a_slots);
+    p->credit = PyObject_GetAttr(wire, a_credit);
+    p->owed = PyObject_GetAttr(wire, a_owed);
+    p->closed_by = PyObject_GetAttr(wire, a_closed_by);
+    p->py_send_now = PyObject_GetAttr(link, a_send_now);
+    p->on_control = PyObject_GetAttr(link, a_on_control);
     if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
-        || long_attr(link, "rank", &p->rank) < 0
-        || long_attr(wire, "inline_max", &p->inline_max) < 0
-        || long_attr(wire, "_return_at", &p->return_at) < 0) {
+        || long_attr(link, a_rank, &p->rank) < 0
+        || long_attr(wire, a_inline_max, &p->inline_max) < 0
+        || long_attr(wire, a_return_at, &p->return_at) < 0) {
         Py_DECREF(p);
         return NULL;
     }
@@ -621,7 +598,7 @@ static PyMethodDef path_methods[] = {
 
 PyTypeObject PathType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "asynccomm._lane.Path",
+    .tp_name = "asynccomm._native._lane.Path",
     .tp_basicsize = sizeof(Path),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots): "
@@ -632,36 +609,3 @@ PyTypeObject PathType = {
     .tp_dealloc = (destructor)path_dealloc,
     .tp_methods = path_methods,
 };
-
-#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1
-
-int
-intern_mpi_names(void)
-{
-    INTERN(a_Isend, "Isend");
-    INTERN(a_comm, "comm");
-    INTERN(a_Test, "Test");
-    INTERN(a_Start, "Start");
-    INTERN(a_rotate, "rotate");
-    INTERN(a_req, "req");
-    INTERN(a_buf, "buf");
-    INTERN(a_payload, "payload");
-    INTERN(a_broken_, "_broken");
-    INTERN(a_ctrl, "_ctrl");
-    INTERN(a_reap, "_reap");
-    INTERN(a_bells, "bells");
-    INTERN(a_flag, "flag");
-    INTERN(a_ring, "ring");
-    INTERN(a_sent, "sent");
-    INTERN(a_parked, "_parked");
-    INTERN(a_woke, "_woke");
-    INTERN(a_dispatching, "_dispatching");
-    INTERN(a_stopped, "stopped");
-    INTERN(a_failed, "_failed");
-    INTERN(a_endpoint, "endpoint");
-    INTERN(a_closed, "closed");
-    INTERN(a_arrived, "arrived");
-    INTERN(a_consumed, "consumed");
-    INTERN(a_send_ctl, "_send");
-    return 0;
-}

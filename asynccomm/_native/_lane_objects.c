@@ -3,7 +3,6 @@
 #include "_lane.h"
 
 #include <string.h>
-#include <time.h>
 
 /* deque.append(d, item) or deque.popleft(d) (item NULL) called as the unbound method (no
  * lookup on the instance); a subclass of deque is called by name. */
@@ -20,8 +19,25 @@ deque_call(PyObject *method, PyObject *d, PyObject *item)
 
 /* -- the clock ----------------------------------------------------------------------- */
 
-/* engine.now() as a double.  When that is time.perf_counter, the same reading is made
- * here: CLOCK_MONOTONIC in nanoseconds, as a double divided by 1e9 (what CPython does). */
+/* time.perf_counter(), read as CPython reads it: its clock (``PyTime_PerfCounter``,
+ * ``_PyTime_GetPerfCounter`` before 3.13) and its conversion to seconds. */
+int
+perf_clock(double *t)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyTime_t ns;
+    if (PyTime_PerfCounter(&ns) < 0) {
+        return -1;
+    }
+    *t = PyTime_AsSecondsDouble(ns);
+#else
+    *t = _PyTime_AsSecondsDouble(_PyTime_GetPerfCounter());
+#endif
+    return 0;
+}
+
+/* engine.now() as a double: when that is time.perf_counter, the same reading is made
+ * here (``perf_clock``). */
 int
 now_of(PyObject *engine, double *t)
 {
@@ -30,14 +46,8 @@ now_of(PyObject *engine, double *t)
         return -1;
     }
     if (now == perf_counter) {
-        struct timespec ts;
         Py_DECREF(now);
-        if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) {
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
-        }
-        *t = (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9;
-        return 0;
+        return perf_clock(t);
     }
     PyObject *v = PyObject_CallNoArgs(now);
     Py_DECREF(now);
@@ -47,6 +57,28 @@ now_of(PyObject *engine, double *t)
     *t = PyFloat_AsDouble(v);
     Py_DECREF(v);
     return (*t == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* -- the wire's sizes ------------------------------------------------------------------ */
+
+/* ``wire.bucket(nbytes)``: the staging buffer for a message (0 for an empty one). */
+long long
+bucket_size(Py_ssize_t nbytes)
+{
+    if (nbytes <= 0) {
+        return 0;
+    }
+    unsigned long long m = (unsigned long long)nbytes - 1;
+    int bits = m == 0 ? 0 : 64 - __builtin_clzll(m);
+    long long size = 1LL << bits;
+    return size < MIN_BUCKET ? MIN_BUCKET : size;
+}
+
+/* ``wire.charge(nbytes)``: the message's staging bucket plus its overhead. */
+long long
+charge(Py_ssize_t nbytes)
+{
+    return bucket_size(nbytes) + MESSAGE_OVERHEAD;
 }
 
 /* -- buffers (judging one: _judge.h) -------------------------------------------------- */
@@ -166,7 +198,7 @@ record(PyObject *engine, int kind, PyObject *peer, PyObject *tag, Py_ssize_t nby
        PyObject *sid, double t_post, double t_match, double t_fin, PyObject *flow)
 {
     PyObject *flight = SLOT(engine, EN.flight);
-    if (flight == NULL || Py_TYPE(flight) != FlightType) {
+    if (flight == NULL || Py_TYPE(flight) != FlightRecorderType) {
         PyErr_SetString(PyExc_TypeError, "the engine's flight recorder");
         return -1;
     }
@@ -249,7 +281,7 @@ trace_ok(PyObject *engine)
     if (tracer == Py_None) {
         return 1;
     }
-    if (tracer == NULL || Py_TYPE(tracer) != TraceType) {
+    if (tracer == NULL || Py_TYPE(tracer) != RankTraceType) {
         return 0;
     }
     PyObject *label = SLOT(tracer, TR.label), *size = SLOT(tracer, TR.size);
@@ -457,7 +489,7 @@ new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,
     return req;
 }
 
-/* ``FastLane.finished``'s fields for a request done as it was made, at ``t`` (its record
+/* ``steps.finished``'s fields for a request done as it was made, at ``t`` (its record
  * is already made): DONE, ``result`` (stolen), posted, matched and finished at ``t``. */
 int
 finish_now(PyObject *req, PyObject *result, double t)

@@ -18,7 +18,7 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
     if (pool == NULL) {
         return NULL;
     }
-    if (Py_TYPE(pool) != PoolType) {
+    if (Py_TYPE(pool) != StagingPoolType) {
         Py_DECREF(pool);
         Py_RETURN_NONE;
     }
@@ -256,7 +256,7 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
         }
     }
     if (timeout != Py_None) {
-        PyObject *loop = slot_get(engine, EN.engine_loop);
+        PyObject *loop = slot_get(engine, EN.loop);
         PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
         PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
             loop, a_call_later, timeout, cb, req, NULL);

@@ -1,6 +1,6 @@
 /* The C lane's steps on the receiving engine when a message arrives (see _lane.c): a
- * small message offered (``FastLane.offer``) and the posted recv it completes
- * (``_complete_fast``).  Each writes the fields its Python step writes, in the same
+ * small message offered (``steps.offer``, asynccomm/_engine/steps.py) and the posted recv it completes
+ * (``steps.complete``).  Each writes the fields its Python step writes, in the same
  * order; each returns "not handled", having changed nothing, wherever that step would
  * take another way. */
 #include "_lane.h"
@@ -12,7 +12,7 @@
 static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
                        PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when);
 
-/* What ``_complete_fast`` does for a posted ``recv`` (state POSTED) that the message
+/* What ``steps.complete`` does for a posted ``recv`` (state POSTED) that the message
  * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
  * The recv's stream is held for the whole step: it calls back into Python (waiters,
  * the timer), which could drop the recv's own reference. */
@@ -148,7 +148,7 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
     return PyObject_DelItem(pending, sseq);
 }
 
-/* What ``FastLane.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
+/* What ``steps.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
  * traced world, else NULL): 1 if a posted recv took the message or the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
  * a posted recv may take it, and 2 says that none is posted that could (no recv for its
@@ -252,20 +252,11 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         goto done;
     }
     pool = slot_get(peer, EN.pool);
-    if (pool == NULL || Py_TYPE(pool) != PoolType) {
+    if (pool == NULL || Py_TYPE(pool) != StagingPoolType) {
         rc = pool == NULL ? -1 : 0;
         goto done;
     }
-    long long size = 0, in_use, capacity, peak;
-    if (nbytes) {
-        size = 1;
-        while (size < nbytes) {
-            size <<= 1;
-        }
-        if (size < MIN_BUCKET) {
-            size = MIN_BUCKET;
-        }
-    }
+    long long size = bucket_size(nbytes), in_use, capacity, peak;
     long long cost = size + MESSAGE_OVERHEAD;
     if (slot_ll(pool, PO.in_use, &in_use) < 0 || slot_ll(pool, PO.capacity_bytes, &capacity) < 0
         || slot_ll(pool, PO.peak, &peak) < 0) {

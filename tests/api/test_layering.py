@@ -253,7 +253,7 @@ LAYERS: dict[str, int] = {
     "asynccomm._types": 0, "asynccomm._exceptions": 0, "asynccomm._version": 0,
     # the sans-IO core
     "asynccomm._core": 1,
-    # buffers; the C extensions (they are handed what they use, they import nothing of ours)
+    # buffers; the C extension (it is handed what it uses, it imports nothing of ours)
     "asynccomm._buffers": 2, "asynccomm._native": 2,
     # the cluster model, model time and the virtual-time loop
     "asynccomm.sim": 3,
@@ -273,8 +273,8 @@ LAYERS: dict[str, int] = {
 #: under a launcher (the other way round, the MPI runner imports the communicator).
 FUNCTION_IMPORTS = {("asynccomm._comm.runner", "asynccomm._comm.mpi_runner")}
 
-#: Modules of ours that are not Python files (compiled), and who may import them.
-NATIVE = {"asynccomm._native._lane", "asynccomm._native._speedups"}
+#: The module of ours that is not a Python file (the compiled lane), and who may import it.
+NATIVE = {"asynccomm._native._lane"}
 MAY_IMPORT_NATIVE = {"asynccomm._engine.lane"}
 
 
@@ -447,7 +447,7 @@ def test_no_import_cycle_of_any_kind() -> None:
     assert cycles(all_edges()) == []
 
 
-def test_only_the_lane_module_imports_the_extensions() -> None:
+def test_only_the_lane_module_imports_the_extension() -> None:
     bad = [f"{e.importer}:{e.lineno}" for e in all_edges()
            if e.target in NATIVE and e.importer not in MAY_IMPORT_NATIVE]
     assert bad == []

@@ -1,6 +1,6 @@
-"""The C extensions are optional for users and required in CI (``ASYNCCOMM_REQUIRE_NATIVE``):
+"""The C extension is optional for users and required in CI (``ASYNCCOMM_REQUIRE_NATIVE``):
 there a C file that does not compile, or compiles with a warning, fails the build, and
-``import asynccomm`` refuses to run without the extensions."""
+``import asynccomm`` refuses to run without the extension."""
 
 from __future__ import annotations
 
@@ -41,22 +41,22 @@ def _build(tree: Path, *, require: bool) -> subprocess.CompletedProcess[str]:
 ], ids=["error", "warning"])
 def test_a_broken_c_file_fails_the_required_build(tmp_path: Path, breakage: str) -> None:
     tree = _tree(tmp_path)
-    source = tree / "asynccomm" / "_native" / "_speedups.c"
+    source = tree / "asynccomm" / "_native" / "_lane_buffers.c"
     source.write_text(source.read_text() + breakage)
     required = _build(tree, require=True)
     assert required.returncode != 0, required.stdout + required.stderr
-    assert "_speedups.c" in required.stdout + required.stderr
+    assert "_lane_buffers.c" in required.stdout + required.stderr
     optional = _build(tree, require=False)  # a user without a working compiler: goes on
     assert optional.returncode == 0, optional.stdout + optional.stderr
 
 
 #: Import the copy with no extension built, as a checkout would (without the editable
-#: install's finder, which would find this checkout's extensions).
+#: install's finder, which would find this checkout's extension).
 IMPORT = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'ditable' not in "
           "str(f)]; import asynccomm._engine.lane as f; print(f.FAST_LANE)")
 
 
-def test_import_refuses_to_run_without_the_extensions_when_they_are_required(
+def test_import_refuses_to_run_without_the_extension_when_it_is_required(
         tmp_path: Path) -> None:
     tree = _tree(tmp_path)
     env = {**os.environ, "ASYNCCOMM_REQUIRE_NATIVE": "1", "PYTHONPATH": str(tree)}
@@ -64,7 +64,7 @@ def test_import_refuses_to_run_without_the_extensions_when_they_are_required(
     proc = subprocess.run([sys.executable, "-c", IMPORT], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode != 0
-    assert "ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm's C extensions" in proc.stderr
+    assert "ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm's C extension" in proc.stderr
     env["ASYNCCOMM_PURE_PYTHON"] = "1"  # the pure-Python pass asks for no extension
     proc = subprocess.run([sys.executable, "-c", IMPORT], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=60, check=False)

@@ -20,7 +20,7 @@ import asynccomm as ac
 from asynccomm._buffers import dtype_name
 from asynccomm._engine import lane as _fastlane
 
-BUILT = importlib.util.find_spec("asynccomm._native._speedups") is not None
+BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
 needs_c = pytest.mark.skipif(not BUILT, reason="the C accelerator was not built here")
 
@@ -86,10 +86,10 @@ def test_pure_inspect_takes_exactly_the_fast_lanes_buffers(buf: Any, writable: b
 @given(buffers(), st.booleans())
 def test_c_inspect_agrees_with_pure_inspect(buf: Any, writable: bool) -> None:
     from asynccomm._buffers import _NAMES
-    from asynccomm._native import _speedups  # type: ignore[attr-defined]
+    from asynccomm._native import _lane
 
-    _speedups.configure(_NAMES)  # what importing _fastlane does unless pure Python is asked
-    assert _speedups.inspect(buf, writable) == _fastlane._inspect(buf, writable)
+    _lane.set_dtype_names(_NAMES)  # what importing _engine.lane does unless pure Python is asked
+    assert _lane.inspect(buf, writable) == _fastlane._inspect(buf, writable)
 
 
 @needs_c
@@ -97,7 +97,7 @@ def test_c_inspect_agrees_with_pure_inspect(buf: Any, writable: bool) -> None:
 @given(st.integers(0, 64), st.integers(0, 64), st.data())
 def test_c_copy_moves_exactly_the_bytes_asked_for(dlen: int, slen: int,
                                                   data: st.DataObject) -> None:
-    from asynccomm._native import _speedups
+    from asynccomm._native import _lane
 
     nbytes = data.draw(st.integers(0, min(dlen, slen)))
     src_kind = data.draw(st.sampled_from(["array", "bytes", "memoryview"]))
@@ -110,27 +110,27 @@ def test_c_copy_moves_exactly_the_bytes_asked_for(dlen: int, slen: int,
     else:
         dst = memoryview(bytearray(b"\xee" * dlen))
         out = np.frombuffer(dst, np.uint8)
-    _speedups.copy(dst, src, nbytes)
+    _lane.copy(dst, src, nbytes)
     assert bytes(out[:nbytes]) == payload[:nbytes]
     assert bytes(out[nbytes:]) == b"\xee" * (dlen - nbytes)  # nothing past nbytes
 
 
 @needs_c
 def test_c_copy_refuses_what_does_not_fit_and_read_only_targets() -> None:
-    from asynccomm._native import _speedups
+    from asynccomm._native import _lane
 
     dst = np.zeros(4, np.uint8)
     with pytest.raises(ValueError, match="copy of 5 bytes"):
-        _speedups.copy(dst, bytes(8), 5)
+        _lane.copy(dst, bytes(8), 5)
     with pytest.raises(ValueError, match="copy of -1 bytes"):
-        _speedups.copy(dst, bytes(8), -1)
+        _lane.copy(dst, bytes(8), -1)
     assert not dst.any()
     ro = np.zeros(4, np.uint8)
     ro.flags.writeable = False
     with pytest.raises(BufferError):
-        _speedups.copy(ro, bytes(4), 4)
+        _lane.copy(ro, bytes(4), 4)
     with pytest.raises(BufferError):
-        _speedups.copy(bytes(4), bytes(4), 4)  # bytes are immutable
+        _lane.copy(bytes(4), bytes(4), 4)  # bytes are immutable
 
 
 @pytest.mark.parametrize("shape", [(), (0, 3), (2, 0), (3, 4)])

@@ -23,7 +23,7 @@ entries = st.tuples(st.integers(0, 3), small, small, st.integers(0, 2**40), smal
 
 
 def lane() -> Any:
-    from asynccomm._native import _lane  # type: ignore[attr-defined]
+    from asynccomm._native import _lane
 
     return _lane
 

@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
+from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
 from asynccomm._engine.flight import Tally
 
@@ -248,30 +249,30 @@ def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
             return float(out[0])
 
     try:
-        with pytest.raises(KeyError):
+        with pytest.raises(TypeError, match="classes"):
             LANE.configure({})
-        spec = {"names": {}, "get_running_loop": None, "perf_counter": None,
-                "Request": Stale, "Message": Stale}
-        with pytest.raises((TypeError, KeyError)):
+        spec = _native.spec({**_native._classes(ac.Communicator), "Request": Stale})
+        with pytest.raises(TypeError, match="is not a slot"):
             LANE.configure(spec)
         # The lane is off now, and says so: every op takes the Python steps.
         assert LANE.send(None, None, 0, 0, False) is False
         assert LANE.recv(None, None, 0, 0, False) is None
         assert asyncio.run(one_message()) == 7.0
 
-        def stale(lane: object) -> None:
+        def stale(lane: object, communicator: type) -> None:
             raise TypeError("<class 'Request'>.array is not a slot")
 
-        monkeypatch.setattr(_communicator, "_configure", stale)
+        monkeypatch.setattr(_native, "configure", stale)
         monkeypatch.delenv("ASYNCCOMM_REQUIRE_NATIVE", raising=False)
         with pytest.warns(RuntimeWarning, match="rebuild it"):
-            assert _communicator._configure_lane() == (None, None)
+            assert _native.configure_lane(ac.Communicator) == (None, None)
+        assert _native.CONFIGURED is None  # (an MPI world's link is not accelerated)
         monkeypatch.setenv("ASYNCCOMM_REQUIRE_NATIVE", "1")  # CI: refused, not a warning
         with pytest.raises(ImportError, match="rebuild it"):
-            _communicator._configure_lane()
+            _native.configure_lane(ac.Communicator)
     finally:
         monkeypatch.undo()
-        _communicator._configure(LANE)
+        _native.configure_lane(ac.Communicator)
     assert asyncio.run(one_message()) == 7.0
 
 

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asynccomm._comm import communicator as _communicator
+from asynccomm._comm import native as _native
 from asynccomm._core import wire as w
 from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
@@ -33,7 +34,7 @@ from asynccomm.transports import _mpi_lib
 from asynccomm.transports._mpi_progress import CTRL_SLOTS, Slot
 from asynccomm.transports._mpi_transport import MPITransport
 
-pytestmark = pytest.mark.skipif(LANE is None or _communicator._configure_lane()[0] is None,
+pytestmark = pytest.mark.skipif(LANE is None or _native.CONFIGURED is None,
                                 reason="the C lane is not built here (or switched off)")
 
 POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2

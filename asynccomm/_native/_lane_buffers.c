@@ -1,22 +1,10 @@
-/* Optional accelerator for the per-message fast lane (see asynccomm/_fastlane.py).
- *
- * Two small functions that the pure-Python fast lane spends most of its time on when it
- * goes through numpy's Python-level attributes: judging whether a buffer can take the
- * fast lane (an exact 1-D C-contiguous ndarray of a known dtype), and copying the bytes
- * of a small message.  Everything else stays in Python; _fastlane.py holds the pure-Python
- * versions of both, which behave the same and are used when this module is not built.
- */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+/* The fast lane's buffer steps (see _lane.c): ``inspect``, the judge of a buffer the
+ * Python steps ask on every message, and ``copy``, the bytes of a small message.  The
+ * pure-Python fast lane (asynccomm/_engine/lane.py) holds versions of both that behave the
+ * same, used where the extension is not built. */
+#include "_lane.h"
+
 #include <string.h>
-
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
-#include "_judge.h"
-
-/* dtype -> the name it travels under (asynccomm._buffers._NAMES), shared with Python. */
-static PyObject *names = NULL;
 
 /* inspect(buf, writable) -> (name, nbytes, count) | None
  *
@@ -24,8 +12,8 @@ static PyObject *names = NULL;
  * it is an exact, 1-D, C-contiguous (and, if asked, writeable) ndarray of a dtype already
  * known to travel; None when it must go the general way.
  */
-static PyObject *
-inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+buffers_inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "inspect(buf, writable)");
@@ -90,8 +78,8 @@ bytes_of(PyObject *obj, int writable, char **data, Py_ssize_t *len, Py_buffer *v
 }
 
 /* copy(dst, src, nbytes): the first ``nbytes`` bytes of ``src`` into ``dst``. */
-static PyObject *
-copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+buffers_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "copy(dst, src, nbytes)");
@@ -131,9 +119,10 @@ copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* address(buf): the address of the first byte of a contiguous buffer, as an int. */
-static PyObject *
-address(PyObject *self, PyObject *arg)
+/* address(buf): the address of the first byte of a contiguous buffer, as an int (the
+ * check that pending recvs never share memory, asynccomm/_buffers.py ``PendingBuffers``). */
+PyObject *
+buffers_address(PyObject *self, PyObject *arg)
 {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
@@ -144,47 +133,15 @@ address(PyObject *self, PyObject *arg)
     return result;
 }
 
-/* configure(names): the dtype -> name dict that ``inspect`` consults. */
-static PyObject *
-configure(PyObject *self, PyObject *arg)
+/* set_dtype_names(names): the dtype -> name dict that ``inspect`` and the lane consult. */
+PyObject *
+set_dtype_names(PyObject *self, PyObject *arg)
 {
     if (!PyDict_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "configure(names: dict)");
+        PyErr_SetString(PyExc_TypeError, "set_dtype_names(names: dict)");
         return NULL;
     }
     Py_INCREF(arg);
     Py_XSETREF(names, arg);
     Py_RETURN_NONE;
-}
-
-static PyMethodDef methods[] = {
-    {"inspect", (PyCFunction)(void (*)(void))inspect, METH_FASTCALL,
-     "inspect(buf, writable) -> (name, nbytes, count) or None"},
-    {"copy", (PyCFunction)(void (*)(void))copy, METH_FASTCALL,
-     "copy(dst, src, nbytes): copy the first nbytes bytes of src into dst"},
-    {"address", address, METH_O, "address(buf) -> the address of its first byte"},
-    {"configure", configure, METH_O, "configure(names): the dtype -> name dict"},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_speedups",
-    "Optional accelerator for asynccomm's per-message fast lane.", -1, methods,
-};
-
-PyMODINIT_FUNC
-PyInit__speedups(void)
-{
-    import_array();
-    PyObject *m = PyModule_Create(&module);
-    if (m == NULL) {
-        return NULL;
-    }
-    PyObject *all = Py_BuildValue("[sss]", "configure", "copy", "inspect");
-    if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
-        Py_XDECREF(all);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
 }

@@ -1,0 +1,94 @@
+"""The C lane (``_lane*.c``): what it gives Python.  See README.md here."""
+
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["Path", "Ring", "Tally", "address", "charge", "configure", "copy", "inspect",
+           "perf_counter", "recv", "send", "set_dtype_names"]
+
+# -- the entry points (configured by asynccomm._comm.native) ------------------------------
+
+def configure(spec: dict[str, tuple[Any, ...]], /) -> None:
+    """What the lane works with, as ``asynccomm._comm.native.spec`` makes it.
+
+    Raises:
+        TypeError: a part is missing, of the wrong length, or a declared slot is not one.
+    """
+
+def send(comm: Any, buf: Any, dst: Any, tag: Any, handle: bool, /) -> Any:
+    """True, or with ``handle`` the done Request, once the message went the fast lane;
+    False, having done nothing, when the Python steps must run."""
+
+def recv(comm: Any, buf: Any, src: Any, tag: Any, handle: bool, /) -> Any:
+    """The Status of a message already waiting (with ``handle``, its done Request), else
+    the posted Request; None, having done nothing, when the Python steps must run."""
+
+# -- the Python steps' buffer primitives ----------------------------------------------------
+
+def set_dtype_names(names: dict[Any, str], /) -> None:
+    """The dtype -> name dict that ``inspect`` and the lane consult."""
+
+def inspect(buf: Any, writable: bool, /) -> tuple[str, int, int] | None:
+    """``(name, nbytes, count)`` of an exact 1-D C-contiguous ndarray of a known dtype
+    (writeable, if asked); None otherwise."""
+
+def copy(dst: Any, src: Any, nbytes: int, /) -> None:
+    """Copy the first ``nbytes`` bytes of ``src`` into ``dst``.
+
+    Raises:
+        ValueError: ``nbytes`` does not fit either buffer.
+        BufferError: ``dst`` is read-only.
+    """
+
+def address(buf: Any, /) -> int:
+    """The address of a contiguous buffer's first byte.
+
+    Raises:
+        TypeError: ``buf`` is not a buffer.
+        BufferError: it is not contiguous.
+    """
+
+# -- what the tests compare with the Python ----------------------------------------------
+
+def charge(nbytes: int, /) -> int:
+    """``wire.charge(nbytes)``, as the lane counts it."""
+
+def perf_counter() -> float:
+    """The lane's reading of ``time.perf_counter()``."""
+
+# -- the flight recorder's ring and tallies ------------------------------------------------
+
+Entry = tuple[int, int, int, int, int, int, float, float, float]
+
+class Ring:
+    """The last ``maxlen`` flight entries, stored as numbers."""
+
+    def __init__(self, maxlen: int) -> None: ...
+    @property
+    def maxlen(self) -> int: ...
+    def append(self, entry: Entry, /) -> None: ...
+    def clear(self) -> None: ...
+    def __iter__(self) -> Iterator[Entry]: ...
+    def __len__(self) -> int: ...
+
+class Tally:
+    """A flight tally: ``n`` and ``nbytes`` (ints), ``w`` and ``c`` (floats)."""
+
+    n: int
+    nbytes: int
+    w: float
+    c: float
+
+# -- the MPI link's per-message steps ------------------------------------------------------
+
+class Path:
+    """``MPITransport``'s per-message steps in C (the lane must be configured)."""
+
+    def __init__(self, link: Any, progress: Any, wire: Any, fields: dict[str, bytes],
+                 names: dict[bytes, str], mpi_exception: type[BaseException], inline: Any,
+                 ctrl_slots: int) -> None: ...
+    def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
+                 dtype: str, /) -> bool: ...
+    def land(self) -> bool: ...
+    def deliver(self) -> None: ...
+
