@@ -96,10 +96,10 @@ def draw(traces: Sequence[tuple[str, dict[str, Any]]], out: str | Path, *,
     Raises:
         ImportError: matplotlib is not installed (``pip install 'asynccomm[plot]'``).
     """
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  (optional: the plot extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  (after choosing the backend)
 
     panels = [(label, _rows(doc), doc.get("otherData", {}).get("clock", "wall"))
               for label, doc in traces]

@@ -520,7 +520,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
                          "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
     if backend == "mpi":
-        from .mpi_runner import run_mpi  # mpi4py is imported only when a world opens
+        from .mpi_runner import run_mpi  # noqa: PLC0415  (mpi4py: only when a world opens)
 
         return run_mpi(main, world_size, loop_factory=factory, cluster=cluster, clock=clock,
                        **options)
@@ -584,7 +584,7 @@ async def run_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
                          "ac.run(main, n, ...) from synchronous code, or use open_world on "
                          "asynccomm.sim.new_virtual_loop()")
     if backend == "mpi":
-        from .mpi_runner import run_mpi_async
+        from .mpi_runner import run_mpi_async  # noqa: PLC0415  (as run's)
 
         return await run_mpi_async(main, world_size, cluster=cluster, clock=clock, **options)
     if world_size is not None:

@@ -36,7 +36,7 @@ def load_mpi() -> None:
     global MPI  # bound lazily, see the module docs
     if MPI is None:
         try:
-            from mpi4py import MPI
+            from mpi4py import MPI  # noqa: PLC0415  (optional: the mpi extra, bound lazily)
         except ImportError as exc:
             raise ImportError("the MPI transport needs mpi4py and an MPI library: "
                               "pip install 'asynccomm[mpi]'") from exc
