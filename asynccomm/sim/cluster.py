@@ -22,9 +22,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["LINK_KINDS", "Cluster", "DeviceSpec", "LinkSpec", "ascend910", "ascend910b",
+__all__ = ["LINK_KINDS", "SHARING", "Cluster", "DeviceSpec", "LinkSpec", "ascend910", "ascend910b",
            "nvlink4", "roce100g", "to_ns"]
 
+#: How a link is shared by concurrent transfers (``LinkSpec.sharing``).
+SHARING = ("fair", "fifo")
 #: Every value ``Cluster.link_kind`` returns.
 LINK_KINDS = ("self", "intra", "cross_group", "inter")
 
@@ -82,18 +84,23 @@ def _check_int(field: str, value: object, minimum: int = 1) -> int:
 
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
-    """A link type: line rate, per-message latency, and the achievable fraction of the rate.
+    """A link type: line rate, per-message latency, the achievable fraction of the rate,
+    and how concurrent transfers share it.
 
     Raises:
         TypeError: a field of the wrong type.
         ValueError: ``bandwidth`` <= 0, ``latency`` < 0 or infinite, ``efficiency``
-            outside (0, 1].
+            outside (0, 1], ``sharing`` not one of ``SHARING``.
     """
 
     name: str
     bandwidth: float  # bytes/s, line rate
     latency: float  # seconds per message or chunk (alpha)
     efficiency: float = 1.0  # achievable fraction of the line rate (protocol overhead)
+    #: How concurrent transfers use the link: ``"fair"`` (they share its bandwidth max-min
+    #: fairly, as packets of several flows interleave on a wire) or ``"fifo"`` (one at a
+    #: time in the order they were planned, as a DMA engine serialises its descriptors).
+    sharing: str = "fair"
 
     def __post_init__(self) -> None:
         _name("LinkSpec", self.name)
@@ -101,6 +108,9 @@ class LinkSpec:
         _nonnegative_finite("LinkSpec", "latency", self.latency, "seconds")
         if not 0 < _number("LinkSpec", "efficiency", self.efficiency) <= 1:
             raise ValueError(f"LinkSpec efficiency must be in (0, 1], got {self.efficiency!r}")
+        if self.sharing not in SHARING:
+            raise ValueError(f"LinkSpec sharing must be one of {', '.join(SHARING)}, "
+                             f"got {self.sharing!r}")
 
     @property
     def effective_bandwidth(self) -> float:
