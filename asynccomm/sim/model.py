@@ -14,14 +14,15 @@ transfers on one resource queue (a DMA engine really does serialise).
 Rule 1b (fair links).  A transfer over a link whose sharing is ``"fair"`` (the default)
 shares its link and copy engines with the transfers that use them at the same time, max-min
 fairly (``sim/sharing.py``, after SimGrid's flow model).  It is first planned as if every
-resource it uses were idle (Rules 2-5); that plan's duration D becomes one flow, which
-loads each of its resources by the fraction of D it held it (the link's busy time / D, each
-copy engine's busy time / D).  Alone it ends when the idle plan does; k equal transfers
-that fill one link each take k times as long; a copy-bound transfer leaves the gaps in its
-link's use to others.  The rates change whenever a flow starts or ends, so the end is known
-only when the flow has ended (``start``, ``advance``, ``settle``); ``transfer`` predicts it
-from the transfers known so far.  An eager ("async") sender is free when its idle plan
-says (its staging copy is not stretched).  FIFO reservations and fair flows do not see each
+resource it uses were idle (Rules 2-5), taking D.  Its first chunk's latencies (link and
+both copies) are a delay that holds nothing, as in SimGrid, where latency is not shared;
+the rest of D becomes one flow, which loads each of its resources by the fraction of that
+time it held it (its busy time less the first latency).  Alone it ends when the idle plan
+does; k equal transfers that fill one link each take k times as long; a copy-bound
+transfer leaves the gaps in its link's use to others.  The rates change whenever a flow
+starts or ends, so the end is known only when the flow has ended (``start``, ``advance``,
+``settle``); ``transfer`` predicts it from the transfers known so far.  An eager ("async")
+sender is free when its idle plan says (its staging copy is not stretched).  FIFO reservations and fair flows do not see each
 other: a copy engine used by transfers over both kinds of link serves each kind as if the
 other were absent.
 
@@ -419,16 +420,21 @@ class ClusterModel:
         idle = (Resource("idle-out"), (Resource("idle-link"),), Resource("idle-in"))
         start, staged, end = _flow(idle, full_d, last_d, n, now, self.staging_slots, trace,
                                    chunk, last)
-        work = end - start
         sender_done = staged if plan.mode == "async" else end
-        held = ((copy_out, (n - 1) * full_d[0] + last_d[0]),
-                *((res, link_busy) for res in links),
-                (copy_in, (n - 1) * full_d[2] + last_d[2]))
-        for res, busy in held:
+        # The first chunk's latencies delay the transfer without holding anything (the
+        # wire carries other packets meanwhile); the rest is one flow.
+        delay = min(end - start, to_ns(link.latency + 2 * device.copy_latency))
+        work = end - start - delay
+        copy_busy = (n - 1) * full_d[0] + last_d[0]
+        held = ((copy_out, copy_busy, to_ns(device.copy_latency)),
+                *((res, link_busy, to_ns(link.latency)) for res in links),
+                (copy_in, copy_busy, to_ns(device.copy_latency)))
+        for res, busy, _ in held:
             res.busy += busy
         if work == 0:  # nothing to share
             return Transfer(nbytes, plan.mode, n, chunk, start, sender_done, link_busy, end=end)
-        flow = Flow(tuple((res.name, min(1.0, busy / work)) for res, busy in held), work, start)
+        flow = Flow(tuple((res.name, min(1.0, max(0, busy - latency) / work))
+                          for res, busy, latency in held), work, start + delay)
         self._sharing.add(flow)
         moving = self._moving[flow] = Transfer(nbytes, plan.mode, n, chunk, start, sender_done,
                                                link_busy, flow=flow)
