@@ -37,8 +37,8 @@ i-s has left the source staging (its link stage ended), and chunk i's link stage
 chunk i-s has left the destination staging (its copy-in ended).
 
 Rule 4 (which resources).  Same node and group: the directed (src, dst) link, or with
-``switched_intra`` the source's egress and destination's ingress switch ports.  Different
-nodes: the source device's NIC egress and the destination's NIC ingress, both held for the
+``switched_intra`` the source's egress and destination's ingress switch ports, or with
+``shared_intra`` one resource for the whole node (a bus).  Different nodes: the source device's NIC egress and the destination's NIC ingress, both held for the
 whole link stage.  Different groups of a node: one resource per node and directed group
 pair (the PCIe switch).  Copy engines are per device and per direction (PCIe and DMA are
 full duplex), so a rank that sends and receives at once does not halve its copy rate.
@@ -341,6 +341,8 @@ class ClusterModel:
         c = self.cluster
         kind = c.link_kind(src, dst)
         name = f"{kind}:{c.link(src, dst).name}"
+        if kind == "intra" and c.shared_intra:  # one bus per node
+            return (self._resource(f"{name}[node{c.node_of(src)}]"),)
         if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
             return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
         if kind == "cross_group":  # one per node and directed group pair
@@ -464,7 +466,7 @@ class ClusterModel:
     def _durations(self, nbytes: int, link: LinkSpec) -> tuple[int, int, int]:
         device = self.cluster.device
         copy = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
-        return copy, to_ns(link.latency + nbytes / link.effective_bandwidth), copy
+        return copy, to_ns(link.stage_time(nbytes)), copy
 
     def control(self, src: int, dst: int, *, now: int) -> int:
         """When a control message (RTS/CTS) sent at ``now`` arrives: one link latency later
