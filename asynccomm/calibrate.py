@@ -17,7 +17,6 @@ shared resource (``Cluster(shared_intra=True)``); MPI ranks are processes of the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -32,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._comm.communicator import Communicator
-from ._comm.runner import launched_by_mpi, run
+from . import Communicator, launched_by_mpi, run
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_pingpong", "pingpong", "preset"]
@@ -96,16 +94,19 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
         RuntimeError: MPI asked for, and no ``mpiexec`` (or the run failed).
     """
     if transport == "local":
-        return run(lambda comm: pingpong(comm, sizes, repeats), 2, backend="local")[0]
+        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), 2,
+                                       backend="local")[0]
+        return points
     if transport != "mpi":
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if launched_by_mpi():
-        return run(lambda comm: pingpong(comm, sizes, repeats), backend="mpi")
+        mine: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), backend="mpi")
+        return mine
     with tempfile.TemporaryDirectory() as tmp:
-        points = Path(tmp) / "points.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--points", str(points),
+        path = Path(tmp) / "points.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--points", str(path),
                  "--sizes", *map(str, sizes), "--repeats", str(repeats)], 2)
-        return {int(k): v for k, v in json.loads(points.read_text()).items()}
+        return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
 
 
 def mpiexec() -> str | None:
@@ -187,8 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")
     out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(_report(doc))
-    print(f"wrote {out}")
+    sys.stdout.write(f"{_report(doc)}\nwrote {out}\n")
     return 0
 
 

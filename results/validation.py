@@ -18,7 +18,6 @@ so they move from run to run; the JSON and picture go to files git ignores.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import statistics
@@ -176,12 +175,11 @@ def report(data: dict[str, Any]) -> str:
             [[size_label(r["nbytes"]), f"{r['measured_s'] * 1e6:.2f}",
               f"{r['predicted_s'] * 1e6:.2f}", f"{r['predicted_s'] / r['measured_s'] - 1:+.1%}"]
              for r in d["p2p"]]))
-        rows = []
-        for c in d["cells"]:
-            rows.append([c["collective"], c["ranks"],
-                         *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
-                           for r in c["rows"]),
-                         f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no"])
+        rows = [[c["collective"], c["ranks"],
+                 *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
+                   for r in c["rows"]),
+                 f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no"]
+                for c in d["cells"]]
         sizes = [size_label(r["nbytes"]) for r in d["cells"][0]["rows"]] if d["cells"] else []
         parts.append(format_table(
             f"{transport}: collectives, measured/predicted us per call, geomean error per "

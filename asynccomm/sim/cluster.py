@@ -276,7 +276,7 @@ class Cluster:
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
             cluster = doc["cluster"] if "cluster" in doc else doc
-            links = {}
+            links: dict[str, LinkSpec | None] = {}
             for field in ("intra", "inter", "cross_group"):
                 spec = cluster.get(field)
                 if spec is not None:
@@ -285,8 +285,11 @@ class Cluster:
                     links[field] = LinkSpec(**spec)
                 else:
                     links[field] = None
+            intra = links["intra"]
+            if intra is None:
+                raise KeyError("intra")
             return cls(nodes=cluster.get("nodes"), devices_per_node=cluster["devices_per_node"],
-                       intra=links["intra"], inter=links["inter"],
+                       intra=intra, inter=links["inter"],
                        cross_group=links["cross_group"], device=DeviceSpec(**cluster["device"]),
                        groups_per_node=cluster.get("groups_per_node", 1),
                        ranks_per_node=cluster.get("ranks_per_node"),

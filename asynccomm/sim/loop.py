@@ -89,12 +89,12 @@ class _Timer(asyncio.TimerHandle):
 
     def __lt__(self, other: object) -> bool:
         if isinstance(other, _Timer):
-            return (self._when, self._seq) < (other._when, other._seq)
+            return (self.when(), self._seq) < (other.when(), other._seq)
         return super().__lt__(other)  # type: ignore[operator]
 
     def __gt__(self, other: object) -> bool:
         if isinstance(other, _Timer):
-            return (self._when, self._seq) > (other._when, other._seq)
+            return (self.when(), self._seq) > (other.when(), other._seq)
         return super().__gt__(other)  # type: ignore[operator]
 
 

@@ -22,15 +22,16 @@ does; k equal transfers that fill one link each take k times as long; a copy-bou
 transfer leaves the gaps in its link's use to others.  The rates change whenever a flow
 starts or ends, so the end is known only when the flow has ended (``start``, ``advance``,
 ``settle``); ``transfer`` predicts it from the transfers known so far.  An eager ("async")
-sender is free when its idle plan says (its staging copy is not stretched).  FIFO reservations and fair flows do not see each
-other: a copy engine used by transfers over both kinds of link serves each kind as if the
-other were absent.
+sender is free when its idle plan says (its staging copy is not stretched).  FIFO
+reservations and fair flows do not see each other: a copy engine used by transfers over
+both kinds of link serves each kind as if the other were absent.
 
 Rule 2 (three stages).  A chunk of c bytes crosses copy-out (the source device's copy
 engine, user buffer -> staging: copy_latency + c/copy_bandwidth), the link (held for
-latency + c/effective_bandwidth: the per-chunk alpha is paid as occupancy, so chunking costs
-something and an optimal chunk exists) and copy-in (the destination's copy engine).  A
-stage starts when the chunk's previous stage has ended and its resource is free.
+latency + c/effective_bandwidth, or its ``LinkSpec.segments`` when measured: the per-chunk
+alpha is paid as occupancy, so chunking costs something and an optimal chunk exists) and
+copy-in (the destination's copy engine).  A stage starts when the chunk's previous stage
+has ended and its resource is free.
 
 Rule 3 (double buffering).  With ``staging_slots`` = s, chunk i's copy-out waits until chunk
 i-s has left the source staging (its link stage ended), and chunk i's link stage waits until
@@ -38,8 +39,9 @@ chunk i-s has left the destination staging (its copy-in ended).
 
 Rule 4 (which resources).  Same node and group: the directed (src, dst) link, or with
 ``switched_intra`` the source's egress and destination's ingress switch ports, or with
-``shared_intra`` one resource for the whole node (a bus).  Different nodes: the source device's NIC egress and the destination's NIC ingress, both held for the
-whole link stage.  Different groups of a node: one resource per node and directed group
+``shared_intra`` one resource for the whole node (a bus).  Different nodes: the source
+device's NIC egress and the destination's NIC ingress, both held for the whole link
+stage.  Different groups of a node: one resource per node and directed group
 pair (the PCIe switch).  Copy engines are per device and per direction (PCIe and DMA are
 full duplex), so a rank that sends and receives at once does not halve its copy rate.
 
