@@ -450,9 +450,8 @@ class ClusterModel:
         return self._sharing.next_time()
 
     def advance(self, now: int) -> list[Transfer]:
-        """Move the fair links' flows on to ``now``; return the transfers whose link stage
-        ended by then (their ``end`` now set, possibly a little after ``now``: the copy
-        into the destination still follows), in the order they ended."""
+        """Move the fair links' flows on to ``now``; return the transfers that ended by
+        then (their ``end`` now set), in the order they ended."""
         return [self._ended(flow) for flow in self._sharing.advance(now)]
 
     def settle(self) -> list[Transfer]:

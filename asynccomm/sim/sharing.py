@@ -79,7 +79,7 @@ class FairShare:
 
     def __init__(self) -> None:
         self.time = 0  # every event before this has been processed
-        self._on: dict[str, dict[Flow, None]] = {}  # link -> its active flows, in order
+        self._on: dict[str, dict[Flow, None]] = {}  # resource -> its active flows, in order
         self._events: list[tuple[int, int, int, int, Flow]] = []  # (t, seq, kind, ver, flow)
         self._seq = itertools.count()
 
