@@ -4,10 +4,12 @@ and the flow engine is deterministic and work-conserving."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import asynccomm as ac
 from asynccomm.sim import ChunkPlan, Cluster, ClusterModel, DeviceSpec, LinkSpec
 from asynccomm.sim.sharing import FairShare, Flow
 
@@ -151,3 +153,31 @@ def test_same_calls_give_same_times_and_sharing_never_speeds_a_transfer(
             assert m.end is not None and m.end >= alone.end
         runs.append([m.end for m, _ in moving])
     assert runs[0] == runs[1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 8, 4096, 60_000, 70_000, 1 << 20]), min_size=2,
+                      max_size=6),
+       flood=st.sampled_from([0, 4096, 1 << 20]))
+def test_messages_do_not_overtake_while_they_share_a_port(sizes: list[int],
+                                                          flood: int) -> None:
+    """Rank 0's messages to rank 8 (another server: a NIC port each) arrive in posting
+    order, though a small one behind a large one would end first on its own and rank 1
+    floods the same ingress port."""
+    async def main(comm: ac.Communicator) -> list[int]:
+        if comm.rank == 0:
+            await ac.wait_all([comm.isend(np.full(max(n, 1), i, np.uint8), 8, 5)
+                               for i, n in enumerate(sizes)])
+        elif comm.rank == 1 and flood:
+            await comm.send(np.zeros(flood, np.uint8), 8, 6)
+        elif comm.rank == 8:
+            seen = []
+            for _ in sizes:
+                arr, _status = await comm.recv_new(0, 5)
+                seen.append(int(arr[0]))
+            if flood:
+                await comm.recv(np.zeros(flood, np.uint8), 1, 6)
+            return seen
+        return []
+
+    assert ac.run(main, 16, cluster=Cluster.preset("ascend910b"))[8] == list(range(len(sizes)))
