@@ -51,38 +51,37 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
                    budget: float = BUDGET) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
     the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
-    only wait."""
-    out: dict[int, float] = {}
+    only wait.  The repeats go round every size in turn, so a burst of load from elsewhere
+    on the machine spoils one sample of many sizes, not every sample of one."""
     if comm.rank > 1:
-        return out
+        return {}
     peer = 1 - comm.rank
     buf = np.zeros(max(sizes), np.uint8)
-    for nbytes in sizes:
+
+    async def bounce(nbytes: int, iters: int) -> float:
         view = buf[:nbytes]
-        iters = 1
-        samples = []
-        for rep in range(repeats + 1):  # the first one warms up and sizes the iterations
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                if comm.rank == 0:
-                    await comm.send(view, peer)
-                    await comm.recv(view, peer)
-                else:
-                    await comm.recv(view, peer)
-                    await comm.send(view, peer)
-            took = time.perf_counter() - t0
-            if rep == 0:
-                iters = max(1, min(2000, int(budget / max(took, 1e-7))))
-                if comm.rank == 0:
-                    await comm.send(np.array([iters], np.int64), peer)
-                else:
-                    got = np.zeros(1, np.int64)
-                    await comm.recv(got, peer)
-                    iters = int(got[0])
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            if comm.rank == 0:
+                await comm.send(view, peer)
+                await comm.recv(view, peer)
             else:
-                samples.append(took / iters / 2)
-        out[nbytes] = statistics.median(samples)
-    return out if comm.rank == 0 else {}
+                await comm.recv(view, peer)
+                await comm.send(view, peer)
+        return time.perf_counter() - t0
+
+    # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
+    iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
+                      for n in sizes], np.int64)
+    if comm.rank == 0:
+        await comm.send(iters, peer)
+    else:
+        await comm.recv(iters, peer)
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, k in zip(sizes, iters.tolist(), strict=True):
+            samples[n].append(await bounce(n, k) / k / 2)
+    return {n: statistics.median(s) for n, s in samples.items()} if comm.rank == 0 else {}
 
 
 def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
