@@ -132,7 +132,10 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
     data: dict[str, Any] = {"transports": {}}
     for transport in progress(transports, NAME):
         doc = calibrate(transport, p2p_sizes)
-        cluster = Cluster.load(_save(doc))
+        with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
+            preset = Path(tmp) / "preset.json"
+            preset.write_text(json.dumps(doc))
+            cluster = Cluster.load(preset)
         measured = measure_pingpong(transport, p2p_sizes)
         predicted = _p2p_model(cluster, p2p_sizes)
         p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
@@ -153,12 +156,6 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
             "cells": cells}
     return data
-
-
-def _save(doc: dict[str, Any]) -> Path:
-    path = Path(tempfile.mkdtemp()) / "preset.json"
-    path.write_text(json.dumps(doc))
-    return path
 
 
 def report(data: dict[str, Any]) -> str:
