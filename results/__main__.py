@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ._common import DOCS
 
-EXPERIMENTS = ("bandwidth", "async_vs_sync", "parameter_server", "scaling", "chunking")
+EXPERIMENTS = ("bandwidth", "async_vs_sync", "parameter_server", "scaling", "chunking",
+               "validation")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,6 +14,7 @@ sizes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import math
 from dataclasses import dataclass
@@ -85,8 +86,7 @@ def byte_scaled(cluster: Cluster, k: int) -> Cluster:
         return cluster
 
     def slow(link: LinkSpec | None) -> LinkSpec | None:
-        return None if link is None else LinkSpec(link.name, link.bandwidth / k, link.latency,
-                                                  link.efficiency)
+        return None if link is None else dataclasses.replace(link, bandwidth=link.bandwidth / k)
 
     d = cluster.device
     intra = slow(cluster.intra)

@@ -16,7 +16,7 @@ step's messages on a fresh, idle ``ClusterModel`` of the same cluster (the world
 is never touched) and takes the last arrival, so α (latencies, the rendezvous handshake of
 messages past the eager limit) and 1/B (the slowest of the three stages, or all three in
 series for store-and-forward) are the model's own, and messages of one step that share a
-model resource (a PCIe switch, a NIC port, a copy engine) queue on it as they do in a run.
+model resource (a PCIe switch, a NIC port, a copy engine) share it as they do in a run.
 For example, ring allreduce costs 2(p-1) steps of n/p bytes: 2(p-1)·α + 2(p-1)/p·n/B.
 """
 
@@ -87,16 +87,17 @@ class CollectiveCosts:
         posted together on an idle cluster, has arrived."""
         model = ClusterModel(self._cluster, self._world, strategy=self._strategy,
                              staging_slots=self._slots)
-        end = 0
+        moving = []
         for src, dst, nbytes in messages:
             a, b = self.ranks[src], self.ranks[dst]
             if nbytes <= self.eager_limit:
-                plan = model.transfer(a, b, nbytes, now=0, plan=ChunkPlan("async", max(1, nbytes)))
+                moving.append(model.start(a, b, nbytes, now=0,
+                                          plan=ChunkPlan("async", max(1, nbytes))))
             else:  # request-to-send, clear-to-send, then the payload
                 ready = model.control(b, a, now=model.control(a, b, now=0))
-                plan = model.transfer(a, b, nbytes, now=ready)
-            end = max(end, plan.end)
-        return end * 1e-9
+                moving.append(model.start(a, b, nbytes, now=ready))
+        model.settle()  # transfers on fair links end when every one of them is known
+        return max((m.end or 0 for m in moving), default=0) * 1e-9
 
     # -- building blocks --------------------------------------------------------------------
 

@@ -18,13 +18,19 @@ which numbers are assumptions.  Bandwidths are bytes/s, latencies seconds, sizes
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-__all__ = ["LINK_KINDS", "Cluster", "DeviceSpec", "LinkSpec", "ascend910", "ascend910b",
+__all__ = ["LINK_KINDS", "SHARING", "Cluster", "DeviceSpec", "LinkSpec", "ascend910", "ascend910b",
            "nvlink4", "roce100g", "to_ns"]
 
+#: How a link is shared by concurrent transfers (``LinkSpec.sharing``).
+SHARING = ("fair", "fifo")
 #: Every value ``Cluster.link_kind`` returns.
 LINK_KINDS = ("self", "intra", "cross_group", "inter")
 
@@ -82,18 +88,29 @@ def _check_int(field: str, value: object, minimum: int = 1) -> int:
 
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
-    """A link type: line rate, per-message latency, and the achievable fraction of the rate.
+    """A link type: line rate, per-message latency, the achievable fraction of the rate,
+    and how concurrent transfers share it.
 
     Raises:
         TypeError: a field of the wrong type.
         ValueError: ``bandwidth`` <= 0, ``latency`` < 0 or infinite, ``efficiency``
-            outside (0, 1].
+            outside (0, 1], ``sharing`` not one of ``SHARING``.
     """
 
     name: str
     bandwidth: float  # bytes/s, line rate
     latency: float  # seconds per message or chunk (alpha)
     efficiency: float = 1.0  # achievable fraction of the line rate (protocol overhead)
+    #: How concurrent transfers use the link: ``"fair"`` (they share its bandwidth max-min
+    #: fairly, as packets of several flows interleave on a wire) or ``"fifo"`` (one at a
+    #: time in the order they were planned, as a DMA engine serialises its descriptors).
+    sharing: str = "fair"
+    #: Measured piecewise alpha-beta costs, as SMPI's: ``(up_to_bytes, latency,
+    #: bandwidth)`` in increasing ``up_to_bytes``, the last one covering every larger
+    #: size.  A stage of n bytes then takes the first segment with n <= up_to_bytes's
+    #: latency + n / bandwidth (``stage_time``) instead of ``latency + n /
+    #: effective_bandwidth``; the fields above still time control messages.
+    segments: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         _name("LinkSpec", self.name)
@@ -101,6 +118,35 @@ class LinkSpec:
         _nonnegative_finite("LinkSpec", "latency", self.latency, "seconds")
         if not 0 < _number("LinkSpec", "efficiency", self.efficiency) <= 1:
             raise ValueError(f"LinkSpec efficiency must be in (0, 1], got {self.efficiency!r}")
+        if self.sharing not in SHARING:
+            raise ValueError(f"LinkSpec sharing must be one of {', '.join(SHARING)}, "
+                             f"got {self.sharing!r}")
+        if not isinstance(self.segments, tuple):
+            raise TypeError(f"LinkSpec segments must be a tuple, "
+                            f"got {type(self.segments).__name__}")
+        last = -1
+        for segment in self.segments:
+            if not (isinstance(segment, tuple) and len(segment) == 3):
+                raise TypeError(f"a LinkSpec segment is (up_to_bytes, latency, bandwidth), "
+                                f"got {segment!r}")
+            up_to, latency, bandwidth = segment
+            if _check_int("segment up_to_bytes", up_to, 0) <= last:
+                raise ValueError(f"LinkSpec segments must be in increasing size, got "
+                                 f"{up_to} after {last}")
+            last = up_to
+            _nonnegative_finite("LinkSpec", "segment latency", latency, "seconds")
+            _positive("LinkSpec", "segment bandwidth", bandwidth, "bytes/s")
+
+    def stage_time(self, nbytes: int) -> float:
+        """Seconds a stage of ``nbytes`` holds the link: its segment's latency + nbytes /
+        bandwidth, or without segments latency + nbytes / effective bandwidth."""
+        for up_to, latency, bandwidth in self.segments:
+            if nbytes <= up_to:
+                return latency + nbytes / bandwidth
+        if self.segments:
+            _, latency, bandwidth = self.segments[-1]
+            return latency + nbytes / bandwidth
+        return self.latency + nbytes / self.effective_bandwidth
 
     @property
     def effective_bandwidth(self) -> float:
@@ -146,6 +192,8 @@ class Cluster:
         ranks_per_node: ranks placed on each node (default: one per device).
         switched_intra: True when ``intra`` is a switch port per device shared by all its
             peers (NVSwitch), False for a dedicated link per device pair (HCCS full mesh).
+        shared_intra: True when every ``intra`` transfer of a node crosses one resource (a
+            bus; or one CPU moving every message, as in-process ranks on one event loop).
         name: shown in messages and device names.
 
     Raises:
@@ -155,12 +203,14 @@ class Cluster:
     """
 
     __slots__ = ("cross_group", "device", "devices_per_node", "fixed", "groups_per_node",
-                 "inter", "intra", "name", "nodes", "ranks_per_node", "switched_intra")
+                 "inter", "intra", "name", "nodes", "ranks_per_node", "shared_intra",
+                 "switched_intra")
 
     def __init__(self, *, nodes: int | None, devices_per_node: int, intra: LinkSpec,
                  inter: LinkSpec | None, device: DeviceSpec, groups_per_node: int = 1,
                  cross_group: LinkSpec | None = None, ranks_per_node: int | None = None,
-                 switched_intra: bool = False, name: str = "custom") -> None:
+                 switched_intra: bool = False, shared_intra: bool = False,
+                 name: str = "custom") -> None:
         _name("Cluster", name)
         self.fixed = nodes is not None
         self.nodes = _check_int("nodes", 1 if nodes is None else nodes)
@@ -189,6 +239,7 @@ class Cluster:
         self.intra, self.inter, self.cross_group = intra, inter, cross_group
         self.device = device
         self.switched_intra = bool(switched_intra)
+        self.shared_intra = bool(shared_intra)
         self.name = name
 
     # -- presets --------------------------------------------------------------------------
@@ -209,6 +260,62 @@ class Cluster:
             raise ValueError(f"unknown cluster preset {name!r}; "
                              f"choose one of: {', '.join(cls.presets())}")
         return builder(nodes, ranks_per_node)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Cluster:
+        """A cluster from a preset file (JSON) as ``python -m asynccomm.sim.calibrate``
+        writes: ``{"name", "nodes", "devices_per_node", "intra": {LinkSpec fields},
+        "device": {DeviceSpec fields}, "shared_intra", ...}`` (``inter`` and
+        ``cross_group`` as ``intra``, or null).
+
+        Raises:
+            OSError: the file cannot be read.
+            ValueError: not a preset (bad JSON, a missing or unknown field).
+            TypeError: a field of the wrong type.
+        """
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+            cluster = doc["cluster"] if "cluster" in doc else doc
+            links: dict[str, LinkSpec | None] = {}
+            for field in ("intra", "inter", "cross_group"):
+                spec = cluster.get(field)
+                if spec is not None:
+                    spec = dict(spec)
+                    spec["segments"] = tuple(tuple(seg) for seg in spec.get("segments", ()))
+                    links[field] = LinkSpec(**spec)
+                else:
+                    links[field] = None
+            intra = links["intra"]
+            if intra is None:
+                raise KeyError("intra")
+            return cls(nodes=cluster.get("nodes"), devices_per_node=cluster["devices_per_node"],
+                       intra=intra, inter=links["inter"],
+                       cross_group=links["cross_group"], device=DeviceSpec(**cluster["device"]),
+                       groups_per_node=cluster.get("groups_per_node", 1),
+                       ranks_per_node=cluster.get("ranks_per_node"),
+                       switched_intra=cluster.get("switched_intra", False),
+                       shared_intra=cluster.get("shared_intra", False),
+                       name=cluster.get("name", "custom"))
+        except (KeyError, json.JSONDecodeError, AttributeError) as exc:
+            raise ValueError(f"{path}: not a cluster preset ({type(exc).__name__}: {exc})") \
+                from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        """This cluster as ``load`` reads it (JSON-ready)."""
+        def link(spec: LinkSpec | None) -> dict[str, Any] | None:
+            return None if spec is None else {
+                "name": spec.name, "bandwidth": spec.bandwidth, "latency": spec.latency,
+                "efficiency": spec.efficiency, "sharing": spec.sharing,
+                "segments": [list(seg) for seg in spec.segments]}
+        d = self.device
+        return {"name": self.name, "nodes": self.nodes if self.fixed else None,
+                "devices_per_node": self.devices_per_node,
+                "groups_per_node": self.groups_per_node, "ranks_per_node": self.ranks_per_node,
+                "switched_intra": self.switched_intra, "shared_intra": self.shared_intra,
+                "intra": link(self.intra), "inter": link(self.inter),
+                "cross_group": link(self.cross_group),
+                "device": {"name": d.name, "flops": d.flops, "memory": d.memory,
+                           "copy_bandwidth": d.copy_bandwidth, "copy_latency": d.copy_latency}}
 
     @staticmethod
     def presets() -> tuple[str, ...]:

@@ -13,7 +13,10 @@ deadline at once (after a non-blocking poll of real I/O).
 Rule 3: while work is outstanding on threads (``run_in_executor``/``to_thread``) or real
 file descriptors are registered, the loop waits for them in real time without moving the
 clock, so thread work takes no virtual time and runs stay deterministic.
-Rule 4: when nothing is ready, no timer is scheduled and nothing real is outstanding,
+Rule 4: timers due at the same time fire in the order they were scheduled: each timer
+carries a sequence number that breaks ties in the heap, so a program's model time never
+depends on the heap's treatment of equal keys, hash order or other accidents.
+Rule 5: when nothing is ready, no timer is scheduled and nothing real is outstanding,
 nothing can ever wake the program: the loop calls its idle handler (the world fails every
 pending operation with ``DeadlockError``); if there is none, or the handler finds nothing
 to wake, it raises ``DeadlockError`` itself.
@@ -24,6 +27,8 @@ uvloop cannot fake time, which is why virtual time needs this selector loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import math
 import selectors
 from collections.abc import Callable
@@ -67,8 +72,30 @@ class _VirtualSelector(selectors.BaseSelector):
         if timeout is not None:
             loop._jump_to_next_timer()  # Rule 2
             return []
-        loop._idle()  # Rule 4
+        loop._idle()  # Rule 5
         return []
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer ordered by (deadline, sequence number): equal deadlines fire first in,
+    first out (Rule 4)."""
+
+    __slots__ = ("_seq",)
+
+    def __init__(self, when: float, seq: int, callback: Callable[..., Any], args: tuple[Any, ...],
+                 loop: asyncio.AbstractEventLoop, context: Any) -> None:
+        super().__init__(when, callback, args, loop, context)
+        self._seq = seq
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self.when(), self._seq) < (other.when(), other._seq)
+        return super().__lt__(other)  # type: ignore[operator]
+
+    def __gt__(self, other: object) -> bool:
+        if isinstance(other, _Timer):
+            return (self.when(), self._seq) > (other.when(), other._seq)
+        return super().__gt__(other)  # type: ignore[operator]
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -87,6 +114,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self.on_idle: Callable[[], bool] | None = None
         self._selector = _VirtualSelector(self, self._selector)  # type: ignore[has-type]
         self._base_fds = len(self._selector.get_map())  # the loop's own self-pipe
+        self._timer_seq = itertools.count()
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,  # type: ignore[override]
+                context: Any = None) -> asyncio.TimerHandle:
+        """As ``asyncio``'s, with ties between equal deadlines broken by scheduling order."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()  # type: ignore[attr-defined]
+        if self.get_debug():
+            self._check_thread()  # type: ignore[attr-defined]
+        timer = _Timer(when, next(self._timer_seq), callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
 
     def time(self) -> float:
         return self._now_ns / 1e9  # division rounds correctly: 30 s is exactly 30.0

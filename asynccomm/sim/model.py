@@ -5,25 +5,43 @@ How it works
 Time is integer nanoseconds passed in as ``now=`` (sans-IO, like aioquic); nothing here
 reads a clock.  Bandwidths are bytes/s, sizes bytes.
 
-Rule 1 (resources).  Every directed link, NIC port and copy engine is a FIFO ``Resource``
-with a ``free_at``.  A use ready at t starts at max(t, free_at) and moves free_at to its end.
-Uses are served in the order they are planned: a later transfer never fills a gap an
-earlier one left, so concurrent transfers on one resource queue.
+Rule 1 (resources).  Every copy engine, and every directed link or NIC port whose
+``LinkSpec.sharing`` is ``"fifo"``, is a FIFO ``Resource`` with a ``free_at``.  A use ready
+at t starts at max(t, free_at) and moves free_at to its end.  Uses are served in the order
+they are planned: a later transfer never fills a gap an earlier one left, so concurrent
+transfers on one resource queue (a DMA engine really does serialise).
+
+Rule 1b (fair links).  A transfer over a link whose sharing is ``"fair"`` (the default)
+shares its link and copy engines with the transfers that use them at the same time, max-min
+fairly (``sim/sharing.py``, after SimGrid's flow model).  It is first planned as if every
+resource it uses were idle (Rules 2-5), taking D.  Its first chunk's latencies (link and
+both copies) are a delay that holds nothing, as in SimGrid, where latency is not shared;
+the rest of D becomes one flow, which loads each of its resources by the fraction of that
+time it held it (its busy time less the first latency).  Alone it ends when the idle plan
+does; k equal transfers that fill one link each take k times as long; a copy-bound
+transfer leaves the gaps in its link's use to others.  The rates change whenever a flow
+starts or ends, so the end is known only when the flow has ended (``start``, ``advance``,
+``settle``); ``transfer`` predicts it from the transfers known so far.  An eager ("async")
+sender is free when its idle plan says (its staging copy is not stretched).  FIFO
+reservations and fair flows do not see each other: a copy engine used by transfers over
+both kinds of link serves each kind as if the other were absent.
 
 Rule 2 (three stages).  A chunk of c bytes crosses copy-out (the source device's copy
 engine, user buffer -> staging: copy_latency + c/copy_bandwidth), the link (held for
-latency + c/effective_bandwidth: the per-chunk alpha is paid as occupancy, so chunking costs
-something and an optimal chunk exists) and copy-in (the destination's copy engine).  A
-stage starts when the chunk's previous stage has ended and its resource is free.
+latency + c/effective_bandwidth, or its ``LinkSpec.segments`` when measured: the per-chunk
+alpha is paid as occupancy, so chunking costs something and an optimal chunk exists) and
+copy-in (the destination's copy engine).  A stage starts when the chunk's previous stage
+has ended and its resource is free.
 
 Rule 3 (double buffering).  With ``staging_slots`` = s, chunk i's copy-out waits until chunk
 i-s has left the source staging (its link stage ended), and chunk i's link stage waits until
 chunk i-s has left the destination staging (its copy-in ended).
 
 Rule 4 (which resources).  Same node and group: the directed (src, dst) link, or with
-``switched_intra`` the source's egress and destination's ingress switch ports.  Different
-nodes: the source device's NIC egress and the destination's NIC ingress, both held for the
-whole link stage.  Different groups of a node: one resource per node and directed group
+``switched_intra`` the source's egress and destination's ingress switch ports, or with
+``shared_intra`` one resource for the whole node (a bus).  Different nodes: the source
+device's NIC egress and the destination's NIC ingress, both held for the whole link
+stage.  Different groups of a node: one resource per node and directed group
 pair (the PCIe switch).  Copy engines are per device and per direction (PCIe and DMA are
 full duplex), so a rank that sends and receives at once does not halve its copy rate.
 
@@ -46,15 +64,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
 
 from .cluster import Cluster, DeviceSpec, LinkSpec, to_ns
 from .cluster import _check_int as _int
+from .sharing import FairShare, Flow
 
 __all__ = ["MODES", "ChunkPlan", "ChunkTiming", "ClusterModel", "DefaultStrategy", "Pipelined",
-           "Resource", "StoreAndForward", "Strategy", "TransferPlan", "adaptive_chunk"]
+           "Resource", "StoreAndForward", "Strategy", "Transfer", "TransferPlan",
+           "adaptive_chunk"]
 
 MODES = ("sync", "async", "pipelined")
 
@@ -184,7 +205,7 @@ class DefaultStrategy:
     ``nbytes <= async_max`` is small (the eager limit, inclusive); ``nbytes >= pipeline_min``
     is large.  ``world_size`` does not move the thresholds: the cost of one transfer depends
     on its link, and the contention a large world brings (many peers on one port or copy
-    engine) is already modelled by the FIFO resources, so folding rank count into the
+    engine) is already modelled by the shared resources, so folding rank count into the
     thresholds too would count it twice.
 
     Raises:
@@ -233,6 +254,47 @@ class TransferPlan:
         return self.nbytes * 1e9 / self.duration if self.duration else 0.0
 
 
+class Transfer:
+    """A transfer as it moves: a ``TransferPlan`` whose ``end`` is None while it shares a
+    fair link (the rates of its flow may still change), and known at once on a FIFO link.
+
+    ``when_done`` holds what the timing layer calls at its end (not used by the model).
+    """
+
+    __slots__ = ("chunk_bytes", "chunks", "end", "flow", "link_busy", "mode", "nbytes",
+                 "sender_done", "start", "when_done")
+
+    def __init__(self, nbytes: int, mode: str, chunks: int, chunk_bytes: int, start: int,
+                 sender_done: int, link_busy: int, *, end: int | None = None,
+                 flow: Flow | None = None) -> None:
+        self.nbytes, self.mode, self.chunks, self.chunk_bytes = nbytes, mode, chunks, chunk_bytes
+        self.start, self.sender_done, self.link_busy = start, sender_done, link_busy
+        self.end = end
+        self.flow = flow
+        self.when_done: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+    def plan_ending(self, end: int) -> TransferPlan:
+        """This transfer's plan if it ends at ``end``."""
+        return TransferPlan(self.nbytes, self.mode, self.chunks, self.chunk_bytes, self.start,
+                            end, min(self.sender_done, end) if self.mode == "async" else end,
+                            self.link_busy)
+
+    @property
+    def plan(self) -> TransferPlan:
+        """The final plan.
+
+        Raises:
+            RuntimeError: it has not ended yet.
+        """
+        if self.end is None:
+            raise RuntimeError("the transfer is still moving: its end is not known yet")
+        return self.plan_ending(self.end)
+
+    def __repr__(self) -> str:
+        return (f"Transfer({self.nbytes} B, {self.mode}, start={self.start}, "
+                f"end={self.end}, sender_done={self.sender_done})")
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkTiming:
     """One chunk's (start, end) in each stage, from ``ClusterModel.transfer(trace=...)``."""
@@ -263,6 +325,8 @@ class ClusterModel:
         self.staging_slots = _int("staging_slots", staging_slots, 1)
         self._resources: dict[str, Resource] = {}
         self._link_busy = [0] * world_size
+        self._sharing = FairShare()
+        self._moving: dict[Flow, Transfer] = {}
 
     def _rank(self, name: str, rank: object) -> int:
         if (checked := _int(name, rank, 0)) >= self.world_size:
@@ -279,6 +343,8 @@ class ClusterModel:
         c = self.cluster
         kind = c.link_kind(src, dst)
         name = f"{kind}:{c.link(src, dst).name}"
+        if kind == "intra" and c.shared_intra:  # one bus per node
+            return (self._resource(f"{name}[node{c.node_of(src)}]"),)
         if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
             return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
         if kind == "cross_group":  # one per node and directed group pair
@@ -298,10 +364,29 @@ class ClusterModel:
         its resources.  ``plan`` overrides the strategy; ``trace``, when given, receives
         every chunk's timings (and forces the chunk-by-chunk simulation).
 
+        On a fair link the plan's end is a prediction: it holds if no other transfer joins
+        the links this one shares (``start`` and ``settle`` give the final times of
+        transfers planned together).
+
         Raises:
             TypeError: a rank, ``nbytes`` or ``now`` not an int; ``plan`` (or the strategy's
                 choice) not a ChunkPlan.
             ValueError: a rank out of range, ``nbytes`` or ``now`` < 0.
+        """
+        moving = self.start(src, dst, nbytes, now=now, plan=plan, trace=trace)
+        if moving.end is None:
+            assert moving.flow is not None
+            return moving.plan_ending(self._sharing.predict(moving.flow))
+        return moving.plan
+
+    def start(self, src: int, dst: int, nbytes: int, *, now: int,
+              plan: ChunkPlan | None = None,
+              trace: list[ChunkTiming] | None = None) -> Transfer:
+        """Start a transfer as ``transfer`` plans it, and return it as it moves: on a fair
+        link its ``end`` is None until ``advance`` (or ``settle``) has seen it end.
+
+        Raises:
+            TypeError, ValueError: as ``transfer``.
         """
         self._rank("src", src)
         self._rank("dst", dst)
@@ -315,7 +400,7 @@ class ClusterModel:
             start, end = self._resource(f"copy-out[{src}]").reserve(now, d)
             if trace is not None:
                 trace.append(ChunkTiming(0, nbytes, (start, end), (end, end), (end, end)))
-            return TransferPlan(nbytes, "sync", 1, nbytes, start, end, end, 0)
+            return Transfer(nbytes, "sync", 1, nbytes, start, end, 0, end=end)
         link = self.cluster.link(src, dst)
         if plan is None:
             plan = self.strategy.choose(nbytes, link, device, self.world_size)
@@ -326,19 +411,63 @@ class ClusterModel:
         n = -(-nbytes // chunk) if chunk else 1
         last = nbytes - (n - 1) * chunk
         full_d, last_d = self._durations(chunk, link), self._durations(last, link)
-        stages = (self._resource(f"copy-out[{src}]"), self._link_resources(src, dst),
-                  self._resource(f"copy-in[{dst}]"))
-        start, staged, end = _flow(stages, full_d, last_d, n, now, self.staging_slots,
-                                   trace, chunk, last)
+        links = self._link_resources(src, dst)
+        copy_out, copy_in = self._resource(f"copy-out[{src}]"), self._resource(f"copy-in[{dst}]")
         link_busy = (n - 1) * full_d[1] + last_d[1]
         self._link_busy[src] += link_busy
+        if link.sharing == "fifo":
+            start, staged, end = _flow((copy_out, links, copy_in), full_d, last_d, n, now,
+                                       self.staging_slots, trace, chunk, last)
+            sender_done = staged if plan.mode == "async" else end
+            return Transfer(nbytes, plan.mode, n, chunk, start, sender_done, link_busy, end=end)
+        # Fair (Rule 1b): planned on idle resources, then one flow through all of them.
+        idle = (Resource("idle-out"), (Resource("idle-link"),), Resource("idle-in"))
+        start, staged, end = _flow(idle, full_d, last_d, n, now, self.staging_slots, trace,
+                                   chunk, last)
         sender_done = staged if plan.mode == "async" else end
-        return TransferPlan(nbytes, plan.mode, n, chunk, start, end, sender_done, link_busy)
+        # The first chunk's latencies delay the transfer without holding anything (the
+        # wire carries other packets meanwhile); the rest is one flow.
+        delay = min(end - start, to_ns(link.latency + 2 * device.copy_latency))
+        work = end - start - delay
+        copy_busy = (n - 1) * full_d[0] + last_d[0]
+        held = ((copy_out, copy_busy, to_ns(device.copy_latency)),
+                *((res, link_busy, to_ns(link.latency)) for res in links),
+                (copy_in, copy_busy, to_ns(device.copy_latency)))
+        for res, busy, _ in held:
+            res.busy += busy
+        if work == 0:  # nothing to share
+            return Transfer(nbytes, plan.mode, n, chunk, start, sender_done, link_busy, end=end)
+        flow = Flow(tuple((res.name, min(1.0, max(0, busy - latency) / work))
+                          for res, busy, latency in held), work, start + delay)
+        self._sharing.add(flow)
+        moving = self._moving[flow] = Transfer(nbytes, plan.mode, n, chunk, start, sender_done,
+                                               link_busy, flow=flow)
+        return moving
+
+    def next_event(self) -> int | None:
+        """When a transfer on a fair link may next end (or the rates change); None when
+        none is moving."""
+        return self._sharing.next_time()
+
+    def advance(self, now: int) -> list[Transfer]:
+        """Move the fair links' flows on to ``now``; return the transfers that ended by
+        then (their ``end`` now set), in the order they ended."""
+        return [self._ended(flow) for flow in self._sharing.advance(now)]
+
+    def settle(self) -> list[Transfer]:
+        """Run every transfer to its end (as if no other were started); return them in
+        the order they ended."""
+        return [self._ended(flow) for flow in self._sharing.advance()]
+
+    def _ended(self, flow: Flow) -> Transfer:
+        moving = self._moving.pop(flow)
+        moving.end = flow.finish
+        return moving
 
     def _durations(self, nbytes: int, link: LinkSpec) -> tuple[int, int, int]:
         device = self.cluster.device
         copy = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
-        return copy, to_ns(link.latency + nbytes / link.effective_bandwidth), copy
+        return copy, to_ns(link.stage_time(nbytes)), copy
 
     def control(self, src: int, dst: int, *, now: int) -> int:
         """When a control message (RTS/CTS) sent at ``now`` arrives: one link latency later

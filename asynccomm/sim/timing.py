@@ -16,15 +16,20 @@ Rule 4: a request-to-send still in flight can be withdrawn; an eager message in 
 cannot (its send is as good as complete).
 Rule 5: when a rank closes, its peers learn of it only after everything it sent them has
 arrived.
+Rule 6: a transfer that shares a fair link (``sim/model.py`` Rule 1b) ends when its flow
+does, which later transfers may delay or earlier ones' ends advance: one timer, at the next
+event of the model's flows, moves them on, and what waits for a transfer (``when_done``)
+is called at its end once that is known.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from .clock import ModelClock
-from .model import ChunkPlan, ClusterModel, TransferPlan
+from .model import ChunkPlan, ClusterModel, Transfer
 from .records import OpRecord
 
 __all__ = ["ModelledTiming"]
@@ -34,19 +39,20 @@ class ModelledTiming:
     """Times every step of in-process messages with a ``ClusterModel`` (see module docs)."""
 
     def __init__(self, model: ClusterModel, clock: ModelClock,
-                 ranks: list[int] | None = None) -> None:
+                 ranks: list[int] | None = None, flows: _Flows | None = None) -> None:
         self.model = model
         self.clock = clock
         #: The world rank of each rank of the link this times (a sub-communicator's), or
         #: None for the world's own link.
         self.ranks = ranks
+        self._flows = flows if flows is not None else _Flows(model, clock)
 
     def for_ranks(self, ranks: list[int]) -> ModelledTiming:
         """The same model and clock for a link whose rank ``i`` is ``ranks[i]`` here: a
         sub-communicator's messages cost the links of its ranks' devices."""
         mine = self.ranks
         return ModelledTiming(self.model, self.clock,
-                              ranks if mine is None else [mine[r] for r in ranks])
+                              ranks if mine is None else [mine[r] for r in ranks], self._flows)
 
     def now(self) -> int:
         """Model time now, ns."""
@@ -56,14 +62,14 @@ class ModelledTiming:
         """Call ``callback(*args)`` at model time ``t_ns``."""
         self.clock.call_at(t_ns, callback, *args)
 
-    def eager(self, src: int, dst: int, nbytes: int, now: int) -> TransferPlan:
+    def eager(self, src: int, dst: int, nbytes: int, now: int) -> Transfer:
         """An eager message staged at ``now``: store-and-forward whose sender is free once
         its data is staged, whatever the strategy picks for this size (the world's eager
         limit may differ from the strategy's)."""
         if (ranks := self.ranks) is not None:
             src, dst = ranks[src], ranks[dst]
-        return self.model.transfer(src, dst, nbytes, now=now,
-                                   plan=ChunkPlan("async", max(nbytes, 1)))
+        return self._flows.started(self.model.start(src, dst, nbytes, now=now,
+                                                    plan=ChunkPlan("async", max(nbytes, 1))))
 
     def control(self, src: int, dst: int, now: int) -> int:
         """When a control message (request- or clear-to-send) sent at ``now`` arrives."""
@@ -71,14 +77,21 @@ class ModelledTiming:
             src, dst = ranks[src], ranks[dst]
         return self.model.control(src, dst, now=now)
 
-    def transfer(self, src: int, dst: int, nbytes: int, now: int) -> TransferPlan:
+    def transfer(self, src: int, dst: int, nbytes: int, now: int) -> Transfer:
         """A rendezvous payload cleared to move at ``now``."""
         if (ranks := self.ranks) is not None:
             src, dst = ranks[src], ranks[dst]
-        return self.model.transfer(src, dst, nbytes, now=now)
+        return self._flows.started(self.model.start(src, dst, nbytes, now=now))
+
+    def when_done(self, moving: Transfer, callback: Callable[..., Any], *args: Any) -> None:
+        """Call ``callback(*args)`` at the end of ``moving`` (Rule 6)."""
+        if moving.end is not None:
+            self.clock.call_at(moving.end, callback, *args)
+        else:
+            moving.when_done.append((callback, args))
 
     @staticmethod
-    def record(rank: int, kind: str, peer: int, tag: int, plan: TransferPlan,
+    def record(rank: int, kind: str, peer: int, tag: int, plan: Transfer,
                end: int) -> OpRecord:
         """The record of one side of a planned transfer, ending at ``end`` (ns)."""
         return OpRecord(rank=rank, kind=kind, peer=peer, tag=tag, nbytes=plan.nbytes,
@@ -90,3 +103,38 @@ class ModelledTiming:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
         return self.model.link_busy(rank) * 1e-9
+
+
+class _Flows:
+    """The one timer that moves a world's fair-link flows on (Rule 6), shared by the
+    timings of the world and its sub-communicators."""
+
+    def __init__(self, model: ClusterModel, clock: ModelClock) -> None:
+        self.model = model
+        self.clock = clock
+        self._armed: int | None = None  # when the timer is set for
+        self._timer: asyncio.TimerHandle | None = None
+
+    def started(self, moving: Transfer) -> Transfer:
+        if moving.end is None:
+            self._arm()
+        return moving
+
+    def _arm(self) -> None:
+        due = self.model.next_event()
+        if due is None or (self._armed is not None and self._armed <= due):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = due
+        self._timer = self.clock.call_at(due, self._tick, due)
+
+    def _tick(self, due: int) -> None:
+        # A real loop may fire a timer up to its resolution early: trust its time.
+        self._armed = self._timer = None
+        for moving in self.model.advance(max(self.clock.now_ns(), due)):
+            assert moving.end is not None
+            for callback, args in moving.when_done:
+                self.clock.call_at(moving.end, callback, *args)
+            moving.when_done.clear()
+        self._arm()

@@ -10,7 +10,9 @@ eager messages wait the same way: the back-pressure that keeps staging memory bo
 Timed (``timing``, a ``sim.timing.ModelledTiming``): the same messages, each step at the
 time the cluster model gives (see ``sim/timing.py`` for its rules): eager payloads are
 staged when posted and arrive at their modelled end, rendezvous ones are announced after
-one latency and move when matched.
+one latency and move when matched.  On a fair link an end is known only once the transfer
+has ended (other transfers may still slow it): messages from one rank to another wait in
+posting order behind any before them whose end is not known yet.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .base import CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
 
 if TYPE_CHECKING:
     from .._core.descriptors import Message
-    from ..sim.model import TransferPlan
+    from ..sim.model import Transfer
     from ..sim.timing import ModelledTiming
 
 __all__ = ["LocalLink"]
@@ -44,12 +46,14 @@ class LocalLink(Link):
         # The ranks with a recv or probe that waited for a source (ANY_SOURCE included),
         # by source: those a close of that source may concern.
         self._waiters: dict[int, set[int]] = {}
-        # Timed only: messages on their way, per (source, destination), in posting order.
-        self._channels: dict[tuple[int, int], deque[tuple[int, Message]]] = {}
-        # Timed only: the last arrival time planned, by source and destination.
-        self._last_arrival: dict[int, dict[int, int]] = {}
+        # Timed only: messages on their way, per source and destination, in posting order,
+        # each with its arrival time (or its transfer, while its end is not known).
+        self._channels: dict[int, dict[int, deque[tuple[int | Transfer, Message]]]] = {}
+        # Timed only: the peers to tell of a closed rank once its channel to them is empty,
+        # by (closed rank, peer).
+        self._closing: dict[tuple[int, int], Endpoint] = {}
         self._announced: set[Message] = set()  # requests-to-send in flight
-        self._plans: dict[Message, tuple[int, TransferPlan]] = {}  # (receiver, plan)
+        self._plans: dict[Message, tuple[int, Transfer]] = {}  # (receiver, transfer)
 
     def attach(self, endpoint: Endpoint) -> None:
         """Add the next rank's engine (ranks attach in order)."""
@@ -81,12 +85,12 @@ class LocalLink(Link):
             plan = timing.eager(src, dest, msg.nbytes, now)
             self._plans[msg] = (dest, plan)
             timing.call_at(plan.sender_done, self._eager_sent, msg, dest, plan)
-            self._arrive(src, dest, plan.end, msg)
+            self._arrive(src, dest, plan if plan.end is None else plan.end, msg)
         else:  # rendezvous: announce it, move it when a recv matches (Rule 2)
             self._announced.add(msg)
             self._arrive(src, dest, timing.control(src, dest, now), msg)
 
-    def _eager_sent(self, msg: Message, dest: int, plan: TransferPlan) -> None:
+    def _eager_sent(self, msg: Message, dest: int, plan: Transfer) -> None:
         assert self.timing is not None
         self.endpoints[msg.source].sent(msg, self.timing.record(
             msg.source, "send", dest, msg.tag, plan, plan.sender_done))
@@ -101,30 +105,44 @@ class LocalLink(Link):
 
     # -- arrival (timed) ------------------------------------------------------------------
 
-    def _arrive(self, src: int, dst: int, when: int, msg: Message) -> None:
+    def _arrive(self, src: int, dst: int, when: int | Transfer, msg: Message) -> None:
         assert self.timing is not None
-        key = (src, dst)
-        last = self._last_arrival.get(src)
-        if last is None:
-            last = self._last_arrival[src] = {}
-        when = last[dst] = max(when, last.get(dst, 0))  # Rule 3
-        channel = self._channels.get(key)
+        channels = self._channels.get(src)
+        if channels is None:
+            channels = self._channels[src] = {}
+        channel = channels.get(dst)
         if channel is None:
-            channel = self._channels[key] = deque()
+            channel = channels[dst] = deque()
         channel.append((when, msg))
         if len(channel) == 1:
-            self.timing.call_at(when, self._drain, key, when)
+            self._wait_for_head(src, dst, channel)
 
-    def _drain(self, key: tuple[int, int], due: int) -> None:
-        # A real loop may fire a timer up to its resolution early (uvloop: 1 ms): trust
-        # the time the drain was set for, or a message could be held past a later event.
+    def _wait_for_head(self, src: int, dst: int,
+                       channel: deque[tuple[int | Transfer, Message]]) -> None:
         assert self.timing is not None
-        channel = self._channels[key]
+        when = channel[0][0]
+        if isinstance(when, int):
+            self.timing.call_at(when, self._drain, src, dst, when)
+        else:  # its end is not known yet
+            self.timing.when_done(when, self._drain, src, dst, 0)
+
+    def _drain(self, src: int, dst: int, due: int) -> None:
+        # Rule 3: a message arrives no earlier than the one before it.  A real loop may fire
+        # a timer up to its resolution early (uvloop: 1 ms): trust the time the drain was
+        # set for, or a message could be held past a later event.
+        assert self.timing is not None
+        channel = self._channels[src][dst]
         now = max(self.timing.now(), due)
-        while channel and channel[0][0] <= now:
-            self._deliver(key[1], channel.popleft()[1])
-        if channel:
-            self.timing.call_at(channel[0][0], self._drain, key, channel[0][0])
+        while channel:
+            when = channel[0][0]
+            end = when if isinstance(when, int) else when.end
+            if end is None or end > now:
+                self._wait_for_head(src, dst, channel)
+                return
+            self._deliver(dst, channel.popleft()[1])
+        other = self._closing.pop((src, dst), None)
+        if other is not None:  # Rule 5: one nanosecond after the last arrival
+            self.timing.call_at(now + 1, self._tell_closed, other, src)
 
     def _deliver(self, dest: int, msg: Message) -> None:
         if msg.where == AT_SENDER:
@@ -153,7 +171,7 @@ class LocalLink(Link):
         clear_to_send = timing.control(rank, msg.source, timing.now())
         plan = timing.transfer(msg.source, rank, msg.nbytes, clear_to_send)
         self._plans[msg] = (rank, plan)
-        timing.call_at(plan.end, ready, msg.view, None)
+        timing.when_done(plan, ready, msg.view, None)
 
     def staged(self, msg: Message) -> None:
         self.endpoints[msg.source].sent(msg)
@@ -170,6 +188,7 @@ class LocalLink(Link):
         if entry is None:
             return None
         plan = entry[1]
+        assert plan.end is not None  # a message is received after it has arrived
         if msg.where == AT_SENDER:  # rendezvous: both sides end with the transfer
             self.endpoints[msg.source].sent(msg, timing.record(
                 msg.source, "send", rank, msg.tag, plan, plan.end))
@@ -198,32 +217,23 @@ class LocalLink(Link):
         if reason != CLOSED:
             self._why[rank] = (reason, getattr(self.endpoints[rank], "failed_with", None))
         timing = self.timing
-        later: dict[int, int] = {}
+        later: set[int] = set()
         if timing is not None:
-            now = timing.now()
-            later = {dst: last for dst, last in self._last_arrival.get(rank, {}).items()
-                     if last >= now}
-        concerned = later.keys() | self._waiters.get(rank, ())
+            later = {dst for dst, channel in self._channels.get(rank, {}).items() if channel}
+        concerned = later | self._waiters.get(rank, set())
         if len(self.gone) >= len(self.endpoints) - 1:  # ANY_SOURCE may have no rank left
             concerned |= self._waiters.get(ANY_SOURCE, set())
         for other_rank in sorted(concerned):
             other = self.endpoints[other_rank]
             if other_rank == rank or other.closed:
                 continue
-            last = later.get(other_rank)
-            if last is None:
+            if other_rank not in later:
                 other.peer_closed(rank, None)
-            else:  # one nanosecond after the last arrival's delivery
-                assert timing is not None
+            else:  # once everything in flight to it has arrived (see ``_drain``)
                 other.unheard.add(rank)
-                timing.call_at(last + 1, self._tell_closed, other, rank)
+                self._closing[(rank, other_rank)] = other
 
     def _tell_closed(self, other: Endpoint, rank: int) -> None:
-        channel = self._channels.get((rank, other.rank))
-        if channel:  # still in flight (the timers fired in another order): after them
-            assert self.timing is not None
-            self.timing.call_at(channel[-1][0] + 1, self._tell_closed, other, rank)
-            return
         other.unheard.discard(rank)
         if not other.closed:
             other.peer_closed(rank, None)

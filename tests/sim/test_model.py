@@ -3,6 +3,8 @@ double buffering, determinism, and the chunk-by-chunk simulation the fast path m
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 from typing import Any
 
@@ -34,10 +36,22 @@ def exact(message: str) -> str:
 
 
 def path(*, link_bw: float = 10e9, link_lat: float = 2e-6, eff: float = 1.0,
-         copy_bw: float = INF, copy_lat: float = 0.0, devices: int = 4) -> Cluster:
+         copy_bw: float = INF, copy_lat: float = 0.0, devices: int = 4,
+         sharing: str = "fair") -> Cluster:
     """One node of ``devices`` devices, each pair on its own link."""
-    return Cluster(nodes=1, devices_per_node=devices, intra=LinkSpec("l", link_bw, link_lat, eff),
+    return Cluster(nodes=1, devices_per_node=devices,
+                   intra=LinkSpec("l", link_bw, link_lat, eff, sharing),
                    inter=None, device=DeviceSpec("d", 1e12, 1 << 30, copy_bw, copy_lat))
+
+
+def fifo(cluster: Cluster) -> Cluster:
+    """``cluster`` with every link FIFO."""
+    changed = copy.copy(cluster)
+    for field in ("intra", "inter", "cross_group"):
+        link = getattr(cluster, field)
+        if link is not None:
+            setattr(changed, field, dataclasses.replace(link, sharing="fifo"))
+    return changed
 
 
 def stage_ns(latency: float, nbytes: int, bandwidth: float) -> float:
@@ -193,21 +207,39 @@ def test_roce100g_pipelining_meets_the_design_target(nbytes: int) -> None:
 
 # -- contention ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("preset", "first", "second"), [
+ONE_LINK = [
     ("ascend910b", (0, 1), (0, 1)),  # the same HCCS link
     ("ascend910", (0, 4), (1, 5)),  # the same PCIe group-to-group path of node 0
     ("ascend910b", (0, 8), (1, 8)),  # the same destination NIC
     ("nvlink4", (1, 0), (2, 0)),  # the same NVSwitch ingress port
-])
-def test_transfers_on_one_link_queue(preset: str, first: tuple[int, int],
-                                     second: tuple[int, int]) -> None:
-    cluster = Cluster.preset(preset).fit(16)
+]
+
+
+@pytest.mark.parametrize(("preset", "first", "second"), ONE_LINK)
+def test_transfers_on_one_fifo_link_queue(preset: str, first: tuple[int, int],
+                                          second: tuple[int, int]) -> None:
+    cluster = fifo(Cluster.preset(preset).fit(16))
     alone = solo(cluster, *first, 128 * MiB)
     model = ClusterModel(cluster, 16)
     a = model.transfer(*first, 128 * MiB, now=0)
     b = model.transfer(*second, 128 * MiB, now=0)
     assert a == alone
     assert b.end > a.end
+    assert b.end == pytest.approx(2 * alone.duration, rel=0.05)
+
+
+@pytest.mark.parametrize(("preset", "first", "second"), ONE_LINK)
+def test_transfers_on_one_fair_link_share_it(preset: str, first: tuple[int, int],
+                                             second: tuple[int, int]) -> None:
+    cluster = Cluster.preset(preset).fit(16)
+    alone = solo(cluster, *first, 128 * MiB)
+    model = ClusterModel(cluster, 16)
+    a = model.start(*first, 128 * MiB, now=0)
+    b = model.start(*second, 128 * MiB, now=0)
+    assert a.end is None and b.end is None  # moving: their rates may still change
+    assert model.settle() == [a, b]
+    assert a.end is not None and b.end is not None
+    assert a.end == pytest.approx(2 * alone.duration, rel=0.05)  # both at half the rate
     assert b.end == pytest.approx(2 * alone.duration, rel=0.05)
 
 
@@ -264,7 +296,8 @@ def test_fast_path_equals_chunk_by_chunk(
         history: list[tuple[int, int, int, int]], nbytes: int, chunks: int, extra: int,
         slots: int, link_bw: float, copy_bw: float, link_lat: float, copy_lat: float) -> None:
     chunk = max(1, nbytes // chunks + extra)  # at most ~2 * chunks, the last one short
-    cluster = path(link_bw=link_bw, link_lat=link_lat, copy_bw=copy_bw, copy_lat=copy_lat)
+    cluster = path(link_bw=link_bw, link_lat=link_lat, copy_bw=copy_bw, copy_lat=copy_lat,
+                   sharing="fifo")
     fast, slow = (ClusterModel(cluster, 4, staging_slots=slots) for _ in range(2))
     for src, dst, size, now in history:  # contention left behind by earlier transfers
         assert fast.transfer(src, dst, size, now=now) == slow.transfer(src, dst, size, now=now,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -138,3 +141,46 @@ def test_timeouts_run_on_virtual_time() -> None:
         return loop.time()
 
     assert ac.run(main, 2, clock="virtual") == [30.0, 60.0]
+
+
+def test_timers_due_at_the_same_time_fire_in_scheduling_order() -> None:
+    async def main() -> list[int]:
+        order: list[int] = []
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        when = loop.time() + 1e-6
+        for i in range(64):  # more than a heap keeps in insertion order by accident
+            loop.call_at(when, order.append, i)
+        loop.call_at(when + 1e-6, done.set_result, None)
+        await done
+        return order
+
+    assert run_virtual(main) == list(range(64))
+
+
+_PROGRAM = """
+import numpy as np, asynccomm as ac
+from asynccomm.sim import Cluster
+
+async def main(comm):
+    data = np.full(1 << 16, comm.rank, np.float32)
+    for root in range(comm.size):
+        await comm.bcast(data, root=root)
+    await comm.allreduce(data)
+    await comm.alltoall(np.zeros((comm.size, 1 << 12), np.float32),
+                        np.zeros((comm.size, 1 << 12), np.float32))
+    return comm.model_time()
+
+times = ac.run(main, 12, cluster=Cluster.preset("ascend910"), clock="virtual")
+print(repr(times))
+"""
+
+
+def test_a_programs_model_time_does_not_depend_on_hash_order() -> None:
+    seen = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        seen.add(out.stdout)
+    assert len(seen) == 1

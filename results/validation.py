@@ -1,0 +1,245 @@
+"""Validation: the calibrated cluster model's predictions against measured runs.
+
+On each real transport of this machine (in-process; MPI when ``mpiexec`` is there), the
+model is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta),
+then a second, fresh measurement is set against what the calibrated model predicts, run
+as the same program on the virtual clock:
+
+- point-to-point, one way, 8 B to 64 MiB;
+- ring allreduce, ring allgather and (pairwise) alltoall at 2, 3 and 4 ranks, at a few
+  sizes each (the whole buffer, nccl-tests' convention).
+
+Each cell's error is the geometric mean over its sizes of |log(predicted / measured)|,
+shown as a percentage (exp(mean) - 1).  Targets: 5% for point-to-point, 10% per
+(collective, ranks) cell.  The measurements are medians of repeats on a shared machine,
+so they move from run to run; the JSON and picture go to files git ignores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import asynccomm as ac
+from asynccomm.calibrate import SIZES, calibrate, measure_pingpong, mpi_run, mpiexec
+from asynccomm.sim import Cluster
+
+from ._common import finish, format_table, parser, progress, size_label
+
+NAME = "validation"
+COLLECTIVES = ("allreduce", "allgather", "alltoall")
+RANKS = (2, 3, 4)
+COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
+P2P_TARGET, COLL_TARGET = 0.05, 0.10
+REPEATS = 5
+BUDGET = 0.05  # wall seconds per repeat, about
+
+
+def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
+    per = max(1, nbytes // p)
+    if name == "allreduce":
+        return (np.zeros(max(1, nbytes // 4), np.float32),)
+    if name == "allgather":
+        return np.zeros(per, np.uint8), np.zeros((p, per), np.uint8)
+    return np.zeros((p, per), np.uint8), np.zeros((p, per), np.uint8)
+
+
+async def _call(comm: ac.Communicator, name: str, bufs: tuple[Any, ...]) -> None:
+    if name == "allreduce":
+        await comm.allreduce(bufs[0], algorithm="ring")
+    elif name == "allgather":
+        await comm.allgather(bufs[0], bufs[1], algorithm="ring")
+    else:
+        await comm.alltoall(bufs[0], bufs[1])
+
+
+async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: bool,
+                      repeats: int = REPEATS) -> dict[str, dict[int, float]]:
+    """Seconds per call of each collective and size (rank 0's; the median of ``repeats``;
+    on the model's clock with ``model``, once, else on the wall clock)."""
+    clock = comm.model_time if model else time.perf_counter
+    out: dict[str, dict[int, float]] = {}
+    for name in COLLECTIVES:
+        out[name] = {}
+        for nbytes in sizes:
+            bufs = _buffers(name, nbytes, comm.size)
+            iters = np.ones(1, np.int64)
+            samples = []
+            for rep in range(1 if model else repeats + 1):
+                await comm.barrier()
+                t0 = clock()
+                for _ in range(int(iters[0])):
+                    await _call(comm, name, bufs)
+                took = clock() - t0
+                if rep == 0 and not model:  # a warm-up that sizes the iterations
+                    iters[0] = max(1, min(500, int(BUDGET / max(took, 1e-6))))
+                    await comm.bcast(iters, root=0)
+                else:
+                    samples.append(took / int(iters[0]))
+            out[name][nbytes] = statistics.median(samples)
+    return out
+
+
+def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
+    """One-way seconds of a ping-pong on the calibrated model (virtual clock)."""
+    async def main(comm: ac.Communicator) -> dict[int, float]:
+        out = {}
+        buf = np.zeros(max(sizes), np.uint8)
+        for n in sizes:
+            t0 = comm.model_time()
+            if comm.rank == 0:
+                await comm.send(buf[:n], 1)
+                await comm.recv(buf[:n], 1)
+            else:
+                await comm.recv(buf[:n], 0)
+                await comm.send(buf[:n], 0)
+            out[n] = (comm.model_time() - t0) / 2
+        return out
+
+    return ac.run(main, 2, cluster=cluster, clock="virtual")[0]
+
+
+def _collectives_measured(transport: str, p: int, sizes: tuple[int, ...]
+                          ) -> dict[str, dict[int, float]]:
+    if transport == "local":
+        return ac.run(lambda comm: collectives(comm, sizes, model=False), p,
+                      backend="local")[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "coll.json"
+        mpi_run(["-m", "results.validation", "--mpi-worker", str(out),
+                 "--sizes", *map(str, sizes)], p)
+        raw = json.loads(out.read_text())
+    return {name: {int(n): t for n, t in d.items()} for name, d in raw.items()}
+
+
+def _error(pairs: list[tuple[float, float]]) -> float:
+    """exp(mean |log(predicted / measured)|) - 1."""
+    return math.exp(statistics.fmean(abs(math.log(p / m)) for p, m in pairs)) - 1
+
+
+def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
+            coll_sizes: tuple[int, ...] = COLL_SIZES,
+            ranks: tuple[int, ...] = RANKS) -> dict[str, Any]:
+    data: dict[str, Any] = {"transports": {}}
+    for transport in progress(transports, NAME):
+        doc = calibrate(transport, p2p_sizes)
+        with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
+            preset = Path(tmp) / "preset.json"
+            preset.write_text(json.dumps(doc))
+            cluster = Cluster.load(preset)
+        measured = measure_pingpong(transport, p2p_sizes)
+        predicted = _p2p_model(cluster, p2p_sizes)
+        p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
+               for n in p2p_sizes]
+        cells = []
+        for p in ranks:
+            real = _collectives_measured(transport, p, coll_sizes)
+            model = ac.run(lambda comm: collectives(comm, coll_sizes, model=True), p,
+                           cluster=cluster, clock="virtual")[0]
+            for name in COLLECTIVES:
+                rows = [{"nbytes": n, "measured_s": real[name][n],
+                         "predicted_s": model[name][n]} for n in coll_sizes]
+                cells.append({"collective": name, "ranks": p, "rows": rows,
+                              "error": _error([(r["predicted_s"], r["measured_s"])
+                                               for r in rows])})
+        data["transports"][transport] = {
+            "segments": doc["calibration"]["segments"], "p2p": p2p,
+            "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
+            "cells": cells}
+    return data
+
+
+def report(data: dict[str, Any]) -> str:
+    parts = []
+    for transport, d in data["transports"].items():
+        segs = ", ".join(f"<= {size_label(s['up_to'])}: {s['alpha'] * 1e6:.1f} us + "
+                         f"n / {(1 / s['beta'] / 1e9 if s['beta'] else math.inf):.2f} GB/s"
+                         for s in d["segments"])
+        parts.append(f"{transport}: calibrated {segs}")
+        parts.append(format_table(
+            f"{transport}: point-to-point one way, predicted (calibrated model) vs measured "
+            f"(a fresh run); geomean error {d['p2p_error']:.1%} (target {P2P_TARGET:.0%})",
+            ["bytes", "measured us", "predicted us", "error"],
+            [[size_label(r["nbytes"]), f"{r['measured_s'] * 1e6:.2f}",
+              f"{r['predicted_s'] * 1e6:.2f}", f"{r['predicted_s'] / r['measured_s'] - 1:+.1%}"]
+             for r in d["p2p"]]))
+        rows = [[c["collective"], c["ranks"],
+                 *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
+                   for r in c["rows"]),
+                 f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no"]
+                for c in d["cells"]]
+        sizes = [size_label(r["nbytes"]) for r in d["cells"][0]["rows"]] if d["cells"] else []
+        parts.append(format_table(
+            f"{transport}: collectives, measured/predicted us per call, geomean error per "
+            f"cell (target {COLL_TARGET:.0%})",
+            ["collective", "ranks", *sizes, "error", "met"], rows))
+    return "\n\n".join(parts)
+
+
+def draw(plt: Any, data: dict[str, Any]) -> Any:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for transport, d in data["transports"].items():
+        xs = [r["nbytes"] for r in d["p2p"]]
+        axes[0].plot(xs, [r["measured_s"] * 1e6 for r in d["p2p"]], "o", mfc="none",
+                     label=f"{transport} measured")
+        axes[0].plot(xs, [r["predicted_s"] * 1e6 for r in d["p2p"]], "-",
+                     label=f"{transport} predicted")
+        labels = [f"{c['collective'][:6]} {c['ranks']}" for c in d["cells"]]
+        axes[1].plot(range(len(labels)), [100 * c["error"] for c in d["cells"]], "s-",
+                     label=transport)
+        axes[1].set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("bytes")
+    axes[0].set_ylabel("one-way us")
+    axes[0].set_title("point-to-point: calibrated model vs measured")
+    axes[0].legend(fontsize=7)
+    axes[1].axhline(100 * COLL_TARGET, color="k", ls="--", lw=1)
+    axes[1].set_ylabel("geomean error (%)")
+    axes[1].set_title("collectives, per (collective, ranks)")
+    axes[1].legend(fontsize=7)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if "--mpi-worker" in args_in:  # one rank of an MPI measurement
+        worker = argparse.ArgumentParser()
+        worker.add_argument("--mpi-worker", type=Path)
+        worker.add_argument("--sizes", type=int, nargs="+")
+        w = worker.parse_args(args_in)
+        out = ac.run(lambda comm: collectives(comm, tuple(w.sizes), model=False),
+                     backend="mpi")
+        if out is not None and ac_rank() == 0:
+            w.mpi_worker.write_text(json.dumps(out))
+        return {}
+    args = parser(NAME, __doc__).parse_args(args_in)
+    started = time.perf_counter()
+    transports = ("local", "mpi") if mpiexec() is not None else ("local",)
+    if args.quick:
+        data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3))
+    else:
+        data = measure(transports)
+    print(report(data))
+    finish(args, NAME, data, draw, started)
+    return data
+
+
+def ac_rank() -> int:
+    """This process's MPI rank (0 outside MPI)."""
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_rank())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Calibration: the piecewise alpha-beta fit recovers known segments from synthetic data,
+the preset it makes loads back and times messages as fitted, and the command runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import asynccomm as ac
+from asynccomm.sim import Cluster, ClusterModel, LinkSpec
+from asynccomm.sim.calibration import Segment, calibrated_cluster, fit_line, fit_segments, predict
+
+SIZES = [8 << i for i in range(24)]  # 8 B to 64 MiB
+
+
+def eager_rendezvous(n: int) -> float:
+    """5 us + n / 2 GB/s up to 64 KiB, then 20 us + n / 8 GB/s."""
+    return 5e-6 + n / 2e9 if n <= 65536 else 20e-6 + n / 8e9
+
+
+def test_one_line_is_recovered_exactly() -> None:
+    alpha, beta, cost = fit_line([(n, 3e-6 + n * 1e-10) for n in SIZES])
+    assert alpha == pytest.approx(3e-6, rel=1e-9) and beta == pytest.approx(1e-10, rel=1e-9)
+    assert cost == pytest.approx(0, abs=1e-15)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+def test_the_eager_rendezvous_break_and_both_lines_are_recovered(noise: float) -> None:
+    rng = random.Random(7)
+    points = [(n, eager_rendezvous(n) * (1 + rng.gauss(0, noise))) for n in SIZES]
+    segments = fit_segments(points)
+    assert [s.up_to for s in segments] == [65536, SIZES[-1]]
+    small, large = segments
+    assert small.alpha == pytest.approx(5e-6, rel=0.05 + 5 * noise)
+    assert small.bandwidth == pytest.approx(2e9, rel=0.05 + 5 * noise)
+    assert large.alpha == pytest.approx(20e-6, rel=0.1 + 10 * noise)
+    assert large.bandwidth == pytest.approx(8e9, rel=0.02 + noise)
+    for n, t in points:
+        assert predict(segments, n) == pytest.approx(t, rel=0.01 + 3 * noise)
+
+
+def test_a_negative_slope_or_intercept_is_clamped() -> None:
+    alpha, beta, _ = fit_line([(10, 2e-6), (20, 1.9e-6), (30, 1.8e-6)])
+    assert beta == 0 and alpha > 0
+    alpha, beta, _ = fit_line([(1000, 1e-6), (2000, 2.5e-6), (3000, 4e-6)])
+    assert alpha == 0 and beta > 0
+
+
+@pytest.mark.parametrize(("points", "kwargs", "message"), [
+    ([(8, 1e-6)], {}, "need at least 3 points, got 1"),
+    ([(8, 1e-6), (8, 2e-6), (16, 1e-6)], {}, "each size must appear once"),
+    ([(8, 1e-6), (16, 0.0), (32, 1e-6)], {}, "every time must be > 0"),
+    ([(8, 1e-6), (16, 1e-6), (32, 1e-6)], {"max_segments": 0}, "must be >= 1"),
+])
+def test_bad_fits(points: list[tuple[int, float]], kwargs: dict[str, int],
+                  message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit_segments(points, **kwargs)
+
+
+def test_a_calibrated_cluster_times_messages_as_fitted(tmp_path: Path) -> None:
+    segments = [Segment(65536, 5e-6, 1 / 2e9), Segment(1 << 26, 20e-6, 1 / 8e9)]
+    cluster = calibrated_cluster(segments, name="fitted", ranks=4, shared=True)
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps({"cluster": cluster.to_dict()}))
+    loaded = Cluster.load(path)
+    assert loaded.to_dict() == cluster.to_dict() and loaded.shared_intra
+    for n in (8, 65536, 65537, 1 << 20):
+        took = ClusterModel(loaded, 2).transfer(0, 1, n, now=0).duration * 1e-9
+        assert took == pytest.approx(predict(segments, n), abs=2e-9)
+
+    async def main(comm: ac.Communicator) -> float:
+        buf = np.zeros(1 << 20, np.uint8)
+        t0 = comm.model_time()
+        if comm.rank == 0:
+            await comm.send(buf, 1)
+        else:
+            await comm.recv(buf, 0)
+        return comm.model_time() - t0
+
+    assert ac.run(main, 2, cluster=loaded)[1] == pytest.approx(predict(segments, 1 << 20),
+                                                                abs=2e-9)
+
+
+def test_a_shared_node_puts_every_transfer_on_one_resource() -> None:
+    segments = [Segment(1 << 26, 0.0, 1e-9)]
+    model = ClusterModel(calibrated_cluster(segments, name="bus", ranks=4, shared=True), 4)
+    a = model.start(0, 1, 1000, now=0)
+    b = model.start(2, 3, 1000, now=0)
+    model.settle()
+    assert (a.end, b.end) == (2000, 2000)  # two pairs, one bus
+
+
+@pytest.mark.parametrize(("segments", "error", "message"), [
+    ((1,), TypeError, "a LinkSpec segment is"),
+    (((100, 1e-6, 1e9), (50, 1e-6, 1e9)), ValueError, "increasing size"),
+    (((100, -1.0, 1e9),), ValueError, "segment latency"),
+    (((100, 1e-6, 0.0),), ValueError, "segment bandwidth"),
+    ([(100, 1e-6, 1e9)], TypeError, "segments must be a tuple"),
+])
+def test_bad_segments(segments: object, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        LinkSpec("l", 1e9, 0.0, segments=segments)  # type: ignore[arg-type]
+
+
+def test_a_preset_that_is_not_one_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"cluster": {"name": "x"}}))
+    with pytest.raises(ValueError, match="not a cluster preset"):
+        Cluster.load(path)
+
+
+def test_the_command_calibrates_the_in_process_transport(tmp_path: Path) -> None:
+    out = tmp_path / "local.json"
+    done = subprocess.run([sys.executable, "-m", "asynccomm.calibrate", "--transport", "local",
+                           "--sizes", "8", "64", "512", "4096", "--repeats", "1",
+                           "--out", str(out)], capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert "segment" in done.stdout
+    cluster = Cluster.load(out)
+    assert cluster.shared_intra and cluster.intra.segments
+    assert all(math.isfinite(s[1]) for s in cluster.intra.segments)
