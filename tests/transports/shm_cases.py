@@ -1,0 +1,90 @@
+"""Programs for the tests of ``backend="processes"`` (importable: each rank's process
+finds them by name), and a script for the tests that stop its parent from outside:
+``python -m tests.transports.shm_cases wait|idle N``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import asynccomm as ac
+from asynccomm._comm.process_runner import run_rank
+
+
+async def who(comm: ac.Communicator) -> tuple[int, int, str]:
+    """Each rank's place, and its loop's kind; the ranks pass a token round first."""
+    token = np.zeros(1, np.int64)
+    if comm.size > 1:
+        if comm.rank == 0:
+            await comm.send(token + 1, 1, 0)
+            await comm.recv(token, comm.size - 1, 0)
+        else:
+            await comm.recv(token, comm.rank - 1, 0)
+            await comm.send(token + 1, (comm.rank + 1) % comm.size, 0)
+    return comm.rank, int(token[0]), type(asyncio.get_running_loop()).__module__
+
+
+async def one_fails(comm: ac.Communicator) -> None:
+    """Rank 1 raises; rank 0, waiting for it, fails in turn with what it was told."""
+    if comm.rank == 1:
+        raise ValueError("boom on purpose")
+    try:
+        await comm.recv(np.zeros(1), 1, 0)
+    except ac.CommBrokenError as exc:
+        raise RuntimeError(f"rank 0 got CommBrokenError: {exc}") from None
+
+
+async def one_dies(comm: ac.Communicator) -> str:
+    """Rank 1 is killed (SIGKILL) while rank 0 waits for it: rank 0 says what its recv
+    got, and how long after the kill."""
+    if comm.rank == 1:
+        await comm.send(np.zeros(1), 0, 1)  # rank 0's recv is posted: die
+        await comm.recv(np.zeros(1), 0, 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    await comm.recv(np.zeros(1), 1, 1)
+    req = comm.irecv(np.zeros(1), 1, 3)
+    await comm.send(np.zeros(1), 1, 2)
+    try:
+        await req
+    except ac.CommBrokenError as exc:
+        return f"CommBrokenError: {exc}"
+    return "no error"
+
+
+def a_killed_rank(loop: str) -> object:
+    """``one_dies`` on this rank (a ``launch`` target)."""
+    return run_rank(one_dies, loop, {"eager_limit": 65_536, "pool_bytes": 64 << 20,
+                                     "timeout": None})
+
+
+async def waits(comm: ac.Communicator) -> None:
+    """Say this rank is ready (its pid, on stdout), then wait for a message that never
+    comes."""
+    sys.stdout.write(f"ready {comm.rank} {os.getpid()}\n")
+    sys.stdout.flush()
+    await comm.recv(np.zeros(1), (comm.rank + 1) % comm.size, 99)
+
+
+async def idles(comm: ac.Communicator) -> float:
+    """Rank 1 waits in a recv for ``IDLE`` seconds while rank 0 sleeps; rank 0 then sends,
+    and rank 1 returns its process's CPU seconds while it waited."""
+    seconds = float(os.environ.get("IDLE", "10"))
+    if comm.rank == 0:
+        await comm.barrier()
+        await asyncio.sleep(seconds)
+        await comm.send(np.zeros(1), 1, 0)
+        return 0.0
+    await comm.barrier()
+    before = time.process_time()
+    await comm.recv(np.zeros(1), 0, 0)
+    return time.process_time() - before
+
+
+if __name__ == "__main__":
+    mains = {"wait": waits, "idle": idles}
+    print(ac.run(mains[sys.argv[1]], int(sys.argv[2]), backend="processes"), flush=True)
