@@ -25,6 +25,7 @@ SOURCES = {
     "_speedups": ["_speedups.c"],
     "_lane": ["_lane.c", "_lane_config.c", "_lane_flight.c", "_lane_mpi.c",
               "_lane_objects.c", "_lane_recv.c", "_lane_steps.c"],
+    "_shm": ["_shm.c"],  # the shared-memory link's atomic words
 }
 
 setup(ext_modules=[Extension(f"asynccomm._native.{name}",

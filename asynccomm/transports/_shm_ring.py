@@ -26,7 +26,8 @@ loads ``want``, and if it is set clears it and wakes the sender.
 
 The atomic accesses are ``Words``': those of the C extension ``asynccomm._native._shm``
 (C11 ``<stdatomic.h>``), or, where it is not built, ``libatomic``'s through ``ctypes``
-(slower, and correct on any CPU: they are the compiler's own atomic operations).
+(slower, and correct on any CPU: they are the compiler's own atomic operations;
+``ASYNCCOMM_PURE_PYTHON=1`` takes this path even where the extension is built).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import mmap
+import os
 import struct
 from collections.abc import Callable
 from typing import Final, Protocol
@@ -42,6 +44,12 @@ try:
     from .._native import _shm as _native_shm
 except ImportError:  # not built: the libatomic path
     _native_shm = None
+    if (os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0")
+            and os.environ.get("ASYNCCOMM_PURE_PYTHON", "") in ("", "0")):
+        raise ImportError("ASYNCCOMM_REQUIRE_NATIVE is set but asynccomm._native._shm is "
+                          "not built") from None
+if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0"):
+    _native_shm = None  # the path taken where the extension is not built
 
 __all__ = ["ARMED", "LINE", "RING_BYTES", "NATIVE", "Ring", "Segment", "Words",
            "segment_bytes"]
