@@ -3,12 +3,19 @@
  * compare-and-swaps on a shared mapping, by byte offset, with C11 <stdatomic.h>.
  *
  * Words(buffer) holds the buffer (a writable mmap) until release(); every offset is
- * checked (8-byte aligned, inside the buffer) before it is touched. */
+ * checked (8-byte aligned, inside the buffer) before it is touched.
+ *
+ * And the single copy of rendezvous data (asynccomm/transports/shm.py): address(buffer),
+ * where a send buffer is in its process; readv(pid, into, address), which copies from
+ * there into a recv buffer with process_vm_readv (the loop's thread lets go of the GIL). */
 
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 typedef struct {
     PyObject_HEAD
@@ -148,9 +155,57 @@ static PyTypeObject WordsType = {
     .tp_methods = Words_methods,
 };
 
+static PyObject *
+shm_address(PyObject *mod, PyObject *obj)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *out = PyLong_FromVoidPtr(view.buf);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static PyObject *
+shm_readv(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "readv(pid, into, address)");
+        return NULL;
+    }
+    long pid = PyLong_AsLong(args[0]);
+    if (pid == -1 && PyErr_Occurred())
+        return NULL;
+    void *remote = PyLong_AsVoidPtr(args[2]);
+    if (remote == NULL && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0)
+        return NULL;
+    struct iovec local = {view.buf, (size_t)view.len};
+    struct iovec there = {remote, (size_t)view.len};
+    ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    n = process_vm_readv((pid_t)pid, &local, 1, &there, 1, 0);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromSsize_t(n);
+}
+
+static PyMethodDef module_methods[] = {
+    {"address", (PyCFunction)shm_address, METH_O,
+     "address(buffer): where the buffer's bytes are in this process."},
+    {"readv", (PyCFunction)(void (*)(void))shm_readv, METH_FASTCALL,
+     "readv(pid, into, address): copy len(into) bytes from process pid's address into "
+     "into; the bytes copied (OSError where the kernel refuses)."},
+    {NULL, NULL, 0, NULL}
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "asynccomm._native._shm",
-    "Atomic words for the shared-memory link.", -1, NULL,
+    "Atomic words and single copies for the shared-memory link.", -1, module_methods,
 };
 
 PyMODINIT_FUNC

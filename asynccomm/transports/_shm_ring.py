@@ -50,9 +50,11 @@ except ImportError:  # not built: the libatomic path
                           "not built") from None
 if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0"):
     _native_shm = None  # the path taken where the extension is not built
+#: The extension's single copy of rendezvous data (``address``, ``readv``), if built.
+single_copy = _native_shm
 
-__all__ = ["ARMED", "LINE", "RING_BYTES", "NATIVE", "Ring", "Segment", "Words",
-           "segment_bytes"]
+__all__ = ["ARMED", "LINE", "NATIVE", "RING_BYTES", "Ring", "Segment", "Words",
+           "segment_bytes", "single_copy"]
 
 LINE: Final = 64
 #: Bytes of records per ring (a power of two; a record takes at most half of it).

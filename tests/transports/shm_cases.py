@@ -9,11 +9,14 @@ import os
 import signal
 import sys
 import time
+from multiprocessing import current_process
 
 import numpy as np
 
 import asynccomm as ac
 from asynccomm._comm.process_runner import run_rank
+from asynccomm.transports import shm
+from asynccomm.transports.shm import Node
 
 
 async def who(comm: ac.Communicator) -> tuple[int, int, str]:
@@ -88,3 +91,39 @@ async def idles(comm: ac.Communicator) -> float:
 if __name__ == "__main__":
     mains = {"wait": waits, "idle": idles}
     print(ac.run(mains[sys.argv[1]], int(sys.argv[2]), backend="processes"), flush=True)
+
+
+class _Refusing:
+    """The single copy, as where the kernel refuses it (``readv`` fails)."""
+
+    def __init__(self, real: object) -> None:
+        self.address = real.address  # type: ignore[attr-defined]
+
+    def readv(self, pid: int, into: object, address: int) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+
+async def large_both_ways(comm: ac.Communicator) -> bool:
+    """1 MiB + 5 from rank 0 to 1 and back, checked; whether this rank still copies once."""
+    data = np.arange((1 << 20) + 5, dtype=np.uint8)
+    out = np.zeros_like(data)
+    peer = 1 - comm.rank
+    if comm.rank == 0:
+        await comm.send(data, peer, 0)
+        await comm.recv(out, peer, 1)
+    else:
+        await comm.recv(out, peer, 0)
+        await comm.send(out, peer, 1)
+    assert np.array_equal(out, data), "corrupted"
+    node = Node.current()
+    assert node is not None
+    return node.single_copy
+
+
+def refused_single_copy(loop: str) -> object:
+    """``large_both_ways`` where rank 1's kernel refuses to let it read rank 0 (a
+    ``launch`` target)."""
+    if shm.single_copy is not None and current_process().name == "asynccomm-rank-1":
+        shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
+    return run_rank(large_both_ways, loop, {"eager_limit": 65_536, "pool_bytes": 64 << 20,
+                                            "timeout": None})
