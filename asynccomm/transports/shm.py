@@ -55,7 +55,7 @@ READ_CHUNK = 4 << 20
 #: Rendezvous data moves in fragments of this many bytes (a ring holds several).
 FRAGMENT = 128 << 10
 #: After activity, a process with a core of its own polls this long before it sleeps.
-SPIN = 200e-6
+SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop.
 BURST = 32
 _PR_SET_PTRACER = 0x59616D61
