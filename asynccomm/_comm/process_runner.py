@@ -25,6 +25,7 @@ import os
 import pickle
 import secrets
 import signal
+import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection, wait
@@ -118,6 +119,13 @@ def launch(target: Callable[..., Any], size: int, args: tuple[Any, ...] = (), *,
         TypeError: ``target`` or ``args`` cannot be sent to a new process (pickle).
     """
     _check_platform()
+    for f in (target, *args):
+        if (callable(f) and getattr(f, "__module__", None) == "__main__"
+                and not getattr(sys.modules["__main__"], "__file__", None)):
+            raise TypeError(f"{getattr(f, '__qualname__', f)!r} must be importable to run in "
+                            "other processes: it was defined in a program with no file "
+                            "(python -c, a notebook, the REPL); define it in a module or a "
+                            "script file")
     try:
         pickle.dumps((target, args))
     except Exception as exc:

@@ -61,16 +61,23 @@ def test_a_killed_rank_breaks_its_peers_pending_ops() -> None:
     assert kind == "err" and "killed by signal 9" in str(error), outcomes
 
 
-async def _main(comm: ac.Communicator) -> None:
-    """(Not importable by another process: defined here, but a test's module is.)"""
-
-
 def test_a_main_that_cannot_travel_to_another_process_is_refused_before_any_starts() -> None:
     async def local(comm: ac.Communicator) -> None:
         pass
 
     with pytest.raises(TypeError, match="picklable"):
         ac.run(local, 2, backend="processes")
+
+
+def test_a_main_typed_at_python_c_is_refused_with_what_to_do() -> None:
+    code = ("import asynccomm as ac\n"
+            "async def main(comm):\n    return comm.rank\n"
+            "ac.run(main, 2, backend='processes')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=LIMIT, check=False)
+    assert proc.returncode != 0
+    assert "TypeError: 'main' must be importable" in proc.stderr, proc.stderr
+    assert "python -c" in proc.stderr
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
@@ -110,14 +117,17 @@ def _start(n: int) -> tuple[subprocess.Popen[str], list[int]]:
                                str(n)], cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     assert parent.stdout is not None
-    pids = []
-    while len(pids) < n:
-        ready, _, _ = select.select([parent.stdout], [], [], LIMIT)
-        assert ready, "the ranks did not start"
-        line = parent.stdout.readline()
-        assert line.startswith("ready"), (line, parent.stderr.read() if parent.stderr else "")
-        pids.append(int(line.split()[2]))
-    return parent, pids
+    fd = parent.stdout.fileno()  # read unbuffered: select() sees only what is unread
+    out = b""
+    while out.count(b"\n") < n:
+        ready, _, _ = select.select([fd], [], [], LIMIT)
+        assert ready, f"the ranks did not start: {out!r}"
+        chunk = os.read(fd, 4096)
+        assert chunk, f"the parent ended: {out!r}"
+        out += chunk
+    lines = out.decode().splitlines()
+    assert all(line.startswith("ready") for line in lines), lines
+    return parent, [int(line.split()[2]) for line in lines]
 
 
 def _ended(pids: list[int]) -> None:
