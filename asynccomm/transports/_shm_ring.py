@@ -163,8 +163,8 @@ class Segment:
     def close(self) -> None:
         """Unmap (best effort: a view that someone kept holds the mapping until it goes)."""
         self.words.release()
-        self.view.release()
         try:
+            self.view.release()
             self.mm.close()
         except BufferError:
             pass

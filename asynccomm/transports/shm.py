@@ -34,11 +34,11 @@ from typing import Any, ClassVar
 from .._core import wire as w
 from .._core.descriptors import Message
 from .._core.wire import CLOSE, FIN, HEADER, Wire
-from .._exceptions import CommBrokenError
+from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport
 from ._shm_ring import ARMED, Ring, Segment, segment_bytes, single_copy
-from .base import Endpoint
+from .base import ASKED, TOO_LATE, WITHDRAWN, Endpoint
 
 __all__ = ["DATA", "FRAGMENT", "Channels", "Node", "ShmTransport", "missing"]
 
@@ -152,9 +152,8 @@ class Channels:
         self._bell = segment.bell(rank)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
-        self.stopped = False
+        self.stopped = False  # the link broke: poll it no more
         self.dead: set[int] = set()  # ranks whose process died
-        self.task: object = None  # (the MPI link's; unused here)
 
     # -- sending --------------------------------------------------------------------------
 
@@ -334,7 +333,7 @@ class Channels:
             self._data[source].append(self._lent.pop((source, tag)))
             self._blocked.add(source)
             return
-        pull = self._pulls[(source, tag)]
+        pull = self._pulls[(source, tag)]  # (a missing one is a bug: the link fails)
         off = pull.off
         pull.view[off:off + nbytes] = view[HEADER.size:HEADER.size + nbytes]
         pull.off = off + nbytes
@@ -429,6 +428,17 @@ class ShmTransport(MPITransport):
         if self._finished is not None:
             await asyncio.shield(self._finished)
 
+    def _failed(self, exc: Exception) -> None:
+        """A message could not be handled (a bug underneath): fail everything pending on
+        this rank, and stop (its peers see this rank as gone once its process ends)."""
+        err = TransportError(f"rank {self.rank}: the shared-memory transport failed: "
+                             f"{exc!r}", rank=self.rank)
+        err.__cause__ = exc
+        self._break(err)
+        self.node.remove(self)
+        if self._finished is not None and not self._finished.done():
+            self._finished.set_result(None)
+
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
         self.channels.send(dest, msg)
 
@@ -436,8 +446,9 @@ class ShmTransport(MPITransport):
 
     def send(self, msg: Message, dest: int) -> None:
         wire = self.wire
-        if dest in wire.closed_by:
-            self.endpoint.failed(msg, self._peer_error(dest))
+        if dest in wire.closed_by or self._broken is not None:
+            self.endpoint.failed(msg, TransportError(str(self._broken), rank=self.rank)
+                                 if self._broken is not None else self._peer_error(dest))
             return
         view = msg.view
         assert view is not None and msg.dtype is not None
@@ -468,7 +479,7 @@ class ShmTransport(MPITransport):
     def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
                  dtype: str) -> bool:
         wire = self.wire
-        if dest in wire.closed_by:
+        if dest in wire.closed_by or self._broken is not None:
             return False
         header = wire.eager_header(dest, tag, nbytes, count,
                                    w.DTYPE_FIELDS.get(dtype) or w.encode_dtype(dtype))
@@ -488,13 +499,13 @@ class ShmTransport(MPITransport):
         ident = msg.ident
         verdict, ask_msg = self.wire.withdraw(ident, ask=ask)
         if verdict == w.TOO_LATE:
-            return 0
+            return TOO_LATE
         if verdict == w.GONE:
             del self._sends[ident]
-            return 1
+            return WITHDRAWN
         assert ask_msg is not None
         self._send(dest, ask_msg)
-        return 2
+        return ASKED
 
     def ask_dump(self, peer: int) -> None:
         if peer != self.rank and peer not in self.wire.closed_by:
@@ -747,10 +758,14 @@ class Node:
             channels = link.channels
             if channels.stopped:
                 continue
-            if channels.poll():
+            try:
+                if channels.poll():
+                    hit = True
+                    if channels.closing:
+                        link.check_finished()
+            except Exception as exc:  # noqa: BLE001  # that link fails, the others go on
+                link._failed(exc)
                 hit = True
-                if channels.closing:
-                    link.check_finished()
         return hit
 
     def _peek(self) -> bool:
