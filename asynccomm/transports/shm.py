@@ -512,6 +512,8 @@ class ShmTransport(MPITransport):
             self._send(peer, self.wire.ask_dump())
 
     def close(self, rank: int, reason: str) -> None:
+        if self._broken is not None:  # it says nothing more: its peers see its process end
+            return
         self._announced.clear()
         self.channels.closing = True
         for dest, raw in self.wire.close(reason):

@@ -15,6 +15,7 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm._comm.process_runner import run_rank
+from asynccomm._core.wire import HEADER
 from asynccomm.transports import shm
 from asynccomm.transports.shm import Node
 
@@ -127,3 +128,37 @@ def refused_single_copy(loop: str) -> object:
         shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
     return run_rank(large_both_ways, loop, {"eager_limit": 65_536, "pool_bytes": 64 << 20,
                                             "timeout": None})
+
+
+async def one_breaks(comm: ac.Communicator) -> str:
+    """Rank 1's link cannot handle the message on tag 5 (``ShmTransport._on_control`` fails
+    there): its pending recv fails with TransportError; rank 0, whose recv waits for rank
+    1, hears it died once its process ends."""
+    if comm.rank == 0:
+        req = comm.irecv(np.zeros(1), 1, 7)
+        await comm.send(np.zeros(1), 1, 5)
+        try:
+            await req
+        except ac.CommBrokenError as exc:
+            return f"CommBrokenError: {exc}"
+        return "no error"
+    try:
+        await comm.recv(np.zeros(1), 0, 6)
+    except ac.TransportError as exc:
+        return f"TransportError: {exc}"
+    return "no error"
+
+
+def a_broken_link(loop: str) -> object:
+    """``one_breaks`` on this rank (a ``launch`` target)."""
+    if current_process().name == "asynccomm-rank-1":
+        handle = shm.ShmTransport._on_control
+
+        def failing(self: shm.ShmTransport, slot: object) -> None:
+            if HEADER.unpack_from(slot.buf)[3] == 5:  # type: ignore[attr-defined]
+                raise RuntimeError("a message it cannot handle")
+            handle(self, slot)  # type: ignore[arg-type]
+
+        shm.ShmTransport._on_control = failing  # type: ignore[method-assign]
+    return run_rank(one_breaks, loop, {"eager_limit": 65_536, "pool_bytes": 64 << 20,
+                                       "timeout": None})

@@ -17,7 +17,7 @@ import asynccomm as ac
 from asynccomm._comm.process_runner import launch
 from asynccomm.transports import shm
 
-from .shm_cases import a_killed_rank, one_fails, who
+from .shm_cases import a_broken_link, a_killed_rank, one_fails, who
 
 pytestmark = pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
 
@@ -59,6 +59,14 @@ def test_a_killed_rank_breaks_its_peers_pending_ops() -> None:
     assert kind == "ok" and said.startswith("CommBrokenError: rank 1 died"), outcomes
     kind, error = outcomes[1]
     assert kind == "err" and "killed by signal 9" in str(error), outcomes
+
+
+def test_a_link_that_fails_fails_its_pending_ops_and_its_peers_hear_the_rank_died() -> None:
+    outcomes = launch(a_broken_link, 2, ("asyncio",))
+    assert outcomes[1] == ("ok", "TransportError: rank 1: the shared-memory transport failed: "
+                           "RuntimeError('a message it cannot handle')"), outcomes
+    kind, said = outcomes[0]
+    assert kind == "ok" and said.startswith("CommBrokenError: rank 1 died"), outcomes
 
 
 def test_a_main_that_cannot_travel_to_another_process_is_refused_before_any_starts() -> None:
