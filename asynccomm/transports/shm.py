@@ -512,8 +512,8 @@ class ShmTransport(MPITransport):
             self._send(peer, self.wire.ask_dump())
 
     def close(self, rank: int, reason: str) -> None:
-        if self._broken is not None:  # it says nothing more: its peers see its process end
-            return
+        if self._broken is not None:  # its last words, best effort: it waits for no answer
+            reason = f"failed ({self._broken})"
         self._announced.clear()
         self.channels.closing = True
         for dest, raw in self.wire.close(reason):

@@ -133,7 +133,7 @@ def refused_single_copy(loop: str) -> object:
 async def one_breaks(comm: ac.Communicator) -> str:
     """Rank 1's link cannot handle the message on tag 5 (``ShmTransport._on_control`` fails
     there): its pending recv fails with TransportError; rank 0, whose recv waits for rank
-    1, hears it died once its process ends."""
+    1, hears why."""
     if comm.rank == 0:
         req = comm.irecv(np.zeros(1), 1, 7)
         await comm.send(np.zeros(1), 1, 5)
