@@ -56,8 +56,9 @@ READ_CHUNK = 4 << 20
 FRAGMENT = 128 << 10
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
-#: While spinning, the rings are looked at up to this many times per turn of the loop.
-BURST = 32
+#: While spinning, the rings are looked at up to this many times per turn of the loop, the
+#: core given away (``sched_yield``) after each look that found nothing.
+BURST = 8
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
 #: How long ``open`` waits for a peer whose socket is full before trying again.
@@ -808,6 +809,9 @@ class Node:
                 for _ in range(BURST):
                     if peek():
                         break
+                    # The rank this one waits for may be queued behind it on this core
+                    # (other processes compete for the cores too): let it run.
+                    sched_yield()
                 await yield_now()
                 continue
             if self._arm():
