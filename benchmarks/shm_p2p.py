@@ -42,8 +42,17 @@ from asynccomm.transports import _shm_ring
 from asynccomm.transports.shm import Node
 
 from . import mpi_p2p, mpi_ring
-from ._common import KiB, MiB, load_average, median, mpi_environment, print_table, printed
-from ._common import size_label, write_json
+from ._common import (
+    KiB,
+    MiB,
+    load_average,
+    median,
+    mpi_environment,
+    print_table,
+    printed,
+    size_label,
+    write_json,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: One-way 8 B latency: at most this many times the asyncio floor on mpi4py.

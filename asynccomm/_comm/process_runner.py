@@ -89,11 +89,11 @@ def _child(group: str, rank: int, size: int, parent: int, conn: Connection,
     node.watch(conn.recv())
     try:
         outcome: tuple[str, Any] = ("ok", target(*args))
-    except BaseException as exc:  # noqa: BLE001  # every failure goes back to the parent
+    except BaseException as exc:  # every failure goes back to the parent
         outcome = ("err", exc)
     try:
         conn.send(outcome)
-    except Exception as exc:  # noqa: BLE001  # an outcome that does not pickle
+    except Exception as exc:  # an outcome that does not pickle
         what = ("value" if outcome[0] == "ok" else
                 f"{type(outcome[1]).__name__}: {outcome[1]}")
         conn.send(("err", RuntimeError(f"rank {rank}'s {what} could not be sent back to "
@@ -209,7 +209,7 @@ def _outcome(rank: int, conn: Connection, proc: Any) -> tuple[str, Any] | None:
             return conn.recv()  # type: ignore[no-any-return]
         except EOFError:
             pass
-        except Exception as exc:  # noqa: BLE001  # an exception that does not unpickle
+        except Exception as exc:  # an exception that does not unpickle
             return ("err", RuntimeError(f"rank {rank}'s outcome could not be read: {exc!r}"))
     if proc.is_alive():
         proc.join(0.1)  # its pipe closed: it is ending
@@ -373,7 +373,7 @@ class _ProcessFamily:
 
     async def open(self, device: Device) -> tuple[ShmTransport, Communicator]:
         """This rank's communicator and its private context, their links polled."""
-        opts = {"eager_limit": self.eager_limit, "pools": self.pools}
+        opts: dict[str, Any] = {"eager_limit": self.eager_limit, "pools": self.pools}
         transport = await self.node.open_world(self.name, self.members, **opts)
         private_transport = await self.node.open_world(self.name + "p", self.members, **opts)
         comm = self._make(transport, device)

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 try:
-    from .._native import _shm as _native_shm
+    from .._native import _shm as _native_shm  # type: ignore[attr-defined]
 except ImportError:  # not built: the libatomic path
     _native_shm = None
     if (os.environ.get("ASYNCCOMM_REQUIRE_NATIVE", "") not in ("", "0")
@@ -110,21 +110,21 @@ class LibatomicWords:
             ctypes.c_char * len(mm)).from_buffer(mm)
         self._base = ctypes.addressof(self._anchor)
         # (getattr: the names would be mangled in a class body)
-        self._load = getattr(lib, "__atomic_load_8")  # noqa: B009
-        self._store = getattr(lib, "__atomic_store_8")  # noqa: B009
-        self._cas = getattr(lib, "__atomic_compare_exchange_8")  # noqa: B009
+        self._load = getattr(lib, "__atomic_load_8")
+        self._store = getattr(lib, "__atomic_store_8")
+        self._cas = getattr(lib, "__atomic_compare_exchange_8")
         self._expected = ctypes.c_uint64()
         self._expected_at = ctypes.addressof(self._expected)
 
     def load(self, off: int) -> int:
-        return self._load(self._base + off, _SEQ_CST)
+        return int(self._load(self._base + off, _SEQ_CST))
 
     def store(self, off: int, value: int) -> None:
         self._store(self._base + off, value, _SEQ_CST)
 
     def cas(self, off: int, expected: int, new: int) -> bool:
         self._expected.value = expected
-        return self._cas(self._base + off, self._expected_at, new, _SEQ_CST, _SEQ_CST)
+        return bool(self._cas(self._base + off, self._expected_at, new, _SEQ_CST, _SEQ_CST))
 
     def release(self) -> None:
         self._anchor = None

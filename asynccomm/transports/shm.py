@@ -29,7 +29,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import Message
@@ -121,8 +121,8 @@ class _Slot:
         self.payload = view[HEADER.size:]
 
 
-def _bytes(view: Any) -> memoryview:
-    view = memoryview(view)
+def _bytes(buffer: Any) -> memoryview:
+    view = memoryview(buffer)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
@@ -131,7 +131,7 @@ class Channels:
     ``progress``, as the MPI link calls it)."""
 
     def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int],
-                 on_control: Callable[[_Slot], None]) -> None:
+                 on_control: Callable[[Any], None]) -> None:
         self.node = node
         self.segment = segment
         self.rank = rank
@@ -536,9 +536,10 @@ class ShmTransport(MPITransport):
             self.endpoint.broke(err)
         if rank not in wire.closed_by:
             why = b"died (its process ended)"
-            self._on_control(_Slot(memoryview(
-                HEADER.pack(CLOSE, 0, rank, 0, len(why), 0, 0, b"") + why)))
-        self._on_control(_Slot(memoryview(HEADER.pack(FIN, 0, rank, 0, 0, 0, 0, b""))))
+            self._on_control(cast(Any, _Slot(memoryview(
+                HEADER.pack(CLOSE, 0, rank, 0, len(why), 0, 0, b"") + why))))
+        self._on_control(cast(Any, _Slot(memoryview(
+            HEADER.pack(FIN, 0, rank, 0, 0, 0, 0, b"")))))
 
 
 class Node:
@@ -562,7 +563,8 @@ class Node:
         self.dead: dict[int, str] = {}  # group ranks whose process died
         self._links: list[ShmTransport] = []
         self._offers: dict[str, int] = {}  # segments handed over, by world name
-        self._expected: dict[str, asyncio.Future[int]] = {}
+        #: The segments this process waits for, by world name: their maker, and the future.
+        self._expected: dict[str, tuple[int, asyncio.Future[int]]] = {}
         self._worlds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -658,8 +660,8 @@ class Node:
             raise CommBrokenError(f"rank {creator} died before the world opened",
                                   rank=self.rank, peer=creator)
         assert self._loop is not None
-        fut = self._expected[name] = self._loop.create_future()
-        fut.creator = creator  # type: ignore[attr-defined]
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._expected[name] = (creator, fut)
         try:
             return await fut
         finally:
@@ -729,7 +731,7 @@ class Node:
                 break
             if fds:
                 name = data.decode()
-                fut = self._expected.get(name)
+                _, fut = self._expected.get(name, (0, None))
                 if fut is not None and not fut.done():
                     fut.set_result(fds[0])
                 else:
@@ -743,8 +745,8 @@ class Node:
         self._loop.remove_reader(self._pidfds[peer])
         os.close(self._pidfds.pop(peer))
         self.dead[peer] = "died"
-        for name, fut in list(self._expected.items()):
-            if getattr(fut, "creator", None) == peer and not fut.done():
+        for name, (creator, fut) in list(self._expected.items()):
+            if creator == peer and not fut.done():
                 fut.set_exception(CommBrokenError(
                     f"rank {peer} died before world {name} opened", rank=self.rank, peer=peer))
         self._poll()  # what it published before it died is taken first
@@ -766,7 +768,7 @@ class Node:
                     hit = True
                     if channels.closing:
                         link.check_finished()
-            except Exception as exc:  # noqa: BLE001  # that link fails, the others go on
+            except Exception as exc:  # that link fails, the others go on
                 link._failed(exc)
                 hit = True
         return hit

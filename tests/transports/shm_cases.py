@@ -91,7 +91,7 @@ async def idles(comm: ac.Communicator) -> float:
 
 if __name__ == "__main__":
     mains = {"wait": waits, "idle": idles}
-    print(ac.run(mains[sys.argv[1]], int(sys.argv[2]), backend="processes"), flush=True)
+    sys.stdout.write(f"{ac.run(mains[sys.argv[1]], int(sys.argv[2]), backend='processes')}\n")
 
 
 class _Refusing:

@@ -33,7 +33,7 @@ def contract(names: list[str]) -> tuple[list[str], int, float]:
                        **OPTIONS.get(name, {})}
             try:
                 run_rank(bounded(PROGRAMS[name]), loop, options)
-            except Exception as exc:  # noqa: BLE001  # reported, and the next one runs
+            except Exception as exc:  # reported, and the next one runs
                 failures.append(f"{name}[{loop}]: {type(exc).__name__}: {exc}\n"
                                 + "".join(traceback.format_exception(exc)))
             else:
@@ -41,30 +41,34 @@ def contract(names: list[str]) -> tuple[list[str], int, float]:
     return failures, passed, time.perf_counter() - started
 
 
-def conservation(examples: int, seed_check: Any = None) -> list[str]:
+def conservation(examples: int) -> list[str]:
     """The conservation search on every rank at once: the ranks draw the same
-    derandomized examples, so they run the same worlds in the same order.  A failing
-    example fails on this rank; shrinking stays in step only as far as the failures do,
-    so the first failure is what is reported."""
+    derandomized examples, so they run the same worlds in the same order.  The first
+    failing example of each loop is reported, and ends that loop's search (a failure
+    breaks both ranks' worlds, so they stop together)."""
     failures: list[str] = []
-    options = {"eager_limit": 65_536, "pool_bytes": 64 << 20, "timeout": None}
     for loop in LOOPS:
-        errors: list[str] = []
-
-        @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-                  suppress_health_check=list(HealthCheck), print_blob=False)
-        @given(plan=plans(), loop=st.just(loop))
-        def holds(plan: Any, loop: str) -> None:
-            if errors:
-                return  # one failure stops this loop's search (the ranks must stay in step)
-            try:
-                run_rank(bounded(program(plan), LIMIT), loop, options)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"[{loop}] {plan}: {type(exc).__name__}: {exc}")
-
-        holds()
-        failures.extend(errors)
+        failures.extend(_search(loop, examples))
     return failures
+
+
+def _search(loop: str, examples: int) -> list[str]:
+    options = {"eager_limit": 65_536, "pool_bytes": 64 << 20, "timeout": None}
+    errors: list[str] = []
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(plan=plans(), loop=st.just(loop))
+    def holds(plan: Any, loop: str) -> None:
+        if errors:
+            return
+        try:
+            run_rank(bounded(program(plan), LIMIT), loop, options)
+        except Exception as exc:
+            errors.append(f"[{loop}] {plan}: {type(exc).__name__}: {exc}")
+
+    holds()
+    return errors
 
 
 def suite(names: list[str], examples: int) -> list[str]:
