@@ -38,7 +38,7 @@ from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport
 from ._shm_ring import ARMED, Ring, Segment, segment_bytes, single_copy
-from .base import ASKED, TOO_LATE, WITHDRAWN, Endpoint
+from .base import Endpoint
 
 __all__ = ["DATA", "FRAGMENT", "Channels", "Node", "ShmTransport", "missing"]
 
@@ -443,27 +443,8 @@ class ShmTransport(MPITransport):
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
         self.channels.send(dest, msg)
 
-    # -- the Link interface (no MPI errors here: a ring never fails, a peer may die) ------
-
-    def send(self, msg: Message, dest: int) -> None:
-        wire = self.wire
-        if dest in wire.closed_by or self._broken is not None:
-            self.endpoint.failed(msg, TransportError(str(self._broken), rank=self.rank)
-                                 if self._broken is not None else self._peer_error(dest))
-            return
-        view = msg.view
-        assert view is not None and msg.dtype is not None
-        dt = (w.DTYPE_FIELDS.get(msg.dtype) or w.encode_dtype(msg.dtype)
-              if msg.shape is None else w.encode_dtype(w.with_shape(msg.dtype, msg.shape)))
-        header = wire.eager_header(dest, msg.tag, msg.nbytes, msg.count, dt)
-        if header is not None:
-            self._send_parts(dest, header, view)
-            self.endpoint.sent(msg)
-            return
-        ident, rts = wire.announce(dest, msg.tag, msg.nbytes, msg.count, dt)
-        msg.ident = ident
-        self._sends[ident] = msg
-        self._send(dest, rts)
+    # -- the Link interface (``send``, ``fetch``, ``withdraw``, ``received`` and ``ask_dump``
+    # are the MPI link's: they only send control messages, and a ring never fails) -------
 
     def _send_parts(self, dest: int, header: bytes, payload: Any) -> None:
         """An eager message: straight onto the ring when it has room (one copy)."""
@@ -488,29 +469,6 @@ class ShmTransport(MPITransport):
             return False
         self._send_parts(dest, header, array)
         return True
-
-    def fetch(self, msg: Message, rank: int, into: memoryview, ready: Any) -> None:
-        source, ident = msg.source, msg.ident
-        self._announced.pop((source, ident), None)
-        tag, cts = self.wire.clear_to_send(source, ident)
-        self.channels.pull(into, source, tag, lambda: ready(None, None))
-        self._send(source, cts)
-
-    def withdraw(self, msg: Message, dest: int, ask: bool) -> int:
-        ident = msg.ident
-        verdict, ask_msg = self.wire.withdraw(ident, ask=ask)
-        if verdict == w.TOO_LATE:
-            return TOO_LATE
-        if verdict == w.GONE:
-            del self._sends[ident]
-            return WITHDRAWN
-        assert ask_msg is not None
-        self._send(dest, ask_msg)
-        return ASKED
-
-    def ask_dump(self, peer: int) -> None:
-        if peer != self.rank and peer not in self.wire.closed_by:
-            self._send(peer, self.wire.ask_dump())
 
     def close(self, rank: int, reason: str) -> None:
         if self._broken is not None:  # its last words, best effort: it waits for no answer
