@@ -57,8 +57,11 @@ FRAGMENT = 128 << 10
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
-#: core given away (``sched_yield``) after each look that found nothing.
+#: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
+#: ... once it has spun this long with nothing found (an answer comes sooner on a core of
+#: its own, and yielding then could only delay it behind another process).
+SHARE_AFTER = 50e-6
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
 #: How long ``open`` waits for a peer whose socket is full before trying again.
@@ -764,14 +767,17 @@ class Node:
                 spin_until = clock() + spin
                 await yield_now()
                 continue
-            if clock() < spin_until:  # spinning: look at the rings (cheap) a while first
+            now = clock()
+            if now < spin_until:  # spinning: look at the rings (cheap) a while first
                 peek = self._peek
+                share = now - spin_until + spin > SHARE_AFTER
                 for _ in range(BURST):
                     if peek():
                         break
-                    # The rank this one waits for may be queued behind it on this core
-                    # (other processes compete for the cores too): let it run.
-                    sched_yield()
+                    # An answer slow to come: the rank this one waits for may be queued
+                    # behind it on this core (other processes compete for the cores too).
+                    if share:
+                        sched_yield()
                 await yield_now()
                 continue
             if self._arm():
