@@ -27,6 +27,7 @@ import secrets
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
@@ -43,7 +44,8 @@ from ..transports.shm import Node, ShmTransport, missing
 from . import hang as _hang
 from .communicator import Communicator
 
-__all__ = ["GRACE", "check_processes", "launch", "run_processes", "run_rank"]
+__all__ = ["GRACE", "RemoteTraceback", "check_processes", "launch", "run_processes",
+           "run_rank"]
 
 T = TypeVar("T")
 
@@ -59,13 +61,19 @@ _LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
 _PR_SET_PDEATHSIG = 1
 
 
-class _Died:
-    """What the parent knows of a rank that ended without a word."""
+def _died(rank: int, exitcode: int | None) -> RuntimeError:
+    """What the parent says of a rank that ended without a word."""
+    how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
+           else f"exit status {exitcode}")
+    return RuntimeError(f"rank {rank}'s process ended without a result ({how})")
 
-    def __init__(self, rank: int, exitcode: int | None) -> None:
-        how = (f"killed by signal {-exitcode}" if exitcode is not None and exitcode < 0
-               else f"exit status {exitcode}")
-        self.error = RuntimeError(f"rank {rank}'s process ended without a result ({how})")
+
+class RemoteTraceback(Exception):
+    """Where a rank's exception was raised, in its process (the exception's cause, as
+    ``concurrent.futures``' process pool gives it)."""
+
+    def __str__(self) -> str:
+        return f"\n\n{self.args[0]}"
 
 
 def _die_with_parent(parent: int) -> None:
@@ -88,9 +96,9 @@ def _child(group: str, rank: int, size: int, parent: int, conn: Connection,
     conn.send(("ready", None))
     node.watch(conn.recv())
     try:
-        outcome: tuple[str, Any] = ("ok", target(*args))
-    except BaseException as exc:  # every failure goes back to the parent
-        outcome = ("err", exc)
+        outcome: tuple[Any, ...] = ("ok", target(*args))
+    except BaseException as exc:  # every failure goes back to the parent, with its trace
+        outcome = ("err", exc, "".join(traceback.format_exception(exc)).rstrip())
     try:
         conn.send(outcome)
     except Exception as exc:  # an outcome that does not pickle
@@ -199,14 +207,16 @@ def _collect(conns: list[Connection], procs: list[Any],
                 left.discard(r)
                 if outcome[0] == "err" and deadline is None:
                     deadline = time.monotonic() + grace
-    return [o if o is not None else ("err", _Died(r, None).error)
-            for r, o in enumerate(outcomes)]
+    return [o if o is not None else ("err", _died(r, None)) for r, o in enumerate(outcomes)]
 
 
 def _outcome(rank: int, conn: Connection, proc: Any) -> tuple[str, Any] | None:
     if conn.poll(0):
         try:
-            return conn.recv()  # type: ignore[no-any-return]
+            outcome = conn.recv()
+            if len(outcome) == 3:  # a failure, and where it was raised
+                outcome[1].__cause__ = RemoteTraceback(outcome[2])
+            return outcome[0], outcome[1]
         except EOFError:
             pass
         except Exception as exc:  # an exception that does not unpickle
@@ -215,7 +225,7 @@ def _outcome(rank: int, conn: Connection, proc: Any) -> tuple[str, Any] | None:
         proc.join(0.1)  # its pipe closed: it is ending
         if proc.is_alive():
             return None
-    return ("err", _Died(rank, proc.exitcode).error)
+    return ("err", _died(rank, proc.exitcode))
 
 
 def _interrupt(procs: Sequence[Any]) -> None:

@@ -222,5 +222,11 @@ PyInit__shm(void)
         Py_DECREF(m);
         return NULL;
     }
+    PyObject *all = Py_BuildValue("[sss]", "Words", "address", "readv");
+    if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {
+        Py_XDECREF(all);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

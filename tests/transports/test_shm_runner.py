@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import asynccomm as ac
-from asynccomm._comm.process_runner import launch
+from asynccomm._comm.process_runner import RemoteTraceback, launch
 from asynccomm.transports import shm
 
 from .shm_cases import a_broken_link, a_killed_rank, one_fails, who
@@ -49,6 +49,8 @@ def test_a_failing_rank_is_raised_with_its_rank_and_its_peers_hear_why() -> None
     errors = {type(e): e for e in info.value.exceptions}
     assert "(raised on rank 1)" in errors[ValueError].__notes__
     assert str(errors[ValueError]) == "boom on purpose"
+    cause = errors[ValueError].__cause__  # where it was raised, in its process
+    assert isinstance(cause, RemoteTraceback) and "in one_fails" in str(cause)
     assert "rank 1 failed with ValueError: boom on purpose" in str(errors[RuntimeError])
     assert "(raised on rank 0)" in errors[RuntimeError].__notes__
 
