@@ -4,10 +4,12 @@ The ranks are the processes of a group (``Node``: started together by
 ``asynccomm.run(main, n, backend="processes")``, see ``_comm/process_runner.py``).  Each
 world the group opens has a segment of rings, one per ordered pair of ranks
 (``_shm_ring``), that carries the wire protocol of ``_core/wire.py``: control messages
-(eager payloads inline, announcements, answers, closes) and, for a rendezvous message
-once its receiver matched it, the data, in fragments on the ring, that land straight in
-the recv buffer.  The protocol's shell (turning the wire's events into the endpoint's) is
-the MPI link's; only the channels underneath differ.
+(eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
+receiver matched it, is copied once: the receiver reads it from the sender's buffer
+(``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
+ring in fragments that land straight in the recv buffer.  The protocol's shell (turning
+the wire's events into the endpoint's, and the link's ``send``, ``fetch`` and
+``withdraw``) is the MPI link's; only the channels underneath differ.
 
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
 after activity when it has a core of its own: ranks no more than usable cores); once idle
@@ -64,7 +66,7 @@ BURST = 8
 SHARE_AFTER = 50e-6
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
-#: How long ``open`` waits for a peer whose socket is full before trying again.
+#: How long ``open_world`` waits for a peer whose socket is full before trying again.
 _RETRY = 1e-3
 
 
@@ -521,7 +523,7 @@ class Node:
         self.crowded = size > _usable_cores()
         self.pids: list[int] = []
         self._pidfds: dict[int, int] = {}
-        self.dead: dict[int, str] = {}  # group ranks whose process died
+        self.dead: set[int] = set()  # group ranks whose process died
         self._links: list[ShmTransport] = []
         self._offers: dict[str, int] = {}  # segments handed over, by world name
         #: The segments this process waits for, by world name: their maker, and the future.
@@ -567,7 +569,7 @@ class Node:
                 try:
                     self._pidfds[r] = os.pidfd_open(pid)
                 except ProcessLookupError:
-                    self.dead[r] = "died"
+                    self.dead.add(r)
 
     # -- opening worlds -------------------------------------------------------------------
 
@@ -705,7 +707,7 @@ class Node:
         assert self._loop is not None
         self._loop.remove_reader(self._pidfds[peer])
         os.close(self._pidfds.pop(peer))
-        self.dead[peer] = "died"
+        self.dead.add(peer)
         for name, (creator, fut) in list(self._expected.items()):
             if creator == peer and not fut.done():
                 fut.set_exception(CommBrokenError(
