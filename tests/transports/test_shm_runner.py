@@ -129,12 +129,17 @@ def _start(n: int) -> tuple[subprocess.Popen[str], list[int]]:
     assert parent.stdout is not None
     fd = parent.stdout.fileno()  # read unbuffered: select() sees only what is unread
     out = b""
-    while out.count(b"\n") < n:
-        ready, _, _ = select.select([fd], [], [], LIMIT)
-        assert ready, f"the ranks did not start: {out!r}"
-        chunk = os.read(fd, 4096)
-        assert chunk, f"the parent ended: {out!r}"
-        out += chunk
+    try:
+        while out.count(b"\n") < n:
+            ready, _, _ = select.select([fd], [], [], LIMIT)
+            assert ready, f"the ranks did not start: {out!r}"
+            chunk = os.read(fd, 4096)
+            assert chunk, f"the parent ended: {out!r}"
+            out += chunk
+    except BaseException:
+        with parent:  # its ranks die with it
+            parent.kill()
+        raise
     lines = out.decode().splitlines()
     assert all(line.startswith("ready") for line in lines), lines
     return parent, [int(line.split()[2]) for line in lines]
