@@ -74,7 +74,7 @@ STRESS ?= 2000
 test-stress: $(STAMP)
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(PY) -m pytest -q --timeout 3600 \
 		tests/transports/test_conservation.py tests/engine/test_objects_programs.py \
-		tests/collectives/test_adversity.py
+		tests/collectives/test_adversity.py tests/transports/test_shm.py
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
 		tests.transports.mpi_conservation_runner
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
@@ -96,6 +96,9 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.mpi_ring || status=1; \
 	$(VENV)/bin/mpiexec -n 3 $(PY) -m benchmarks.mpi_ring || status=1; \
 	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.mpi_ring || status=1; \
+	$(VENV)/bin/mpiexec -n 2 $(PY) -m benchmarks.shm_p2p || status=1; \
+	$(VENV)/bin/mpiexec -n 3 $(PY) -m benchmarks.shm_p2p || status=1; \
+	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.shm_p2p || status=1; \
 	$(PY) -m benchmarks.report || status=1; \
 	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above and docs/performance.md)"; fi; \
 	exit $$status

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import mpi_p2p, mpi_ring
+from . import mpi_p2p, mpi_ring, shm_p2p
 from ._common import Check, cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +75,14 @@ SUITES: tuple[Suite, ...] = (
             "floor, alternating repeat by repeat; idle ranks' CPU time and wake-up time. The "
             "ring's target is set for more ranks than cores, and only shown elsewhere.")
       for n in (2, 3, 4)),
+    *(Suite("shm_p2p", f"shm_p2p_n{n}.json", f"Processes on shared memory, {n} processes",
+            f"{MPIEXEC} -n {n} python -m benchmarks.shm_p2p",
+            "asynccomm's shared-memory link (`backend=\"processes\"`, no MPI underneath) "
+            "beside raw mpi4py and the asyncio floor on mpi4py in the same processes, "
+            "alternating repeat by repeat: latency and bandwidth at 2 processes, the 8 KiB "
+            "ring (its target set for more ranks than cores), idle ranks' CPU and wake-up "
+            "time.")
+      for n in (2, 3, 4)),
 )
 
 
@@ -126,6 +134,7 @@ VERDICTS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "collectives": _shown_already,
     "mpi_p2p": _formatted(mpi_p2p._value),
     "mpi_ring": _formatted(mpi_ring._value),
+    "shm_p2p": _formatted(shm_p2p._value),
 }
 
 

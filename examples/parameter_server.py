@@ -19,7 +19,7 @@ printing a ``result:`` line for each (see ``ps/simulated.py``).
 
 Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
      [--workers N] [--compression none|fp16|int8|onebit|topk] [--epochs E]
-     [--no-overlap] [--loop uvloop|asyncio] [--seed S]
+     [--no-overlap] [--loop uvloop|asyncio] [--seed S] [--processes]
      [--cluster none|ascend910|ascend910b|nvlink4|roce100g] [--clock auto|wall|virtual]
  or, one rank per process: mpiexec -n N+1 .venv/bin/python examples/parameter_server.py
  or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-overlap", action="store_true",
                         help="push after the whole backward pass; pull after the push")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--processes", action="store_true",
+                        help="each rank in a process of its own on this machine "
+                        "(backend='processes': shared memory, no MPI)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train-samples", type=int, default=24_000)
     parser.add_argument("--batch-size", type=int, default=None,
@@ -87,6 +90,8 @@ def world_options(args: argparse.Namespace) -> dict[str, Any]:
     """Everything ``ac.run`` gets besides the world size: the one place to describe where
     the ranks run (a cluster model and its clock join the loop here)."""
     options: dict[str, Any] = {"loop": args.loop}
+    if args.processes:
+        options["backend"] = "processes"
     if args.cluster != "none":
         options["cluster"] = ac.Cluster.preset(args.cluster)
     if args.clock != "auto":

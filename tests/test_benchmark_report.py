@@ -105,9 +105,12 @@ def test_every_target_met_exits_zero(tmp_path: Path) -> None:
     docs = _docs()
     docs["collectives.json"]["checks"][0]["passed"] = True
     docs["mpi_ring_n4.json"] = {**docs["mpi_ring_n3.json"], "processes": 4}
+    for n in (2, 3, 4):
+        docs[f"shm_p2p_n{n}.json"] = {**docs["mpi_ring_n3.json"], "suite": "shm_p2p",
+                                       "processes": n}
     status, page = _assemble(tmp_path, docs)
     assert status == 0
-    assert "## Summary: 8 of 8 benchmarks met every target" in page
+    assert "## Summary: 11 of 11 benchmarks met every target" in page
     assert "Targets missed" not in page
 
 

@@ -54,6 +54,13 @@ def test_parameter_server_script_without_overlap() -> None:
     assert result["overlap"] == "off" and result["reached"] == "yes"
 
 
+def test_parameter_server_script_on_processes() -> None:
+    """Each rank in a process of its own (``--processes``: shared memory, no MPI)."""
+    result = result_line(run_example("parameter_server.py", "--processes", "--workers", "2",
+                                     "--epochs", "1", "--train-samples", "8000"))
+    assert result["workers"] == "2" and result["reached"] == "yes"
+
+
 def test_training_loop_script() -> None:
     result = result_line(run_example("training_loop.py", "--ranks", "3", "--epochs", "2",
                                      "--train-samples", "9000"))

@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The manual's pages (docs/performance.md is written by ``make bench``).
-PAGES = ("semantics", "collectives", "cluster-model", "mpi", "debugging", "examples", "claims",
-         "development", "performance")
+PAGES = ("semantics", "collectives", "cluster-model", "mpi", "processes", "debugging",
+         "examples", "claims", "development", "performance")
 #: The pages that show Python: each must have blocks here, or they would go unchecked.
 WITH_CODE = ("README.md", "docs/semantics.md", "docs/collectives.md", "docs/cluster-model.md",
-             "docs/mpi.md", "docs/debugging.md")
+             "docs/mpi.md", "docs/processes.md", "docs/debugging.md")
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,16 @@ def _all_blocks() -> list[Block]:
 BLOCKS = _all_blocks()
 
 
-def run(code: str, limit: float = 120) -> subprocess.CompletedProcess[str]:
+def run(code: str, limit: float = 120, *,
+        script: Path | None = None) -> subprocess.CompletedProcess[str]:
     """``code`` in a fresh interpreter, from a directory that is not the checkout (so only
-    the installed package can be imported)."""
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    the installed package can be imported); as the script file ``script`` if given (a
+    program whose ranks' processes import it)."""
+    if script is None:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=limit, check=False, cwd=ROOT / "docs")
+    script.write_text(code, encoding="utf-8")
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=limit, check=False, cwd=ROOT / "docs")
 
 
@@ -97,6 +103,10 @@ def _mpi_idiom(out: str) -> None:
     assert out.strip() == "[1.0, 0.0]"  # started with python: two ranks in-process
 
 
+def _processes(out: str) -> None:
+    assert out.strip() == "[2.0, 0.0, 1.0]"
+
+
 def _running_loop(out: str) -> None:
     assert out.strip().splitlines() == ["[0, 10, 20, 30]", "0 5 [0. 1. 2.]"]
 
@@ -109,7 +119,11 @@ PRINTS: dict[tuple[str, str], Callable[[str], None]] = {
     ("docs/cluster-model.md", "# The cluster model: what would it cost on real hardware?"):
         _cluster,
     ("docs/mpi.md", "# Across processes and hosts (MPI)"): _mpi_idiom,
+    ("docs/processes.md", "# Processes on one machine, without MPI"): _processes,
 }
+
+#: The pages whose blocks run as script files: their ranks' processes import them.
+AS_SCRIPTS = ("docs/processes.md",)
 
 #: The one block that fails, on purpose: the hang the debugging page shows.
 DEADLOCK = ("docs/debugging.md", "# Debugging: traces, the flight recorder and hangs")
@@ -130,8 +144,9 @@ def test_the_manual_is_all_there() -> None:
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.name)
-def test_every_python_block_runs_on_its_own(block: Block) -> None:
-    proc = run(block.code)
+def test_every_python_block_runs_on_its_own(block: Block, tmp_path: Path) -> None:
+    proc = run(block.code, script=tmp_path / "program.py"
+               if _where(block)[0] in AS_SCRIPTS else None)
     if _where(block) == DEADLOCK and "ac.run(main, world_size=2)" in block.code:
         assert proc.returncode != 0
         assert "DeadlockError: deadlock: every rank is blocked" in proc.stderr

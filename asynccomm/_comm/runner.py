@@ -36,6 +36,7 @@ from ..transports._mpi_lib import comm_world
 from ..transports.local import LocalLink
 from . import hang as _hang
 from .communicator import Communicator, world_lane
+from .process_runner import check_processes, run_processes
 from .view import CommView
 
 if TYPE_CHECKING:
@@ -438,14 +439,20 @@ def _running() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-def _backend(main: object, backend: str | None) -> str:
-    """Check ``main`` and ``backend``; return the backend (``"local"`` or ``"mpi"``)."""
+def _backend(main: object, backend: str | None, processes: bool = False) -> str:
+    """Check ``main`` and ``backend``; return the backend (``"local"``, ``"mpi"`` or
+    ``"processes"``; ``processes=True`` says the last)."""
     if not callable(main):
         raise TypeError(f"main must be an async function taking a Communicator, got {main!r}")
+    if processes is not False:
+        if processes is not True or backend not in (None, "processes"):
+            raise ValueError(f"processes=True is backend='processes' (got processes="
+                             f"{processes!r}, backend={backend!r})")
+        return "processes"
     if backend is None:
         return "mpi" if launched_by_mpi() else "local"
-    if backend not in ("local", "mpi"):
-        raise ValueError(f"backend must be 'local' or 'mpi', got {backend!r}")
+    if backend not in ("local", "mpi", "processes"):
+        raise ValueError(f"backend must be 'local', 'mpi' or 'processes', got {backend!r}")
     return backend
 
 
@@ -473,7 +480,7 @@ async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
 
 def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int | None = None,
         *, cluster: Cluster | None = None, clock: str = "auto", loop: str | None = None,
-        backend: str | None = None, **options: Any) -> Any:
+        backend: str | None = None, processes: bool = False, **options: Any) -> Any:
     """Run ``main(comm)`` on every rank and return what the ranks returned.
 
     In-process (the default), ``world_size`` ranks run as coroutines on a new event loop
@@ -490,8 +497,12 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         cluster, clock: as ``open_world``.
         loop: ``"uvloop"`` (the default on the wall clock) or ``"asyncio"``; the virtual
             clock always runs on asynccomm's virtual-time loop.
-        backend: ``"local"`` (in-process) or ``"mpi"``; None: MPI under an MPI launcher,
+        backend: ``"local"`` (in-process), ``"mpi"``, or ``"processes"``: ``world_size``
+            processes on this machine (Linux), over shared memory, no MPI needed; ``main``
+            must be importable (defined at the top level of a module), and each rank
+            runs it on an event loop of its own.  None: MPI under an MPI launcher,
             in-process elsewhere.
+        processes: True is ``backend="processes"``.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
             ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``).
 
@@ -509,7 +520,11 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         raise RuntimeError("ac.run() starts an event loop of its own and cannot be called "
                            "where one is running (Jupyter, or inside an async function): "
                            "use `await ac.run_async(main, world_size, ...)` there")
-    backend = _backend(main, backend)
+    backend = _backend(main, backend, processes)
+    if backend == "processes":
+        return run_processes(main, world_size, loop=loop or "uvloop",  # type: ignore[arg-type]
+                             options=check_processes(world_size, cluster, clock,
+                                                     loop or "uvloop", options))
     mode = clock_mode(cluster, clock)
     if loop is None:
         loop = "virtual" if mode == "virtual" else "uvloop"
@@ -575,6 +590,9 @@ async def run_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
             rank), or an ``ExceptionGroup`` of every rank's failure.
     """
     backend = _backend(main, backend)
+    if backend == "processes":
+        raise ValueError("backend='processes' starts its processes from ac.run(), not from "
+                         "a running event loop")
     if "loop" in options:
         raise TypeError("run_async() runs on the running event loop: loop= is for ac.run()")
     mode = clock_mode(cluster, clock)

@@ -203,6 +203,9 @@ int make_constants(void);
 PyObject *buffers_inspect(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *buffers_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *buffers_address(PyObject *self, PyObject *arg);
+
+/* _lane_shm.c: the shared-memory link's atomic words and single copy */
+int shm_add(PyObject *m);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
 /* _lane_flight.c: the flight recorder's ring and tallies. */

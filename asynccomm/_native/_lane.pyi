@@ -3,8 +3,8 @@
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["Path", "Ring", "Tally", "address", "charge", "configure", "copy", "inspect",
-           "perf_counter", "recv", "send", "set_dtype_names"]
+__all__ = ["Path", "Ring", "Tally", "Words", "address", "charge", "configure", "copy",
+           "inspect", "perf_counter", "readv", "recv", "send", "set_dtype_names"]
 
 # -- the entry points (configured by asynccomm._comm.native) ------------------------------
 
@@ -46,6 +46,26 @@ def address(buf: Any, /) -> int:
     Raises:
         TypeError: ``buf`` is not a buffer.
         BufferError: it is not contiguous.
+    """
+
+# -- the shared-memory link's (asynccomm.transports._shm_ring, shm) ------------------------
+
+class Words:
+    """Sequentially consistent 64-bit accesses to a shared mapping, by byte offset (each
+    offset checked: 8-byte aligned, inside the buffer)."""
+
+    def __init__(self, buffer: Any, /) -> None: ...
+    def load(self, offset: int, /) -> int: ...
+    def store(self, offset: int, value: int, /) -> None: ...
+    def cas(self, offset: int, expected: int, new: int, /) -> bool: ...
+    def release(self) -> None: ...
+
+def readv(pid: int, into: Any, address: int, /) -> int:
+    """Copy ``len(into)`` bytes from process ``pid``'s ``address`` into ``into``; the
+    bytes copied.
+
+    Raises:
+        OSError: the kernel refuses (``process_vm_readv``).
     """
 
 # -- what the tests compare with the Python ----------------------------------------------

@@ -80,16 +80,8 @@ def train(cfg: Config, **world: Any) -> Report | None:
     """
     data = cfg.dataset()
     model = cfg.model(data)
-
-    async def program(comm: ac.Communicator) -> ServerLog | None:
-        if comm.rank == SERVER:
-            return await serve(comm, cfg, model)
-        log = await work(comm, cfg, data, model)
-        await comm.send(log.to_message(), SERVER, LOG_TAG)
-        return None
-
     start = perf_counter()
-    outcome = ac.run(program, world_size=cfg.world_size, **world)
+    outcome = ac.run(_Program(cfg, data, model), world_size=cfg.world_size, **world)
     seconds = perf_counter() - start
     # in-process, run() returns every rank's value; one rank per process, its own
     server = outcome[SERVER] if isinstance(outcome, list) else outcome
@@ -99,6 +91,23 @@ def train(cfg: Config, **world: Any) -> Report | None:
     accuracy = [model.evaluate(p, data.test.x, data.test.y)[1] for p in server.snapshots]
     return Report(cfg, model, _rows(cfg, workers, accuracy), seconds,
                   sum(w.retries for w in workers), server.max_gap)
+
+
+class _Program:
+    """Every rank's program: the server's or a worker's part (an object, not a closure, so
+    that it travels to the ranks' processes with ``backend="processes"``)."""
+
+    def __init__(self, cfg: Config, data: Any, model: Any) -> None:
+        self.cfg = cfg
+        self.data = data
+        self.model = model
+
+    async def __call__(self, comm: ac.Communicator) -> ServerLog | None:
+        if comm.rank == SERVER:
+            return await serve(comm, self.cfg, self.model)
+        log = await work(comm, self.cfg, self.data, self.model)
+        await comm.send(log.to_message(), SERVER, LOG_TAG)
+        return None
 
 
 def _rows(cfg: Config, logs: list[WorkerLog], accuracy: list[float]) -> list[EpochRow]:

@@ -86,7 +86,9 @@ async def wait_marker(comm: ac.Communicator, src: int, tag: int = MARK) -> int:
 
 
 def is_mpi(comm: ac.Communicator) -> bool:
-    return comm.device.name.startswith("mpi:")
+    """The ranks are in other processes (MPI, or processes over shared memory): only a
+    receiver can tell whether a send it was announced may still be withdrawn."""
+    return comm.device.name.startswith(("mpi:", "proc:"))
 
 
 # -- data and sizes ----------------------------------------------------------------------------

@@ -1,0 +1,794 @@
+"""The shared-memory link: ranks in separate processes of one machine, with no MPI.
+
+The ranks are the processes of a group (``Node``: started together by
+``asynccomm.run(main, n, backend="processes")``, see ``_comm/process_runner.py``).  Each
+world the group opens has a segment of rings, one per ordered pair of ranks
+(``_shm_ring``), that carries the wire protocol of ``_core/wire.py``: control messages
+(eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
+receiver matched it, is copied once: the receiver reads it from the sender's buffer
+(``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
+ring in fragments that land straight in the recv buffer.  The protocol's shell (turning
+the wire's events into the endpoint's, and the link's ``send``, ``fetch`` and
+``withdraw``) is the MPI link's; only the channels underneath differ.
+
+Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
+after activity when it has a core of its own: ranks no more than usable cores); once idle
+it arms its doorbell words, looks once more, and sleeps in its loop on a datagram socket
+until a sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
+peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
+``CommBrokenError`` (as if it had closed, saying it died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import socket
+import sys
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
+
+from .._core import wire as w
+from .._core.descriptors import Message
+from .._core.wire import CLOSE, FIN, HEADER, Wire
+from .._exceptions import CommBrokenError, TransportError
+from ._mpi_lib import sched_yield, yield_now
+from ._mpi_transport import MPITransport
+from ._shm_ring import ARMED, Ring, Segment, segment_bytes, single_copy
+from .base import Endpoint
+
+__all__ = ["DATA", "FRAGMENT", "Channels", "Node", "ShmTransport", "missing"]
+
+#: Records of rendezvous data (not wire kinds; the header's tag is the data tag): bytes;
+#: where the bytes are in the sender (``ident``: their address), for the receiver to copy
+#: them itself; that copy is done (the sender's buffer is free); that copy was refused
+#: (send the bytes on the ring instead).
+DATA = 11
+DATA_AT = 12
+DATA_DONE = 13
+DATA_REFUSED = 14
+#: The receiver of a single copy copies this much per turn of its loop.
+READ_CHUNK = 4 << 20
+#: Rendezvous data moves in fragments of this many bytes (a ring holds several).
+FRAGMENT = 128 << 10
+#: After activity, a process with a core of its own polls this long before it sleeps.
+SPIN = 1e-3
+#: While spinning, the rings are looked at up to this many times per turn of the loop, the
+#: core given away (``sched_yield``) after each look that found nothing...
+BURST = 8
+#: ... once it has spun this long with nothing found (an answer comes sooner on a core of
+#: its own, and yielding then could only delay it behind another process).
+SHARE_AFTER = 50e-6
+_PR_SET_PTRACER = 0x59616D61
+_PR_SET_PTRACER_ANY = 2**64 - 1
+#: How long ``open_world`` waits for a peer whose socket is full before trying again.
+_RETRY = 1e-3
+
+
+def missing() -> str | None:
+    """What this platform lacks for the shared-memory link (None: nothing)."""
+    if not sys.platform.startswith("linux"):
+        return f"it needs Linux (memfd, pidfd, abstract sockets); this is {sys.platform}"
+    for name in ("pidfd_open", "memfd_create"):
+        if not hasattr(os, name):
+            return f"it needs os.{name} (Linux 5.3 or later, Python 3.9 or later)"
+    if not hasattr(socket, "recv_fds"):
+        return "it needs socket.recv_fds"
+    return None
+
+
+def _address(group: str, rank: int) -> bytes:
+    return f"\0asynccomm-shm-{group}-{rank}".encode()
+
+
+def _usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+class _Push:
+    """A rendezvous payload on its way out, fragment by fragment."""
+
+    __slots__ = ("done", "off", "tag", "view")
+
+    def __init__(self, view: memoryview, tag: int, done: Callable[[], None]) -> None:
+        self.view = view
+        self.tag = tag
+        self.done = done
+        self.off = 0
+
+
+class _Pull:
+    """A recv buffer that rendezvous fragments land in."""
+
+    __slots__ = ("address", "done", "off", "view")
+
+    def __init__(self, view: memoryview, done: Callable[[], None]) -> None:
+        self.view = view
+        self.done = done
+        self.off = 0
+        self.address = 0  # a single copy: where the bytes are in the sender
+
+
+class _Slot:
+    """A control message as ``MPITransport._on_control`` reads it."""
+
+    __slots__ = ("buf", "payload")
+
+    def __init__(self, view: memoryview) -> None:
+        self.buf = view
+        self.payload = view[HEADER.size:]
+
+
+def _bytes(buffer: Any) -> memoryview:
+    view = memoryview(buffer)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class Channels:
+    """One rank's rings of one world, and what waits to go on them (the link's
+    ``progress``, as the MPI link calls it)."""
+
+    def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int],
+                 on_control: Callable[[Any], None]) -> None:
+        self.node = node
+        self.segment = segment
+        self.rank = rank
+        self.size = size = len(procs)
+        self.procs = procs  # the group rank (process) of each rank of this world
+        self._on_control = on_control
+        self.out: list[Ring | None] = [None if d == rank else segment.ring(rank, d, True)
+                                       for d in range(size)]
+        self.incoming = [(s, segment.ring(s, rank, False)) for s in range(size) if s != rank]
+        self._ctrl: list[deque[bytes]] = [deque() for _ in range(size)]
+        self._data: list[deque[_Push | bytes]] = [deque() for _ in range(size)]
+        self._blocked: set[int] = set()  # ranks with something waiting to go
+        self._local: deque[bytes] = deque()  # this rank's messages to itself
+        self._pulls: dict[tuple[int, int], _Pull] = {}
+        #: Single copies: this rank's send buffers lent to their receivers, by (receiver,
+        #: data tag); the recvs that copy from their senders, in order.
+        self._lent: dict[tuple[int, int], _Push] = {}
+        self._reading: deque[tuple[int, int, _Pull]] = deque()
+        self._bell = segment.bell(rank)
+        self.words = segment.words
+        self.closing = False  # set by the link when it closes (its last messages queue)
+        self.stopped = False  # the link broke: poll it no more
+        self.dead: set[int] = set()  # ranks whose process died
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, dest: int, raw: bytes | bytearray) -> None:
+        """Send one control message to ``dest`` (queued if its ring is full; ``CLOSE`` and
+        ``FIN`` queue behind data still going to it)."""
+        if dest == self.rank:
+            self._local.append(bytes(raw))
+            self.node.kick()
+            return
+        if dest in self.dead:
+            return
+        if self._data[dest] and (self.closing or raw[0] == CLOSE or raw[0] == FIN):
+            self._data[dest].append(bytes(raw))
+            self._blocked.add(dest)
+        elif not self._ctrl[dest] and self.out[dest].put((raw,), len(raw)):  # type: ignore[union-attr]
+            self.ring(dest)
+        else:
+            self._ctrl[dest].append(bytes(raw))
+            self._blocked.add(dest)
+        self.node.kick()
+
+    def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
+        """Send ``view`` to ``dest`` as data on ``tag``; ``done()`` once it is all out."""
+        if dest == self.rank:  # to itself: its recv is posted (CTS came after it)
+            pull = self._pulls.pop((dest, tag), None)
+            if pull is not None:
+                pull.view[:] = _bytes(view)
+                pull.done()
+            done()
+            return
+        if dest in self.dead:
+            return
+        push = _Push(_bytes(view), tag, done)
+        if self.node.single_copy:  # the receiver copies it from here
+            self._lent[(dest, tag)] = push
+            self.send(dest, HEADER.pack(DATA_AT, 0, self.rank, tag, len(push.view), 0,
+                                        single_copy.address(push.view), b""))
+            return
+        self._data[dest].append(push)
+        self._flush(dest)
+        if self._data[dest] or self._ctrl[dest]:
+            self._blocked.add(dest)
+        self.node.kick()
+
+    def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
+        """Receive ``source``'s data on ``tag`` into ``view``; ``done()`` once it is in."""
+        view = _bytes(view)
+        if not len(view):
+            done()
+            return
+        self._pulls[(source, tag)] = _Pull(view, done)
+
+    def deliver(self) -> None:
+        """(The MPI link calls this after a fast send: the node's poll does it here.)"""
+
+    def ring(self, dest: int) -> None:
+        """Wake ``dest`` if it sleeps (after publishing to it)."""
+        segment = self.segment
+        bell = segment.bell(dest)
+        words = self.words
+        if words.load(bell) & ARMED and words.cas(bell, ARMED, 0):
+            self.node.wake(self.procs[dest])
+
+    def _flush(self, dest: int) -> bool:
+        """Put what waits for ``dest`` on its ring; True if anything went."""
+        ring = self.out[dest]
+        assert ring is not None
+        moved = False
+        ctrl = self._ctrl[dest]
+        while ctrl:
+            raw = ctrl[0]
+            if not ring.put((raw,), len(raw)):
+                break
+            ctrl.popleft()
+            moved = True
+        data = self._data[dest]
+        header = HEADER.pack
+        while data and not ctrl:
+            item = data[0]
+            if isinstance(item, bytes):
+                if not ring.put((item,), len(item)):
+                    break
+            else:
+                view, n = item.view, len(item.view)
+                while item.off < n:
+                    piece = view[item.off:item.off + FRAGMENT]
+                    head = header(DATA, 0, self.rank, item.tag, len(piece), 0, 0, b"")
+                    if not ring.put((head, piece), len(head) + len(piece)):
+                        break
+                    item.off += len(piece)
+                    moved = True
+                if item.off < n:
+                    break
+                item.done()
+            data.popleft()
+            moved = True
+        if moved:
+            self.ring(dest)
+        return moved
+
+    # -- polling --------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Take every record that arrived, and send what waited for room; True if anything
+        happened."""
+        hit = False
+        handle = self._handle
+        for source, ring in self.incoming:
+            n, wants = ring.take(handle)
+            if n:
+                hit = True
+            if wants:
+                self.ring(source)
+        local = self._local
+        while local:
+            handle(memoryview(local.popleft()))
+            hit = True
+        if self._blocked:
+            hit = self._send_waiting() or hit
+        if self._reading:
+            self._read()
+            hit = True
+        return hit
+
+    def _read(self) -> None:
+        """Copy the next chunk of the first single copy under way."""
+        source, tag, pull = self._reading[0]
+        off = pull.off
+        n = min(READ_CHUNK, len(pull.view) - off)
+        try:
+            single_copy.readv(self.node.pids[self.procs[source]], pull.view[off:off + n],
+                              pull.address + off)
+        except OSError:
+            self._reading.popleft()
+            if source in self.dead:
+                return
+            # Refused (no permission to read another process): the bytes come on the ring.
+            self.node.single_copy = False
+            self.send(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, 0, b""))
+            return
+        pull.off = off + n
+        if pull.off >= len(pull.view):
+            self._reading.popleft()
+            del self._pulls[(source, tag)]
+            self.send(source, HEADER.pack(DATA_DONE, 0, self.rank, tag, 0, 0, 0, b""))
+            pull.done()
+
+    def _send_waiting(self) -> bool:
+        moved = False
+        for dest in list(self._blocked):
+            moved = self._flush(dest) or moved
+            if not (self._ctrl[dest] or self._data[dest]):
+                self._blocked.discard(dest)
+            else:  # still no room: ask the receiver to say when there is
+                ring = self.out[dest]
+                assert ring is not None
+                ring.want_room()
+                moved = self._flush(dest) or moved
+        return moved
+
+    def _handle(self, view: memoryview) -> None:
+        kind = view[0]
+        if kind < DATA:
+            self._on_control(_Slot(view))
+            return
+        _, _, source, tag, nbytes, _, address, _ = HEADER.unpack_from(view)
+        if kind == DATA_AT:
+            pull = self._pulls[(source, tag)]
+            pull.address = address
+            self._reading.append((source, tag, pull))
+            return
+        if kind == DATA_DONE:
+            self._lent.pop((source, tag)).done()
+            return
+        if kind == DATA_REFUSED:
+            self._data[source].append(self._lent.pop((source, tag)))
+            self._blocked.add(source)
+            return
+        pull = self._pulls[(source, tag)]  # (a missing one is a bug: the link fails)
+        off = pull.off
+        pull.view[off:off + nbytes] = view[HEADER.size:HEADER.size + nbytes]
+        pull.off = off + nbytes
+        if pull.off >= len(pull.view):
+            del self._pulls[(source, tag)]
+            pull.done()
+
+    # -- sleeping -------------------------------------------------------------------------
+
+    def arm(self) -> bool:
+        """About to sleep: ask to be rung, then look again.  True if something is here
+        (or room came) after all: then stay awake (``disarm``)."""
+        self.words.cas(self._bell, 0, ARMED)
+        if self._local or any(ring.ready() for _, ring in self.incoming):
+            return True
+        return bool(self._blocked) and self._send_waiting()
+
+    def disarm(self) -> None:
+        self.words.store(self._bell, 0)
+
+    # -- a dead peer ----------------------------------------------------------------------
+
+    def peer_died(self, rank: int) -> bool:
+        """``rank``'s process died (what it published was taken already): forget what
+        waits to go to it.  Returns whether data was moving to or from it."""
+        self.dead.add(rank)
+        moving = (bool(self._data[rank]) or any(s == rank for s, _ in self._pulls)
+                  or any(d == rank for d, _ in self._lent))
+        for key in [k for k in self._lent if k[0] == rank]:
+            del self._lent[key]
+        self._reading = deque(r for r in self._reading if r[0] != rank)
+        self._ctrl[rank].clear()
+        self._data[rank].clear()
+        self._blocked.discard(rank)
+        for key in [k for k in self._pulls if k[0] == rank]:
+            del self._pulls[key]
+        return moving
+
+    def close(self) -> None:
+        self.stopped = True
+        self.segment.close()
+
+
+class ShmTransport(MPITransport):
+    """One rank's side of the wire protocol on a world's rings (see module docs).  Made
+    by ``Node.open_world``; the node polls it."""
+
+    remote = True
+
+    def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int], *,
+                 eager_limit: int, pools: list[int]) -> None:
+        self.node = node
+        self.rank = rank
+        self.size = size = len(procs)
+        self.wire = Wire(rank, size, inline_max=eager_limit,
+                         credits=[p // size for p in pools], grant=pools[rank] // size)
+        self.wire.data_tag_ub = (1 << 31) - 1
+        self.endpoint: Endpoint
+        self.progress = Channels(node, segment, rank, procs,  # type: ignore[assignment]
+                                 self._on_control)
+        self._sends: dict[int, Message] = {}
+        self._announced: dict[tuple[int, int], Message] = {}
+        self._broken = None
+        self.dump_request = None
+        self.on_dump = None
+        self._finished: asyncio.Future[None] | None = None
+
+    @property
+    def channels(self) -> Channels:
+        return self.progress  # type: ignore[return-value]
+
+    def accelerate(self, lane: Any) -> None:  # the C lane speaks MPI only
+        raise NotImplementedError
+
+    def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+        """Join the node's poll."""
+        self.endpoint = endpoint
+        self._finished = loop.create_future()
+        self.node.add(self)
+
+    def check_finished(self) -> bool:
+        """True once every rank has closed (``FIN`` both ways): the rings are released."""
+        if not self.wire.finished:
+            return False
+        self.node.remove(self)
+        self.channels.close()
+        if self._finished is not None and not self._finished.done():
+            self._finished.set_result(None)
+        return True
+
+    async def wait_closed(self) -> None:
+        if self._finished is not None:
+            await asyncio.shield(self._finished)
+
+    def _failed(self, exc: Exception) -> None:
+        """A message could not be handled (a bug underneath): fail everything pending on
+        this rank, and stop (its peers see this rank as gone once its process ends)."""
+        err = TransportError(f"rank {self.rank}: the shared-memory transport failed: "
+                             f"{exc!r}", rank=self.rank)
+        err.__cause__ = exc
+        self._break(err)
+        self.node.remove(self)
+        if self._finished is not None and not self._finished.done():
+            self._finished.set_result(None)
+
+    def _send(self, dest: int, msg: bytes | bytearray) -> None:
+        self.channels.send(dest, msg)
+
+    # -- the Link interface (``send``, ``fetch``, ``withdraw``, ``received`` and ``ask_dump``
+    # are the MPI link's: they only send control messages, and a ring never fails) -------
+
+    def _send_parts(self, dest: int, header: bytes, payload: Any) -> None:
+        """An eager message: straight onto the ring when it has room (one copy)."""
+        channels = self.channels
+        ring = channels.out[dest] if dest != self.rank else None
+        body = _bytes(payload)
+        if (ring is not None and not channels._ctrl[dest] and dest not in channels.dead
+                and ring.put((header, body), len(header) + body.nbytes)):
+            channels.ring(dest)
+            self.node.kick()
+        else:
+            self._send(dest, b"".join((header, body)))
+
+    def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
+                 dtype: str) -> bool:
+        wire = self.wire
+        if dest in wire.closed_by or self._broken is not None:
+            return False
+        header = wire.eager_header(dest, tag, nbytes, count,
+                                   w.DTYPE_FIELDS.get(dtype) or w.encode_dtype(dtype))
+        if header is None:
+            return False
+        self._send_parts(dest, header, array)
+        return True
+
+    def close(self, rank: int, reason: str) -> None:
+        if self._broken is not None:  # its last words, best effort: it waits for no answer
+            reason = f"failed ({self._broken})"
+        self._announced.clear()
+        self.channels.closing = True
+        for dest, raw in self.wire.close(reason):
+            self._send(dest, raw)
+
+    # -- a dead peer ----------------------------------------------------------------------
+
+    def peer_died(self, rank: int) -> None:
+        """``rank``'s process died: what it had not said, say for it (it closed, saying it
+        died); ops whose data was moving with it fail."""
+        wire = self.wire
+        if rank in wire.fin_from:
+            return
+        moving = self.channels.peer_died(rank)
+        if moving and not self.endpoint.closed:
+            err = CommBrokenError(f"rank {rank} died while data moved with it",
+                                  rank=self.rank, peer=rank)
+            self._sends.clear()
+            self.endpoint.broke(err)
+        if rank not in wire.closed_by:
+            why = b"died (its process ended)"
+            self._on_control(cast(Any, _Slot(memoryview(
+                HEADER.pack(CLOSE, 0, rank, 0, len(why), 0, 0, b"") + why))))
+        self._on_control(cast(Any, _Slot(memoryview(
+            HEADER.pack(FIN, 0, rank, 0, 0, 0, 0, b"")))))
+
+
+class Node:
+    """This process as a member of a group of processes on one machine (see module docs):
+    its datagram socket (its doorbell and the way segments are handed over), its peers'
+    ``pidfd``s, and the poll of every link it has open on the running loop."""
+
+    _current: ClassVar[Node | None] = None
+
+    def __init__(self, group: str, rank: int, size: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.size = size
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
+                                  | socket.SOCK_CLOEXEC)
+        self.sock.bind(_address(group, rank))
+        self._addresses = [_address(group, r) for r in range(size)]
+        self.crowded = size > _usable_cores()
+        self.pids: list[int] = []
+        self._pidfds: dict[int, int] = {}
+        self.dead: set[int] = set()  # group ranks whose process died
+        self._links: list[ShmTransport] = []
+        self._offers: dict[str, int] = {}  # segments handed over, by world name
+        #: The segments this process waits for, by world name: their maker, and the future.
+        self._expected: dict[str, tuple[int, asyncio.Future[int]]] = {}
+        self._worlds = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._kicked = False
+        self.rings_heard = 0
+        #: Rendezvous data is copied once, by its receiver, from its sender's buffer
+        #: (``process_vm_readv``): where the C extension is built, until a copy is refused.
+        self.single_copy = single_copy is not None
+        if self.single_copy:
+            self.allow_readers()
+
+    @staticmethod
+    def allow_readers() -> None:
+        """Let this process's peers read its send buffers where the kernel asks a process to
+        allow it (Yama's ``ptrace_scope`` 1): ``PR_SET_PTRACER_ANY``."""
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    @classmethod
+    def current(cls) -> Node | None:
+        """This process's node, if it belongs to a group."""
+        return cls._current
+
+    @classmethod
+    def join(cls, group: str, rank: int, size: int) -> Node:
+        """Make this process rank ``rank`` of the group (its socket is bound now)."""
+        cls._current = cls(group, rank, size)
+        return cls._current
+
+    def watch(self, pids: list[int]) -> None:
+        """The group's processes, by rank: each peer's ``pidfd`` is watched from now on."""
+        self.pids = list(pids)
+        for r, pid in enumerate(pids):
+            if r != self.rank:
+                try:
+                    self._pidfds[r] = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    self.dead.add(r)
+
+    # -- opening worlds -------------------------------------------------------------------
+
+    def next_world(self) -> str:
+        """The name of the next world the whole group opens (each member counts alike)."""
+        self._worlds += 1
+        return f"w{self._worlds}"
+
+    async def open_world(self, name: str, members: list[int], *, eager_limit: int,
+                         pools: list[int]) -> ShmTransport:
+        """This process's link in the world ``name`` of ``members`` (group ranks, in the
+        world's rank order; collective among them): the first member makes the segment
+        and hands it to the others."""
+        self._attach()
+        rank = members.index(self.rank)
+        if rank == 0:
+            fd = os.memfd_create(f"asynccomm-{name}", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, segment_bytes(len(members)))
+                for m in members[1:]:
+                    await self._offer(name, fd, m)
+                segment = Segment(fd, len(members))
+            finally:
+                os.close(fd)
+        else:
+            fd = await self._expect(name, members[0])
+            try:
+                segment = Segment(fd, len(members))
+            finally:
+                os.close(fd)
+        return ShmTransport(self, segment, rank, members, eager_limit=eager_limit, pools=pools)
+
+    async def _offer(self, name: str, fd: int, peer: int) -> None:
+        while True:
+            if peer in self.dead:
+                raise CommBrokenError(f"rank {peer} died before the world opened",
+                                      rank=self.rank, peer=peer)
+            try:
+                self.sock.sendmsg([name.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                      array("i", [fd]))], 0,
+                                  self._addresses[peer])
+                return
+            except BlockingIOError:
+                await asyncio.sleep(_RETRY)
+
+    async def _expect(self, name: str, creator: int) -> int:
+        fd = self._offers.pop(name, None)
+        if fd is not None:
+            return fd
+        if creator in self.dead:
+            raise CommBrokenError(f"rank {creator} died before the world opened",
+                                  rank=self.rank, peer=creator)
+        assert self._loop is not None
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._expected[name] = (creator, fut)
+        try:
+            return await fut
+        finally:
+            self._expected.pop(name, None)
+
+    # -- the poll on the loop -------------------------------------------------------------
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        self._detach()
+        self._loop = loop
+        loop.add_reader(self.sock.fileno(), self._readable)
+        for r, fd in self._pidfds.items():
+            loop.add_reader(fd, self._died, r)
+
+    def _detach(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        self._loop = None
+        if not loop.is_closed():
+            loop.remove_reader(self.sock.fileno())
+            for fd in self._pidfds.values():
+                loop.remove_reader(fd)
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def add(self, link: ShmTransport) -> None:
+        self._links.append(link)
+        if self._task is None or self._task.done():
+            assert self._loop is not None
+            self._task = self._loop.create_task(self._run(), name="asynccomm-shm-poll")
+        for r in self.dead:
+            if r in link.channels.procs:
+                link.peer_died(link.channels.procs.index(r))
+
+    def remove(self, link: ShmTransport) -> None:
+        with contextlib.suppress(ValueError):
+            self._links.remove(link)
+        self.kick()
+
+    def kick(self) -> None:
+        """Something was sent: poll now (an answer may follow)."""
+        self._kicked = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def wake(self, peer: int) -> None:
+        """Ring group rank ``peer``'s doorbell socket (it was armed)."""
+        try:
+            self.sock.sendto(b"\x01", self._addresses[peer])
+        except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
+            return  # a datagram waits there already, or it is gone
+        if self.crowded:  # the kernel may run it on this core: let it, now
+            sched_yield()
+
+    def _readable(self) -> None:
+        sock = self.sock
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, 256, 1)
+            except (BlockingIOError, InterruptedError):
+                break
+            if fds:
+                name = data.decode()
+                _, fut = self._expected.get(name, (0, None))
+                if fut is not None and not fut.done():
+                    fut.set_result(fds[0])
+                else:
+                    self._offers[name] = fds[0]
+            else:
+                self.rings_heard += 1
+        self.kick()
+
+    def _died(self, peer: int) -> None:
+        assert self._loop is not None
+        self._loop.remove_reader(self._pidfds[peer])
+        os.close(self._pidfds.pop(peer))
+        self.dead.add(peer)
+        for name, (creator, fut) in list(self._expected.items()):
+            if creator == peer and not fut.done():
+                fut.set_exception(CommBrokenError(
+                    f"rank {peer} died before world {name} opened", rank=self.rank, peer=peer))
+        self._poll()  # what it published before it died is taken first
+        for link in list(self._links):
+            procs = link.channels.procs
+            if peer in procs:
+                link.peer_died(procs.index(peer))
+                link.check_finished()
+        self.kick()
+
+    def _poll(self) -> bool:
+        hit = False
+        for link in list(self._links):
+            channels = link.channels
+            if channels.stopped:
+                continue
+            try:
+                if channels.poll():
+                    hit = True
+                    if channels.closing:
+                        link.check_finished()
+            except Exception as exc:  # that link fails, the others go on
+                link._failed(exc)
+                hit = True
+        return hit
+
+    def _peek(self) -> bool:
+        """Whether a record waits on any ring of this process (loads only)."""
+        for link in self._links:
+            channels = link.channels
+            if channels._local or any(ring.ready() for _, ring in channels.incoming):
+                return True
+        return False
+
+    def _arm(self) -> bool:
+        found = False
+        for link in self._links:
+            if link.channels.arm():
+                found = True
+        if found:
+            self._disarm()
+        return found
+
+    def _disarm(self) -> None:
+        for link in self._links:
+            if not link.channels.stopped:
+                link.channels.disarm()
+
+    async def _run(self) -> None:
+        clock = time.perf_counter
+        spin = 0.0 if self.crowded else SPIN
+        spin_until = 0.0
+        loop = asyncio.get_running_loop()
+        while self._links:
+            self._kicked = False
+            if self._poll() or self._kicked:
+                spin_until = clock() + spin
+                await yield_now()
+                continue
+            now = clock()
+            if now < spin_until:  # spinning: look at the rings (cheap) a while first
+                peek = self._peek
+                share = now - spin_until + spin > SHARE_AFTER
+                for _ in range(BURST):
+                    if peek():
+                        break
+                    # An answer slow to come: the rank this one waits for may be queued
+                    # behind it on this core (other processes compete for the cores too).
+                    if share:
+                        sched_yield()
+                await yield_now()
+                continue
+            if self._arm():
+                continue
+            self._waiter = loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                self._disarm()
+        self._task = None
+

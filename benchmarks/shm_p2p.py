@@ -1,0 +1,246 @@
+"""asynccomm's shared-memory link (``backend="processes"``) beside raw mpi4py, in the same
+processes: one-way latency and bandwidth at 2 processes, the ring at any count, and idle
+ranks.
+
+Run: ``mpiexec -n N .venv/bin/python -m benchmarks.shm_p2p [--quick] [--loop L] [--out DIR]``
+
+MPI starts the processes only so that raw mpi4py and the asyncio floor on mpi4py
+(``_mpi_floor``) run beside asynccomm, alternating repeat by repeat, as in
+``benchmarks.mpi_p2p`` and ``benchmarks.mpi_ring`` (whose measurements these are): the
+processes also form a group of the shared-memory link (``transports.shm.Node``), and
+asynccomm's worlds open on it, with no MPI underneath.
+
+- At 2 processes: one-way latency (half a ping-pong; 8 B judged against the asyncio floor
+  on mpi4py measured in the same run: ``FLOOR_RATIO_TARGET``) and bandwidth
+  (``BANDWIDTH_TARGETS``, a share of raw mpi4py's).
+- At every count: the 8 KiB ring (``sendrecv`` to rank+1; per hop, against raw mpi4py's
+  ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).
+- Idle: each rank waits in a recv for ``IDLE_SECONDS``; its CPU share over that time
+  (``IDLE_CPU_TARGET``) and its wake time, from the sender's clock before ``send`` to the
+  receiver's after ``recv`` (``WAKE_TARGET_MS``).
+
+Rank 0 prints the tables and writes ``shm_p2p_n<N>.json``.  Exit status: 1 when a full
+run missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import asynccomm as ac
+from asynccomm._comm.process_runner import run_rank
+from asynccomm.transports import _shm_ring
+from asynccomm.transports.shm import Node
+
+from . import mpi_p2p, mpi_ring
+from ._common import (
+    KiB,
+    MiB,
+    load_average,
+    median,
+    mpi_environment,
+    print_table,
+    printed,
+    size_label,
+    write_json,
+)
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+#: One-way 8 B latency: at most this many times the asyncio floor on mpi4py.
+FLOOR_RATIO_TARGET = 1.0
+#: Bandwidth, as a share of raw mpi4py's, by message size.
+BANDWIDTH_TARGETS = {1 * MiB: 1.0, 16 * MiB: 1.0, 256 * MiB: 1.0}
+#: The 8 KiB ring's hop: at most this many times raw mpi4py's (ranks outnumbering cores).
+RING_RATIO_TARGET = 0.5
+RING_BYTES = 8 * KiB
+IDLE_SECONDS = 10.0
+IDLE_CPU_TARGET = 0.01
+WAKE_TARGET_MS = 0.2
+
+
+def join_group(world: Any) -> None:
+    """Make the MPI processes of ``world`` a group of the shared-memory link too."""
+    group = world.bcast(secrets.token_hex(8) if world.Get_rank() == 0 else None)
+    node = Node.join(group, world.Get_rank(), world.Get_size())
+    world.Barrier()  # every socket is bound
+    node.watch(world.allgather(os.getpid()))
+
+
+def plans(quick: bool, size: int) -> tuple[mpi_p2p.Plan | None, int, float]:
+    """The p2p plan (2 processes only), the ring's repeats, the idle seconds."""
+    p2p = None
+    if size == 2:
+        p2p = (mpi_p2p.Plan((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 16 * MiB)
+               if quick else
+               mpi_p2p.Plan((8, 1 * KiB, 8 * KiB, 64 * KiB, 1 * MiB), 5_000,
+                            (1 * MiB, 16 * MiB, 256 * MiB), 7, 64 * MiB))
+    return p2p, 3 if quick else 7, 0.5 if quick else IDLE_SECONDS
+
+
+async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
+    from mpi4py import MPI
+
+    p2p, repeats, idle = plans(quick, comm.size)
+    crowded = comm.size > len(os.sched_getaffinity(0))
+    out: dict[str, Any] = {}
+    if p2p is not None:
+        rows, _ = await mpi_p2p.measure(comm, p2p)
+        out["p2p"] = rows
+    raw = MPI.COMM_WORLD.Dup()
+    try:
+        out["ring"] = await mpi_ring.measure_ring(comm, raw, RING_BYTES, repeats, crowded)
+    finally:
+        raw.Free()
+    out["idle"] = await mpi_ring.measure_idle(comm, idle)
+    return out
+
+
+def checks(result: dict[str, Any], crowded: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for row in result.get("p2p", []):
+        if row.kind == "latency" and row.nbytes == 8:
+            ratio = row.ac_median() / median(row.floor)
+            out.append({"what": "one-way 8 B latency", "value": ratio, "unit": "x floor",
+                        "us": row.ac_median() * 1e6, "raw_ratio": row.ac_median()
+                        / row.raw_median(),
+                        "target": f"<= {FLOOR_RATIO_TARGET:g}x the asyncio floor on mpi4py",
+                        "passed": ratio <= FLOOR_RATIO_TARGET, "binding": True})
+        need = BANDWIDTH_TARGETS.get(row.nbytes) if row.kind == "bandwidth" else None
+        if need is not None:
+            ratio = row.raw_median() / row.ac_median()
+            out.append({"what": f"bandwidth {size_label(row.nbytes)}", "value": ratio,
+                        "unit": "of raw", "target": f">= {need:.0%} of raw mpi4py",
+                        "passed": ratio >= need, "binding": True})
+    ring = result["ring"]
+    out.append({"what": f"{size_label(ring.nbytes)} ring hop", "value": ring.ratio(),
+                "unit": "x raw", "target": f"<= {RING_RATIO_TARGET:g}x raw mpi4py"
+                + ("" if crowded else " (judged only with more ranks than cores)"),
+                "passed": ring.ratio() <= RING_RATIO_TARGET, "binding": crowded})
+    idle = result["idle"]
+    out.append({"what": "idle rank's CPU", "value": max(idle.cpu_share), "unit": "of a core",
+                "target": f"<= {IDLE_CPU_TARGET:.0%} of a core",
+                "passed": max(idle.cpu_share) <= IDLE_CPU_TARGET, "binding": True})
+    out.append({"what": "wake from idle", "value": max(idle.wake_ms), "unit": "ms",
+                "target": f"<= {WAKE_TARGET_MS:g} ms",
+                "passed": max(idle.wake_ms) <= WAKE_TARGET_MS, "binding": True})
+    return out
+
+
+def _value(c: dict[str, Any]) -> str:
+    if c["unit"] == "x floor":
+        return f"{c['value']:.2f}x floor ({c['us']:.2f} us; {c['raw_ratio']:.2f}x raw)"
+    if c["unit"] in ("of raw", "of a core"):
+        return f"{c['value']:.1%}"
+    if c["unit"] == "ms":
+        return f"{c['value']:.3f} ms"
+    return f"{c['value']:.2f}x"
+
+
+def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict[str, Any],
+                 size: int, loop: str, quick: bool) -> None:
+    print(f"asynccomm {env['asynccomm']} on shared memory ({size} processes, atomics: "
+          f"{'C' if _shm_ring.NATIVE else 'libatomic'}), beside {env['mpi']}, loop {loop}"
+          f"{' (--quick)' if quick else ''}; load average {env['loadavg_1min']}")
+    rows = result.get("p2p", [])
+    if rows:
+        print_table("One-way latency (half ping-pong, median, us)",
+                    ["size", "raw mpi4py", "asyncio floor", "asynccomm shm", "shm/raw",
+                     "shm/floor"],
+                    [[size_label(r.nbytes), f"{r.raw_median() * 1e6:.2f}",
+                      f"{median(r.floor) * 1e6:.2f}", f"{r.ac_median() * 1e6:.2f}",
+                      f"{r.ac_median() / r.raw_median():.2f}x",
+                      f"{r.ac_median() / median(r.floor):.2f}x"]
+                     for r in rows if r.kind == "latency"])
+        print_table("Bandwidth (one-way, median, GB/s)",
+                    ["size", "raw mpi4py", "asynccomm shm", "of raw"],
+                    [[size_label(r.nbytes), f"{r.nbytes / r.raw_median() / 1e9:.2f}",
+                      f"{r.nbytes / r.ac_median() / 1e9:.2f}",
+                      f"{r.raw_median() / r.ac_median():.1%}"]
+                     for r in rows if r.kind == "bandwidth"])
+    ring = result["ring"]
+    print_table(f"Ring, {size} processes (per hop, median, us; CPU: all ranks)",
+                ["size", "raw mpi4py", "asyncio floor", "asynccomm shm", "shm/raw",
+                 "CPU raw", "CPU shm"],
+                [[size_label(ring.nbytes), f"{median(ring.raw) * 1e6:.1f}",
+                  f"{median(ring.floor) * 1e6:.1f}", f"{median(ring.asynccomm) * 1e6:.1f}",
+                  f"{ring.ratio():.2f}x", f"{median(ring.raw_cpu) * 1e6:.1f}",
+                  f"{median(ring.asynccomm_cpu) * 1e6:.1f}"]])
+    idle = result["idle"]
+    print_table("Idle ranks (each waits in a recv)", ["rank", "CPU share", "wake (ms)"],
+                [[r, f"{c:.2%}", f"{w:.3f}"]
+                 for r, (c, w) in enumerate(zip(idle.cpu_share, idle.wake_ms, strict=True))])
+    print_table("Targets (shared-memory link)", ["check", "value", "target", "status"],
+                [[c["what"], _value(c), c["target"],
+                  ("PASS" if c["passed"] else "FAIL") if c["binding"] else
+                  f"({'pass' if c['passed'] else 'miss'}, not judged)"] for c in judged])
+    print(f"\n{sum(c['passed'] for c in judged if c['binding'])}/"
+          f"{sum(c['binding'] for c in judged)} targets met")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.shm_p2p",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true",
+                        help="few sizes and iterations (a smoke run, not a measurement)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="directory for shm_p2p_n<N>.json (default: benchmarks/results)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    if size < 2:
+        print("run with 2 or more processes: mpiexec -n 2 python -m benchmarks.shm_p2p",
+              file=sys.stderr)
+        return 2
+    stamp = datetime.datetime.now(datetime.UTC)
+    env = mpi_environment()
+    started = time.perf_counter()
+    crowded = size > (env["cpus_usable"] or env["cpu_count"] or 1)
+    # The idle ranks wait 10 s on purpose: no hang warning (its dumps would wake them).
+    os.environ.setdefault("ASYNCCOMM_HANG_WARN", "0")
+    join_group(world)
+
+    async def bench(comm: ac.Communicator) -> dict[str, Any]:
+        return await measure(comm, args.quick)
+
+    result = run_rank(bench, args.loop, {"eager_limit": ac.EAGER_LIMIT,
+                                         "pool_bytes": 64 * MiB, "timeout": None})
+    if world.Get_rank() != 0:
+        return 0
+    elapsed = time.perf_counter() - started
+    env["loadavg_1min_at_end"] = load_average()
+    env["atomics"] = "C" if _shm_ring.NATIVE else "libatomic"
+    judged = checks(result, crowded)
+    with printed() as report:
+        print_report(result, judged, env, size, args.loop, args.quick)
+    doc = {"suite": "shm_p2p", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
+           "quick": args.quick, "loop": args.loop, "processes": size,
+           "elapsed_seconds": elapsed, "environment": env,
+           "p2p": [asdict(r) for r in result.get("p2p", [])],
+           "ring": asdict(result["ring"]), "idle": asdict(result["idle"]),
+           "checks": judged,
+           "targets_met": sum(c["passed"] for c in judged if c["binding"]),
+           "targets_judged": sum(c["binding"] for c in judged),
+           "report": report.getvalue()}
+    write_json(args.out, f"shm_p2p_n{size}.json", doc, started)
+    missed = any(c["binding"] and not c["passed"] for c in judged)
+    return 1 if missed and not args.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

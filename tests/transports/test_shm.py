@@ -1,0 +1,52 @@
+"""The transport contract and conservation under cancellation on the shared-memory link,
+in ``n`` processes (``backend="processes"``), each running every program in a world of its
+own: one launch per size (starting processes is slow).  ``make test`` runs 2 and 4
+processes; ``make test-stress`` (``ASYNCCOMM_STRESS_EXAMPLES``) adds 3, and conservation
+at 3 and 4 with many more examples."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from asynccomm._comm.process_runner import launch
+from asynccomm.transports.shm import missing, single_copy
+
+from .contract import PROGRAMS
+from .shm_cases import refused_single_copy
+from .shm_programs import suite
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+STRESS = os.environ.get("ASYNCCOMM_STRESS_EXAMPLES")
+EXAMPLES = int(STRESS or "6")
+#: (processes, contract programs, conservation examples per loop, the pure-Python path:
+#: libatomic's atomics, rendezvous data on the ring) of each launch.
+LAUNCHES = [(2, True, EXAMPLES, False), (4, True, 0, False), (2, True, 0, True)]
+if STRESS:
+    LAUNCHES += [(3, True, EXAMPLES, False), (4, False, EXAMPLES, False),
+                 (3, False, EXAMPLES, True)]
+
+
+@pytest.mark.parametrize(("n", "with_contract", "examples", "pure"), LAUNCHES)
+def test_contract_and_conservation_on_processes(n: int, with_contract: bool, examples: int,
+                                                pure: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if pure:  # read by each process as it imports asynccomm
+        monkeypatch.setenv("ASYNCCOMM_PURE_PYTHON", "1")
+    names = list(PROGRAMS) if with_contract else []
+    outcomes = launch(suite, n, (names, examples))
+    failures = [f"rank {r}: {v!r}" if kind == "err" else f"rank {r}: {line}"
+                for r, (kind, v) in enumerate(outcomes)
+                for line in ([v] if kind == "err" else v)]  # type: ignore[union-attr]
+    assert not failures, "\n".join(failures)
+
+
+def test_a_refused_single_copy_sends_the_data_on_the_ring_instead() -> None:
+    """Where the kernel does not let a receiver read its sender (``process_vm_readv``),
+    the sender is told and sends the bytes on the ring; that receiver copies once no more."""
+    if single_copy is None:
+        pytest.skip("the single copy needs the C extension")
+    outcomes = launch(refused_single_copy, 2, ("uvloop",))
+    assert outcomes == [("ok", True), ("ok", False)]

@@ -1,0 +1,47 @@
+"""The shared-memory benchmark judges its targets on figures given here (no timing):
+one-way 8 B latency within 1x the asyncio floor on mpi4py, bandwidth at least raw
+mpi4py's, the 8 KiB ring within 0.5x raw's hop where ranks outnumber cores, an idle rank
+under 1% of a core and awake within 0.2 ms."""
+
+from __future__ import annotations
+
+from benchmarks import mpi_p2p, mpi_ring, shm_p2p
+from benchmarks._common import MiB
+
+US = 1e-6
+
+
+def _result(*, ac_us: float, share: float, hop_us: float, cpu: float,
+            wake_ms: float) -> dict[str, object]:
+    return {
+        "p2p": [mpi_p2p.Row("latency", 8, 100, raw=[2 * US] * 3, asynccomm=[ac_us * US] * 3,
+                            floor=[3 * US] * 3),
+                mpi_p2p.Row("bandwidth", 16 * MiB, 10, raw=[1.0] * 3,
+                            asynccomm=[1.0 / share] * 3)],
+        "ring": mpi_ring.RingRow(8192, 100, raw=[10 * US] * 3, asynccomm=[hop_us * US] * 3,
+                                 floor=[12 * US] * 3),
+        "idle": mpi_ring.IdleRow(cpu_share=[cpu, cpu], wake_ms=[wake_ms, 0.05]),
+    }
+
+
+def _verdicts(result: dict[str, object], crowded: bool = True) -> dict[str, bool]:
+    return {c["what"]: c["passed"] for c in shm_p2p.checks(result, crowded)}
+
+
+def test_every_target_met() -> None:
+    assert set(_verdicts(_result(ac_us=2.9, share=1.01, hop_us=4.9, cpu=0.009,
+                                 wake_ms=0.19)).values()) == {True}
+
+
+def test_each_target_can_be_missed() -> None:
+    got = _verdicts(_result(ac_us=3.1, share=0.99, hop_us=5.1, cpu=0.011, wake_ms=0.21))
+    assert got == {"one-way 8 B latency": False, "bandwidth 16 MiB": False,
+                   "8 KiB ring hop": False, "idle rank's CPU": False,
+                   "wake from idle": False}
+
+
+def test_the_ring_binds_only_where_ranks_outnumber_cores() -> None:
+    result = _result(ac_us=2.9, share=1.01, hop_us=9.0, cpu=0.001, wake_ms=0.1)
+    for crowded in (True, False):
+        ring = [c for c in shm_p2p.checks(result, crowded) if "ring" in c["what"]]
+        assert [(c["passed"], c["binding"]) for c in ring] == [(False, crowded)]
