@@ -24,6 +24,8 @@ from .._types import ANY_SOURCE
 from .base import CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._core.descriptors import Message
     from ..sim.model import TransferPlan
     from ..sim.timing import ModelledTiming
@@ -50,6 +52,8 @@ class LocalLink(Link):
         self._last_arrival: dict[int, dict[int, int]] = {}
         self._announced: set[Message] = set()  # requests-to-send in flight
         self._plans: dict[Message, tuple[int, TransferPlan]] = {}  # (receiver, plan)
+        #: Called with each rank that closes, after its peers were told (``_comm.faults``).
+        self.watchers: list[Callable[[int], None]] = []
 
     def attach(self, endpoint: Endpoint) -> None:
         """Add the next rank's engine (ranks attach in order)."""
@@ -217,6 +221,8 @@ class LocalLink(Link):
                 assert timing is not None
                 other.unheard.add(rank)
                 timing.call_at(last + 1, self._tell_closed, other, rank)
+        for watcher in self.watchers:
+            watcher(rank)
 
     def _tell_closed(self, other: Endpoint, rank: int) -> None:
         channel = self._channels.get((rank, other.rank))
