@@ -18,10 +18,10 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The manual's pages (docs/performance.md is written by ``make bench``).
 PAGES = ("semantics", "collectives", "cluster-model", "mpi", "debugging", "examples", "claims",
-         "development", "performance")
+         "development", "performance", "faults")
 #: The pages that show Python: each must have blocks here, or they would go unchecked.
 WITH_CODE = ("README.md", "docs/semantics.md", "docs/collectives.md", "docs/cluster-model.md",
-             "docs/mpi.md", "docs/debugging.md")
+             "docs/mpi.md", "docs/debugging.md", "docs/faults.md")
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,10 @@ def _mpi_idiom(out: str) -> None:
     assert out.strip() == "[1.0, 0.0]"  # started with python: two ranks in-process
 
 
+def _faults(out: str) -> None:
+    assert out.strip().splitlines() == ["(1, (2,), [0, 1, 3], 4.0)", "RuntimeError"]
+
+
 def _running_loop(out: str) -> None:
     assert out.strip().splitlines() == ["[0, 10, 20, 30]", "0 5 [0. 1. 2.]"]
 
@@ -109,6 +113,7 @@ PRINTS: dict[tuple[str, str], Callable[[str], None]] = {
     ("docs/cluster-model.md", "# The cluster model: what would it cost on real hardware?"):
         _cluster,
     ("docs/mpi.md", "# Across processes and hosts (MPI)"): _mpi_idiom,
+    ("docs/faults.md", "# When a rank dies: revoke, agree, shrink"): _faults,
 }
 
 #: The one block that fails, on purpose: the hang the debugging page shows.
