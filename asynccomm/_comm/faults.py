@@ -96,7 +96,8 @@ class _Group:
         return frozenset(r for r in self.gone if 0 <= r < self.size and r != rank)
 
     def join(self, rank: int, what: str, flag: int,
-             loop: asyncio.AbstractEventLoop) -> tuple[_Agreement, asyncio.Future[Any]]:
+             loop: asyncio.AbstractEventLoop
+             ) -> tuple[_Agreement, asyncio.Future[tuple[int, frozenset[int]]]]:
         k = self.calls[rank]
         agreement = self.open.get(k)
         if agreement is not None and agreement.what != what:  # (nothing taken: checked)

@@ -332,7 +332,7 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
 
     async def one(comm: Communicator, coro: Awaitable[T]) -> T:
         if faults == "tolerate":
-            return await _tolerated(comm, coro)  # type: ignore[return-value]
+            return await _tolerated(comm, coro)  # type: ignore[no-any-return]
         result = await coro
         await comm.aclose()
         return result
