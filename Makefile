@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi test-stress bench results lint clean
+.PHONY: venv demo test test-core test-mpi test-stress test-crash-points bench results lint clean
 
 # A .venv whose python is missing, broken, or of another version than $(PYTHON) (made by
 # another Python, say) is removed, and set up again by the target that needs it: its
@@ -80,6 +80,11 @@ test-stress: $(STAMP)
 		tests.engine.mpi_objects_runner
 	for n in 2 3 4; do $(VENV)/bin/mpiexec -n $$n $(PY) -m \
 		tests.collectives.mpi_adversity_runner --examples $(STRESS) || exit 1; done
+
+# A rank crashing at every engine event of small programs on the cluster model, survived
+# (`make test` runs a stride of them).
+test-crash-points: $(STAMP)
+	ASYNCCOMM_CRASH_POINTS=all $(PY) -m pytest -q tests/faults/test_crash_points.py
 
 # Every benchmark runs, then benchmarks.report writes docs/performance.md from the JSON they
 # wrote (old JSON is removed first, so a benchmark that fails cannot leave last run's figures
