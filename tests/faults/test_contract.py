@@ -308,3 +308,28 @@ def test_a_collective_that_loses_a_member_does_not_hang(env: str, name: str,
             assert exc is None or (type(exc) is ac.CommBrokenError and exc.peer == victim), (
                 rank, exc)
         assert got[1] is not None  # the barrier needs the failed rank
+
+
+def test_a_rank_that_leaves_shrink_has_its_end_closed(env: str) -> None:
+    """A survivor cancelled in ``shrink`` still has a place in the new communicator (the
+    others could not tell): its end closes at once, so the others see it failed there."""
+    in_call = asyncio.Event()
+
+    async def program(comm: ac.Communicator) -> Any:
+        if comm.rank == 1:
+            task = await posted(comm.shrink())
+            in_call.set()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return await outcome(comm.recv(np.zeros(1), 0, tag=3))  # open until told
+        await in_call.wait()
+        new = await comm.shrink()
+        err = await outcome(new.barrier())
+        if comm.rank == 0:
+            await comm.send(np.zeros(1), 1, tag=3)
+        return new.size, type(err), 1 in new.failed()
+
+    zero, one, two = run_ranks(env, 3, program)
+    assert isinstance(one, ac.Status)
+    assert zero == two == (3, ac.CommBrokenError, True)
