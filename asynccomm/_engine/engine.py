@@ -69,13 +69,12 @@ class DeviceEngine(TracedLane):
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
     # offsets).
     __slots__ = (
-        "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs", "acked",
-        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context",
+        "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
+        "_probes", "_recv_buffers", "_streams", "acked", "clock", "closed", "context",
         "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
         "flight", "gone", "inline_copies", "instant", "link", "log", "loop", "matcher", "now",
         "peers", "pool", "private", "rank", "recent", "records", "revoked", "scopes", "size",
-        "taken_at",
-        "trace", "traced", "tracer", "unheard", "world_rank", "world_ranks"
+        "taken_at", "trace", "traced", "tracer", "unheard", "world_rank", "world_ranks"
     )
 
     def __init__(self, rank: int, size: int, link: Link, *, loop: asyncio.AbstractEventLoop,

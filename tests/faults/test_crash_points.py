@@ -13,14 +13,13 @@ import asyncio
 import os
 from typing import Any
 
-import numpy as np
 import pytest
 
 import asynccomm as ac
 from asynccomm.sim.loop import new_virtual_loop
 from asynccomm.transports.local import LocalLink
 
-from .test_programs import leaves, step
+from .test_programs import AFTER, final, leaves, step
 
 #: Every k with ``ASYNCCOMM_CRASH_POINTS=all``; else every STRIDE-th (and the first).
 ALL = os.environ.get("ASYNCCOMM_CRASH_POINTS", "") == "all"
@@ -28,7 +27,6 @@ STRIDE = 7
 PROGRAMS = {"ring+allreduce": ("ring", "allreduce"), "server+objects": ("server", "objects"),
             "all four": ("objects", "server", "allreduce", "ring")}
 SIZE = 3
-AFTER = 4  # messages each rank sends its right neighbour on the final communicator
 ERRORS = (ac.CommBrokenError, ac.CommRevokedError, ExceptionGroup)
 
 
@@ -68,21 +66,6 @@ def counting(monkeypatch: pytest.MonkeyPatch, events: Events) -> None:
     monkeypatch.setattr(LocalLink, "send", on_send)
     monkeypatch.setattr(LocalLink, "fetch", on_fetch)
     monkeypatch.setattr(LocalLink, "received", on_received)
-
-
-async def final(comm: ac.Communicator, world: list[int]) -> tuple[float, list[Any]]:
-    """The work after recovery: an allreduce and a ring of numbered messages."""
-    total = np.array([world[comm.rank] + 1.0])
-    await comm.allreduce(total)
-    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-    sends = [comm.isend(np.array([world[comm.rank], k]), right, tag=7) for k in range(AFTER)]
-    got = []
-    for _ in range(AFTER):
-        buf = np.zeros(2, np.int64)
-        await comm.recv(buf, left, tag=7)
-        got.append(tuple(int(v) for v in buf))
-    await ac.wait_all(sends)
-    return float(total[0]), got
 
 
 def program(steps: tuple[str, ...]) -> Any:

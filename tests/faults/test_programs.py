@@ -68,6 +68,22 @@ async def step(comm: ac.Communicator, what: str, i: int) -> None:
         assert obj["from"] == left and obj["step"] == i
 
 
+async def final(comm: ac.Communicator, ranks: list[int]) -> tuple[float, list[Any]]:
+    """The work after recovery: an allreduce of each rank's ``ranks[rank] + 1``, and a
+    ring of ``AFTER`` numbered messages to the right neighbour, each ``(ranks[rank], k)``."""
+    total = np.array([ranks[comm.rank] + 1.0])
+    await comm.allreduce(total)
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    sends = [comm.isend(np.array([ranks[comm.rank], k]), right, tag=7) for k in range(AFTER)]
+    got = []
+    for _ in range(AFTER):
+        buf = np.zeros(2, np.int64)
+        await comm.recv(buf, left, tag=7)
+        got.append(tuple(int(v) for v in buf))
+    await ac.wait_all(sends)
+    return float(total[0]), got
+
+
 def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for sub in exc.exceptions for leaf in leaves(sub)]
@@ -94,17 +110,8 @@ def program(plan: Plan) -> Any:
         acked = comm.acked_failed()
         new = await comm.shrink()
         parents = [new.parent_rank(r) for r in range(new.size)]
-        total = np.array([comm.rank + 1.0])
-        await new.allreduce(total)
-        right, left = (new.rank + 1) % new.size, (new.rank - 1) % new.size
-        sends = [new.isend(np.array([comm.rank, k]), right, tag=7) for k in range(AFTER)]
-        got = []
-        for _ in range(AFTER):
-            buf = np.zeros(2, np.int64)
-            await new.recv(buf, left, tag=7)
-            got.append(tuple(int(v) for v in buf))
-        await ac.wait_all(sends)
-        return errors, flag, acked, parents, float(total[0]), got
+        total, got = await final(new, parents)
+        return errors, flag, acked, parents, total, got
 
     return main
 
