@@ -53,7 +53,7 @@ demo: $(RUNTIME)
 # the pure-Python fast lane (what runs where the C accelerator could not be built).
 PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
 	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py \
-	tests/api/test_send_buffers.py
+	tests/api/test_send_buffers.py tests/faults/test_contract.py
 test: $(STAMP)
 	$(PY) -m pytest -q
 	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
