@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi test-stress bench results lint clean
+.PHONY: venv demo test test-core test-mpi test-stress test-crash-points bench results lint clean
 
 # A .venv whose python is missing, broken, or of another version than $(PYTHON) (made by
 # another Python, say) is removed, and set up again by the target that needs it: its
@@ -54,7 +54,7 @@ demo: $(RUNTIME)
 # those of the C lane or that compare it with the Python steps (marked native).
 PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
 	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py \
-	tests/api/test_send_buffers.py
+	tests/api/test_send_buffers.py tests/faults/test_contract.py
 test: $(STAMP)
 	$(PY) -m pytest -q
 	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not native" $(PURE_TESTS)
@@ -81,6 +81,11 @@ test-stress: $(STAMP)
 		tests.engine.mpi_objects_runner
 	for n in 2 3 4; do $(VENV)/bin/mpiexec -n $$n $(PY) -m \
 		tests.collectives.mpi_adversity_runner --examples $(STRESS) || exit 1; done
+
+# A rank crashing at every engine event of small programs on the cluster model, survived
+# (`make test` runs a stride of them).
+test-crash-points: $(STAMP)
+	ASYNCCOMM_CRASH_POINTS=all $(PY) -m pytest -q tests/faults/test_crash_points.py
 
 # Every benchmark runs, then benchmarks.report writes docs/performance.md from the JSON they
 # wrote (old JSON is removed first, so a benchmark that fails cannot leave last run's figures

@@ -29,6 +29,7 @@ from ._engine.stream import Stream as Stream
 from ._exceptions import AsyncCommError as AsyncCommError
 from ._exceptions import CommBrokenError as CommBrokenError
 from ._exceptions import CommClosedError as CommClosedError
+from ._exceptions import CommRevokedError as CommRevokedError
 from ._exceptions import CommTimeoutError as CommTimeoutError
 from ._exceptions import DeadlockError as DeadlockError
 from ._exceptions import DTypeMismatchError as DTypeMismatchError
@@ -69,6 +70,7 @@ __all__ = (
     "Cluster",
     "CommBrokenError",
     "CommClosedError",
+    "CommRevokedError",
     "CommTimeoutError",
     "Communicator",
     "DTypeMismatchError",

@@ -18,6 +18,7 @@ __all__ = [
     "AsyncCommError",
     "CommBrokenError",
     "CommClosedError",
+    "CommRevokedError",
     "CommTimeoutError",
     "DTypeMismatchError",
     "DeadlockError",
@@ -76,6 +77,23 @@ class CommBrokenError(AsyncCommError):
     def __init__(self, msg: str, *, rank: int | None = None, peer: int | None = None) -> None:
         super().__init__(msg, rank=rank)
         self.peer = peer
+
+
+class CommRevokedError(AsyncCommError):
+    """Raised by every pending and later operation of a communicator that a rank revoked
+    (``Communicator.revoke``, ULFM's ``MPI_ERR_REVOKED``): the program chose to stop using
+    it, typically after a peer failed.  ``agree``, ``shrink``, ``failed``, ``ack_failed``
+    and ``aclose`` still work on it.
+
+    Attributes:
+        revoked_by: the rank that revoked the communicator.
+    """
+
+    revoked_by: int
+
+    def __init__(self, msg: str, *, rank: int | None = None, revoked_by: int) -> None:
+        super().__init__(msg, rank=rank)
+        self.revoked_by = revoked_by
 
 
 class MatchError(AsyncCommError):

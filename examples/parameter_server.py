@@ -24,6 +24,8 @@ Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
  or, one rank per process: mpiexec -n N+1 .venv/bin/python examples/parameter_server.py
  or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
      [--workers N] [--servers S] [--batch-size B] [--steps T]
+ or, a worker dying at step STEP (sync mode, in-process; the rest go on):
+     python examples/parameter_server.py --kill-worker-at STEP [--kill-worker RANK]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from ps import TARGET_ACCURACY, Config, Report, RetryPolicy, train
 from ps.compression import COMPRESSORS
 from ps.config import MODES
 from ps.simulated import Outcome, configs, simulate
+from ps.survive import train_surviving
 from ps.workloads import WORKLOADS
 
 #: The presets a workload runs on when no --cluster is given: the article's 8-card
@@ -83,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "time and the figures are modelled ones")
     parser.add_argument("--clock", choices=("auto", "wall", "virtual"), default="auto",
                         help="auto: virtual with a cluster, wall without")
+    parser.add_argument("--kill-worker-at", type=int, default=None, metavar="STEP",
+                        help="a worker dies before this step: the server notices, the "
+                             "survivors shrink the communicator and train on (sync mode, "
+                             "in-process; see ps/survive.py)")
+    parser.add_argument("--kill-worker", type=int, default=1, metavar="RANK",
+                        help="--kill-worker-at: the rank of the worker that dies")
     return parser.parse_args(argv)
 
 
@@ -171,6 +180,26 @@ def run_workload(args: argparse.Namespace) -> list[Outcome]:
     return outcomes
 
 
+def run_surviving(cfg: Config, args: argparse.Namespace) -> None:
+    """``--kill-worker-at``: train with a worker dying, and say what happened."""
+    steps = cfg.epochs * cfg.steps_per_epoch()
+    if (args.mode != "sync" or not 1 <= args.kill_worker <= cfg.workers
+            or not 0 <= args.kill_worker_at < steps or cfg.workers < 2):
+        raise SystemExit("parameter_server.py: error: --kill-worker-at needs --mode sync, "
+                         f"2 or more workers, 0 <= STEP < {steps} and 1 <= --kill-worker "
+                         f"<= {cfg.workers}")
+    print(f"parameter server: sync mode, {cfg.workers} workers + 1 server; worker rank "
+          f"{args.kill_worker} dies before its step {args.kill_worker_at} of {steps}")
+    out = train_surviving(cfg, args.kill_worker, args.kill_worker_at, **world_options(args))
+    for event in out.events:
+        print(event)
+    reached = out.test_accuracy >= TARGET_ACCURACY
+    print(f"result: mode=sync workers={cfg.workers} killed={args.kill_worker} "
+          f"at_step={args.kill_worker_at} workers_left={len(out.workers_left)} "
+          f"steps={out.steps} test_accuracy={out.test_accuracy:.4f} "
+          f"target={TARGET_ACCURACY:.2f} reached={'yes' if reached else 'no'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.workload != "mlp":
@@ -186,6 +215,9 @@ def main(argv: list[str] | None = None) -> None:
                      lr=args.lr, retry=RetryPolicy(on_retry=_retry_notice))
     except ValueError as exc:
         raise SystemExit(f"parameter_server.py: error: {exc}") from None
+    if args.kill_worker_at is not None:
+        run_surviving(cfg, args)
+        return
     report = train(cfg, **world_options(args))
     if report is not None:  # None: a worker's process, when each rank has its own
         print_report(report)

@@ -74,3 +74,20 @@ def test_ring_script() -> None:
     match = re.search(r"token after one lap: (\d+) \(expected (\d+)\)", out)
     assert match is not None, out
     assert match[1] == match[2] == "10"
+
+
+def test_parameter_server_survives_a_worker_death() -> None:
+    out = run_example("parameter_server.py", "--kill-worker-at", "40", "--kill-worker", "2",
+                      "--epochs", "2", "--train-samples", "12000")
+    assert "the server lost worker rank 2 (rank 2 " in out
+    assert "shrank to 4 ranks (server + workers 1, 3, 4)" in out
+    result = result_line(out)
+    assert result["killed"] == "2" and result["workers_left"] == "3"
+    assert result["reached"] == "yes", out
+
+
+def test_parameter_server_refuses_a_kill_it_cannot_survive() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "parameter_server.py"),
+                           "--kill-worker-at", "3", "--mode", "async"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 1 and "needs --mode sync" in proc.stderr

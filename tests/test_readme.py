@@ -18,10 +18,10 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The manual's pages (docs/performance.md is written by ``make bench``).
 PAGES = ("semantics", "collectives", "cluster-model", "mpi", "processes", "debugging",
-         "examples", "claims", "development", "performance")
+         "examples", "claims", "development", "performance", "faults")
 #: The pages that show Python: each must have blocks here, or they would go unchecked.
 WITH_CODE = ("README.md", "docs/semantics.md", "docs/collectives.md", "docs/cluster-model.md",
-             "docs/mpi.md", "docs/processes.md", "docs/debugging.md")
+             "docs/mpi.md", "docs/processes.md", "docs/debugging.md", "docs/faults.md")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,10 @@ def _processes(out: str) -> None:
     assert out.strip() == "[2.0, 0.0, 1.0]"
 
 
+def _faults(out: str) -> None:
+    assert out.strip().splitlines() == ["(1, (2,), [0, 1, 3], 4.0)", "RuntimeError"]
+
+
 def _running_loop(out: str) -> None:
     assert out.strip().splitlines() == ["[0, 10, 20, 30]", "0 5 [0. 1. 2.]"]
 
@@ -120,6 +124,7 @@ PRINTS: dict[tuple[str, str], Callable[[str], None]] = {
         _cluster,
     ("docs/mpi.md", "# Across processes and hosts (MPI)"): _mpi_idiom,
     ("docs/processes.md", "# Processes on one machine, without MPI"): _processes,
+    ("docs/faults.md", "# When a rank dies: revoke, agree, shrink"): _faults,
 }
 
 #: The pages whose blocks run as script files: their ranks' processes import them.

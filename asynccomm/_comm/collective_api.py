@@ -23,6 +23,7 @@ from typing import Any
 from .._collectives.costs import Chooser, default_choice, model_chooser
 from .._collectives.ops import ReduceOp
 from .calls import Call
+from .faults import lost_member
 from .view import CommView
 
 __all__ = ["Op", "collective"]
@@ -44,8 +45,9 @@ async def _run(comm: CommView, run: Callable[..., Awaitable[None]], tag: int,
     try:
         private, choose = _setup(comm, algorithm)
         await run(private, *args, tag=tag, choose=choose, **kwargs)
-    except BaseException:
+    except BaseException as exc:
         comm._left_block(tag)
+        lost_member(comm, exc)  # a member failed: the others stop waiting for it too
         raise
 
 

@@ -8,6 +8,7 @@ closed communicator) and leaves the communicator exactly as it was.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 from asyncio.events import _get_running_loop
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,7 @@ from .._exceptions import CommClosedError
 from .._types import ANY_SOURCE, ANY_TAG, TAG_UB, Status
 from ..sim.device import Device
 from . import batches as _batches
+from . import faults as _faults
 from . import groups as _groups
 from . import native as _native
 from . import objects as _objects
@@ -112,6 +114,8 @@ class Communicator:
             raise RuntimeError(f"rank {self.rank}'s communicator belongs to another event loop")
         if self._engine.closed:
             raise CommClosedError(f"rank {self.rank}'s communicator is closed", rank=self.rank)
+        if self._engine.revoked is not None:
+            raise copy.copy(self._engine.revoked)
 
     def _check_rank(self, peer: object, what: str, *, wildcard: bool) -> int:
         if type(peer) is int and 0 <= peer < self.size:
@@ -849,6 +853,89 @@ class Communicator:
             DeadlockError: as ``barrier``.
         """
         return collective(self, coll.alltoall, None, sendbuf, recvbuf, timeout=timeout)
+
+    # -- faults (see faults): revoke, failure acknowledgement, agree, shrink -------------
+
+    def revoke(self) -> None:
+        """Revoke this communicator on every rank (ULFM's ``MPI_Comm_revoke``), at once:
+        every op of it that has not matched, pending or posted later, on every rank
+        (point-to-point, probes, collectives, objects, ``split``/``dup``), raises
+        ``CommRevokedError`` naming this rank.  Matched transfers finish.  Not
+        collective: any one rank calls it, typically on catching ``CommBrokenError``, so
+        that the others stop waiting too.  Revoking again changes nothing.  ``agree``,
+        ``shrink``, ``failed``, ``ack_failed`` and ``aclose`` still work.
+
+        Raises:
+            RuntimeError, CommClosedError: as ``isend``.
+            NotImplementedError: on an MPI world (in-process worlds only, for now).
+        """
+        _faults.revoke(self)
+
+    def failed(self) -> tuple[int, ...]:
+        """The ranks of this communicator known here to have failed (their end closed:
+        their program raised, returned or closed it), sorted.  It only grows.
+
+        Raises:
+            RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
+        """
+        return _faults.failed(self)
+
+    def ack_failed(self) -> tuple[int, ...]:
+        """Acknowledge every rank ``failed()`` names now (ULFM's ``MPI_Comm_ack_failed``)
+        and return the acknowledged ranks, sorted (these and those acknowledged before).
+
+        Raises:
+            RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
+        """
+        return _faults.ack_failed(self)
+
+    def acked_failed(self) -> tuple[int, ...]:
+        """The ranks acknowledged as failed here (``ack_failed``, ``agree``, ``shrink``),
+        sorted.  After an ``agree`` or ``shrink`` it is the same on every rank that
+        returned from it: the ranks that had failed when it decided.
+
+        Raises:
+            RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
+        """
+        return _faults.acked_failed(self)
+
+    async def agree(self, flag: int) -> int:
+        """A fault-tolerant agreement (ULFM's ``MPI_Comm_agree``): the bitwise AND of
+        ``flag`` over the ranks that had not failed when it decided, the same on every
+        rank that returns, even when ranks fail during the call.  It decides once every
+        rank has called it or failed; on return ``acked_failed()`` is the ranks that had
+        failed then (the same on every survivor).  Works on a revoked communicator.
+        Every rank makes its ``agree`` and ``shrink`` calls in the same order.
+
+        Raises:
+            TypeError, ValueError: ``flag`` is not an int of 64 bits, or another rank's
+                call in this place is a ``shrink``.
+            RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
+        """
+        return await _faults.agree(self, flag)
+
+    async def shrink(self) -> Communicator:
+        """A new communicator of the ranks that had not failed (ULFM's
+        ``MPI_Comm_shrink``): they agree, as ``agree`` does, on who failed, then every
+        survivor gets the same group, ranked in their order here
+        (``new.parent_rank(r)``: new rank r's rank here).  Works on a revoked
+        communicator; the new one is a sub-communicator of this one (closed with it).
+
+        Raises:
+            ValueError: another rank's call in this place is an ``agree``.
+            RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
+        """
+        return cast("Communicator", await _faults.shrink(self))
+
+    def parent_rank(self, rank: int) -> int:
+        """Rank ``rank`` of this communicator in the one it was made from (``shrink``,
+        ``split``, ``dup``).
+
+        Raises:
+            TypeError, ValueError: a bad rank, or this communicator was made from none
+                (a world's), or that one is closed.
+        """
+        return _faults.parent_rank(self, rank)
 
     # -- streams and lifetime -------------------------------------------------------------
 

@@ -317,7 +317,8 @@ def _watch(comms: tuple[Communicator, ...]) -> _hang.Watch:
 
 async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
                     comms: tuple[Communicator, ...],
-                    on_cancel: Callable[[], None] | None = None) -> list[T]:
+                    on_cancel: Callable[[], None] | None = None, *,
+                    faults: str = "abort") -> list[T]:
     """Run ``main(comm)`` for every rank concurrently; each rank's communicator closes when
     its ``main`` returns, so peers still waiting for it get ``CommBrokenError`` instead of
     hanging.  When a rank fails the others are cancelled first (so they do not fail in turn
@@ -338,6 +339,8 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
         raise not_async(main, coros[0])
 
     async def one(comm: Communicator, coro: Awaitable[T]) -> T:
+        if faults == "tolerate":
+            return await _tolerated(comm, coro)  # type: ignore[no-any-return]
         result = await coro
         await comm.aclose()
         return result
@@ -386,6 +389,30 @@ async def run_ranks(main: Callable[[Communicator], Awaitable[T]],
     return [t.result() for t in tasks]
 
 
+async def _tolerated(comm: Communicator, coro: Awaitable[Any]) -> Any:
+    """``faults="tolerate"``: a rank that raises has failed; its communicators close as
+    failed (its peers get ``CommBrokenError``, and go on) and its error is its result."""
+    try:
+        result = await coro
+    except DeadlockError:
+        raise  # the whole world's: reported as ever
+    except Exception as exc:
+        comm._mark_failed(exc)
+        await comm.aclose()
+        exc.add_note(f"(raised on rank {comm.rank})")
+        return exc
+    await comm.aclose()
+    return result
+
+
+def _faults(options: dict[str, Any]) -> str:
+    """Take ``faults=`` out of ``options`` and check it."""
+    faults = options.pop("faults", "abort")
+    if faults not in ("abort", "tolerate"):
+        raise ValueError(f"faults must be 'abort' or 'tolerate', got {faults!r}")
+    return faults  # type: ignore[no-any-return]
+
+
 def _one_deadlock(failures: list[Exception], exc: DeadlockError) -> None:
     """Add ``exc`` to ``failures`` unless it is the world's deadlock already there (the
     same error, or a copy a collective made to note itself: its notes join the first)."""
@@ -431,6 +458,15 @@ def mpi_world_size() -> int | None:
     return int(comm_world().Get_size())
 
 
+def _no_mpi_faults(backend: str, options: dict[str, Any]) -> None:
+    """Check ``faults=`` before any rank runs; MPI worlds abort on a failure (for now)."""
+    faults = _faults(dict(options))
+    if backend == "mpi" and faults != "abort":
+        raise NotImplementedError("faults='tolerate' runs in-process worlds (not yet MPI)")
+    if backend == "mpi":
+        options.pop("faults", None)
+
+
 def _running() -> asyncio.AbstractEventLoop | None:
     """The event loop running on this thread, if any."""
     try:
@@ -464,6 +500,7 @@ async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     if world_size is None:
         raise TypeError("run_async() needs world_size for in-process ranks "
                         "(or an MPI launch: mpiexec -n N python script.py)")
+    faults = _faults(options)
     async with open_world(world_size, cluster, clock, **options) as world:
         family = world.comms[0]._family
         # every engine: sub-communicators' and private contexts' too
@@ -473,7 +510,7 @@ async def _run_world(main: Callable[[Communicator], Coroutine[Any, Any, T]],
         on_cancel = None if interrupted is None else (
             lambda: interrupted.append(_hang.dump(engines)))
         try:
-            return await run_ranks(main, world.comms, on_cancel=on_cancel)
+            return await run_ranks(main, world.comms, on_cancel=on_cancel, faults=faults)
         finally:
             uninstall()
 
@@ -504,7 +541,11 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             in-process elsewhere.
         processes: True is ``backend="processes"``.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
-            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``).
+            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``), and
+            ``faults``: ``"abort"`` (the default: a rank that raises ends the run, as
+            below) or ``"tolerate"`` (in-process: a rank that raises has failed, its
+            communicators close as failed and the other ranks go on: ``revoke``,
+            ``agree``, ``shrink``; its error, noted with its rank, is its result).
 
     Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
     ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.
@@ -534,6 +575,7 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
     if (loop == "virtual") != (mode == "virtual"):
         raise ValueError(f"loop={loop!r} does not go with clock={clock!r}: the virtual clock "
                          "runs on the virtual-time loop, the wall clock on uvloop or asyncio")
+    _no_mpi_faults(backend, options)
     if backend == "mpi":
         from .mpi_runner import run_mpi  # noqa: PLC0415  (mpi4py: only when a world opens)
 
@@ -601,6 +643,7 @@ async def run_async(main: Callable[[Communicator], Coroutine[Any, Any, T]],
                          "runs on a loop of its own: pass clock='wall' here, or call "
                          "ac.run(main, n, ...) from synchronous code, or use open_world on "
                          "asynccomm.sim.new_virtual_loop()")
+    _no_mpi_faults(backend, options)
     if backend == "mpi":
         from .mpi_runner import run_mpi_async  # noqa: PLC0415  (as run's)
 

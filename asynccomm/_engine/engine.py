@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import functools
 import weakref
 from collections import deque
@@ -70,11 +71,11 @@ class DeviceEngine:
     # offsets).
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
-        "_probes", "_recv_buffers", "_streams", "clock", "closed", "context", "copy",
+        "_probes", "_recv_buffers", "_streams", "acked", "clock", "closed", "context", "copy",
         "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
         "flight", "gone", "inline_copies", "inspect", "instant", "lane", "link", "log", "loop",
-        "matcher", "now", "peers", "pool", "private", "rank", "recent", "records", "scopes",
-        "size", "taken_at", "trace", "traced", "tracer", "unheard", "world_rank",
+        "matcher", "now", "peers", "pool", "private", "rank", "recent", "records", "revoked",
+        "scopes", "size", "taken_at", "trace", "traced", "tracer", "unheard", "world_rank",
         "world_ranks"
     )
 
@@ -138,6 +139,12 @@ class DeviceEngine:
         self.failure: BaseException | None = None
         #: What this rank failed with, if it did: its peers hear it at close.
         self.failed_with: BaseException | None = None
+        #: Why this communicator was revoked (``revoke``): every op posted since fails
+        #: with a copy of it.
+        self.revoked: BaseException | None = None
+        #: The failed ranks acknowledged here (``_comm.faults``), once the program asked:
+        #: a wildcard recv or probe then fails while a failed rank is not acknowledged.
+        self.acked: frozenset[int] | None = None
         #: When ``take.take_now``'s last timed copy began (-1: it was not timed).
         self.taken_at = -1.0
         #: Ranks that have closed (their messages sent before closing were delivered),
@@ -235,6 +242,9 @@ class DeviceEngine:
         check(req._state, POSTED)
         req._state = POSTED
         req.t_post = self.now()
+        if self.revoked is not None:
+            self._finish(req, DONE, copy.copy(self.revoked))
+            return
         kind = req.kind
         if kind is SEND:
             byte_view(req)  # the link reads it
@@ -280,6 +290,9 @@ class DeviceEngine:
         check(req._state, POSTED)
         req._state = POSTED
         req.t_post = self.now()
+        if self.revoked is not None:
+            self._finish(req, DONE, copy.copy(self.revoked))
+            return
         msg = self.matcher.post_probe(req)
         if msg is not None:
             req._result = status_of(msg)
@@ -559,7 +572,7 @@ class DeviceEngine:
         self.gone.add(rank)
         if self.closed or not self._n_pending:
             return
-        everyone = self._heard() >= self.size - 1
+        everyone = self._heard() >= self.size - 1 or self._unacked() is not None
         if not self.matcher.waits_for(rank, wildcards=everyone):
             return  # (a queued recv meets the closed peer when it is posted)
         for req in [r for r in self._live() if r.kind is not SEND and r.kind is not COMPUTE
@@ -573,8 +586,16 @@ class DeviceEngine:
         wildcard gives up once every other rank has closed (a message to itself is matched
         when it is posted, so a rank waiting on ANY_SOURCE alone would wait forever)."""
         if peer == ANY_SOURCE:
-            return self.size > 1 and self._heard() >= self.size - 1
+            return self.size > 1 and (self._heard() >= self.size - 1
+                                      or self._unacked() is not None)
         return peer in self.gone and peer != self.rank and peer not in self.unheard
+
+    def _unacked(self) -> int | None:
+        """The lowest failed rank not acknowledged here, where the program acknowledges."""
+        if self.acked is None:
+            return None
+        return min((r for r in self.gone if r != self.rank and r not in self.unheard
+                    and r not in self.acked), default=None)
 
     def _heard(self) -> int:
         """How many other ranks this rank knows to have closed."""
@@ -584,6 +605,8 @@ class DeviceEngine:
     def broken(self, peer: int) -> CommBrokenError:
         """The error for an op of this rank that ``peer`` (``ANY_SOURCE``: every other
         rank), now closed, can never complete."""
+        if peer == ANY_SOURCE and (unacked := self._unacked()) is not None:
+            peer = unacked  # a failure not acknowledged (``acked``): that rank's error
         if peer != ANY_SOURCE:  # (the closed ranks are named for wildcards only)
             why, cause = self.link.why_gone(peer)
             return diag.broken(self.rank, peer, self.gone, why, cause)
@@ -598,6 +621,16 @@ class DeviceEngine:
         for req in self._live():
             if req._state < DONE:
                 self._finish(req, DONE, diag.fresh_copy(exc))
+
+    def revoke(self, exc: BaseException) -> None:
+        """This communicator was revoked (``_comm.faults``): every op that has not matched
+        fails with a copy of ``exc`` (copied with ``copy.copy``), and so does every op
+        posted from now on; matched transfers finish.  The fast lanes close (the usual way
+        checks)."""
+        self.revoked = exc
+        self.fast = self.traced = False
+        for req in self._live():
+            self.withdraw(req, copy.copy(exc), ask=False)
 
     @property
     def pending_ops(self) -> int:

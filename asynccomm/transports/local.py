@@ -26,6 +26,8 @@ from .._types import ANY_SOURCE
 from .base import CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._core.descriptors import Message
     from ..sim.model import Transfer
     from ..sim.timing import ModelledTiming
@@ -54,6 +56,8 @@ class LocalLink(Link):
         self._closing: dict[tuple[int, int], Endpoint] = {}
         self._announced: set[Message] = set()  # requests-to-send in flight
         self._plans: dict[Message, tuple[int, Transfer]] = {}  # (receiver, transfer)
+        #: Called with each rank that closes, after its peers were told (``_comm.faults``).
+        self.watchers: list[Callable[[int], None]] = []
 
     def attach(self, endpoint: Endpoint) -> None:
         """Add the next rank's engine (ranks attach in order)."""
@@ -232,6 +236,8 @@ class LocalLink(Link):
             else:  # once everything in flight to it has arrived (see ``_drain``)
                 other.unheard.add(rank)
                 self._closing[(rank, other_rank)] = other
+        for watcher in self.watchers:
+            watcher(rank)
 
     def _tell_closed(self, other: Endpoint, rank: int) -> None:
         other.unheard.discard(rank)
