@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import asynccomm as ac
 
+from . import p2p
 from ._common import environment, load_average, print_table, printed, write_json
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -47,37 +46,20 @@ CASES = {
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-async def _pair(n: int) -> None:
+async def _case(case: str, n: int) -> None:
+    """The messages of ``case``, timed as ``python -m benchmarks`` times them (its rate
+    benchmarks, run here for their instructions)."""
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        sbuf, rbuf = np.ones(1), np.empty(1)
-
-        async def sender() -> None:
-            for _ in range(n):
-                await c0.send(sbuf, 1, 3)
-
-        async def receiver() -> None:
-            for _ in range(n):
-                await c1.recv(rbuf, 0, 3)
-
-        await asyncio.gather(receiver(), sender())
-
-
-async def _rows(n: int) -> None:
-    window = 256
-    async with ac.open_world(2) as world:
-        c0, c1 = world.comms
-        sbuf, block = np.ones(4), np.zeros((window, 4))
-        rows = [block[i] for i in range(window)]
-        for _ in range(max(1, n // window)):
-            reqs = [c1.irecv(r, 0, 6) for r in rows]
-            await ac.wait_all([c0.isend(sbuf, 1, 6) for _ in range(window)])
-            await ac.wait_all(reqs)
+        if case == "pair":
+            await p2p._send_rate(c0, c1, n)
+        else:
+            await p2p._burst_rate(c0, c1, n, 256, True)
 
 
 def child(case: str, n: int) -> None:
     """Run ``n`` messages of ``case`` (the process valgrind counts)."""
-    asyncio.run({"pair": _pair, "rows": _rows}[case](n))
+    asyncio.run(_case(case, n))
 
 
 def count(case: str, n: int, env: dict[str, str]) -> int:
