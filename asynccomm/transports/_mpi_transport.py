@@ -40,13 +40,13 @@ from .base import ASKED, CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gon
 if TYPE_CHECKING:
     from mpi4py import MPI
 
-__all__ = ["MPITransport", "OfferBytes"]
+__all__ = ["MPITransport", "OfferBytes", "deliver"]
 
 #: What ``MPITransport.offer_bytes`` is.
 OfferBytes = Callable[[Any, int, int, memoryview, int, int, str], bool]
 
 
-def _deliver(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+def deliver(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int, count: int,
              dtype: str) -> bool:
     """No recv takes a message as it lands: it is delivered as a ``Message``."""
     return False
@@ -73,12 +73,15 @@ class MPITransport(Link):
                          credits=[p // self.size for p in pools],
                          grant=pools[self.rank] // self.size)
         self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
+        #: The errors of what carries the wire (MPI's), which become ``TransportError``.
+        self._foreign: type[BaseException] | tuple[type[BaseException], ...] = (
+            lib.MPI.Exception)
         self.endpoint: Endpoint  # set by start()
         #: The fast lane's step for an eager message that lands, ``offer_bytes(endpoint,
         #: source, tag, view, nbytes, count, dtype)``: True if a recv posted there took it
         #: (the world gives its engines', ``_engine.steps.offer_bytes``).  Without one,
         #: every such message is delivered as a ``Message``.
-        self.offer_bytes: OfferBytes = _deliver
+        self.offer_bytes: OfferBytes = deliver
         self.progress = Progress(comm, on_control=self._on_control,
                                  finished=lambda: self.wire.finished, failed=self._failed)
         self._sends: dict[int, Message] = {}  # announced sends, until CTS or WITHDRAWN
@@ -133,7 +136,7 @@ class MPITransport(Link):
             raise
 
     def _failed(self, exc: Exception) -> None:
-        err = (translate(exc, "progress", self.rank) if isinstance(exc, lib.MPI.Exception)
+        err = (translate(exc, "progress", self.rank) if isinstance(exc, self._foreign)
                else TransportError(f"rank {self.rank}: the MPI transport failed: {exc!r}",
                                    rank=self.rank))
         err.__cause__ = exc
@@ -249,7 +252,7 @@ class MPITransport(Link):
             msg.ident = ident
             self._sends[ident] = msg
             self._send(dest, rts)
-        except lib.MPI.Exception as exc:
+        except self._foreign as exc:
             if header is not None:  # not sent: its credit returns (as in send_now)
                 wire.refund(dest, n)
             elif self._sends.pop(msg.ident, None) is not None:
@@ -268,7 +271,7 @@ class MPITransport(Link):
         progress = self.progress
         try:
             progress.send(dest, b"".join((header, array)))  # one copy of the payload
-        except lib.MPI.Exception:
+        except self._foreign:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request
         progress.deliver()  # the answer may be here: a recv waiting for it completes now
@@ -282,7 +285,7 @@ class MPITransport(Link):
             # Recvs first, so the data never lands as an MPI-level unexpected message.
             self.progress.pull(into, source, tag, lambda: ready(None, None))
             self._send(source, cts)
-        except lib.MPI.Exception as exc:
+        except self._foreign as exc:
             self._break(translate(exc, f"recv from rank {source}", self.rank))
 
     def received(self, msg: Message, rank: int) -> object:
@@ -306,7 +309,7 @@ class MPITransport(Link):
         try:
             assert ask_msg is not None
             self._send(dest, ask_msg)
-        except lib.MPI.Exception as err:
+        except self._foreign as err:
             self._break(translate(err, "withdraw", self.rank))
         return ASKED
 
@@ -317,7 +320,7 @@ class MPITransport(Link):
             return
         try:
             self._send(peer, self.wire.ask_dump())
-        except lib.MPI.Exception:
+        except self._foreign:
             pass  # best effort: the report goes on without it
 
     def describe(self, rank: int, peer: int) -> list[str]:
@@ -332,5 +335,5 @@ class MPITransport(Link):
         try:
             for dest, raw in self.wire.close(reason):
                 self._send(dest, raw)
-        except lib.MPI.Exception as exc:
+        except self._foreign as exc:
             self._break(translate(exc, "close", self.rank))

@@ -38,7 +38,7 @@ from .._core.descriptors import Message
 from .._core.wire import CLOSE, FIN, HEADER, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
-from ._mpi_transport import MPITransport
+from ._mpi_transport import MPITransport, OfferBytes, deliver
 from ._shm_ring import ARMED, Ring, Segment, segment_bytes, single_copy
 from .base import Endpoint
 
@@ -388,6 +388,9 @@ class ShmTransport(MPITransport):
     by ``Node.open_world``; the node polls it."""
 
     remote = True
+    #: No foreign errors here: the MPI link's handlers of MPI's errors catch none of ours
+    #: (an error of ours goes up as itself, mpi4py imported or not).
+    _foreign = ()
 
     def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int], *,
                  eager_limit: int, pools: list[int]) -> None:
@@ -397,6 +400,7 @@ class ShmTransport(MPITransport):
         self.wire = Wire(rank, size, inline_max=eager_limit,
                          credits=[p // size for p in pools], grant=pools[rank] // size)
         self.wire.data_tag_ub = (1 << 31) - 1
+        self.offer_bytes: OfferBytes = deliver  # the world gives the fast lane's
         self.endpoint: Endpoint
         self.progress = Channels(node, segment, rank, procs,  # type: ignore[assignment]
                                  self._on_control)

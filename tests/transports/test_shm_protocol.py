@@ -18,6 +18,9 @@ can fail.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass, replace
 
 SENDERS = 2
@@ -131,3 +134,27 @@ def test_the_explorer_catches_a_receiver_that_does_not_look_again_after_arming()
 def test_the_explorer_catches_a_sender_that_looks_at_the_bell_before_publishing() -> None:
     _, lost = explore(Variant(publish_first=False))
     assert lost is not None and lost_wakeup(lost[-1])
+
+
+def test_an_error_of_its_own_goes_up_as_itself_without_mpi4py() -> None:
+    """The shared-memory link runs the MPI link's handlers, which translate MPI's errors:
+    without mpi4py imported, an error of its own must still go up as itself (not as an
+    AttributeError of the missing MPI module)."""
+    program = textwrap.dedent("""
+        import sys, types
+        from asynccomm.transports.shm import ShmTransport
+        assert "mpi4py" not in sys.modules
+        link = object.__new__(ShmTransport)
+        link.rank, link._broken = 0, None
+        link.wire = types.SimpleNamespace(closed_by=set(), ask_dump=lambda: b"?")
+        def fail(dest, raw):
+            raise RuntimeError("the ring is gone")
+        link._send = fail
+        try:
+            link.ask_dump(1)
+        except RuntimeError as exc:
+            print("RuntimeError", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.stdout.strip() == "RuntimeError the ring is gone", out.stderr[-2000:]
