@@ -345,7 +345,11 @@ class PendingBuffers:
 
     def conflict(self, buf: Any, nbytes: int) -> object | None:
         """The request whose pending buffer overlaps the first ``nbytes`` of ``buf``."""
-        key = id(memory_owner(buf))
+        base = getattr(buf, "base", None)  # the owner of a row of an array, inlined
+        if type(base) is np.ndarray and base.base is None:
+            key = id(base)
+        else:
+            key = id(memory_owner(buf))
         group = self._by_owner.get(key)
         if group is None or nbytes <= 0:
             self._last = (buf, key, -1)

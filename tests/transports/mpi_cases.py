@@ -357,7 +357,7 @@ def main(case: str) -> int:
     elif case == "send-error":
         sys.stdout.write(f"{ac.run(send_error)}\n")
     elif case == "progress-error":
-        ac.run(progress_error)
+        ac.run(progress_error, abort_grace=1.0)  # the abort, without the default wait
     elif case == "after-failure":
         async def report(comm: ac.Communicator) -> str:
             line = await after_failure(comm)
