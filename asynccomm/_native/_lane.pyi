@@ -3,8 +3,9 @@
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Path", "PendingBuffers", "Ring", "Tally", "Words", "address", "charge", "configure", "copy",
-           "inspect", "perf_counter", "readv", "recv", "send", "set_dtype_names"]
+__all__ = ["Path", "PendingBuffers", "Ring", "Tally", "Words", "address", "charge",
+           "configure", "copy", "inspect", "perf_counter", "readv", "recv", "send",
+           "set_dtype_names"]
 
 # -- the entry points (configured by asynccomm._comm.native) ------------------------------
 

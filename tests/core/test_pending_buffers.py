@@ -5,11 +5,10 @@ its C twin (``_native/_lane_pending.c``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import gc
 import sys
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
