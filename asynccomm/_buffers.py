@@ -11,7 +11,7 @@ import ctypes
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ._types import DataType
 __all__ = [
     "BufferView",
     "PendingBuffers",
+    "PendingIndex",
     "address",
     "memory_owner",
     "overlapping",
@@ -317,6 +318,19 @@ class _Spans:
             self.starts = sorted(self.ends)
 
 
+class PendingIndex(Protocol):
+    """What the engine asks of an index of pending recv buffers: ``PendingBuffers`` here,
+    or its C twin (``_native/_lane_pending.c``, on the C lane: ``_engine.lane.Lane``)."""
+
+    def __len__(self) -> int: ...
+
+    def conflict(self, buf: Any, nbytes: int, /) -> object | None: ...
+
+    def add(self, buf: Any, nbytes: int, req: object, /) -> None: ...
+
+    def remove(self, req: object, /) -> None: ...
+
+
 class PendingBuffers:
     """The buffers of this rank's pending recvs, to refuse a recv into memory that another
     pending recv will write (two writers, one buffer: data corrupted).
@@ -327,7 +341,8 @@ class PendingBuffers:
     then kept sorted, so each check is a bisection that looks at the two neighbours.  A
     recv is checked, then added: what the check found of its buffer (owner, address) is
     kept for the add, so each is looked up once.  ``address`` finds a buffer's address
-    (the C accelerator's where it is built: ``_engine.lane.address``).
+    (the C accelerator's where it is built: ``_engine.lane.address``).  The C lane has a
+    twin of this class (``_native/_lane_pending.c``), which the engine uses on it.
     """
 
     __slots__ = ("_address", "_by_owner", "_last", "_where")

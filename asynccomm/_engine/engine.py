@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
-from .._buffers import PendingBuffers, StagingPool, new_array
+from .._buffers import PendingIndex, StagingPool, new_array
 from .._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from .._core.matching import Matcher, ProbeMatched, RecvRejected
 from .._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
@@ -158,7 +158,7 @@ class DeviceEngine:
         self.scopes: list[Scope] = []
         self._n_pending = 0  # tracked (unfinished) ops
         self._pending_recvs = 0  # of them, recvs with a non-empty buffer
-        self._recv_buffers: PendingBuffers | None = None  # theirs, once two were pending
+        self._recv_buffers: PendingIndex | None = None  # theirs, once two were pending
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -221,7 +221,7 @@ class DeviceEngine:
         """
         pending = self._recv_buffers
         if pending is None:  # built on first need: most programs never have two pending
-            pending = self._recv_buffers = PendingBuffers(self.lane.address)
+            pending = self._recv_buffers = self.lane.pending(self.lane.address)
             for r in self._live():
                 if r.kind is RECV and r.nbytes > 0:
                     self._add_buffer(pending, r)
@@ -232,7 +232,7 @@ class DeviceEngine:
                              "would write the same memory")
 
     @staticmethod
-    def _add_buffer(pending: PendingBuffers, req: Request) -> None:
+    def _add_buffer(pending: PendingIndex, req: Request) -> None:
         pending.add(req.array if req.array is not None else req.view, req.nbytes, req)
 
     # -- posting --------------------------------------------------------------------------

@@ -17,6 +17,9 @@ and behave the same:
   then use the numpy or memoryview assignment that suits each site.
 - ``address(buf)``: the address of a contiguous buffer's first byte, for the check that
   pending recvs never share memory (``_buffers.PendingBuffers``); ``ctypes`` without it.
+- ``PendingBuffers``: that check's index itself, in C (``_lane_pending.c``: the same
+  interface and answers as the Python class, without its Python calls per recv where
+  many recvs are pending in one array).
 
 The same extension takes the fast lane's commonest op: a send or recv (awaited, or
 ``isend``/``irecv``) of a small 1-D array with an exact peer and tag, on the default
@@ -40,7 +43,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from .._buffers import _NAMES
+from .._buffers import _NAMES, PendingBuffers, PendingIndex
 from .._buffers import address as _address
 
 __all__ = ["ACCELERATED", "FAST_LANE", "LANE", "PYTHON", "Lane", "address", "choose", "copy",
@@ -92,7 +95,7 @@ class Lane:
     """One world's fast lane: the C lane's entry points, primitives, flight ring and
     tallies, or the Python steps' (see module docs)."""
 
-    __slots__ = ("address", "copy", "inspect", "module", "name", "recv", "send")
+    __slots__ = ("address", "copy", "inspect", "module", "name", "pending", "recv", "send")
 
     def __init__(self, module: Any, send: Any, recv: Any) -> None:
         native = module is not None
@@ -105,6 +108,10 @@ class Lane:
             inspect if native else _inspect)
         self.copy: Callable[[Any, Any, int], None] | None = copy if native else None
         self.address: Callable[[Any], int] = address if native else _address
+        #: The index of pending recv buffers, made as ``pending(address)``: the C lane's
+        #: ``PendingBuffers`` (``_lane_pending.c``) or its Python twin (``_buffers``).
+        self.pending: Callable[[Callable[[Any], int]], PendingIndex] = (
+            module.PendingBuffers if native else PendingBuffers)
         #: As the ``comm.opened`` log event says it.
         self.name = "C" if native else "python"
 

@@ -468,14 +468,15 @@ PyInit__lane(void)
     if (m == NULL) {
         return NULL;
     }
-    if (shm_add(m) < 0
+    if (shm_add(m) < 0 || pending_add(m) < 0
         || PyModule_AddObjectRef(m, "Path", (PyObject *)&PathType) < 0
         || PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
         || PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyCType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[ssssssssssssss]", "Path", "Ring", "Tally", "Words",
+    PyObject *all = Py_BuildValue("[sssssssssssssss]", "Path", "PendingBuffers", "Ring",
+                                  "Tally", "Words",
                                   "address", "charge", "configure", "copy", "inspect",
                                   "perf_counter", "readv", "recv", "send", "set_dtype_names");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {

@@ -208,6 +208,9 @@ PyObject *buffers_address(PyObject *self, PyObject *arg);
 int shm_add(PyObject *m);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
+/* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``) */
+int pending_add(PyObject *m);
+
 /* _lane_flight.c: the flight recorder's ring and tallies. */
 extern PyTypeObject RingType, TallyCType;
 void ring_push(PyObject *ring, long long kind, long long peer, long long tag,

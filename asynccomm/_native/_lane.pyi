@@ -1,10 +1,11 @@
 """The C lane (``_lane*.c``): what it gives Python.  See README.md here."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Path", "Ring", "Tally", "Words", "address", "charge", "configure", "copy",
-           "inspect", "perf_counter", "readv", "recv", "send", "set_dtype_names"]
+__all__ = ["Path", "PendingBuffers", "Ring", "Tally", "Words", "address", "charge",
+           "configure", "copy", "inspect", "perf_counter", "readv", "recv", "send",
+           "set_dtype_names"]
 
 # -- the entry points (configured by asynccomm._comm.native) ------------------------------
 
@@ -47,6 +48,26 @@ def address(buf: Any, /) -> int:
         TypeError: ``buf`` is not a buffer.
         BufferError: it is not contiguous.
     """
+
+class PendingBuffers:
+    """The buffers of a rank's pending recvs (``_lane_pending.c``): the C twin of
+    ``asynccomm._buffers.PendingBuffers``, with the same answers.  ``address`` finds a
+    buffer's address (``address`` here or None: the buffer protocol's, without a call).
+    It keeps each pending request alive until ``remove``.
+
+    Raises (``conflict``, ``add``):
+        TypeError: ``buf`` is not a buffer (``add``: always; ``conflict``: when another
+            buffer of its owner is pending).
+    """
+
+    def __init__(self, address: Callable[[Any], int] | None = None) -> None: ...
+    def __len__(self) -> int: ...
+    def conflict(self, buf: Any, nbytes: int, /) -> object | None:
+        """The request whose pending buffer overlaps the first ``nbytes`` of ``buf``."""
+    def add(self, buf: Any, nbytes: int, req: object, /) -> None:
+        """The first ``nbytes`` of ``buf`` are pending, for ``req``."""
+    def remove(self, req: object, /) -> None:
+        """``req``'s buffer is no longer pending (nothing if it was not)."""
 
 # -- the shared-memory link's (asynccomm.transports._shm_ring, shm) ------------------------
 

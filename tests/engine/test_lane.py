@@ -31,6 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
+from asynccomm._buffers import PendingBuffers
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
@@ -76,7 +77,8 @@ def test_a_world_carries_the_lane_it_chose(native: bool) -> None:
         for comm in (c0, c1, c0._private(), subs[1]):
             engine = comm._engine
             out.append((comm._lane_send, comm._lane_recv, engine.lane.name, engine.copy,
-                         type(engine.flight.ring), type(engine.flight.sends[0])))
+                         type(engine.flight.ring), type(engine.flight.sends[0]),
+                         engine.lane.pending))
         return out
 
     async def run() -> list[tuple[Any, ...]]:
@@ -86,9 +88,41 @@ def test_a_world_carries_the_lane_it_chose(native: bool) -> None:
     got = set(asyncio.run(run()))
     if native:
         assert got == {(_communicator._lane_send, _communicator._lane_recv, "C",
-                        _fastlane.copy, _fastlane.LANE.Ring, _fastlane.LANE.Tally)}
+                        _fastlane.copy, _fastlane.LANE.Ring, _fastlane.LANE.Tally,
+                        _fastlane.LANE.PendingBuffers)}
     else:
-        assert got == {(None, None, "python", None, deque, Tally)}
+        assert got == {(None, None, "python", None, deque, Tally, PendingBuffers)}
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_recvs_pending_in_rows_of_one_array_use_the_lanes_index(native: bool,
+                                                                loop: str) -> None:
+    """Recvs pre-posted into the rows of one array: the lane's index of pending buffers
+    refuses a recv into a pending row, and the burst lands row by row."""
+    async def main(world: ac.World) -> type:
+        c0, c1 = world.comms
+        block = np.zeros((64, 4))
+        reqs = [c1.irecv(block[i], 0, 6) for i in range(64)]
+        with pytest.raises(ValueError, match=r"^rank 1: the recv buffer overlaps the "
+                           r"buffer of recv\(src=0, tag=6\), which is still pending"):
+            c1.irecv(block[10:12].reshape(-1), 0, 7)
+        kind = type(c1._engine._recv_buffers)
+        for i in range(64):
+            await c0.send(np.full(4, float(i)), 1, 6)
+        await ac.wait_all(reqs)
+        assert block[:, 0].tolist() == [float(i) for i in range(64)]
+        assert c1._engine._recv_buffers is None  # none pending: the index is let go
+        assert c1.irecv(block[10:12].reshape(-1), 0, 7).cancel()
+        return kind
+
+    async def run() -> type:
+        async with ac.open_world(2, native=native) as world:
+            return await asyncio.wait_for(main(world), 10)
+
+    runner = asyncio.Runner(loop_factory=LOOPS[loop])
+    with runner:
+        kind = runner.run(run())
+    assert kind is (_fastlane.LANE.PendingBuffers if native else PendingBuffers)
 
 
 def test_a_world_asks_for_the_lane_where_it_is_not_built(
