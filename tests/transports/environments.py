@@ -1,12 +1,14 @@
 """The in-process environments every transport-level test runs in: the in-process transport
 on both real loops, on the virtual clock, traced (every op into a trace file, which has a
 fast lane of its own), and the cluster model (on the virtual clock) with two presets.
-``ac.run(program, world_size=n, **ENVIRONMENTS[name])``."""
+``ac.run(program, world_size=n, **ENVIRONMENTS[name])``.  The property suites run one more
+(``PROPERTY_ENVIRONMENTS``): a cluster whose links are first-come first-served."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -35,11 +37,28 @@ ENVIRONMENTS: dict[str, dict[str, Any]] = {
 }
 
 
+def fifo(preset: str) -> ac.Cluster:
+    """The cluster ``preset`` with every link first-come first-served
+    (``LinkSpec(sharing="fifo")``: one transfer at a time, in the order planned)."""
+    cluster = ac.Cluster.preset(preset)
+    for field in ("intra", "inter", "cross_group"):
+        link = getattr(cluster, field)
+        if link is not None:
+            setattr(cluster, field, dataclasses.replace(link, sharing="fifo"))
+    return cluster
+
+
+#: ``ENVIRONMENTS`` and the FIFO links' cluster, for the randomized property suites (the
+#: presets share their links fairly, so only these reach the FIFO discipline's code).
+PROPERTY_ENVIRONMENTS: dict[str, dict[str, Any]] = {
+    **ENVIRONMENTS, "roce100g-fifo": {"cluster": fifo("roce100g")}}
+
+
 def run_world(env: str, size: int, body: Callable[[ac.World], Awaitable[T]],
               **options: Any) -> T:
     """Run ``body(world)`` on a world of ``size`` ranks opened in environment ``env`` (for
     tests that drive several ranks from one task)."""
-    settings = dict(ENVIRONMENTS[env])
+    settings = dict(PROPERTY_ENVIRONMENTS[env])
     loop = settings.pop("loop", None)
     cluster = settings.get("cluster")
     clock = settings.get("clock", "auto")

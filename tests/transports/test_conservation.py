@@ -16,7 +16,7 @@ import asynccomm as ac
 
 from .conservation import Plan, plans, program
 from .contract import bounded
-from .environments import ENVIRONMENTS
+from .environments import PROPERTY_ENVIRONMENTS
 
 #: Seconds one example may take before it fails as hung (a lost message can hang a rank).
 LIMIT = 10.0
@@ -26,9 +26,9 @@ conserving = settings(max_examples=EXAMPLES, derandomize=True, database=None, de
                       suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.mark.parametrize("env", list(ENVIRONMENTS))
+@pytest.mark.parametrize("env", list(PROPERTY_ENVIRONMENTS))
 @conserving
 @given(plan=plans())
 def test_no_message_is_lost_or_duplicated_by_cancellations(env: str, plan: Plan) -> None:
-    got = ac.run(bounded(program(plan), LIMIT), world_size=2, **ENVIRONMENTS[env])
+    got = ac.run(bounded(program(plan), LIMIT), world_size=2, **PROPERTY_ENVIRONMENTS[env])
     assert got[0] == got[1]  # what rank 0 sent successfully is what rank 1 received
