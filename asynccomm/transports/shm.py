@@ -339,6 +339,9 @@ class Channels:
             self._data[source].append(self._lent.pop((source, tag)))
             self._blocked.add(source)
             return
+        if kind == w.FT:  # fault tolerance's control messages (the link's ``ft`` hook)
+            self._on_control(_Slot(view))
+            return
         pull = self._pulls[(source, tag)]  # (a missing one is a bug: the link fails)
         off = pull.off
         pull.view[off:off + nbytes] = view[HEADER.size:HEADER.size + nbytes]
