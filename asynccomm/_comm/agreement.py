@@ -268,6 +268,9 @@ def attach(comm: CommView, link: Any) -> None:
     """Give ``comm`` (a communicator of processes, not a private context) its side of the
     protocol, before any message of it can arrive."""
     link.ft = Remote(comm, link)
+    # Poll now: the link joined a poll that may be asleep with no doorbell armed on it, and
+    # a peer's first message (a contribution, perhaps) may be on its rings already.
+    link.node.kick()
 
 
 def remote(comm: CommView) -> Remote | None:
