@@ -44,11 +44,14 @@ others' shrink fail with ``CommBrokenError`` naming it: they shrink again.
 from __future__ import annotations
 
 import asyncio
+import copy
 import struct
 from array import array
 from typing import Any
 
+from .._core.states import POSTED
 from .._core.wire import FT, HEADER
+from .._engine.engine import SEND, DeviceEngine
 from .._exceptions import CommBrokenError, CommRevokedError
 from .view import CommView
 
@@ -155,7 +158,7 @@ class Remote:
         comm = self.comm
         for c in (comm, comm._private_comm):
             if c is not None and not c.closed:
-                c._engine.revoke(CommRevokedError(
+                _revoke(c._engine, CommRevokedError(
                     f"rank {c.rank}'s communicator was revoked by rank {by}", rank=c.rank,
                     revoked_by=by))
         self._flood(REVOKE, "agree", 0, 0, by)
@@ -171,7 +174,7 @@ class Remote:
         self.lost = peer
         private = self.comm._private_comm
         if private is not None and not private.closed and private._engine.revoked is None:
-            private._engine.revoke(CommBrokenError(
+            _revoke(private._engine, CommBrokenError(
                 f"rank {peer} failed during a collective call of this communicator: its "
                 "collectives fail from now on; shrink it to go on without that rank",
                 rank=self.rank, peer=peer))
@@ -262,6 +265,15 @@ class Remote:
         comm = self.comm
         survivors = [r for r in range(self.size) if r not in failed]
         return await comm._family.child(comm, survivors, 0, ("shrink", k))
+
+
+def _revoke(engine: DeviceEngine, exc: BaseException) -> None:
+    """``engine.revoke(exc)``, and its announced sends withdrawn too: their receivers are
+    in other processes, which decide (a send they matched already completes)."""
+    engine.revoke(exc)
+    for req in engine.live_requests():
+        if req.kind is SEND and req._state is POSTED:
+            engine.withdraw(req, copy.copy(exc), ask=True)
 
 
 def attach(comm: CommView, link: Any) -> None:

@@ -120,11 +120,12 @@ def _check_platform() -> None:
 
 
 def launch(target: Callable[..., Any], size: int, args: tuple[Any, ...] = (), *,
-           grace: float = GRACE) -> list[tuple[str, Any]]:
+           grace: float | None = GRACE) -> list[tuple[str, Any]]:
     """Run ``target(*args)`` in ``size`` new processes that form a group (each a
     ``Node``); return each rank's ``("ok", value)`` or ``("err", exception)``, in rank
-    order.  Once a rank has failed the others have ``grace`` seconds to end; Ctrl-C is
-    forwarded to them all.  No process outlives this call.
+    order.  Once a rank has failed the others have ``grace`` seconds to end (None: as
+    long as they take, they go on without it); Ctrl-C is forwarded to them all.  No
+    process outlives this call.
 
     Raises:
         RuntimeError: not Linux, or a process could not start.
@@ -189,7 +190,7 @@ def _start(conns: list[Connection], procs: list[Any]) -> None:
 
 
 def _collect(conns: list[Connection], procs: list[Any],
-             grace: float) -> list[tuple[str, Any]]:
+             grace: float | None) -> list[tuple[str, Any]]:
     outcomes: list[tuple[str, Any] | None] = [None] * len(conns)
     left = set(range(len(conns)))
     deadline: float | None = None
@@ -209,7 +210,7 @@ def _collect(conns: list[Connection], procs: list[Any],
                     continue
                 outcomes[r] = outcome
                 left.discard(r)
-                if outcome[0] == "err" and deadline is None:
+                if outcome[0] == "err" and deadline is None and grace is not None:
                     deadline = time.monotonic() + grace
     return [o if o is not None else ("err", _died(r, None)) for r, o in enumerate(outcomes)]
 
@@ -284,7 +285,8 @@ def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_
     """
     options = dict(options)
     tolerate = options.pop("faults", "abort") == "tolerate"
-    outcomes = launch(run_rank, world_size, (main, loop, options, tolerate))
+    outcomes = launch(run_rank, world_size, (main, loop, options, tolerate),
+                      grace=None if tolerate else GRACE)
     failures: list[tuple[int, BaseException]] = [
         (r, exc) for r, (kind, exc) in enumerate(outcomes) if kind == "err"]
     if not failures:

@@ -45,7 +45,7 @@ async def revoke_everywhere(comm: ac.Communicator) -> list[Any]:
     every rank fails with ``CommRevokedError`` naming rank 0."""
     if comm.rank == 2:
         await comm.send(np.ones(1), 1, tag=5)  # here before the revoke, never taken
-    pending: list[asyncio.Task[Any]] = []
+    pending: list[Any] = []
     if comm.rank == 0:
         for _ in range(2):
             await comm.recv(np.zeros(1), ac.ANY_SOURCE, tag=1)
@@ -57,7 +57,8 @@ async def revoke_everywhere(comm: ac.Communicator) -> list[Any]:
                        await posted(comm.probe(ac.ANY_SOURCE, 9)),
                        await posted(comm.barrier())]
         else:
-            pending = [await posted(comm.barrier()), await posted(comm.recv_obj(0))]
+            pending = [await posted(comm.barrier()), await posted(comm.recv_obj(0)),
+                       comm.isend(np.ones(BIG // 8), 0, tag=8)]  # announced, unmatched
         await comm.send(np.ones(1), 0, tag=1)
     errors = [await outcome(t) for t in pending]
     later = [await outcome(comm.send(np.ones(1), (comm.rank + 1) % 3)),
