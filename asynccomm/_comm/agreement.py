@@ -156,7 +156,7 @@ class Remote:
             return
         self.revoked_by = by
         comm = self.comm
-        for c in (comm, comm._private_comm):
+        for c in (comm, _private_of(comm)):
             if c is not None and not c.closed:
                 _revoke(c._engine, CommRevokedError(
                     f"rank {c.rank}'s communicator was revoked by rank {by}", rank=c.rank,
@@ -164,7 +164,7 @@ class Remote:
         self._flood(REVOKE, "agree", 0, 0, by)
 
     def lose(self, peer: int) -> None:
-        private = self.comm._private_comm
+        private = _private_of(self.comm)
         if peer in self.gone() or (private is not None and peer in private._engine.gone):
             self._lost(peer)
 
@@ -172,7 +172,7 @@ class Remote:
         if self.lost is not None:
             return
         self.lost = peer
-        private = self.comm._private_comm
+        private = _private_of(self.comm)
         if private is not None and not private.closed and private._engine.revoked is None:
             _revoke(private._engine, CommBrokenError(
                 f"rank {peer} failed during a collective call of this communicator: its "
@@ -265,6 +265,11 @@ class Remote:
         comm = self.comm
         survivors = [r for r in range(self.size) if r not in failed]
         return await comm._family.child(comm, survivors, 0, ("shrink", k))
+
+
+def _private_of(comm: CommView) -> Any:
+    """``comm``'s private context, if it has one."""
+    return getattr(comm, "_private_comm", None)
 
 
 def _revoke(engine: DeviceEngine, exc: BaseException) -> None:
