@@ -623,6 +623,8 @@ class Node:
                 await asyncio.sleep(_RETRY)
 
     async def _expect(self, name: str, creator: int) -> int:
+        if creator in self.dead:  # what it handed over before it died is taken first
+            self._readable()
         fd = self._offers.pop(name, None)
         if fd is not None:
             return fd
@@ -715,6 +717,7 @@ class Node:
         self._loop.remove_reader(self._pidfds[peer])
         os.close(self._pidfds.pop(peer))
         self.dead.add(peer)
+        self._readable()  # a segment it handed over before it died is taken first
         for name, (creator, fut) in list(self._expected.items()):
             if creator == peer and not fut.done():
                 fut.set_exception(CommBrokenError(
