@@ -289,12 +289,7 @@ async def shrink(comm: CommView) -> CommView:
             _close_mine(agreement, comm)
         raise
     sub: CommView = comms[agreement.survivors.index(comm.rank)]
-    if comm.closed:  # closed meanwhile: nobody would close the new one
-        await sub.aclose()
-        raise CommClosedError(f"rank {comm.rank}'s communicator was closed during shrink",
-                              rank=comm.rank)
-    comm._adopt(sub)
-    return sub
+    return await _adopt_new(comm, sub)
 
 
 def _acknowledge(ft: Remote, comm: CommView, ranks: frozenset[int]) -> None:
@@ -315,6 +310,11 @@ async def _shrink_remote(ft: Remote, comm: CommView) -> CommView:
         if k in ft.made:  # decided: this rank's end closes once made (Rule 5)
             ft.close_when_made(k)
         raise
+    return await _adopt_new(comm, sub)
+
+
+async def _adopt_new(comm: CommView, sub: CommView) -> CommView:
+    """``sub``, made by ``comm``'s shrink, becomes its sub-communicator."""
     if comm.closed:  # closed meanwhile: nobody would close the new one
         await sub.aclose()
         raise CommClosedError(f"rank {comm.rank}'s communicator was closed during shrink",

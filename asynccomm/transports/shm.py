@@ -35,7 +35,7 @@ from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import Message
-from .._core.wire import CLOSE, FIN, HEADER, Wire
+from .._core.wire import CLOSE, FIN, FT, HEADER, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport, OfferBytes, deliver
@@ -339,7 +339,7 @@ class Channels:
             self._data[source].append(self._lent.pop((source, tag)))
             self._blocked.add(source)
             return
-        if kind == w.FT:  # fault tolerance's control messages (the link's ``ft`` hook)
+        if kind == FT:  # fault tolerance's control messages (the link's ``ft`` hook)
             self._on_control(_Slot(view))
             return
         pull = self._pulls[(source, tag)]  # (a missing one is a bug: the link fails)

@@ -16,7 +16,7 @@ from asynccomm._comm import agreement
 from asynccomm.testing import posted
 
 from .common import Died, outcome
-from .test_programs import final, leaves, step
+from .test_programs import leaves, recover, step
 
 #: Bytes of a rendezvous step's message (above the eager limit).
 BIG = 1 << 18
@@ -221,10 +221,5 @@ async def killed(comm: ac.Communicator, plan: Kill) -> Any:
     except (ac.CommBrokenError, ac.CommRevokedError, ExceptionGroup) as exc:
         errors.extend(leaves(exc))
         comm.revoke()
-    flag = await comm.agree(0 if errors else 1)
-    acked = comm.acked_failed()
-    new = await comm.shrink()
-    parents = [new.parent_rank(r) for r in range(new.size)]
-    total, got = await final(new, parents)
-    return [(type(e).__name__, getattr(e, "peer", None)) for e in errors], flag, acked, \
-        parents, total, got
+    return ([(type(e).__name__, getattr(e, "peer", None)) for e in errors],
+            *await recover(comm, errors))
