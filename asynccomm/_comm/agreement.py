@@ -115,10 +115,11 @@ class Remote:
         link._send(dest, HEADER.pack(FT, 0, self.rank, 0, len(body), 0, 0, b"") + body)
 
     def _flood(self, kind: int, what: str, k: int, value: int, rank: int,
-               ranks: frozenset[int] = frozenset(), *, skip: int = -1) -> None:
+               ranks: frozenset[int] = frozenset()) -> None:
+        """Send to every member not known failed here."""
         gone = self.gone()
         for dest in range(self.size):
-            if dest != self.rank and dest != skip and dest not in gone:
+            if dest != self.rank and dest not in gone:
                 self._send(dest, kind, what, k, value, rank, ranks)
 
     # -- the link's hook ----------------------------------------------------------------
