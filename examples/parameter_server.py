@@ -24,8 +24,10 @@ Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
  or, one rank per process: mpiexec -n N+1 .venv/bin/python examples/parameter_server.py
  or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
      [--workers N] [--servers S] [--batch-size B] [--steps T]
- or, a worker dying at step STEP (sync mode, in-process; the rest go on):
+ or, a worker dying at step STEP (sync mode, in-process, or with --processes a worker's
+ process killed; the rest go on):
      python examples/parameter_server.py --kill-worker-at STEP [--kill-worker RANK]
+     [--processes]
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kill-worker-at", type=int, default=None, metavar="STEP",
                         help="a worker dies before this step: the server notices, the "
                              "survivors shrink the communicator and train on (sync mode, "
-                             "in-process; see ps/survive.py)")
+                             "in-process, or with --processes its process is killed; see "
+                             "ps/survive.py)")
     parser.add_argument("--kill-worker", type=int, default=1, metavar="RANK",
                         help="--kill-worker-at: the rank of the worker that dies")
     return parser.parse_args(argv)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from asynccomm.transports import shm
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -80,6 +82,17 @@ def test_parameter_server_survives_a_worker_death() -> None:
     out = run_example("parameter_server.py", "--kill-worker-at", "40", "--kill-worker", "2",
                       "--epochs", "2", "--train-samples", "12000")
     assert "the server lost worker rank 2 (rank 2 " in out
+    assert "shrank to 4 ranks (server + workers 1, 3, 4)" in out
+    result = result_line(out)
+    assert result["killed"] == "2" and result["workers_left"] == "3"
+    assert result["reached"] == "yes", out
+
+
+@pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
+def test_parameter_server_survives_a_worker_process_killed() -> None:
+    out = run_example("parameter_server.py", "--kill-worker-at", "20", "--kill-worker", "2",
+                      "--epochs", "1", "--train-samples", "12000", "--processes")
+    assert "the server lost worker rank 2 (rank 2 died (its process ended)" in out
     assert "shrank to 4 ranks (server + workers 1, 3, 4)" in out
     result = result_line(out)
     assert result["killed"] == "2" and result["workers_left"] == "3"

@@ -867,7 +867,7 @@ class Communicator:
 
         Raises:
             RuntimeError, CommClosedError: as ``isend``.
-            NotImplementedError: on an MPI world (in-process worlds only, for now).
+            NotImplementedError: on an MPI world (in-process worlds and processes only).
         """
         _faults.revoke(self)
 

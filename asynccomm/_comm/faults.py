@@ -1,8 +1,11 @@
 """When a rank dies, the rest go on: revoke, failure acknowledgement, agree, shrink (ULFM).
 
 The semantics are ULFM's (Open MPI 5, ``MPI_Comm_revoke``/``agree``/``shrink``/
-``ack_failed``/``get_failed``), in one process for now (in-process worlds, instant or on
-the modelled cluster; not yet on MPI).
+``ack_failed``/``get_failed``): in-process worlds (instant or on the modelled cluster), here;
+worlds of processes (``backend="processes"``), by the protocol of ``_comm/agreement.py``
+under the same rules; not on MPI (mpi4py 4.1.2 raises ``NotImplementedError`` for
+``Comm.Revoke``, ``Agree`` and ``Shrink`` on the MPICH here, and the wire's own protocol
+over MPI would need MPI to survive a rank's death, which it does not).
 
 Rule 1 (failure).  A member of a communicator has *failed* once its end of the
 communicator closed: its program raised, returned, or closed it.  Its peers' ops that only
@@ -45,8 +48,9 @@ its end of the new communicator closed: the others see it as failed there.
 How it decides (in one process): the agreement's state belongs to the group (not to a
 coordinating rank, so no coordinator can die mid-call); it decides at the contribution or
 the close that completes it, in one step of the event loop, and wakes every waiting
-survivor with the one decision.  Across processes an agreement protocol with a failing
-over coordinator will be needed; this module's interface stays.
+survivor with the one decision.  Across processes (``_comm/agreement.py``) the lowest-ranked
+live member coordinates each call and, if it dies, the next one takes over; every call
+here goes there when the communicator's members are in other processes.
 """
 
 from __future__ import annotations
@@ -60,12 +64,13 @@ import numpy as np
 
 from .._exceptions import CommBrokenError, CommClosedError, CommRevokedError
 from ..transports.local import LocalLink
+from .agreement import ALL, Remote, check_what, remote
 from .view import CommView
 
 __all__ = ["ack_failed", "acked_failed", "agree", "failed", "lost_member", "parent_rank",
            "revoke", "shrink"]
 
-_ALL = -1  # the AND of no flags: every bit set
+_ALL = ALL  # the AND of no flags: every bit set
 
 
 @dataclass
@@ -170,7 +175,8 @@ def _group(comm: CommView) -> _Group:
     link = comm._engine.link
     if not isinstance(link, LocalLink) or comm._engine.private:
         raise NotImplementedError("revoke, agree, shrink and failure acknowledgement work on "
-                                  "in-process worlds (not yet on MPI)")
+                                  "in-process worlds and worlds of processes, not on MPI "
+                                  "(mpi4py 4.1.2 has no Comm.Revoke, Agree or Shrink here)")
     group = _GROUPS.get(link)
     if group is None:
         group = _GROUPS[link] = _Group(link, list(getattr(comm._family, "group", ())))
@@ -198,6 +204,10 @@ def _check_flag(flag: object) -> int:
 def revoke(comm: CommView) -> None:
     """``Communicator.revoke`` (Rule 3)."""
     _ready(comm)
+    ft = remote(comm)
+    if ft is not None:
+        ft.revoke()
+        return
     group = _group(comm)
     if group.revoked_by is not None:
         return
@@ -213,15 +223,23 @@ def revoke(comm: CommView) -> None:
 def failed(comm: CommView) -> tuple[int, ...]:
     """``Communicator.failed`` (Rule 1)."""
     _ready(comm)
+    ft = remote(comm)
+    if ft is not None:
+        return tuple(sorted(ft.gone()))
     return tuple(sorted(_group(comm).failed(comm.rank)))
 
 
 def ack_failed(comm: CommView) -> tuple[int, ...]:
     """``Communicator.ack_failed`` (Rule 1)."""
     _ready(comm)
+    ft = remote(comm)
+    if ft is not None:
+        acked = ft.acked = ft.acked | ft.gone()
+        comm._engine.acked = acked  # from now on, unacknowledged failures fail wildcards
+        return tuple(sorted(acked))
     group = _group(comm)
     acked = group.acked[comm.rank] | group.failed(comm.rank)
-    comm._engine.acked = acked  # from now on, unacknowledged failures fail wildcards
+    comm._engine.acked = acked
     group.acknowledge(comm.rank, acked)
     return tuple(sorted(acked))
 
@@ -229,6 +247,9 @@ def ack_failed(comm: CommView) -> tuple[int, ...]:
 def acked_failed(comm: CommView) -> tuple[int, ...]:
     """``Communicator.acked_failed``."""
     _ready(comm)
+    ft = remote(comm)
+    if ft is not None:
+        return tuple(sorted(ft.acked))
     return tuple(sorted(_group(comm).acked[comm.rank]))
 
 
@@ -236,6 +257,13 @@ async def agree(comm: CommView, flag: object) -> int:
     """``Communicator.agree`` (Rule 4)."""
     _ready(comm)
     value = _check_flag(flag)
+    ft = remote(comm)
+    if ft is not None:
+        _, fut2 = ft.join("agree", value)
+        what, decided, failed_set = await fut2
+        _acknowledge(ft, comm, failed_set)
+        check_what("agree", what, comm.rank)
+        return decided
     group = _group(comm)
     _, fut = group.join(comm.rank, "agree", value, comm._loop)
     decided, failed_set = await fut
@@ -246,6 +274,9 @@ async def agree(comm: CommView, flag: object) -> int:
 async def shrink(comm: CommView) -> CommView:
     """``Communicator.shrink`` (Rule 5)."""
     _ready(comm)
+    ft = remote(comm)
+    if ft is not None:
+        return await _shrink_remote(ft, comm)
     group = _group(comm)
     agreement, fut = group.join(comm.rank, "shrink", _ALL, comm._loop)
     try:
@@ -258,6 +289,32 @@ async def shrink(comm: CommView) -> CommView:
             _close_mine(agreement, comm)
         raise
     sub: CommView = comms[agreement.survivors.index(comm.rank)]
+    return await _adopt_new(comm, sub)
+
+
+def _acknowledge(ft: Remote, comm: CommView, ranks: frozenset[int]) -> None:
+    ft.acked = ranks
+    if comm._engine.acked is not None:
+        comm._engine.acked = ranks
+
+
+async def _shrink_remote(ft: Remote, comm: CommView) -> CommView:
+    """``shrink`` of a communicator of processes (``agreement``, Rule P6)."""
+    k, fut = ft.join("shrink", _ALL)
+    try:
+        what, _, failed_set = await fut
+        _acknowledge(ft, comm, failed_set)
+        check_what("shrink", what, comm.rank)
+        sub: CommView = await asyncio.shield(ft.made[k])
+    except asyncio.CancelledError:
+        if k in ft.made:  # decided: this rank's end closes once made (Rule 5)
+            ft.close_when_made(k)
+        raise
+    return await _adopt_new(comm, sub)
+
+
+async def _adopt_new(comm: CommView, sub: CommView) -> CommView:
+    """``sub``, made by ``comm``'s shrink, becomes its sub-communicator."""
     if comm.closed:  # closed meanwhile: nobody would close the new one
         await sub.aclose()
         raise CommClosedError(f"rank {comm.rank}'s communicator was closed during shrink",
@@ -295,6 +352,10 @@ def lost_member(comm: CommView, exc: BaseException) -> None:
     """A collective call of ``comm`` failed with ``exc``: if a member failed (Rule 2),
     every member's collectives fail from now on with ``CommBrokenError`` naming it."""
     if not isinstance(exc, CommBrokenError) or exc.peer is None:
+        return
+    ft = remote(comm)
+    if ft is not None:
+        ft.lose(exc.peer)
         return
     link = comm._engine.link
     private = getattr(comm, "_private_comm", None)

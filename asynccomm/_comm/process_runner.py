@@ -38,12 +38,13 @@ from .._engine.engine import DeviceEngine
 from .._engine.lane import Lane
 from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
 from .._engine.steps import offer_bytes
-from .._exceptions import CommBrokenError
+from .._exceptions import CommBrokenError, DeadlockError
 from .._types import EAGER_LIMIT
 from ..sim.clock import ModelClock
 from ..sim.device import Device
 from ..transports.shm import Node, ShmTransport, missing
 from . import hang as _hang
+from .agreement import attach
 from .communicator import Communicator, world_lane
 from .view import CommView
 
@@ -119,11 +120,12 @@ def _check_platform() -> None:
 
 
 def launch(target: Callable[..., Any], size: int, args: tuple[Any, ...] = (), *,
-           grace: float = GRACE) -> list[tuple[str, Any]]:
+           grace: float | None = GRACE) -> list[tuple[str, Any]]:
     """Run ``target(*args)`` in ``size`` new processes that form a group (each a
     ``Node``); return each rank's ``("ok", value)`` or ``("err", exception)``, in rank
-    order.  Once a rank has failed the others have ``grace`` seconds to end; Ctrl-C is
-    forwarded to them all.  No process outlives this call.
+    order.  Once a rank has failed the others have ``grace`` seconds to end (None: as
+    long as they take, they go on without it); Ctrl-C is forwarded to them all.  No
+    process outlives this call.
 
     Raises:
         RuntimeError: not Linux, or a process could not start.
@@ -188,7 +190,7 @@ def _start(conns: list[Connection], procs: list[Any]) -> None:
 
 
 def _collect(conns: list[Connection], procs: list[Any],
-             grace: float) -> list[tuple[str, Any]]:
+             grace: float | None) -> list[tuple[str, Any]]:
     outcomes: list[tuple[str, Any] | None] = [None] * len(conns)
     left = set(range(len(conns)))
     deadline: float | None = None
@@ -208,7 +210,7 @@ def _collect(conns: list[Connection], procs: list[Any],
                     continue
                 outcomes[r] = outcome
                 left.discard(r)
-                if outcome[0] == "err" and deadline is None:
+                if outcome[0] == "err" and deadline is None and grace is not None:
                     deadline = time.monotonic() + grace
     return [o if o is not None else ("err", _died(r, None)) for r, o in enumerate(outcomes)]
 
@@ -257,11 +259,11 @@ def check_processes(world_size: object, cluster: object, clock: str, loop: str,
         raise ValueError(f"loop must be 'uvloop' or 'asyncio' with processes, got {loop!r}")
     if type(world_size) is not int or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 with processes, got {world_size!r}")
-    unknown = set(options) - {"eager_limit", "native", "pool_bytes", "timeout"}
+    unknown = set(options) - {"eager_limit", "faults", "native", "pool_bytes", "timeout"}
     if unknown:
         raise TypeError(f"unexpected options for the processes backend: {sorted(unknown)}")
     opts: dict[str, Any] = {"eager_limit": EAGER_LIMIT, "pool_bytes": POOL_BYTES,
-                            "timeout": None, "native": None, **options}
+                            "timeout": None, "native": None, "faults": "abort", **options}
     check_world(world_size, None, "auto", opts["eager_limit"], opts["pool_bytes"])
     world_lane(opts["native"])  # refused here, before any process starts
     if opts["timeout"] is not None:
@@ -273,13 +275,18 @@ def check_processes(world_size: object, cluster: object, clock: str, loop: str,
 def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int,
                   *, loop: str, options: dict[str, Any]) -> list[T]:
     """Run ``main(comm)`` on ``world_size`` ranks, each in a process of its own (see the
-    module docs); the values in rank order.
+    module docs); the values in rank order.  With ``faults="tolerate"`` in ``options`` a
+    rank that failed (raised, or its process died) has its error, noted with its rank, as
+    its value, and the others go on.
 
     Raises:
         Exception: the failure of the one rank that failed (with a note naming the rank),
             or an ``ExceptionGroup`` of every rank's failure.
     """
-    outcomes = launch(run_rank, world_size, (main, loop, options))
+    options = dict(options)
+    tolerate = options.pop("faults", "abort") == "tolerate"
+    outcomes = launch(run_rank, world_size, (main, loop, options, tolerate),
+                      grace=None if tolerate else GRACE)
     failures: list[tuple[int, BaseException]] = [
         (r, exc) for r, (kind, exc) in enumerate(outcomes) if kind == "err"]
     if not failures:
@@ -287,6 +294,10 @@ def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_
     for _, exc in failures:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: as they are
             raise exc
+    if tolerate:  # (a rank that raised returned its error: these processes died)
+        for rank, exc in failures:
+            exc.add_note(f"(raised on rank {rank})")
+        return [value for _, value in outcomes]
     # A rank that lost a peer that had failed reports that peer's error, not its own.
     first = [(r, e) for r, e in failures if not isinstance(e, CommBrokenError)] or failures
     for rank, exc in first:
@@ -300,15 +311,16 @@ def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_
 
 
 def run_rank(main: Callable[[Communicator], Coroutine[Any, Any, T]], loop: str,
-             options: dict[str, Any]) -> T:
+             options: dict[str, Any], tolerate: bool = False) -> T:
     """This process's rank of a new world of its group: ``main(comm)`` on a loop of its
-    own; its value (or what it raised)."""
+    own; its value (or what it raised; with ``tolerate``, an ``Exception`` it raised is
+    its value, noted with its rank)."""
     with asyncio.Runner(loop_factory=_LOOPS[loop]) as runner:
-        return runner.run(_rank(main, options))
+        return runner.run(_rank(main, options, tolerate))
 
 
 async def _rank(main: Callable[[Communicator], Coroutine[Any, Any, T]],
-                options: dict[str, Any]) -> T:
+                options: dict[str, Any], tolerate: bool = False) -> T:
     world = await _ProcessWorld.open(**options)
     comm = world.comm
     try:
@@ -324,6 +336,10 @@ async def _rank(main: Callable[[Communicator], Coroutine[Any, Any, T]],
                 await world.aclose(exc)
         except TimeoutError:
             pass  # the process ends: its peers see it die
+        if tolerate and isinstance(caught, Exception) and not isinstance(
+                caught, DeadlockError):
+            caught.add_note(f"(raised on rank {comm.rank})")
+            return caught  # type: ignore[return-value]
         raise
     await world.aclose()
     return result
@@ -399,6 +415,7 @@ class _ProcessFamily:
         private._engine.private = True
         private._after_close = private_transport.wait_closed
         comm._adopt_private(private)
+        attach(comm, transport)  # revoke, agree, shrink: before any message of theirs
         return transport, comm
 
     def _make(self, transport: ShmTransport, device: Device) -> Communicator:

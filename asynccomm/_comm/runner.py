@@ -459,10 +459,13 @@ def mpi_world_size() -> int | None:
 
 
 def _no_mpi_faults(backend: str, options: dict[str, Any]) -> None:
-    """Check ``faults=`` before any rank runs; MPI worlds abort on a failure (for now)."""
+    """Check ``faults=`` before any rank runs; MPI worlds abort on a failure (mpi4py 4.1.2
+    has no ``Comm.Revoke``/``Agree``/``Shrink`` here: see ``faults``)."""
     faults = _faults(dict(options))
     if backend == "mpi" and faults != "abort":
-        raise NotImplementedError("faults='tolerate' runs in-process worlds (not yet MPI)")
+        raise NotImplementedError("faults='tolerate' runs in-process worlds and worlds of "
+                                  "processes, not MPI (mpi4py 4.1.2 has no Comm.Revoke, "
+                                  "Agree or Shrink here)")
     if backend == "mpi":
         options.pop("faults", None)
 
@@ -543,8 +546,9 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
             ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``), and
             ``faults``: ``"abort"`` (the default: a rank that raises ends the run, as
-            below) or ``"tolerate"`` (in-process: a rank that raises has failed, its
-            communicators close as failed and the other ranks go on: ``revoke``,
+            below) or ``"tolerate"`` (in-process and with processes: a rank that raises,
+            or whose process dies, has failed, its communicators close as failed and the
+            other ranks go on: ``revoke``,
             ``agree``, ``shrink``; its error, noted with its rank, is its result).
 
     Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the

@@ -47,6 +47,7 @@ __all__ = [
     "CTS",
     "EAGER",
     "FIN",
+    "FT",
     "GONE",
     "HEADER",
     "INLINE_MAX",
@@ -94,10 +95,14 @@ FIN: Final = 8
 #: (payload: the rank's pending and last ops, as text).  Neither touches any other state.
 DUMP_ASK: Final = 9
 DUMP: Final = 10
+#: Fault tolerance (revoke, agreement: ``_comm/agreement.py``): the payload is the
+#: protocol's, opaque to ``Wire``; the shell hands it to the link's ``ft`` hook.  (Kinds
+#: 11 to 14 are the shared-memory link's data records.)
+FT: Final = 16
 #: The message kinds by name, for logs and tests.
 KIND_NAMES: Final = {EAGER: "EAGER", RTS: "RTS", CTS: "CTS", WITHDRAW: "WITHDRAW",
                      WITHDRAWN: "WITHDRAWN", CREDIT: "CREDIT", CLOSE: "CLOSE", FIN: "FIN",
-                     DUMP_ASK: "DUMP_ASK", DUMP: "DUMP"}
+                     DUMP_ASK: "DUMP_ASK", DUMP: "DUMP", FT: "FT"}
 
 #: Verdicts of ``Wire.withdraw``.
 TOO_LATE: Final = 0

@@ -64,6 +64,10 @@ class MPITransport(Link):
     """
 
     remote = True
+    #: Fault tolerance's side of this link (``_comm/agreement.py`` sets it on the links of
+    #: communicators that support it): ``message(source, payload)`` for each ``FT`` message,
+    #: ``closed(source)`` after a peer closed or died.
+    ft: Any = None
 
     def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm
@@ -178,6 +182,10 @@ class MPITransport(Link):
                     endpoint.arrived(Message(src, tag, nbytes, count, dtype, INLINE,
                                              slot.payload))
             return
+        if kind == w.FT:
+            if self.ft is not None:
+                self.ft.message(src, bytes(slot.payload[:nbytes]))
+            return
         dtype = (DTYPE_NAMES.get(dfield) or decode_dtype(dfield, dlen)) if kind == w.RTS else ""
         payload = bytes(slot.payload[:nbytes]) if kind == w.CLOSE or kind == w.DUMP else b""
         event, out = self.wire.receive(kind, src, tag, nbytes, count, ident, dtype, payload)
@@ -218,6 +226,8 @@ class MPITransport(Link):
                 for ident in withdrawing:  # dropped unmatched by the closing rank
                     endpoint.withdrawn(self._sends.pop(ident))
                 endpoint.peer_closed(source, exc)
+                if self.ft is not None:
+                    self.ft.closed(source)
             case _:
                 pass
 

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import Message
-from .._core.wire import CLOSE, FIN, HEADER, Wire
+from .._core.wire import CLOSE, FIN, FT, HEADER, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport, OfferBytes, deliver
@@ -339,6 +339,9 @@ class Channels:
             self._data[source].append(self._lent.pop((source, tag)))
             self._blocked.add(source)
             return
+        if kind == FT:  # fault tolerance's control messages (the link's ``ft`` hook)
+            self._on_control(_Slot(view))
+            return
         pull = self._pulls[(source, tag)]  # (a missing one is a bug: the link fails)
         off = pull.off
         pull.view[off:off + nbytes] = view[HEADER.size:HEADER.size + nbytes]
@@ -620,6 +623,8 @@ class Node:
                 await asyncio.sleep(_RETRY)
 
     async def _expect(self, name: str, creator: int) -> int:
+        if creator in self.dead:  # what it handed over before it died is taken first
+            self._readable()
         fd = self._offers.pop(name, None)
         if fd is not None:
             return fd
@@ -712,6 +717,7 @@ class Node:
         self._loop.remove_reader(self._pidfds[peer])
         os.close(self._pidfds.pop(peer))
         self.dead.add(peer)
+        self._readable()  # a segment it handed over before it died is taken first
         for name, (creator, fut) in list(self._expected.items()):
             if creator == peer and not fut.done():
                 fut.set_exception(CommBrokenError(

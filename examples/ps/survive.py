@@ -2,8 +2,9 @@
 
 Every step the server (rank 0) sends the parameters to every worker, each worker pushes
 the gradient of a batch of its shard, and the server averages them and steps.  At step
-``kill_at`` one worker's program raises (``WorkerKilled``): the job runs with
-``faults="tolerate"``, so its communicator closes as failed instead of ending the run.
+``kill_at`` one worker's program raises (``WorkerKilled``), or, with a process per rank
+(``--processes``), its process is killed (``SIGKILL``): the job runs with
+``faults="tolerate"``, so the worker has failed instead of ending the run.
 Whoever notices first (the server, waiting for its gradient) revokes the communicator,
 which stops every rank still waiting in the step; all survivors ``shrink`` to a new
 communicator without the dead worker and redo that step there, and training goes on with
@@ -12,7 +13,10 @@ the workers left (the dead worker's shard is no longer seen).
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,15 +45,37 @@ class Survival:
 
 
 def train_surviving(cfg: Config, kill_worker: int, kill_at: int, **world: object) -> Survival:
-    """Train ``cfg`` (sync mode) on ``cfg.workers + 1`` in-process ranks; worker rank
-    ``kill_worker`` dies before its step ``kill_at``."""
+    """Train ``cfg`` (sync mode) on ``cfg.workers + 1`` ranks (``world``: ``ac.run``'s
+    keywords, ``backend="processes"`` among them); worker rank ``kill_worker`` dies before
+    its step ``kill_at`` (in a process of its own: killed by ``SIGKILL``)."""
     data = cfg.dataset()
-    model = cfg.model(data)
-    steps = cfg.epochs * cfg.steps_per_epoch()
-    sizes = [model.layer_size(i) for i in range(model.layers)]
-    total = sum(sizes)
+    program = _Surviving(cfg, data, cfg.model(data), kill_worker, kill_at,
+                         hard=world.get("backend") == "processes")
+    results = ac.run(program, cfg.workers + 1, faults="tolerate", **world)  # type: ignore[arg-type]
+    report = results[SERVER]
+    if not isinstance(report, Survival):
+        raise RuntimeError(f"the server did not finish: {report!r}")
+    return report
 
-    async def program(comm: ac.Communicator) -> Survival | None:
+
+class _Surviving:
+    """Every rank's program (an object, not a closure, so that it travels to other
+    processes)."""
+
+    def __init__(self, cfg: Config, data: Any, model: MLP, kill_worker: int, kill_at: int,
+                 *, hard: bool) -> None:
+        self.cfg, self.data, self.model = cfg, data, model
+        self.kill_worker, self.kill_at, self.hard = kill_worker, kill_at, hard
+
+    def die(self, me: int, step: int) -> None:
+        if self.hard:  # a crash: no goodbye, its peers see its process end
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise WorkerKilled(f"worker rank {me} killed before step {step}")
+
+    async def __call__(self, comm: ac.Communicator) -> Survival | None:
+        cfg, data, model = self.cfg, self.data, self.model
+        steps = cfg.epochs * cfg.steps_per_epoch()
+        total = sum(model.layer_size(i) for i in range(model.layers))
         me = comm.rank  # this rank in the first communicator, for the notices
         batches = (None if me == SERVER else
                    data.shard(me - 1, cfg.workers).batches(cfg.batch_size, cfg.seed + me))
@@ -64,8 +90,8 @@ def train_surviving(cfg: Config, kill_worker: int, kill_at: int, **world: object
                 if me == SERVER:
                     await _serve_step(comm, model, params, velocity, flat, cfg)
                 else:
-                    if me == kill_worker and step == kill_at:
-                        raise WorkerKilled(f"worker rank {me} killed before step {step}")
+                    if me == self.kill_worker and step == self.kill_at:
+                        self.die(me, step)
                     assert batches is not None
                     await _work_step(comm, model, params, flat, next(batches))
                 step += 1
@@ -85,12 +111,6 @@ def train_surviving(cfg: Config, kill_worker: int, kill_at: int, **world: object
             return None
         accuracy = model.evaluate(params, data.test.x, data.test.y)[1]
         return Survival(events, accuracy, ranks[1:], steps)
-
-    results = ac.run(program, cfg.workers + 1, faults="tolerate", **world)  # type: ignore[arg-type]
-    report = results[SERVER]
-    if not isinstance(report, Survival):
-        raise RuntimeError(f"the server did not finish: {report!r}")
-    return report
 
 
 async def _serve_step(comm: ac.Communicator, model: MLP, params: list[np.ndarray],

@@ -87,7 +87,7 @@ def test_header_round_trips_and_keeps_payloads_aligned() -> None:
 
 def test_message_kinds_are_distinct_and_named() -> None:
     kinds = [w.EAGER, w.RTS, w.CTS, w.WITHDRAW, w.WITHDRAWN, w.CREDIT, w.CLOSE, w.FIN,
-             w.DUMP_ASK, w.DUMP]
+             w.DUMP_ASK, w.DUMP, w.FT]
     assert len(set(kinds)) == len(kinds) and set(w.KIND_NAMES) == set(kinds)
 
 

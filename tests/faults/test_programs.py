@@ -106,14 +106,21 @@ def program(plan: Plan) -> Any:
         except (ac.CommBrokenError, ac.CommRevokedError, ExceptionGroup) as exc:
             errors.extend(leaves(exc))  # (a batch whose two ops failed: a group)
             comm.revoke()
-        flag = await comm.agree(0 if errors else 1)
-        acked = comm.acked_failed()
-        new = await comm.shrink()
-        parents = [new.parent_rank(r) for r in range(new.size)]
-        total, got = await final(new, parents)
-        return errors, flag, acked, parents, total, got
+        return errors, *await recover(comm, errors)
 
     return main
+
+
+async def recover(comm: ac.Communicator, errors: list[BaseException]) -> tuple[Any, ...]:
+    """After the steps: agree on whether any survivor saw an error, shrink, and ``final``
+    on the shrunk communicator: the flag, the acknowledged failures, the new members'
+    old ranks, and what ``final`` returned."""
+    flag = await comm.agree(0 if errors else 1)
+    acked = comm.acked_failed()
+    new = await comm.shrink()
+    parents = [new.parent_rank(r) for r in range(new.size)]
+    total, got = await final(new, parents)
+    return flag, acked, parents, total, got
 
 
 @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
