@@ -88,7 +88,7 @@ def test_small_messages_on_mpi_take_the_c_lane() -> None:
                      "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"], _output(proc)
 
 
-@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
 def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(place: str) -> None:
     n, env = PLACES[place]
     proc = mpiexec(n, "-m", "tests.transports.mpi_conservation_runner", **env)
@@ -96,28 +96,26 @@ def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(place: str) ->
     assert f"conservation on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
-@pytest.mark.parametrize(("env", "link"), [({}, "ShmTransport"), (MPI, "MPITransport"),
-                                           (TWO_HOSTS, "HybridTransport")])
-def test_the_transport_variable_and_the_hosts_choose_the_link(env: dict[str, str],
-                                                               link: str) -> None:
-    proc = mpiexec(4, "-m", "tests.transports.mpi_cases", "links", limit=60, **env)
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_the_default_link_is_shared_memory_within_a_host(place: str) -> None:
+    """Every communicator (split, dup, private context) too; ``=mpi`` is checked by the
+    cases about MPI itself, and the variable's values by ``test_transport_choice``."""
+    n, env = PLACES[place]
+    link = "ShmTransport" if place == "shm" else "HybridTransport"
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "links", limit=60, **env)
     assert proc.returncode == 0, _output(proc)
-    for rank in range(4):
+    for rank in range(n):
         assert f"rank {rank}: {link} {link} {link} {link}" in proc.stdout, _output(proc)
-    if env is not MPI:
-        assert proc.stdout.count("ValueError: ASYNCCOMM_TRANSPORT=shm: a traced world runs "
-                                 "on MPI") == 4, _output(proc)
+    assert proc.stdout.count("ValueError: ASYNCCOMM_TRANSPORT=shm: a traced world runs "
+                             "on MPI") == n, _output(proc)
 
 
-@pytest.mark.parametrize(("env", "error"), [
-    ({"ASYNCCOMM_TRANSPORT": "tcp"}, "ASYNCCOMM_TRANSPORT must be 'mpi' or 'shm' (or unset), "
-                                     "got 'tcp'"),
-    ({"ASYNCCOMM_TEST_HOSTS": "a,b,c"}, "ASYNCCOMM_TEST_HOSTS must name one host per rank (2)")])
-def test_a_bad_transport_or_hosts_variable_is_a_value_error(env: dict[str, str],
-                                                            error: str) -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise", limit=60, **env)
+def test_a_bad_transport_variable_fails_every_rank_with_a_value_error() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise", limit=60,
+                   ASYNCCOMM_TRANSPORT="tcp")
     assert proc.returncode != 0, _output(proc)
-    assert proc.stderr.count(f"ValueError: {error}") == 2, _output(proc)
+    assert proc.stderr.count("ValueError: ASYNCCOMM_TRANSPORT must be 'mpi' or 'shm' (or "
+                             "unset), got 'tcp'") == 2, _output(proc)
 
 
 @pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
