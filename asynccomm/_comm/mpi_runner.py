@@ -205,7 +205,9 @@ class _MPIWorld:
         """Open this rank (collective over ``COMM_WORLD``).
 
         Raises:
-            TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+            TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``,
+                ``ASYNCCOMM_TRANSPORT`` or ``ASYNCCOMM_TEST_HOSTS``.
+            RuntimeError: ``ASYNCCOMM_TRANSPORT=shm`` where shared memory is missing.
             TransportError: MPI failed.
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
@@ -468,6 +470,10 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
     ``CommBrokenError``, naming the exception if the block raised) and then waits until
     every rank has closed.
 
+    The ranks of one host talk over shared memory, MPI carrying only what goes between
+    hosts, unless ``ASYNCCOMM_TRANSPORT=mpi`` (see the module docs); a traced world runs
+    on MPI.
+
     Args:
         eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.
         trace: a trace file name (None: ``ASYNCCOMM_TRACE``): this rank writes
@@ -478,7 +484,8 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
 
     Raises:
         TypeError, ValueError: bad arguments (``native=True`` where the C accelerator is
-            not built among them) or a bad ``ASYNCCOMM_TIMEOUT``.
+            not built among them) or a bad ``ASYNCCOMM_TIMEOUT`` or ``ASYNCCOMM_TRANSPORT``.
+        RuntimeError: ``ASYNCCOMM_TRANSPORT=shm`` where shared memory is missing.
         TransportError: MPI failed.
     """
     world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,
