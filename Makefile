@@ -62,7 +62,9 @@ test: $(STAMP)
 test-core: $(STAMP)
 	$(PY) -m pytest -q tests/core
 
-# The transport contract on MPI at N processes (`make test` runs it at 2 and 4).
+# The transport contract under mpiexec at N processes: shared memory within the host, or
+# MPI alone with ASYNCCOMM_TRANSPORT=mpi, or two fake hosts with ASYNCCOMM_TEST_HOSTS=a,a,b,b
+# (`make test` runs it at 2, 3 and 4, one of each).
 N ?= 2
 test-mpi: $(STAMP)
 	$(VENV)/bin/mpiexec -n $(N) $(PY) -m tests.transports.mpi_contract_runner

@@ -9,6 +9,14 @@ Each world runs on its own duplicate of ``COMM_WORLD`` (``Idup``), freed when th
 closes, so worlds never see each other's traffic.  Closing waits until every rank of the
 world has closed (a barrier-free exchange, see ``_core/wire.py``), like ``MPI_Comm_free``.
 MPI itself is initialised when the first world opens, not when this module is imported.
+
+The ranks of one host talk over the shared-memory link (``transports.shm``) where this
+platform has it, MPI only setting it up: at the first such world the ranks of each host
+(``COMM_TYPE_SHARED``) form a group of processes (``Node``), and every communicator of the
+world then opens on it (``_comm.process_runner``'s family).  ``ASYNCCOMM_TRANSPORT=mpi``
+puts every world on MPI; ``=shm`` asks for shared memory (an error where it is missing).
+Tracing runs on MPI.  A world whose ranks are on several hosts has a hybrid link
+(``transports.hybrid``): shared memory within each host, MPI across hosts.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import asyncio
 import hashlib
 import inspect
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -27,7 +36,7 @@ from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
@@ -40,9 +49,12 @@ from ..sim.device import Device
 from ..transports import _mpi_lib
 from ..transports._doorbell import Bell, Doorbell
 from ..transports._mpi_lib import comm_world, mpi_errors, wait_request
+from ..transports.hybrid import HybridTransport, open_hybrid
 from ..transports.mpi import MPITransport
+from ..transports.shm import Node, missing
 from . import hang as _hang
 from .communicator import Communicator, world_lane
+from .process_runner import _ProcessFamily
 from .view import CommView
 
 __all__ = ["ABORT_GRACE", "open_mpi_world", "run_mpi", "run_mpi_async"]
@@ -51,6 +63,113 @@ T = TypeVar("T")
 
 #: How long a failed rank waits for the other ranks to close before aborting the MPI job.
 ABORT_GRACE = 10.0
+
+
+#: What carries the ranks of one host to each other: "shm" (the default where the platform
+#: has it) or "mpi" (everything on MPI).
+TRANSPORT_VARIABLE = "ASYNCCOMM_TRANSPORT"
+#: A test hook: host names, comma-separated, one per rank of ``COMM_WORLD``, that group the
+#: ranks into hosts in place of the machines they run on (several "hosts" on one machine).
+HOSTS_VARIABLE = "ASYNCCOMM_TEST_HOSTS"
+
+
+def transport_choice() -> str | None:
+    """``ASYNCCOMM_TRANSPORT``: ``"mpi"``, ``"shm"``, or None (unset or empty).
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = os.environ.get(TRANSPORT_VARIABLE, "")
+    if value and value not in ("mpi", "shm"):
+        raise ValueError(f"{TRANSPORT_VARIABLE} must be 'mpi' or 'shm' (or unset), "
+                         f"got {value!r}")
+    return value or None
+
+
+def _shared_memory(traced: bool) -> bool:
+    """Whether the ranks of one host talk over shared memory (see module docs).
+
+    Raises:
+        ValueError: a bad ``ASYNCCOMM_TRANSPORT``, or ``=shm`` with a trace.
+        RuntimeError: ``=shm`` where this platform lacks the shared-memory link.
+    """
+    choice = transport_choice()
+    if choice == "mpi":
+        return False
+    if traced:
+        if choice == "shm":
+            raise ValueError(f"{TRANSPORT_VARIABLE}=shm: a traced world runs on MPI (unset "
+                             f"{TRANSPORT_VARIABLE}, or set it to 'mpi')")
+        return False
+    why = missing()
+    if why is not None:
+        if choice == "shm":
+            raise RuntimeError(f"{TRANSPORT_VARIABLE}=shm, but the shared-memory link is not "
+                               f"available here: {why}")
+        return False
+    return True
+
+
+def _fake_hosts(size: int) -> list[str] | None:
+    """``ASYNCCOMM_TEST_HOSTS``: each rank's host name (None: unset).
+
+    Raises:
+        ValueError: not one name per rank.
+    """
+    value = os.environ.get(HOSTS_VARIABLE, "")
+    if not value:
+        return None
+    names = value.split(",")
+    if len(names) != size or not all(names):
+        raise ValueError(f"{HOSTS_VARIABLE} must name one host per rank ({size}), comma-"
+                         f"separated, got {value!r}")
+    return names
+
+
+class _Hosts:
+    """The ranks of ``COMM_WORLD`` by host, and this process's group of processes
+    (``Node``) with the others of its host: made at the first world that uses shared memory
+    (collective over ``COMM_WORLD``), kept for the life of the process."""
+
+    _current: ClassVar[_Hosts | None] = None
+
+    def __init__(self, node: Node, where: list[tuple[int, int]]) -> None:
+        self.node = node
+        #: Each world rank's host (its first world rank) and rank in that host's group.
+        self.where = where
+
+    @property
+    def single(self) -> bool:
+        """Every rank is on this host."""
+        return all(host == self.where[0][0] for host, _ in self.where)
+
+    @classmethod
+    def get(cls) -> _Hosts:
+        """The hosts (made now if this is the first call: collective over COMM_WORLD).
+
+        Raises:
+            ValueError: a bad ``ASYNCCOMM_TEST_HOSTS``.
+            TransportError: MPI failed.
+        """
+        if cls._current is None:
+            world = comm_world()
+            rank = world.Get_rank()
+            names = _fake_hosts(world.Get_size())
+            with mpi_errors("grouping the ranks by host"):
+                if names is None:
+                    local = world.Split_type(_mpi_lib.MPI.COMM_TYPE_SHARED, key=rank)
+                else:
+                    local = world.Split(sorted(set(names)).index(names[rank]), rank)
+                try:
+                    host, token = local.bcast((rank, secrets.token_hex(8))
+                                              if local.Get_rank() == 0 else None)
+                    node = Node.join(f"mpi-{token}", local.Get_rank(), local.Get_size())
+                    local.Barrier()  # every socket of the host is bound
+                    node.watch(local.allgather(os.getpid()))
+                finally:
+                    local.Free()
+                cls._current = cls(node, world.allgather((host, node.rank)))
+        return cls._current
 
 
 def _host_id() -> int:
@@ -86,7 +205,9 @@ class _MPIWorld:
         """Open this rank (collective over ``COMM_WORLD``).
 
         Raises:
-            TypeError, ValueError: bad arguments or a bad ``ASYNCCOMM_TIMEOUT``.
+            TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``,
+                ``ASYNCCOMM_TRANSPORT`` or ``ASYNCCOMM_TEST_HOSTS``.
+            RuntimeError: ``ASYNCCOMM_TRANSPORT=shm`` where shared memory is missing.
             TransportError: MPI failed.
         """
         check_world(1, None, "auto", eager_limit, pool_bytes)
@@ -95,6 +216,7 @@ class _MPIWorld:
         trace_file = _trace.trace_path(trace)
         _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
         _hang.hang_warning()
+        shm = _shared_memory(trace_file is not None)
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
@@ -116,18 +238,40 @@ class _MPIWorld:
         if not agreed[0]:
             bells = [None] * len(bells)
         pools = list(every[0::4])
-        neighbours = sum(1 for host in every[1::4] if host == mine[1])
         registry: list[DeviceEngine] = []
+        hosts = _Hosts.get() if shm else None
+        if hosts is not None and hosts.single:  # MPI has done its part
+            return await cls._open_shm(hosts, mpi_comm, pools, lane, registry,
+                                       eager_limit=eager_limit, pool_bytes=pool_bytes,
+                                       timeout=op_timeout)
+        neighbours = sum(1 for host in every[1::4] if host == mine[1])
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
                             eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout,
-                            registry=registry, bells=bells, lane=lane)
+                            registry=registry, bells=bells, lane=lane, hosts=hosts,
+                            name="" if hosts is None else hosts.node.next_world())
         rank = mpi_comm.Get_rank()
         transport, comm = await family.open(mpi_comm, pools, Device(rank, f"mpi:{rank}"))
         sink = None if trace_file is None else _trace.attach(
             _trace.rank_path(trace_file, rank), [comm._engine], model=False, partial=True)
         family.trace(sink, comm)
-        comm._engine.log.info("comm.opened", transport="mpi", fast_lane=lane.name)
+        comm._engine.log.info("comm.opened", transport="mpi" if hosts is None else "hybrid",
+                              fast_lane=lane.name)
         return cls(transport, comm, sink, registry)
+
+    @classmethod
+    async def _open_shm(cls, hosts: _Hosts, mpi_comm: Any, pools: list[int], lane: Lane,
+                        registry: list[DeviceEngine], *, eager_limit: int, pool_bytes: int,
+                        timeout: float | None) -> _MPIWorld:
+        """This rank of a world on one host, on the shared-memory link."""
+        rank = mpi_comm.Get_rank()
+        mpi_comm.Free()
+        node = hosts.node
+        family = _ProcessFamily(node, node.next_world(), [r for _, r in hosts.where], pools,
+                                eager_limit=eager_limit, pool_bytes=pool_bytes,
+                                timeout=timeout, registry=registry, lane=lane)
+        transport, comm = await family.open(Device(rank, f"mpi:{rank}"))
+        comm._engine.log.info("comm.opened", transport="shm", fast_lane=lane.name)
+        return cls(transport, comm, None, registry)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
@@ -162,13 +306,18 @@ def _bells(bell: Doorbell | None, rank: int,
 class _MPIFamily:
     """Makes the communicators of an MPI world: each one runs on an MPI communicator of its
     own (``Idup`` for ``dup`` and private contexts; ``Split`` for ``split``, run on a
-    thread so that this rank's progress goes on while the others arrive)."""
+    thread so that this rank's progress goes on while the others arrive).  With ``hosts``
+    (ranks on several hosts, shared memory asked for) each one's link is a
+    ``HybridTransport``: the rings of its ranks on this host (``name``d in the host's group),
+    MPI to the others."""
 
     def __init__(self, mpi_comm: Any, pools: list[int], *, crowded: bool, eager_limit: int,
                  pool_bytes: int, timeout: float | None, registry: list[DeviceEngine],
                  bells: list[Bell | None], lane: Lane, ranks: list[int] | None = None,
-                 label: str = "") -> None:
+                 label: str = "", hosts: _Hosts | None = None, name: str = "") -> None:
         self.mpi_comm = mpi_comm
+        self.hosts = hosts
+        self.name = name
         self.bells = bells  # each world rank's doorbell (see _bells)
         self.registry = registry  # every engine of this rank
         self.ranks = ranks  # the world rank of each rank here (None: the world itself)
@@ -188,13 +337,29 @@ class _MPIFamily:
         with mpi_errors("duplicating a communicator for its private context"):
             private_comm, req = mpi_comm.Idup()
             await wait_request(req)
-        transport, comm = self._open(mpi_comm, pools, device)
-        private_transport, private = self._open(private_comm, pools, device)
+        link = await self._hybrid(mpi_comm, pools, self.name)
+        private_link = await self._hybrid(private_comm, pools, self.name + "p")
+        transport, comm = self._open(mpi_comm, pools, device, link)
+        private_transport, private = self._open(private_comm, pools, device, private_link)
         private._engine.context = "(inside a collective)"
         private._engine.private = True
         private._after_close = private_transport.wait_closed
         comm._adopt_private(private)
         return transport, comm
+
+    async def _hybrid(self, mpi_comm: Any, pools: list[int],
+                      name: str) -> HybridTransport | None:
+        """The hybrid link on ``mpi_comm`` (None without ``hosts``: the MPI link)."""
+        hosts = self.hosts
+        if hosts is None:
+            return None
+        where = hosts.where
+        world = range(mpi_comm.Get_size()) if self.ranks is None else self.ranks
+        mine = where[world[mpi_comm.Get_rank()]][0]
+        members = [r for r, w in enumerate(world) if where[w][0] == mine]
+        return await open_hybrid(hosts.node, name, mpi_comm, members,
+                                 [where[world[r]][1] for r in members],
+                                 eager_limit=self.eager_limit, pools=pools)
 
     def open_private(self, comm: CommView) -> None:
         raise AssertionError("an MPI communicator is made with its private context")
@@ -215,11 +380,12 @@ class _MPIFamily:
             engine.fast = False  # the traced lane instead, unless logging every message
             engine.traced = not engine.trace
 
-    def _open(self, mpi_comm: Any, pools: list[int],
-              device: Device) -> tuple[MPITransport, Communicator]:
+    def _open(self, mpi_comm: Any, pools: list[int], device: Device,
+              link: HybridTransport | None = None) -> tuple[MPITransport, Communicator]:
         loop = asyncio.get_running_loop()
-        transport = MPITransport(mpi_comm, eager_limit=self.eager_limit, pools=pools)
-        progress = transport.progress
+        transport = (MPITransport(mpi_comm, eager_limit=self.eager_limit, pools=pools)
+                     if link is None else link)
+        progress = transport.progress if link is None else link.mpi
         progress.crowded = self.crowded
         world = range(transport.size) if self.ranks is None else self.ranks
         progress.bells = [None if r == transport.rank else self.bells[w]
@@ -240,7 +406,7 @@ class _MPIFamily:
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
         transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
-        if self.lane.module is not None:  # the per-message steps in C
+        if self.lane.module is not None and link is None:  # the per-message steps in C
             transport.accelerate(self.lane.module)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(
@@ -248,7 +414,8 @@ class _MPIFamily:
         family = _MPIFamily(mpi_comm, pools, crowded=self.crowded,
                             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                             timeout=self.timeout, registry=self.registry, bells=self.bells,
-                            lane=self.lane, ranks=self.ranks, label=self.label)
+                            lane=self.lane, ranks=self.ranks, label=self.label,
+                            hosts=self.hosts, name=self.name if link is None else link.name)
         family.sink = self.sink
         comm = Communicator(engine, default_timeout=self.timeout, device=device,
                             family=family)
@@ -278,7 +445,8 @@ class _MPIFamily:
                          registry=self.registry, bells=self.bells, lane=self.lane,
                          label=_trace.join(
                              self.label, _trace.context_label(key)),
-                         ranks=[m if self.ranks is None else self.ranks[m] for m in members])
+                         ranks=[m if self.ranks is None else self.ranks[m] for m in members],
+                         hosts=self.hosts, name=f"{self.name}/{'.'.join(map(str, key))}")
         sub.sink = self.sink
         transport, comm = await sub.open(new, pools, parent.device)
         sub.trace(self.sink, comm)
@@ -302,6 +470,10 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
     ``CommBrokenError``, naming the exception if the block raised) and then waits until
     every rank has closed.
 
+    The ranks of one host talk over shared memory, MPI carrying only what goes between
+    hosts, unless ``ASYNCCOMM_TRANSPORT=mpi`` (see the module docs); a traced world runs
+    on MPI.
+
     Args:
         eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.
         trace: a trace file name (None: ``ASYNCCOMM_TRACE``): this rank writes
@@ -312,7 +484,8 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
 
     Raises:
         TypeError, ValueError: bad arguments (``native=True`` where the C accelerator is
-            not built among them) or a bad ``ASYNCCOMM_TIMEOUT``.
+            not built among them) or a bad ``ASYNCCOMM_TIMEOUT`` or ``ASYNCCOMM_TRANSPORT``.
+        RuntimeError: ``ASYNCCOMM_TRANSPORT=shm`` where shared memory is missing.
         TransportError: MPI failed.
     """
     world = await _MPIWorld.open(eager_limit=eager_limit, pool_bytes=pool_bytes,

@@ -590,6 +590,13 @@ class Node:
         """This process's link in the world ``name`` of ``members`` (group ranks, in the
         world's rank order; collective among them): the first member makes the segment
         and hands it to the others."""
+        segment = await self.open_segment(name, members)
+        return ShmTransport(self, segment, members.index(self.rank), members,
+                            eager_limit=eager_limit, pools=pools)
+
+    async def open_segment(self, name: str, members: list[int]) -> Segment:
+        """The rings of the world ``name`` of ``members`` (as ``open_world``), for a link
+        made elsewhere (``hybrid``)."""
         self._attach()
         rank = members.index(self.rank)
         if rank == 0:
@@ -607,7 +614,7 @@ class Node:
                 segment = Segment(fd, len(members))
             finally:
                 os.close(fd)
-        return ShmTransport(self, segment, rank, members, eager_limit=eager_limit, pools=pools)
+        return segment
 
     async def _offer(self, name: str, fd: int, peer: int) -> None:
         while True:

@@ -25,6 +25,9 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
   is woken by the ring.
 - ``unmatched-at-close``: rank 1 closes with rank 0's rendezvous message announced and
   never matched: rank 0's send fails with ``CommBrokenError``, and the job ends.
+- ``links``: each rank prints the link of its world, of a ``split`` into halves and of a
+  ``dup`` (after a ring exchange on each), and of its private context; and what
+  ``ASYNCCOMM_TRANSPORT=shm`` with a trace raises.
 - ``lane``: with the C lane built, small sends (awaited and ``isend``) and recvs (posted
   before their message lands, awaited and ``irecv``, or taking one that landed first, whose
   credit is then owed back) never reach the Python steps on MPI.
@@ -330,6 +333,32 @@ async def who(comm: ac.Communicator) -> str:
     return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
 
 
+async def links(comm: ac.Communicator) -> str:
+    """The links of this rank's communicators (each after a ring exchange on it)."""
+    half = await comm.split(comm.rank * 2 // comm.size)
+    dup = await comm.dup()
+    names = []
+    for c in (comm, half, dup):
+        got = np.zeros(1)
+        await c.sendrecv(np.array([float(c.rank)]), (c.rank + 1) % c.size, got,
+                         (c.rank - 1) % c.size, sendtag=5, recvtag=5)
+        assert got[0] == (c.rank - 1) % c.size
+        names.append(type(c._engine.link).__name__)
+    names.append(type(comm._private()._engine.link).__name__)
+    await half.aclose()
+    await dup.aclose()
+    return f"rank {comm.rank}: {' '.join(names)}"
+
+
+def traced_shm() -> str:
+    os.environ["ASYNCCOMM_TRANSPORT"] = "shm"
+    try:
+        ac.run(nothing, trace=os.devnull)
+    except ValueError as exc:
+        return f"ValueError: {exc}"
+    return "no error"
+
+
 def run_rules() -> str:
     from mpi4py import MPI
 
@@ -368,6 +397,10 @@ def main(case: str) -> int:
         ac.run(report, abort_grace=1.0)
     elif case == "answer-landed":
         sys.stdout.write(f"{ac.run(answer_landed)}\n")
+    elif case == "links":
+        sys.stdout.write(f"{ac.run(links)}\n")
+        if os.environ.get("ASYNCCOMM_TRANSPORT") != "mpi":
+            sys.stdout.write(f"{traced_shm()}\n")
     elif case == "lane":
         sys.stdout.write(f"{ac.run(lane)}\n")
     elif case == "unmatched-at-close":

@@ -4,6 +4,11 @@ Run by plain pytest (not under an MPI launcher): each test starts ``mpiexec -n N
 host (MPICH uses shared memory between local processes) and checks how the job ended.
 Every subprocess has a timeout well below pytest's, so a hang fails the test instead of
 stalling the suite.
+
+Under mpiexec the ranks of one host talk over shared memory unless
+``ASYNCCOMM_TRANSPORT=mpi``: the contract and the failure cases run on the default, a
+subset on MPI itself (``MPI``), and on two fake hosts of two ranks each (``TWO_HOSTS``:
+shared memory within each, MPI between them); the cases about MPI itself run on MPI.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ pytestmark = [
 
 
 _env = mpi_env
+#: The environment of a job on MPI alone, and of one on two fake hosts: ranks 0 and 2 on
+#: one, 1 and 3 on the other (each failure case then has a peer on each side).
+MPI = {"ASYNCCOMM_TRANSPORT": "mpi"}
+TWO_HOSTS = {"ASYNCCOMM_TEST_HOSTS": "a,b,a,b"}
+#: Where a failure case runs: the ranks, and the environment.
+PLACES = {"shm": (2, {}), "mpi": (2, MPI), "hybrid": (4, TWO_HOSTS)}
 
 
 def mpiexec(n: int, *args: str, limit: float = JOB_LIMIT,
@@ -50,9 +61,11 @@ def _output(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_contract_on_mpi(n: int) -> None:
-    proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner")
+@pytest.mark.parametrize(("n", "env"), [(2, {}), (3, MPI),
+                                         (4, {"ASYNCCOMM_TEST_HOSTS": "a,a,b,b"})],
+                         ids=["shm", "mpi", "hybrid"])
+def test_contract_on_mpi(n: int, env: dict[str, str]) -> None:
+    proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", **env)
     assert proc.returncode == 0, _output(proc)
     assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
@@ -60,13 +73,13 @@ def test_contract_on_mpi(n: int) -> None:
 def test_contract_on_mpi_with_the_python_steps() -> None:
     """Where the C lane is not built, MPI takes the Python steps: they keep the contract."""
     proc = mpiexec(2, "-m", "tests.transports.mpi_contract_runner",
-                   ASYNCCOMM_PURE_PYTHON="1")
+                   ASYNCCOMM_PURE_PYTHON="1", **MPI)
     assert proc.returncode == 0, _output(proc)
     assert "contract on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
 def test_small_messages_on_mpi_take_the_c_lane() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "lane", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "lane", limit=60, **MPI)
     assert proc.returncode == 0, _output(proc)
     if "no C lane" in proc.stdout:
         pytest.skip("the C lane is not built here")
@@ -75,24 +88,52 @@ def test_small_messages_on_mpi_take_the_c_lane() -> None:
                      "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"], _output(proc)
 
 
-def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_conservation_runner")
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(place: str) -> None:
+    n, env = PLACES[place]
+    proc = mpiexec(n, "-m", "tests.transports.mpi_conservation_runner", **env)
     assert proc.returncode == 0, _output(proc)
-    assert "conservation on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
+    assert f"conservation on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
-def test_an_exception_on_one_rank_breaks_its_peers_and_fails_the_job() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise")
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_the_default_link_is_shared_memory_within_a_host(place: str) -> None:
+    """Every communicator (split, dup, private context) too; ``=mpi`` is checked by the
+    cases about MPI itself, and the variable's values by ``test_transport_choice``."""
+    n, env = PLACES[place]
+    link = "ShmTransport" if place == "shm" else "HybridTransport"
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "links", limit=60, **env)
+    assert proc.returncode == 0, _output(proc)
+    for rank in range(n):
+        assert f"rank {rank}: {link} {link} {link} {link}" in proc.stdout, _output(proc)
+    assert proc.stdout.count("ValueError: ASYNCCOMM_TRANSPORT=shm: a traced world runs "
+                             "on MPI") == n, _output(proc)
+
+
+def test_a_bad_transport_variable_fails_every_rank_with_a_value_error() -> None:
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "raise", limit=60,
+                   ASYNCCOMM_TRANSPORT="tcp")
     assert proc.returncode != 0, _output(proc)
-    assert "rank 1 of 2 failed: ValueError: boom on purpose" in proc.stderr, _output(proc)
+    assert proc.stderr.count("ValueError: ASYNCCOMM_TRANSPORT must be 'mpi' or 'shm' (or "
+                             "unset), got 'tcp'") == 2, _output(proc)
+
+
+@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
+def test_an_exception_on_one_rank_breaks_its_peers_and_fails_the_job(place: str) -> None:
+    n, env = PLACES[place]
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "raise", **env)
+    assert proc.returncode != 0, _output(proc)
+    assert f"rank 1 of {n} failed: ValueError: boom on purpose" in proc.stderr, _output(proc)
     assert "rank 0 got CommBrokenError: rank 1 failed with ValueError" in proc.stdout, \
         _output(proc)
 
 
-def test_ctrl_c_on_one_rank_tells_its_peers_it_was_interrupted() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "sigint", limit=60)
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_ctrl_c_on_one_rank_tells_its_peers_it_was_interrupted(place: str) -> None:
+    n, env = PLACES[place]
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "sigint", limit=60, **env)
     assert proc.returncode != 0, _output(proc)
-    assert "rank 1 of 2 was interrupted: KeyboardInterrupt" in proc.stderr, _output(proc)
+    assert f"rank 1 of {n} was interrupted: KeyboardInterrupt" in proc.stderr, _output(proc)
     assert ("rank 0 got CommBrokenError: rank 1 was interrupted (KeyboardInterrupt)"
             in proc.stdout), _output(proc)
 
@@ -104,28 +145,33 @@ def test_a_failed_rank_aborts_the_job_when_its_peers_do_not_close() -> None:
     assert "aborting the MPI job" in proc.stderr, _output(proc)
 
 
-def test_a_killed_rank_ends_the_job_instead_of_hanging() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "kill", limit=60)
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_a_killed_rank_ends_the_job_instead_of_hanging(place: str) -> None:
+    n, env = PLACES[place]
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "kill", limit=60, **env)
     assert proc.returncode != 0, _output(proc)
 
 
 def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "send-error", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "send-error", limit=60, **MPI)
     assert proc.returncode == 0, _output(proc)
     assert "TransportError: rank 0: MPI send to rank 1 failed" in proc.stdout, _output(proc)
     assert "small send: TransportError, credit kept" in proc.stdout, _output(proc)
     assert f"received {1 << 20}" in proc.stdout, _output(proc)  # and the next send works
 
 
-def test_a_rendezvous_send_its_receiver_closed_on_fails_and_the_job_ends() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "unmatched-at-close", limit=60)
+@pytest.mark.parametrize("place", ["shm", "hybrid"])
+def test_a_rendezvous_send_its_receiver_closed_on_fails_and_the_job_ends(place: str) -> None:
+    n, env = PLACES[place]
+    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "unmatched-at-close", limit=60,
+                   **env)
     assert proc.returncode == 0, _output(proc)
     assert ("unmatched send: CommBrokenError: rank 1 closed its communicator before receiving "
             "this message") in proc.stdout, _output(proc)
 
 
 def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "progress-error", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "progress-error", limit=60, **MPI)
     assert proc.returncode != 0, _output(proc)
     assert "rank 0 of 2 failed: TransportError: rank 0: MPI progress failed" in proc.stderr, \
         _output(proc)
@@ -133,7 +179,7 @@ def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None
 
 
 def test_after_an_mpi_failure_new_ops_fail_at_once_and_landed_messages_arrive() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "after-failure", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "after-failure", limit=60, **MPI)
     assert proc.returncode != 0, _output(proc)  # the ranks cannot close together: abort
     assert ("rank 0: send TransportError, landed 3, recv TransportError, recv-any "
             "TransportError, probe TransportError, send TransportError, irecv "
@@ -143,14 +189,14 @@ def test_after_an_mpi_failure_new_ops_fail_at_once_and_landed_messages_arrive() 
 
 
 def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60, **MPI)
     assert proc.returncode == 0, _output(proc)
     assert "rank 0 got 7 at once" in proc.stdout, _output(proc)
     assert "rank 1 got 1" in proc.stdout, _output(proc)
 
 
 def test_an_idle_rank_sleeps_until_a_peer_on_its_host_rings() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "doorbell", limit=60)
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "doorbell", limit=60, **MPI)
     assert proc.returncode == 0, _output(proc)
     assert "rank 1 sent" in proc.stdout, _output(proc)
     assert "rank 0 got 5 after 1 ring(s)" in proc.stdout, _output(proc)

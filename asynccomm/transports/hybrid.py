@@ -1,0 +1,209 @@
+"""The link of a world whose ranks are on several hosts: shared memory to the ranks of this
+host, MPI to the others.
+
+The shared-memory link and the MPI link speak the same wire protocol (``_core/wire.py``)
+with the same shell (``ShmTransport`` is an ``MPITransport``), so one ``Wire`` keeps the
+protocol's state for every peer and only the way out differs: a ``Route`` stands where the
+MPI link has its ``Progress`` and sends each control message and each rendezvous payload
+on this host's rings (``shm.Channels``, whose ranks are the world's ranks on this host, in
+order) or on MPI (the world's communicator, whose ranks are the world's).  What arrives on
+either comes to the same handler, hence to the one endpoint.  The host's ``Node`` polls
+the rings (and sees a peer of this host die at once); the MPI progress task polls MPI.  The
+world is finished when the wire is (``FIN`` both ways with every rank): then the rings are
+released and the MPI communicator freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from .._core.wire import Wire
+from . import _mpi_lib as lib
+from ._mpi_lib import mpi_errors, translate
+from ._mpi_progress import Progress
+from ._mpi_transport import MPITransport, OfferBytes, deliver
+from ._shm_ring import Segment
+from .base import Endpoint
+from .shm import Channels, Node, ShmTransport
+
+__all__ = ["HybridTransport", "Route", "open_hybrid"]
+
+
+class HostChannels(Channels):
+    """This host's rings of a world, told of a dead peer by its world rank."""
+
+    members: list[int]  # the world rank of each rank of the rings
+    local: dict[int, int]  # the rank in the rings of each world rank on this host
+
+    def peer_died(self, rank: int) -> bool:
+        return super().peer_died(self.local[rank])
+
+
+class Route:
+    """Where each message goes: on this host's rings or on MPI (see module docs).  The
+    link calls it as the MPI link calls its ``Progress``, with world ranks."""
+
+    def __init__(self, channels: HostChannels, mpi: Progress) -> None:
+        self.channels = channels
+        self.mpi = mpi
+        self.local = channels.local
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        return self.mpi.task
+
+    @property
+    def closing(self) -> bool:
+        return self.mpi.closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self.channels.closing = self.mpi.closing = value
+
+    @property
+    def stopped(self) -> bool:
+        return self.mpi.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self.channels.stopped = self.mpi.stopped = value
+
+    def send(self, dest: int, msg: bytes | bytearray) -> None:
+        local = self.local.get(dest)
+        if local is None:
+            self.mpi.send(dest, msg)
+        else:
+            self.channels.send(local, msg)
+
+    def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
+        local = self.local.get(dest)
+        if local is None:
+            self.mpi.push(view, dest, tag, done)
+        else:
+            self.channels.push(view, local, tag, done)
+
+    def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
+        local = self.local.get(source)
+        if local is None:
+            self.mpi.pull(view, source, tag, done)
+        else:
+            self.channels.pull(view, local, tag, done)
+
+    def deliver(self) -> None:
+        self.mpi.deliver()
+
+
+class HybridTransport(ShmTransport):
+    """One rank's side of the wire protocol, to each peer on the rings of this host or on
+    MPI (see module docs).  Made by ``open_hybrid``; the node polls its rings, its MPI
+    progress task polls MPI.
+
+    Args:
+        node: this process's group of processes on this host.
+        segment: the rings of the world's ranks on this host.
+        comm: the world's private MPI communicator.
+        members: the world rank of each rank of the rings (this rank among them).
+        procs: the group rank (in ``node``) of each rank of the rings.
+        eager_limit, pools: as ``MPITransport``'s.
+    """
+
+    # The MPI link's ways, not the rings': every message goes by the route.
+    send = MPITransport.send
+    send_now = MPITransport.send_now
+    _send = MPITransport._send
+
+    def __init__(self, node: Node, segment: Segment, comm: Any,
+                 members: list[int], procs: list[int], *, eager_limit: int,
+                 pools: list[int]) -> None:
+        self.node = node
+        self.comm = comm
+        self.rank = rank = comm.Get_rank()
+        self.size = size = comm.Get_size()
+        self.wire = Wire(rank, size, inline_max=eager_limit,
+                         credits=[p // size for p in pools], grant=pools[rank] // size)
+        self.wire.data_tag_ub = int(comm.Get_attr(lib.MPI.TAG_UB) or 32767)
+        self._foreign = lib.MPI.Exception  # type: ignore[assignment]
+        self.offer_bytes: OfferBytes = deliver  # the world gives the fast lane's
+        self.endpoint: Endpoint
+        channels = HostChannels(node, segment, members.index(rank), procs, self._on_control)
+        channels.members = list(members)
+        channels.local = {w: i for i, w in enumerate(members)}
+        mpi = Progress(comm, on_control=self._on_control, finished=self.check_finished,
+                       failed=self._failed)
+        self.progress = Route(channels, mpi)  # type: ignore[assignment]
+        self._sends = {}
+        self._announced = {}
+        self._broken = None
+        self.dump_request = None
+        self.on_dump = None
+        self._finished: asyncio.Future[None] | None = None
+        self.name = ""  # the world's name in the node's group (set by open_hybrid)
+
+    @property
+    def channels(self) -> HostChannels:
+        return self.progress.channels  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def mpi(self) -> Progress:
+        """The MPI side's progress (its ``crowded`` is set by the world)."""
+        return self.progress.mpi  # type: ignore[attr-defined, no-any-return]
+
+    def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
+        """Join the node's poll and start the MPI progress task.
+
+        Raises:
+            TransportError: MPI failed.
+        """
+        super().start(endpoint, loop)
+        with mpi_errors("posting control recvs", self.rank):
+            self.mpi.start(loop, f"asynccomm-hybrid-progress-{self.rank}")
+
+    async def wait_closed(self) -> None:
+        """Wait until every rank has closed: the rings released, the communicator freed."""
+        await MPITransport.wait_closed(self)
+        await super().wait_closed()
+
+    def check_finished(self) -> bool:
+        """True once every rank has closed (``FIN`` both ways): the rings are released
+        (asked by the node and by the MPI progress task alike)."""
+        if self._finished is not None and self._finished.done():
+            return True
+        return super().check_finished()
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, self._foreign):
+            MPITransport._failed(self, exc)
+        else:
+            super()._failed(exc)
+
+    def _break(self, err: Any) -> None:
+        """Stop both sides and fail everything pending (the node lets go of the rings)."""
+        super()._break(err)
+        self.node.remove(self)
+        if self._finished is not None and not self._finished.done():
+            self._finished.set_result(None)
+
+    def close(self, rank: int, reason: str) -> None:
+        self.progress.closing = True
+        try:
+            super().close(rank, reason)
+        except lib.MPI.Exception as exc:
+            self._break(translate(exc, "close", self.rank))
+
+    def peer_died(self, rank: int) -> None:
+        """The process of ``rank`` of this host's rings died (the node says so)."""
+        super().peer_died(self.channels.members[rank])
+
+
+async def open_hybrid(node: Node, name: str, comm: Any, members: list[int],
+                      procs: list[int], *, eager_limit: int,
+                      pools: list[int]) -> HybridTransport:
+    """This rank's link in the world ``name`` on ``comm`` (collective among the ranks of
+    this host, ``members``, whose group ranks in ``node`` are ``procs``)."""
+    segment = await node.open_segment(name, procs)
+    link = HybridTransport(node, segment, comm, members, procs, eager_limit=eager_limit,
+                           pools=pools)
+    link.name = name
+    return link
