@@ -11,13 +11,21 @@ as SMPI does) and writes a preset that ``Cluster.load`` reads::
     world = await ac.open_cluster_world(4, ac.Cluster.load("local.json"))
 
 In-process ranks share one CPU, so its preset puts every transfer of the node on one
-shared resource (``Cluster(shared_intra=True)``); MPI ranks are processes of their own.
+shared resource (``Cluster(shared_intra=True)``) and its ranks' own work on one core; MPI
+ranks (and ``processes`` ranks) are processes of their own, on this machine's cores.
+
+Besides messages it measures, in this process, what a collective call costs on a rank's
+CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of one step of
+its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
+sum, from ring allgather and allreduce calls on in-process ranks less their messages; the
+preset's ``host`` holds them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -26,17 +34,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import Communicator, launched_by_mpi, run
+from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
+from .sim.host import HostSpec
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_pingpong", "pingpong", "preset"]
+__all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_host", "measure_pingpong", "pingpong",
+           "preset"]
 
-TRANSPORTS = ("local", "mpi")
+TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
 SIZES = tuple(8 << i for i in range(24))
 #: Wall seconds one repeat of one size should take, about (more iterations for small ones).
@@ -44,7 +56,7 @@ BUDGET = 0.03
 #: The fit's limits (``fit_segments``): enough segments for an eager/rendezvous break and
 #: the caches' steps in a memory copy's rate.
 MAX_SEGMENTS = 6
-MIN_POINTS = 2
+MIN_POINTS = 3
 
 
 async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
@@ -96,6 +108,11 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
         points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), 2,
                                        backend="local")[0]
         return points
+    if transport == "processes":
+        # its ranks are processes: the program must pickle (a partial of a module function)
+        got: dict[int, float] = run(partial(pingpong, sizes=tuple(sizes), repeats=repeats), 2,
+                                    backend="processes")[0]
+        return got
     if transport != "mpi":
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if launched_by_mpi():
@@ -106,6 +123,65 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
         mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--points", str(path),
                  "--sizes", *map(str, sizes), "--repeats", str(repeats)], 2)
         return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+
+
+#: Sizes of the collective calls that calibrate a rank's CPU work: one small (its Python),
+#: two large (its bytes' rate, through caches as a large call's buffers go).
+HOST_SIZES = (8, 512 << 10, 4 << 20)
+
+
+async def _collective_calls(comm: Communicator, sizes: Sequence[int],
+                            repeats: int) -> dict[str, dict[int, float]]:
+    """Median wall seconds of one ring allgather and one ring allreduce call of each size
+    (rank 0's; others {})."""
+    p = comm.size
+    out: dict[str, dict[int, float]] = {"allgather": {}, "allreduce": {}}
+    for n in sizes:
+        bufs = {"allgather": (np.zeros(max(1, n // p), np.uint8),
+                              np.zeros((p, max(1, n // p)), np.uint8)),
+                "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
+        for name, args in bufs.items():
+            call = getattr(comm, name)
+            samples = []
+            iters = max(1, min(50, (4 << 20) // max(n, 1)))
+            for _ in range(repeats + 1):
+                await comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    await call(*args, algorithm="ring")
+                samples.append((time.perf_counter() - t0) / iters)
+            out[name][n] = statistics.median(samples[1:])
+    return out if comm.rank == 0 else {}
+
+
+def measure_host(transport: str, repeats: int = 7) -> HostSpec:
+    """What a collective call costs on a rank's CPU (see the module docs), measured on
+    in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
+    rank (the call alone) and on two, less their messages (in-process ping-pong times of
+    half the size; the two ranks' messages and work take turns on the one CPU).
+
+    Per rank, an allgather of n bytes works call + step + 1.5 n / copy, an allreduce
+    call + 2 step + n (2 / copy + 0.5 / reduce) (``sim.host.WORK``): the smallest size
+    gives the Python, the two largest the rates (the slope between them, so the rates hold
+    for buffers past the caches, where a call's fresh scratch arrays cost the most)."""
+    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
+               backend="local")[0]["allgather"][8]
+    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
+              backend="local")[0]
+    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
+
+    def work(name: str, messages: int) -> list[float]:
+        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2)
+                for n in HOST_SIZES]
+
+    gather, reduce = work("allgather", 2), work("allreduce", 4)
+    span = HOST_SIZES[-1] - HOST_SIZES[-2]
+    per_copy = max(0.0, gather[-1] - gather[-2]) / span / 1.5  # seconds per byte
+    per_sum = max(0.0, (reduce[-1] - reduce[-2]) / span - 2 * per_copy) / 0.5
+    step = max(0.0, gather[0] - call, reduce[0] - gather[0])
+    return HostSpec(cores=1 if transport == "local" else os.cpu_count() or 1, call=call,
+                    step=step, copy_bandwidth=1 / per_copy if per_copy > 0 else math.inf,
+                    reduce_bandwidth=1 / per_sum if per_sum > 0 else math.inf)
 
 
 def mpiexec() -> str | None:
@@ -131,10 +207,10 @@ def mpi_run(args: Sequence[str], ranks: int, timeout: float = 300) -> None:
 
 
 def preset(transport: str, points: dict[int, float], segments: list[Segment],
-           ranks: int = 8) -> dict[str, Any]:
+           ranks: int = 8, host: HostSpec | None = None) -> dict[str, Any]:
     """The preset document: the cluster (``Cluster.load`` reads it) and how it was made."""
     cluster = calibrated_cluster(segments, name=f"calibrated-{transport}", ranks=ranks,
-                                 shared=transport == "local")
+                                 shared=transport == "local", host=host)
     return {"cluster": cluster.to_dict(),
             "calibration": {
                 "transport": transport, "host": os.uname().nodename,
@@ -144,13 +220,36 @@ def preset(transport: str, points: dict[int, float], segments: list[Segment],
                              for s in segments]}}
 
 
+def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
+    """Sizes to measure between each break of ``segments`` and the measured ``sizes``
+    either side of it (their geometric means), and just past the eager limit when it lies
+    inside the sizes: where the fit's segments meet, so the break is placed between
+    points a factor of about 1.4 apart rather than 2, and a rendezvous step is seen."""
+    out = set()
+    for seg in segments[:-1]:
+        i = sizes.index(seg.up_to) if seg.up_to in sizes else -1
+        for lo, hi in ((i - 1, i), (i, i + 1)):
+            if 0 <= lo and hi < len(sizes) and sizes[hi] > sizes[lo] + 1:
+                out.add(round(math.sqrt(sizes[lo] * sizes[hi])))
+    if sizes and sizes[0] <= EAGER_LIMIT < sizes[-1]:
+        out.add(EAGER_LIMIT + 8)
+    return sorted(out - set(sizes))
+
+
 def calibrate(transport: str, sizes: Sequence[int] = SIZES,
-              repeats: int = 7) -> dict[str, Any]:
-    """Measure, fit and return the preset document (see the module docs)."""
+              repeats: int = 7, *, host: bool = True) -> dict[str, Any]:
+    """Measure, fit and return the preset document (see the module docs); ``host=False``
+    leaves out the CPU work of collective calls (messages only)."""
     points = measure_pingpong(transport, sizes, repeats)
-    return preset(transport, points, fit_segments(list(points.items()),
-                                                  max_segments=MAX_SEGMENTS,
-                                                  min_points=MIN_POINTS))
+    segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
+                            min_points=MIN_POINTS)
+    extra = [n for n in near_breaks(sorted(points), segments) if n not in points]
+    if extra:  # a second pass where the first found its breaks, then the fit again
+        points.update(measure_pingpong(transport, extra, repeats))
+        segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
+                                min_points=MIN_POINTS)
+    return preset(transport, points, segments,
+                  host=measure_host(transport, repeats) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
@@ -159,6 +258,12 @@ def _report(doc: dict[str, Any]) -> str:
     lines = [f"{cal['transport']}: {len(segs)} segment(s)"]
     lines += [f"  up to {s.up_to:>9} B: alpha {s.alpha * 1e6:8.2f} us, "
               f"bandwidth {s.bandwidth / 1e9:8.3f} GB/s" for s in segs]
+    host = doc["cluster"].get("host") or {}
+    if host:
+        lines.append(f"  host: {host['cores']} core(s), call {host['call'] * 1e6:.2f} us, "
+                     f"step {host['step'] * 1e6:.2f} us, copy "
+                     f"{(host['copy_bandwidth'] or math.inf) / 1e9:.2f} GB/s, sum "
+                     f"{(host['reduce_bandwidth'] or math.inf) / 1e9:.2f} GB/s")
     lines.append(f"  {'bytes':>9}  {'measured us':>12}  {'fitted us':>10}  error")
     for n, t in cal["points"].items():
         fit = predict(segs, int(n))
