@@ -126,8 +126,9 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
 
 
 #: Sizes of the collective calls that calibrate a rank's CPU work: one small (its Python),
-#: two large (its bytes' rate, through caches as a large call's buffers go).
-HOST_SIZES = (8, 512 << 10, 4 << 20)
+#: one whose arrays stay in a core's cache, one whose arrays go to memory (``HostSpec``
+#: ``cached``: calls up to the middle size copy and reduce at its rates).
+HOST_SIZES = (8, 256 << 10, 4 << 20)
 
 
 async def _collective_calls(comm: Communicator, sizes: Sequence[int],
@@ -162,8 +163,8 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
 
     Per rank, an allgather of n bytes works call + step + 1.5 n / copy, an allreduce
     call + 2 step + n (2 / copy + 0.5 / reduce) (``sim.host.WORK``): the smallest size
-    gives the Python, the two largest the rates (the slope between them, so the rates hold
-    for buffers past the caches, where a call's fresh scratch arrays cost the most)."""
+    gives the Python, each larger one the rates of calls up to its size (its work above
+    the smallest's, per byte)."""
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
@@ -175,13 +176,16 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
                 for n in HOST_SIZES]
 
     gather, reduce = work("allgather", 2), work("allreduce", 4)
-    span = HOST_SIZES[-1] - HOST_SIZES[-2]
-    per_copy = max(0.0, gather[-1] - gather[-2]) / span / 1.5  # seconds per byte
-    per_sum = max(0.0, (reduce[-1] - reduce[-2]) / span - 2 * per_copy) / 0.5
+    rates = []
+    for i, n in enumerate(HOST_SIZES[1:], 1):
+        per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5  # seconds per byte
+        per_sum = max(0.0, (reduce[i] - reduce[0]) / n - 2 * per_copy) / 0.5
+        rates.append((n, 1 / per_copy if per_copy > 0 else math.inf,
+                      1 / per_sum if per_sum > 0 else math.inf))
     step = max(0.0, gather[0] - call, reduce[0] - gather[0])
     return HostSpec(cores=1 if transport == "local" else os.cpu_count() or 1, call=call,
-                    step=step, copy_bandwidth=1 / per_copy if per_copy > 0 else math.inf,
-                    reduce_bandwidth=1 / per_sum if per_sum > 0 else math.inf)
+                    step=step, copy_bandwidth=rates[-1][1], reduce_bandwidth=rates[-1][2],
+                    cached=tuple(rates[:-1]))
 
 
 def mpiexec() -> str | None:
@@ -258,12 +262,8 @@ def _report(doc: dict[str, Any]) -> str:
     lines = [f"{cal['transport']}: {len(segs)} segment(s)"]
     lines += [f"  up to {s.up_to:>9} B: alpha {s.alpha * 1e6:8.2f} us, "
               f"bandwidth {s.bandwidth / 1e9:8.3f} GB/s" for s in segs]
-    host = doc["cluster"].get("host") or {}
-    if host:
-        lines.append(f"  host: {host['cores']} core(s), call {host['call'] * 1e6:.2f} us, "
-                     f"step {host['step'] * 1e6:.2f} us, copy "
-                     f"{(host['copy_bandwidth'] or math.inf) / 1e9:.2f} GB/s, sum "
-                     f"{(host['reduce_bandwidth'] or math.inf) / 1e9:.2f} GB/s")
+    if doc["cluster"].get("host"):
+        lines.append(f"  host: {HostSpec.from_dict(doc['cluster']['host']).describe()}")
     lines.append(f"  {'bytes':>9}  {'measured us':>12}  {'fitted us':>10}  error")
     for n, t in cal["points"].items():
         fit = predict(segs, int(n))

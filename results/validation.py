@@ -178,11 +178,7 @@ def report(data: dict[str, Any]) -> str:
                          for s in d["segments"])
         parts.append(f"{transport}: calibrated {segs}")
         if d.get("host"):
-            h = d["host"]
-            parts.append(f"{transport}: host {h['cores']} core(s), call {h['call'] * 1e6:.1f} "
-                         f"us, step {h['step'] * 1e6:.1f} us, copy "
-                         f"{(h['copy_bandwidth'] or math.inf) / 1e9:.2f} GB/s, reduce "
-                         f"{(h['reduce_bandwidth'] or math.inf) / 1e9:.2f} GB/s")
+            parts.append(f"{transport}: host {HostSpec.from_dict(d['host']).describe()}")
         parts.append(format_table(
             f"{transport}: point-to-point one way, predicted (calibrated model) vs measured "
             f"(a fresh run); geomean error {d['p2p_error']:.1%} (target {P2P_TARGET:.0%})",

@@ -12,8 +12,11 @@ the cluster world charges them on the rank's core before the call's first messag
 Rule 1 (the call).  A call of ``nbytes`` (nccl-tests' convention: the whole buffer) on
 ``p`` ranks costs ``call + steps * step + copied / copy_bandwidth + reduced /
 reduce_bandwidth`` seconds, where ``steps``, ``copied`` and ``reduced`` bytes are those of
-the algorithm the collective runs by default at that size (``WORK``); one rank costs
-``call`` only.
+the collective's ring (allreduce, allgather, reduce_scatter), pairwise (alltoall) or tree
+algorithm (``WORK``); one rank costs ``call`` only.
+Rule 1b (caches).  A call whose ``nbytes`` is at most a piece of ``cached`` (``(up_to,
+copy_bandwidth, reduce_bandwidth)``, the first that holds it) copies and reduces at that
+piece's rates: a small call's arrays stay in the caches, a large one's go to memory.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.
@@ -86,6 +89,8 @@ class HostSpec:
     step: float = 0.0  # seconds per step of its algorithm
     copy_bandwidth: float = math.inf  # bytes/s of the call's copies
     reduce_bandwidth: float = math.inf  # bytes/s of its reductions
+    #: (up_to, copy_bandwidth, reduce_bandwidth) for calls of at most up_to bytes (Rule 1b)
+    cached: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -101,24 +106,50 @@ class HostSpec:
                                  f"got {value!r}")
         _rate("copy_bandwidth", self.copy_bandwidth)
         _rate("reduce_bandwidth", self.reduce_bandwidth)
+        if not isinstance(self.cached, tuple) or not all(
+                isinstance(c, tuple) and len(c) == 3 for c in self.cached):
+            raise TypeError("HostSpec cached must be a tuple of (up_to, copy_bandwidth, "
+                            "reduce_bandwidth) tuples")
+        for up_to, copy, reduce in self.cached:
+            if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to < 0:
+                raise ValueError(f"HostSpec cached up_to must be an int >= 0, got {up_to!r}")
+            _rate("cached copy_bandwidth", copy)
+            _rate("cached reduce_bandwidth", reduce)
 
     @property
     def free(self) -> bool:
         """True when a call costs nothing (Rule 3)."""
         return (self.call == self.step == 0 and math.isinf(self.copy_bandwidth)
-                and math.isinf(self.reduce_bandwidth))
+                and math.isinf(self.reduce_bandwidth)
+                and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached))
+
+    def rates(self, nbytes: int) -> tuple[float, float]:
+        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b)."""
+        for up_to, copy, reduce in self.cached:
+            if nbytes <= up_to:
+                return copy, reduce
+        return self.copy_bandwidth, self.reduce_bandwidth
 
     def core(self, rank: int) -> int:
         """The core ``rank`` runs on (Rule 2)."""
         return rank % self.cores if self.cores else rank
 
+    def describe(self) -> str:
+        """One line: the cores, the Python per call and step, and the rates in GB/s."""
+        pieces = [f"calls <= {n} B: copy {c / 1e9:.2f}, reduce {r / 1e9:.2f}"
+                  for n, c, r in self.cached]
+        return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
+                f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us, "
+                + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
+                             f"{self.copy_bandwidth / 1e9:.2f}, reduce "
+                             f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (infinite rates as None)."""
         return {"cores": self.cores, "call": self.call, "step": self.step,
-                "copy_bandwidth": None if math.isinf(self.copy_bandwidth)
-                else self.copy_bandwidth,
-                "reduce_bandwidth": None if math.isinf(self.reduce_bandwidth)
-                else self.reduce_bandwidth}
+                "copy_bandwidth": _json_rate(self.copy_bandwidth),
+                "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
+                "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached]}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -129,9 +160,19 @@ class HostSpec:
         """
         fields = dict(doc)
         for rate in ("copy_bandwidth", "reduce_bandwidth"):
-            if fields.get(rate, 0) is None:
-                fields[rate] = math.inf
+            if rate in fields:
+                fields[rate] = _read_rate(fields[rate])
+        fields["cached"] = tuple((n, _read_rate(c), _read_rate(r))
+                                 for n, c, r in fields.get("cached", ()))
         return cls(**fields)
+
+
+def _json_rate(rate: float) -> float | None:
+    return None if math.isinf(rate) else rate
+
+
+def _read_rate(rate: float | None) -> float:
+    return math.inf if rate is None else rate
 
 
 def work_of(name: str, nbytes: int, p: int) -> tuple[int, float, float]:
@@ -146,5 +187,5 @@ def work_of(name: str, nbytes: int, p: int) -> tuple[int, float, float]:
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     """CPU seconds of one call of collective ``name`` of ``nbytes`` on ``p`` ranks."""
     steps, copied, reduced = work_of(name, nbytes, p)
-    return host.call + steps * host.step + copied / host.copy_bandwidth \
-        + reduced / host.reduce_bandwidth
+    copy, reduce = host.rates(nbytes)
+    return host.call + steps * host.step + copied / copy + reduced / reduce

@@ -92,8 +92,20 @@ def test_the_work_of_each_collective() -> None:
     assert HostSpec().free and not HOST.free
 
 
+def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
+    host = HostSpec(copy_bandwidth=1e9, reduce_bandwidth=1e9,
+                    cached=((1000, 4e9, 2e9), (4000, 2e9, 1e9)))
+    # allgather of n on 2 ranks copies 1.5 n; allreduce copies 2 n and reduces n / 2
+    assert collective_seconds(host, "allgather", 1000, 2) == pytest.approx(1500 / 4e9)
+    assert collective_seconds(host, "allgather", 1001, 2) == pytest.approx(1501.5 / 2e9)
+    assert collective_seconds(host, "allreduce", 8000, 2) == pytest.approx(20000 / 1e9)
+    assert not HostSpec(cached=((10, 1e9, math.inf),)).free
+    assert "calls <= 1000 B: copy 4.00, reduce 2.00" in host.describe()
+
+
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
-    c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9))
+    c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
+                         cached=((4096, 8e9, math.inf),)))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
     assert Cluster.load(path).host == c.host
@@ -112,6 +124,9 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"call": "1"}, TypeError, "call must be a number"),
     ({"copy_bandwidth": 0}, ValueError, "copy_bandwidth must be > 0"),
     ({"reduce_bandwidth": True}, TypeError, "reduce_bandwidth must be a number"),
+    ({"cached": [(8, 1e9, 1e9)]}, TypeError, "cached must be a tuple"),
+    ({"cached": ((-1, 1e9, 1e9),)}, ValueError, "up_to must be an int >= 0"),
+    ({"cached": ((8, 0.0, 1e9),)}, ValueError, "cached copy_bandwidth must be > 0"),
 ])
 def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
