@@ -63,9 +63,12 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
                    budget: float = BUDGET) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
     the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
-    only wait.  The repeats go round every size in turn, so a burst of load from elsewhere
-    on the machine spoils one sample of many sizes, not every sample of one."""
+    wait for a message rank 0 sends them at the end, as a collective's ranks wait for
+    theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
+    repeats go round every size in turn, so a burst of load from elsewhere on the machine
+    spoils one sample of many sizes, not every sample of one."""
     if comm.rank > 1:
+        await comm.recv(np.zeros(1, np.uint8), 0)
         return {}
     peer = 1 - comm.rank
     buf = np.zeros(max(sizes), np.uint8)
@@ -93,25 +96,30 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     for _ in range(repeats):
         for n, k in zip(sizes, iters.tolist(), strict=True):
             samples[n].append(await bounce(n, k) / k / 2)
-    return {n: statistics.median(s) for n, s in samples.items()} if comm.rank == 0 else {}
+    if comm.rank == 1:
+        return {}
+    for other in range(2, comm.size):
+        await comm.send(np.zeros(1, np.uint8), other)
+    return {n: statistics.median(s) for n, s in samples.items()}
 
 
 def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
-                     repeats: int = 7) -> dict[int, float]:
-    """One-way seconds per size on ``transport`` (see the module docs).
+                     repeats: int = 7, ranks: int = 2) -> dict[int, float]:
+    """One-way seconds per size on ``transport`` (see the module docs), between two of
+    ``ranks`` ranks (the others wait: ``pingpong``).
 
     Raises:
         ValueError: an unknown transport.
         RuntimeError: MPI asked for, and no ``mpiexec`` (or the run failed).
     """
     if transport == "local":
-        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), 2,
+        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), ranks,
                                        backend="local")[0]
         return points
     if transport == "processes":
         # its ranks are processes: the program must pickle (a partial of a module function)
-        got: dict[int, float] = run(partial(pingpong, sizes=tuple(sizes), repeats=repeats), 2,
-                                    backend="processes")[0]
+        got: dict[int, float] = run(partial(pingpong, sizes=tuple(sizes), repeats=repeats),
+                                    ranks, backend="processes")[0]
         return got
     if transport != "mpi":
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -121,7 +129,7 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "points.json"
         mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--points", str(path),
-                 "--sizes", *map(str, sizes), "--repeats", str(repeats)], 2)
+                 "--sizes", *map(str, sizes), "--repeats", str(repeats)], ranks)
         return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
 
 
@@ -164,7 +172,8 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
     Per rank, an allgather of n bytes works call + step + 1.5 n / copy, an allreduce
     call + 2 step + n (2 / copy + 0.5 / reduce) (``sim.host.WORK``): the smallest size
     gives the Python, each larger one the rates of calls up to its size (its work above
-    the smallest's, per byte)."""
+    the smallest's, per byte).  On processes and MPI, ``switch`` is how much longer an
+    8-byte ping-pong's one way takes when one rank more than the cores waits beside it."""
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
@@ -183,9 +192,13 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
         rates.append((n, 1 / per_copy if per_copy > 0 else math.inf,
                       1 / per_sum if per_sum > 0 else math.inf))
     step = max(0.0, gather[0] - call, reduce[0] - gather[0])
-    return HostSpec(cores=1 if transport == "local" else os.cpu_count() or 1, call=call,
-                    step=step, copy_bandwidth=rates[-1][1], reduce_bandwidth=rates[-1][2],
-                    cached=tuple(rates[:-1]))
+    cores, switch = 1, 0.0
+    if transport != "local":  # processes of their own: one more than the cores take turns
+        cores = os.cpu_count() or 1
+        alone = measure_pingpong(transport, (8,), repeats)[8]
+        switch = max(0.0, measure_pingpong(transport, (8,), repeats, cores + 1)[8] - alone)
+    return HostSpec(cores=cores, call=call, step=step, copy_bandwidth=rates[-1][1],
+                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), switch=switch)
 
 
 def mpiexec() -> str | None:

@@ -19,7 +19,10 @@ copy_bandwidth, reduce_bandwidth)``, the first that holds it) copies and reduces
 piece's rates: a small call's arrays stay in the caches, a large one's go to memory.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
-ranks on one core take twice as long for their work as one.
+ranks on one core take twice as long for their work as one.  On more ranks than cores
+each step of a call costs ``switch`` more: processes that wait for a message hold a core
+another rank needs until the system's scheduler moves them (0 where ranks share one
+event loop, which switches between them itself).
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
@@ -91,13 +94,14 @@ class HostSpec:
     reduce_bandwidth: float = math.inf  # bytes/s of its reductions
     #: (up_to, copy_bandwidth, reduce_bandwidth) for calls of at most up_to bytes (Rule 1b)
     cached: tuple[tuple[int, float, float], ...] = ()
+    switch: float = 0.0  # seconds more per step on more ranks than cores (Rule 2)
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
             raise TypeError(f"HostSpec cores must be an int, got {type(self.cores).__name__}")
         if self.cores < 0:
             raise ValueError(f"HostSpec cores must be >= 0, got {self.cores}")
-        for field in ("call", "step"):
+        for field in ("call", "step", "switch"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
@@ -119,7 +123,8 @@ class HostSpec:
     @property
     def free(self) -> bool:
         """True when a call costs nothing (Rule 3)."""
-        return (self.call == self.step == 0 and math.isinf(self.copy_bandwidth)
+        return (self.call == self.step == self.switch == 0
+                and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached))
 
@@ -139,7 +144,8 @@ class HostSpec:
         pieces = [f"calls <= {n} B: copy {c / 1e9:.2f}, reduce {r / 1e9:.2f}"
                   for n, c, r in self.cached]
         return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
-                f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us, "
+                f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us (+"
+                f"{self.switch * 1e6:.1f} us on more ranks than cores), "
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
                              f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
@@ -149,7 +155,8 @@ class HostSpec:
         return {"cores": self.cores, "call": self.call, "step": self.step,
                 "copy_bandwidth": _json_rate(self.copy_bandwidth),
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
-                "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached]}
+                "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
+                "switch": self.switch}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -188,4 +195,5 @@ def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     """CPU seconds of one call of collective ``name`` of ``nbytes`` on ``p`` ranks."""
     steps, copied, reduced = work_of(name, nbytes, p)
     copy, reduce = host.rates(nbytes)
-    return host.call + steps * host.step + copied / copy + reduced / reduce
+    step = host.step + (host.switch if 0 < host.cores < p else 0.0)
+    return host.call + steps * step + copied / copy + reduced / reduce

@@ -103,9 +103,17 @@ def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
     assert "calls <= 1000 B: copy 4.00, reduce 2.00" in host.describe()
 
 
+def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
+    host = HostSpec(cores=2, call=1e-5, step=1e-6, switch=1e-4)
+    assert collective_seconds(host, "allgather", 0, 2) == pytest.approx(1e-5 + 1e-6)
+    assert collective_seconds(host, "allgather", 0, 3) == pytest.approx(1e-5 + 2 * 1.01e-4)
+    assert collective_seconds(HostSpec(switch=1e-4), "allgather", 0, 8) == 0  # core per rank
+    assert not HostSpec(switch=1e-4).free
+
+
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
-                         cached=((4096, 8e9, math.inf),)))
+                         cached=((4096, 8e9, math.inf),), switch=5e-5))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
     assert Cluster.load(path).host == c.host
@@ -121,6 +129,7 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"cores": 1.5}, TypeError, "cores must be an int"),
     ({"call": -1e-6}, ValueError, "call must be a finite number >= 0"),
     ({"step": math.nan}, ValueError, "step must be a finite number >= 0"),
+    ({"switch": -1.0}, ValueError, "switch must be a finite number >= 0"),
     ({"call": "1"}, TypeError, "call must be a number"),
     ({"copy_bandwidth": 0}, ValueError, "copy_bandwidth must be > 0"),
     ({"reduce_bandwidth": True}, TypeError, "reduce_bandwidth must be a number"),
