@@ -174,6 +174,7 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
     gives the Python, each larger one the rates of calls up to its size (its work above
     the smallest's, per byte).  On processes and MPI, ``switch`` is how much longer an
     8-byte ping-pong's one way takes when one rank more than the cores waits beside it."""
+    repeats *= 3  # differences of medians: more samples steady them, at little cost
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
@@ -185,13 +186,18 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
                 for n in HOST_SIZES]
 
     gather, reduce = work("allgather", 2), work("allreduce", 4)
-    rates = []
+    per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
     for i, n in enumerate(HOST_SIZES[1:], 1):
-        per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5  # seconds per byte
-        per_sum = max(0.0, (reduce[i] - reduce[0]) / n - 2 * per_copy) / 0.5
-        rates.append((n, 1 / per_copy if per_copy > 0 else math.inf,
-                      1 / per_sum if per_sum > 0 else math.inf))
-    step = max(0.0, gather[0] - call, reduce[0] - gather[0])
+        per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5
+        per_byte.append((per_copy, max(0.0, (reduce[i] - reduce[0]) / n - 2 * per_copy) / 0.5))
+    # a rate that load made vanish (its time no more than the small call's) is the other
+    # size's, when that one is known
+    rates: list[tuple[int, float, float]] = []
+    for n, (copy, add) in zip(HOST_SIZES[1:], per_byte, strict=True):
+        other = next((b for b in reversed(per_byte) if b[0] > 0 and b[1] > 0), (0.0, 0.0))
+        copy, add = copy if copy > 0 else other[0], add if add > 0 else other[1]
+        rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
+    step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
     cores, switch = 1, 0.0
     if transport != "local":  # processes of their own: one more than the cores take turns
         cores = os.cpu_count() or 1
