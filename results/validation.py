@@ -132,16 +132,18 @@ def _error(pairs: list[tuple[float, float]]) -> float:
 
 
 def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
-            coll_sizes: tuple[int, ...] = COLL_SIZES,
-            ranks: tuple[int, ...] = RANKS) -> dict[str, Any]:
+            coll_sizes: tuple[int, ...] = COLL_SIZES, ranks: tuple[int, ...] = RANKS,
+            repeats: int = 7) -> dict[str, Any]:
+    """Calibrate each transport (``repeats`` of each measurement), measure again, and
+    predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
     for transport in progress(transports, NAME):
-        doc = calibrate(transport, p2p_sizes)
+        doc = calibrate(transport, p2p_sizes, repeats)
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"
             preset.write_text(json.dumps(doc))
             cluster = Cluster.load(preset)
-        measured = measure_pingpong(transport, p2p_sizes)
+        measured = measure_pingpong(transport, p2p_sizes, repeats)
         predicted = _p2p_model(cluster, p2p_sizes)
         p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
                for n in p2p_sizes]
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     transports = ("local", "processes", *(("mpi",) if mpiexec() is not None else ()))
     if args.quick:
-        data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3))
+        data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3), repeats=3)
     else:
         data = measure(transports)
     print(report(data))
