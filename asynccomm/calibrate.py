@@ -11,13 +11,21 @@ as SMPI does) and writes a preset that ``Cluster.load`` reads::
     world = await ac.open_cluster_world(4, ac.Cluster.load("local.json"))
 
 In-process ranks share one CPU, so its preset puts every transfer of the node on one
-shared resource (``Cluster(shared_intra=True)``); MPI ranks are processes of their own.
+shared resource (``Cluster(shared_intra=True)``) and its ranks' own work on one core; MPI
+ranks (and ``processes`` ranks) are processes of their own, on this machine's cores.
+
+Besides messages it measures, in this process, what a collective call costs on a rank's
+CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of one step of
+its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
+sum, from ring allgather and allreduce calls on in-process ranks less their messages; the
+preset's ``host`` holds them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -26,17 +34,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import Communicator, launched_by_mpi, run
+from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
+from .sim.host import HostSpec
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_pingpong", "pingpong", "preset"]
+__all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_host", "measure_pingpong", "pingpong",
+           "preset"]
 
-TRANSPORTS = ("local", "mpi")
+TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
 SIZES = tuple(8 << i for i in range(24))
 #: Wall seconds one repeat of one size should take, about (more iterations for small ones).
@@ -44,16 +56,19 @@ BUDGET = 0.03
 #: The fit's limits (``fit_segments``): enough segments for an eager/rendezvous break and
 #: the caches' steps in a memory copy's rate.
 MAX_SEGMENTS = 6
-MIN_POINTS = 2
+MIN_POINTS = 3
 
 
 async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
                    budget: float = BUDGET) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
     the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
-    only wait.  The repeats go round every size in turn, so a burst of load from elsewhere
-    on the machine spoils one sample of many sizes, not every sample of one."""
+    wait for a message rank 0 sends them at the end, as a collective's ranks wait for
+    theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
+    repeats go round every size in turn, so a burst of load from elsewhere on the machine
+    spoils one sample of many sizes, not every sample of one."""
     if comm.rank > 1:
+        await comm.recv(np.zeros(1, np.uint8), 0)
         return {}
     peer = 1 - comm.rank
     buf = np.zeros(max(sizes), np.uint8)
@@ -81,21 +96,31 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     for _ in range(repeats):
         for n, k in zip(sizes, iters.tolist(), strict=True):
             samples[n].append(await bounce(n, k) / k / 2)
-    return {n: statistics.median(s) for n, s in samples.items()} if comm.rank == 0 else {}
+    if comm.rank == 1:
+        return {}
+    for other in range(2, comm.size):
+        await comm.send(np.zeros(1, np.uint8), other)
+    return {n: statistics.median(s) for n, s in samples.items()}
 
 
 def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
-                     repeats: int = 7) -> dict[int, float]:
-    """One-way seconds per size on ``transport`` (see the module docs).
+                     repeats: int = 7, ranks: int = 2) -> dict[int, float]:
+    """One-way seconds per size on ``transport`` (see the module docs), between two of
+    ``ranks`` ranks (the others wait: ``pingpong``).
 
     Raises:
         ValueError: an unknown transport.
         RuntimeError: MPI asked for, and no ``mpiexec`` (or the run failed).
     """
     if transport == "local":
-        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), 2,
+        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), ranks,
                                        backend="local")[0]
         return points
+    if transport == "processes":
+        # its ranks are processes: the program must pickle (a partial of a module function)
+        got: dict[int, float] = run(partial(pingpong, sizes=tuple(sizes), repeats=repeats),
+                                    ranks, backend="processes")[0]
+        return got
     if transport != "mpi":
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
     if launched_by_mpi():
@@ -104,8 +129,82 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "points.json"
         mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--points", str(path),
-                 "--sizes", *map(str, sizes), "--repeats", str(repeats)], 2)
+                 "--sizes", *map(str, sizes), "--repeats", str(repeats)], ranks)
         return {int(k): float(v) for k, v in json.loads(path.read_text()).items()}
+
+
+#: Sizes of the collective calls that calibrate a rank's CPU work: one small (its Python),
+#: one whose arrays stay in a core's cache, one whose arrays go to memory (``HostSpec``
+#: ``cached``: calls up to the middle size copy and reduce at its rates).
+HOST_SIZES = (8, 256 << 10, 4 << 20)
+
+
+async def _collective_calls(comm: Communicator, sizes: Sequence[int],
+                            repeats: int) -> dict[str, dict[int, float]]:
+    """Median wall seconds of one ring allgather and one ring allreduce call of each size
+    (rank 0's; others {})."""
+    p = comm.size
+    out: dict[str, dict[int, float]] = {"allgather": {}, "allreduce": {}}
+    for n in sizes:
+        bufs = {"allgather": (np.zeros(max(1, n // p), np.uint8),
+                              np.zeros((p, max(1, n // p)), np.uint8)),
+                "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
+        for name, args in bufs.items():
+            call = getattr(comm, name)
+            samples = []
+            iters = max(1, min(50, (4 << 20) // max(n, 1)))
+            for _ in range(repeats + 1):
+                await comm.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    await call(*args, algorithm="ring")
+                samples.append((time.perf_counter() - t0) / iters)
+            out[name][n] = statistics.median(samples[1:])
+    return out if comm.rank == 0 else {}
+
+
+def measure_host(transport: str, repeats: int = 7) -> HostSpec:
+    """What a collective call costs on a rank's CPU (see the module docs), measured on
+    in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
+    rank (the call alone) and on two, less their messages (in-process ping-pong times of
+    half the size; the two ranks' messages and work take turns on the one CPU).
+
+    Per rank, an allgather of n bytes works call + step + 1.5 n / copy, an allreduce
+    call + 2 step + n (2 / copy + 0.5 / reduce) (``sim.host.WORK``): the smallest size
+    gives the Python, each larger one the rates of calls up to its size (its work above
+    the smallest's, per byte).  On processes and MPI, ``switch`` is how much longer an
+    8-byte ping-pong's one way takes when one rank more than the cores waits beside it."""
+    repeats *= 3  # differences of medians: more samples steady them, at little cost
+    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
+               backend="local")[0]["allgather"][8]
+    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
+              backend="local")[0]
+    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
+
+    def work(name: str, messages: int) -> list[float]:
+        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2)
+                for n in HOST_SIZES]
+
+    gather, reduce = work("allgather", 2), work("allreduce", 4)
+    per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
+    for i, n in enumerate(HOST_SIZES[1:], 1):
+        per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5
+        per_byte.append((per_copy, max(0.0, (reduce[i] - reduce[0]) / n - 2 * per_copy) / 0.5))
+    # a rate that load made vanish (its time no more than the small call's) is the other
+    # size's, when that one is known
+    rates: list[tuple[int, float, float]] = []
+    for n, (copy, add) in zip(HOST_SIZES[1:], per_byte, strict=True):
+        other = next((b for b in reversed(per_byte) if b[0] > 0 and b[1] > 0), (0.0, 0.0))
+        copy, add = copy if copy > 0 else other[0], add if add > 0 else other[1]
+        rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
+    step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
+    cores, switch = 1, 0.0
+    if transport != "local":  # processes of their own: one more than the cores take turns
+        cores = os.cpu_count() or 1
+        alone = measure_pingpong(transport, (8,), repeats)[8]
+        switch = max(0.0, measure_pingpong(transport, (8,), repeats, cores + 1)[8] - alone)
+    return HostSpec(cores=cores, call=call, step=step, copy_bandwidth=rates[-1][1],
+                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), switch=switch)
 
 
 def mpiexec() -> str | None:
@@ -131,10 +230,10 @@ def mpi_run(args: Sequence[str], ranks: int, timeout: float = 300) -> None:
 
 
 def preset(transport: str, points: dict[int, float], segments: list[Segment],
-           ranks: int = 8) -> dict[str, Any]:
+           ranks: int = 8, host: HostSpec | None = None) -> dict[str, Any]:
     """The preset document: the cluster (``Cluster.load`` reads it) and how it was made."""
     cluster = calibrated_cluster(segments, name=f"calibrated-{transport}", ranks=ranks,
-                                 shared=transport == "local")
+                                 shared=transport == "local", host=host)
     return {"cluster": cluster.to_dict(),
             "calibration": {
                 "transport": transport, "host": os.uname().nodename,
@@ -144,13 +243,36 @@ def preset(transport: str, points: dict[int, float], segments: list[Segment],
                              for s in segments]}}
 
 
+def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
+    """Sizes to measure between each break of ``segments`` and the measured ``sizes``
+    either side of it (their geometric means), and just past the eager limit when it lies
+    inside the sizes: where the fit's segments meet, so the break is placed between
+    points a factor of about 1.4 apart rather than 2, and a rendezvous step is seen."""
+    out = set()
+    for seg in segments[:-1]:
+        i = sizes.index(seg.up_to) if seg.up_to in sizes else -1
+        for lo, hi in ((i - 1, i), (i, i + 1)):
+            if 0 <= lo and hi < len(sizes) and sizes[hi] > sizes[lo] + 1:
+                out.add(round(math.sqrt(sizes[lo] * sizes[hi])))
+    if sizes and sizes[0] <= EAGER_LIMIT < sizes[-1]:
+        out.add(EAGER_LIMIT + 8)
+    return sorted(out - set(sizes))
+
+
 def calibrate(transport: str, sizes: Sequence[int] = SIZES,
-              repeats: int = 7) -> dict[str, Any]:
-    """Measure, fit and return the preset document (see the module docs)."""
+              repeats: int = 7, *, host: bool = True) -> dict[str, Any]:
+    """Measure, fit and return the preset document (see the module docs); ``host=False``
+    leaves out the CPU work of collective calls (messages only)."""
     points = measure_pingpong(transport, sizes, repeats)
-    return preset(transport, points, fit_segments(list(points.items()),
-                                                  max_segments=MAX_SEGMENTS,
-                                                  min_points=MIN_POINTS))
+    segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
+                            min_points=MIN_POINTS)
+    extra = [n for n in near_breaks(sorted(points), segments) if n not in points]
+    if extra:  # a second pass where the first found its breaks, then the fit again
+        points.update(measure_pingpong(transport, extra, repeats))
+        segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
+                                min_points=MIN_POINTS)
+    return preset(transport, points, segments,
+                  host=measure_host(transport, repeats) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
@@ -159,6 +281,8 @@ def _report(doc: dict[str, Any]) -> str:
     lines = [f"{cal['transport']}: {len(segs)} segment(s)"]
     lines += [f"  up to {s.up_to:>9} B: alpha {s.alpha * 1e6:8.2f} us, "
               f"bandwidth {s.bandwidth / 1e9:8.3f} GB/s" for s in segs]
+    if doc["cluster"].get("host"):
+        lines.append(f"  host: {HostSpec.from_dict(doc['cluster']['host']).describe()}")
     lines.append(f"  {'bytes':>9}  {'measured us':>12}  {'fitted us':>10}  error")
     for n, t in cal["points"].items():
         fit = predict(segs, int(n))

@@ -1,29 +1,34 @@
 """Validation: the calibrated cluster model's predictions against measured runs.
 
-On each real transport of this machine (in-process; MPI when ``mpiexec`` is there), the
-model is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta),
-then a second, fresh measurement is set against what the calibrated model predicts, run
-as the same program on the virtual clock:
+On each real transport of this machine (in-process; ``processes``, ranks in processes of
+their own that move data through shared memory; MPI when ``mpiexec`` is there), the model
+is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta, and the
+CPU work of a collective call), then a second, fresh measurement is set against what the
+calibrated model predicts, run as the same program on the virtual clock:
 
 - point-to-point, one way, 8 B to 64 MiB;
 - ring allreduce, ring allgather and (pairwise) alltoall at 2, 3 and 4 ranks, at a few
   sizes each (the whole buffer, nccl-tests' convention).
 
 Each cell's error is the geometric mean over its sizes of |log(predicted / measured)|,
-shown as a percentage (exp(mean) - 1).  Targets: 5% for point-to-point, 10% per
-(collective, ranks) cell.  The measurements are medians of repeats on a shared machine,
-so they move from run to run; the JSON and picture go to files git ignores.
+shown as a percentage (exp(mean) - 1); beside it, the error of the same model without the
+calls' CPU work (messages only, as the model was before it had a host).  Targets: 5% for
+point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
+repeats on a shared machine, so they move from run to run; the JSON and picture go to
+files git ignores.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +36,7 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm.calibrate import SIZES, calibrate, measure_pingpong, mpi_run, mpiexec
-from asynccomm.sim import Cluster
+from asynccomm.sim import Cluster, HostSpec
 
 from ._common import finish, format_table, parser, progress, size_label
 
@@ -110,9 +115,9 @@ def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
 
 def _collectives_measured(transport: str, p: int, sizes: tuple[int, ...]
                           ) -> dict[str, dict[int, float]]:
-    if transport == "local":
-        return ac.run(lambda comm: collectives(comm, sizes, model=False), p,
-                      backend="local")[0]
+    if transport in ("local", "processes"):  # processes: the program must pickle
+        return ac.run(partial(collectives, sizes=sizes, model=False), p,
+                      backend=transport)[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "coll.json"
         mpi_run(["-m", "results.validation", "--mpi-worker", str(out),
@@ -127,32 +132,41 @@ def _error(pairs: list[tuple[float, float]]) -> float:
 
 
 def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
-            coll_sizes: tuple[int, ...] = COLL_SIZES,
-            ranks: tuple[int, ...] = RANKS) -> dict[str, Any]:
+            coll_sizes: tuple[int, ...] = COLL_SIZES, ranks: tuple[int, ...] = RANKS,
+            repeats: int = 7) -> dict[str, Any]:
+    """Calibrate each transport (``repeats`` of each measurement), measure again, and
+    predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
     for transport in progress(transports, NAME):
-        doc = calibrate(transport, p2p_sizes)
+        doc = calibrate(transport, p2p_sizes, repeats)
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"
             preset.write_text(json.dumps(doc))
             cluster = Cluster.load(preset)
-        measured = measure_pingpong(transport, p2p_sizes)
+        measured = measure_pingpong(transport, p2p_sizes, repeats)
         predicted = _p2p_model(cluster, p2p_sizes)
         p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
                for n in p2p_sizes]
+        bare = copy.copy(cluster)  # the same messages, no CPU work of the calls
+        bare.host = HostSpec()
         cells = []
         for p in ranks:
             real = _collectives_measured(transport, p, coll_sizes)
-            model = ac.run(lambda comm: collectives(comm, coll_sizes, model=True), p,
-                           cluster=cluster, clock="virtual")[0]
+            model, messages = (ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
+                                      p, cluster=c, clock="virtual")[0]
+                               for c in (cluster, bare))
             for name in COLLECTIVES:
                 rows = [{"nbytes": n, "measured_s": real[name][n],
-                         "predicted_s": model[name][n]} for n in coll_sizes]
+                         "predicted_s": model[name][n],
+                         "messages_only_s": messages[name][n]} for n in coll_sizes]
                 cells.append({"collective": name, "ranks": p, "rows": rows,
                               "error": _error([(r["predicted_s"], r["measured_s"])
-                                               for r in rows])})
+                                               for r in rows]),
+                              "messages_only_error": _error([(r["messages_only_s"],
+                                                              r["measured_s"]) for r in rows])})
         data["transports"][transport] = {
-            "segments": doc["calibration"]["segments"], "p2p": p2p,
+            "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
+            "p2p": p2p,
             "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
             "cells": cells}
     return data
@@ -165,6 +179,8 @@ def report(data: dict[str, Any]) -> str:
                          f"n / {(1 / s['beta'] / 1e9 if s['beta'] else math.inf):.2f} GB/s"
                          for s in d["segments"])
         parts.append(f"{transport}: calibrated {segs}")
+        if d.get("host"):
+            parts.append(f"{transport}: host {HostSpec.from_dict(d['host']).describe()}")
         parts.append(format_table(
             f"{transport}: point-to-point one way, predicted (calibrated model) vs measured "
             f"(a fresh run); geomean error {d['p2p_error']:.1%} (target {P2P_TARGET:.0%})",
@@ -175,13 +191,14 @@ def report(data: dict[str, Any]) -> str:
         rows = [[c["collective"], c["ranks"],
                  *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
                    for r in c["rows"]),
-                 f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no"]
+                 f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no",
+                 f"{c['messages_only_error']:.1%}"]
                 for c in d["cells"]]
         sizes = [size_label(r["nbytes"]) for r in d["cells"][0]["rows"]] if d["cells"] else []
         parts.append(format_table(
             f"{transport}: collectives, measured/predicted us per call, geomean error per "
             f"cell (target {COLL_TARGET:.0%})",
-            ["collective", "ranks", *sizes, "error", "met"], rows))
+            ["collective", "ranks", *sizes, "error", "met", "messages only"], rows))
     return "\n\n".join(parts)
 
 
@@ -224,9 +241,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {}
     args = parser(NAME, __doc__).parse_args(args_in)
     started = time.perf_counter()
-    transports = ("local", "mpi") if mpiexec() is not None else ("local",)
+    transports = ("local", "processes", *(("mpi",) if mpiexec() is not None else ()))
     if args.quick:
-        data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3))
+        data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3), repeats=3)
     else:
         data = measure(transports)
     print(report(data))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from .cluster import Cluster as Cluster
 from .cluster import DeviceSpec as DeviceSpec
 from .cluster import LinkSpec as LinkSpec
+from .host import HostSpec as HostSpec
 from .model import ChunkPlan as ChunkPlan
 from .model import ChunkTiming as ChunkTiming
 from .model import ClusterModel as ClusterModel
@@ -32,6 +33,7 @@ __all__ = [
     "ClusterModel",
     "DefaultStrategy",
     "DeviceSpec",
+    "HostSpec",
     "LinkSpec",
     "OpRecord",
     "PeerTotals",

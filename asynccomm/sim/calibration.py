@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .cluster import Cluster, DeviceSpec, LinkSpec
+from .host import HostSpec
 
 __all__ = ["Segment", "calibrated_cluster", "fit_line", "fit_segments", "predict"]
 
@@ -132,10 +133,10 @@ def predict(segments: Sequence[Segment], nbytes: int) -> float:
 
 
 def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8,
-                       shared: bool = False) -> Cluster:
+                       shared: bool = False, host: HostSpec | None = None) -> Cluster:
     """One node of ``ranks`` devices joined by a link with ``segments`` (Rule 3);
     ``shared``: every transfer of the node crosses one resource (in-process ranks on one
-    event loop share its one CPU).
+    event loop share its one CPU); ``host``: the CPU work of collective calls.
 
     Raises:
         ValueError: no segments, ``ranks`` < 1.
@@ -148,4 +149,4 @@ def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8
                                    for s in segments))
     return Cluster(nodes=1, devices_per_node=ranks, intra=link, inter=None,
                    device=DeviceSpec("host", 1e11, 1 << 40, math.inf, 0.0),
-                   shared_intra=shared, name=name)
+                   shared_intra=shared, name=name, host=host)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .host import HostSpec
+
 __all__ = ["LINK_KINDS", "SHARING", "Cluster", "DeviceSpec", "LinkSpec", "ascend910", "ascend910b",
            "nvlink4", "roce100g", "to_ns"]
 
@@ -195,6 +197,8 @@ class Cluster:
         shared_intra: True when every ``intra`` transfer of a node crosses one resource (a
             bus; or one CPU moving every message, as in-process ranks on one event loop).
         name: shown in messages and device names.
+        host: the CPU work of collective calls and the cores ranks share
+            (``asynccomm.sim.host``); None costs nothing.
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -203,15 +207,18 @@ class Cluster:
     """
 
     __slots__ = ("cross_group", "device", "devices_per_node", "fixed", "groups_per_node",
-                 "inter", "intra", "name", "nodes", "ranks_per_node", "shared_intra",
+                 "host", "inter", "intra", "name", "nodes", "ranks_per_node", "shared_intra",
                  "switched_intra")
 
     def __init__(self, *, nodes: int | None, devices_per_node: int, intra: LinkSpec,
                  inter: LinkSpec | None, device: DeviceSpec, groups_per_node: int = 1,
                  cross_group: LinkSpec | None = None, ranks_per_node: int | None = None,
                  switched_intra: bool = False, shared_intra: bool = False,
-                 name: str = "custom") -> None:
+                 name: str = "custom", host: HostSpec | None = None) -> None:
         _name("Cluster", name)
+        if host is not None and not isinstance(host, HostSpec):
+            raise TypeError(f"host must be a HostSpec or None, got {type(host).__name__}")
+        self.host = host if host is not None else HostSpec()
         self.fixed = nodes is not None
         self.nodes = _check_int("nodes", 1 if nodes is None else nodes)
         self.devices_per_node = _check_int("devices_per_node", devices_per_node)
@@ -295,7 +302,8 @@ class Cluster:
                        ranks_per_node=cluster.get("ranks_per_node"),
                        switched_intra=cluster.get("switched_intra", False),
                        shared_intra=cluster.get("shared_intra", False),
-                       name=cluster.get("name", "custom"))
+                       name=cluster.get("name", "custom"),
+                       host=HostSpec.from_dict(cluster.get("host") or {}))
         except (KeyError, json.JSONDecodeError, AttributeError) as exc:
             raise ValueError(f"{path}: not a cluster preset ({type(exc).__name__}: {exc})") \
                 from exc
@@ -315,7 +323,8 @@ class Cluster:
                 "intra": link(self.intra), "inter": link(self.inter),
                 "cross_group": link(self.cross_group),
                 "device": {"name": d.name, "flops": d.flops, "memory": d.memory,
-                           "copy_bandwidth": d.copy_bandwidth, "copy_latency": d.copy_latency}}
+                           "copy_bandwidth": d.copy_bandwidth, "copy_latency": d.copy_latency},
+                "host": self.host.to_dict()}
 
     @staticmethod
     def presets() -> tuple[str, ...]:

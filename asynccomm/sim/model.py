@@ -352,6 +352,15 @@ class ClusterModel:
                                    f"g{c.group_of(src)}->g{c.group_of(dst)}]"),)
         return (self._resource(f"{name}[{src}->{dst}]"),)
 
+    def core(self, rank: int) -> Resource:
+        """The FIFO resource of the core ``rank`` runs on (``Cluster.host``, Rule 2 of
+        ``sim/host.py``): the ranks' own CPU work queues on it.
+
+        Raises:
+            TypeError, ValueError: a bad rank.
+        """
+        return self._resource(f"core[{self.cluster.host.core(self._rank('rank', rank))}]")
+
     @property
     def resources(self) -> MappingProxyType[str, Resource]:
         """Every resource used so far, by name (read-only view)."""

@@ -20,6 +20,9 @@ Rule 6: a transfer that shares a fair link (``sim/model.py`` Rule 1b) ends when 
 does, which later transfers may delay or earlier ones' ends advance: one timer, at the next
 event of the model's flows, moves them on, and what waits for a transfer (``when_done``)
 is called at its end once that is known.
+Rule 7: a collective call first spends its CPU work (``sim/host.py``: the call, its steps,
+copies and reductions, at the rates of ``Cluster.host``) on the rank's core, in model
+time, before its first message; a ``HostSpec()`` that costs nothing leaves it at once.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .clock import ModelClock
+from .cluster import to_ns
+from .host import collective_seconds
 from .model import ChunkPlan, ClusterModel, Transfer
 from .records import OpRecord
 
@@ -90,6 +95,24 @@ class ModelledTiming:
         else:
             moving.when_done.append((callback, args))
 
+    def cpu(self, rank: int, seconds: float) -> int:
+        """Reserve ``seconds`` of ``rank``'s core from now (after the work queued on it);
+        return when that work ends, model ns."""
+        if (ranks := self.ranks) is not None:
+            rank = ranks[rank]
+        return self.model.core(rank).reserve(self.now(), to_ns(seconds))[1]
+
+    async def collective_work(self, rank: int, name: str, nbytes: int, size: int) -> None:
+        """Spend the CPU work of a call of collective ``name`` (Rule 7)."""
+        host = self.model.cluster.host
+        if host.free:
+            return
+        end = self.cpu(rank, collective_seconds(host, name, nbytes, size))
+        if end > self.now():
+            woken = asyncio.get_running_loop().create_future()
+            self.clock.call_at(end, _wake, woken)
+            await woken
+
     @staticmethod
     def record(rank: int, kind: str, peer: int, tag: int, plan: Transfer,
                end: int) -> OpRecord:
@@ -103,6 +126,11 @@ class ModelledTiming:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
         return self.model.link_busy(rank) * 1e-9
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class _Flows:

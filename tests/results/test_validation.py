@@ -9,7 +9,7 @@ from results import validation
 
 
 def test_a_small_validation_compares_prediction_and_measurement() -> None:
-    data = validation.measure(("local",), (8, 4096, 65536), (4096,), (2,))
+    data = validation.measure(("local",), (8, 4096, 65536), (4096,), (2,), repeats=1)
     local = data["transports"]["local"]
     assert [r["nbytes"] for r in local["p2p"]] == [8, 4096, 65536]
     assert all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in local["p2p"])
@@ -17,3 +17,5 @@ def test_a_small_validation_compares_prediction_and_measurement() -> None:
         (name, 2) for name in validation.COLLECTIVES}
     assert all(math.isfinite(c["error"]) and c["error"] >= 0 for c in local["cells"])
     assert "geomean error" in validation.report(data)
+    assert local["host"]["cores"] == 1 and local["host"]["call"] > 0  # the calls' own work
+    assert all(math.isfinite(c["messages_only_error"]) for c in local["cells"])

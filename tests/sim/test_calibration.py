@@ -127,3 +127,27 @@ def test_the_command_calibrates_the_in_process_transport(tmp_path: Path) -> None
     cluster = Cluster.load(out)
     assert cluster.shared_intra and cluster.intra.segments
     assert all(math.isfinite(s[1]) for s in cluster.intra.segments)
+
+
+def test_the_second_pass_measures_between_each_break_and_its_neighbours() -> None:
+    from asynccomm.calibrate import near_breaks
+
+    segments = [Segment(4096, 1e-6, 1e-10), Segment(1 << 20, 2e-6, 1e-10),
+                Segment(SIZES[-1], 3e-6, 1e-10)]
+    assert near_breaks(SIZES, segments) == [2896, 5793, 65544, 741455, 1482910]
+    assert near_breaks([8, 16, 32], [Segment(32, 1e-6, 0.0)]) == []
+
+
+def test_a_preset_with_host_work_round_trips(tmp_path: Path) -> None:
+    from asynccomm.calibrate import preset
+    from asynccomm.sim.host import HostSpec
+
+    host = HostSpec(cores=2, call=1.2e-5, step=3e-6, copy_bandwidth=5e9, reduce_bandwidth=1e9)
+    segments = [Segment(65536, 5e-6, 1 / 2e9), Segment(1 << 26, 20e-6, 1 / 8e9)]
+    doc = preset("mpi", {8: 5e-6}, segments, ranks=4, host=host)
+    path = tmp_path / "mpi.json"
+    path.write_text(json.dumps(doc))
+    loaded = Cluster.load(path)
+    assert loaded.host == host
+    assert loaded.intra.segments == calibrated_cluster(segments, name="x").intra.segments
+    assert not loaded.shared_intra

@@ -176,11 +176,24 @@ print(repr(times))
 """
 
 
-def test_a_programs_model_time_does_not_depend_on_hash_order() -> None:
+# the same with each collective call's CPU work on cores the ranks share (sim/host.py)
+_HOST_PROGRAM = """
+from asynccomm.sim import Cluster, HostSpec
+c = Cluster.preset("ascend910")
+HOSTED = Cluster(nodes=None, devices_per_node=c.devices_per_node, intra=c.intra,
+                 inter=c.inter, device=c.device, groups_per_node=c.groups_per_node,
+                 cross_group=c.cross_group,
+                 host=HostSpec(cores=3, call=2e-5, step=3e-6, copy_bandwidth=4e9,
+                               reduce_bandwidth=2e9, switch=1e-5))
+""" + _PROGRAM.replace('cluster=Cluster.preset("ascend910")', "cluster=HOSTED")
+
+
+@pytest.mark.parametrize("program", [_PROGRAM, _HOST_PROGRAM], ids=["messages", "host"])
+def test_a_programs_model_time_does_not_depend_on_hash_order(program: str) -> None:
     seen = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        out = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True,
+        out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                              text=True, timeout=60, check=True)
         seen.add(out.stdout)
     assert len(seen) == 1

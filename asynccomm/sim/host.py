@@ -1,0 +1,199 @@
+"""The CPU a rank's own work runs on: what a collective costs beyond its messages.
+
+How it works
+------------
+A link's calibrated segments time the messages (a ping-pong holds the per-message work of
+both sides), but a collective call does more on each rank: argument checks and setting up
+the call, Python per step of its algorithm, copies (the scratch arrays a call works on and
+the output written at its end, ``_collectives.functions`` Rule 6) and the reductions.
+``HostSpec`` holds those rates and ``collective_seconds`` turns a call into CPU seconds;
+the cluster world charges them on the rank's core before the call's first message.
+
+Rule 1 (the call).  A call of ``nbytes`` (nccl-tests' convention: the whole buffer) on
+``p`` ranks costs ``call + steps * step + copied / copy_bandwidth + reduced /
+reduce_bandwidth`` seconds, where ``steps``, ``copied`` and ``reduced`` bytes are those of
+the collective's ring (allreduce, allgather, reduce_scatter), pairwise (alltoall) or tree
+algorithm (``WORK``); one rank costs ``call`` only.
+Rule 1b (caches).  A call whose ``nbytes`` is at most a piece of ``cached`` (``(up_to,
+copy_bandwidth, reduce_bandwidth)``, the first that holds it) copies and reduces at that
+piece's rates: a small call's arrays stay in the caches, a large one's go to memory.
+Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
+core ``r % cores``, and its CPU work queues on that core first come, first served, so two
+ranks on one core take twice as long for their work as one.  On more ranks than cores
+each step of a call costs ``switch`` more: processes that wait for a message hold a core
+another rank needs until the system's scheduler moves them (0 where ranks share one
+event loop, which switches between them itself).
+Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
+messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["WORK", "HostSpec", "collective_seconds", "work_of"]
+
+#: (steps, bytes copied, bytes reduced) of a collective call of n bytes on p > 1 ranks.
+Work = Callable[[int, int], tuple[int, float, float]]
+
+
+def _ring_allreduce(n: int, p: int) -> tuple[int, float, float]:
+    # a scratch copy of the input and the output written at the end; p-1 reductions of n/p
+    return 2 * (p - 1), 2.0 * n, n * (p - 1) / p
+
+
+def _ring(n: int, p: int) -> tuple[int, float, float]:
+    # allgather ring / alltoall pairwise: its own block in place, the output at the end
+    return p - 1, n / p + n, 0.0
+
+
+def _reduce_scatter(n: int, p: int) -> tuple[int, float, float]:
+    return p - 1, n + n / p, n * (p - 1) / p
+
+
+def _tree(n: int, p: int) -> tuple[int, float, float]:
+    return math.ceil(math.log2(p)), float(n), 0.0
+
+
+def _tree_reduce(n: int, p: int) -> tuple[int, float, float]:
+    return math.ceil(math.log2(p)), 2.0 * n, float(n)
+
+
+WORK: dict[str, Work] = {
+    "allreduce": _ring_allreduce, "allgather": _ring, "alltoall": _ring,
+    "reduce_scatter": _reduce_scatter, "bcast": _tree, "gather": _tree, "scatter": _tree,
+    "reduce": _tree_reduce, "barrier": lambda n, p: (math.ceil(math.log2(p)), 0.0, 0.0),
+}
+
+
+def _rate(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
+    if not value > 0:
+        raise ValueError(f"HostSpec {field} must be > 0 bytes/s, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """The CPU work of a collective call (see module docs); times in seconds, rates in
+    bytes/s (``math.inf``: free).
+
+    Raises:
+        TypeError: a field of the wrong type.
+        ValueError: ``cores`` < 0, a negative or non-finite time, a rate <= 0.
+    """
+
+    cores: int = 0  # ranks share this many cores (0: a core per rank)
+    call: float = 0.0  # seconds per collective call
+    step: float = 0.0  # seconds per step of its algorithm
+    copy_bandwidth: float = math.inf  # bytes/s of the call's copies
+    reduce_bandwidth: float = math.inf  # bytes/s of its reductions
+    #: (up_to, copy_bandwidth, reduce_bandwidth) for calls of at most up_to bytes (Rule 1b)
+    cached: tuple[tuple[int, float, float], ...] = ()
+    switch: float = 0.0  # seconds more per step on more ranks than cores (Rule 2)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int):
+            raise TypeError(f"HostSpec cores must be an int, got {type(self.cores).__name__}")
+        if self.cores < 0:
+            raise ValueError(f"HostSpec cores must be >= 0, got {self.cores}")
+        for field in ("call", "step", "switch"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"HostSpec {field} must be a finite number >= 0 seconds, "
+                                 f"got {value!r}")
+        _rate("copy_bandwidth", self.copy_bandwidth)
+        _rate("reduce_bandwidth", self.reduce_bandwidth)
+        if not isinstance(self.cached, tuple) or not all(
+                isinstance(c, tuple) and len(c) == 3 for c in self.cached):
+            raise TypeError("HostSpec cached must be a tuple of (up_to, copy_bandwidth, "
+                            "reduce_bandwidth) tuples")
+        for up_to, copy, reduce in self.cached:
+            if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to < 0:
+                raise ValueError(f"HostSpec cached up_to must be an int >= 0, got {up_to!r}")
+            _rate("cached copy_bandwidth", copy)
+            _rate("cached reduce_bandwidth", reduce)
+
+    @property
+    def free(self) -> bool:
+        """True when a call costs nothing (Rule 3)."""
+        return (self.call == self.step == self.switch == 0
+                and math.isinf(self.copy_bandwidth)
+                and math.isinf(self.reduce_bandwidth)
+                and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached))
+
+    def rates(self, nbytes: int) -> tuple[float, float]:
+        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b)."""
+        for up_to, copy, reduce in self.cached:
+            if nbytes <= up_to:
+                return copy, reduce
+        return self.copy_bandwidth, self.reduce_bandwidth
+
+    def core(self, rank: int) -> int:
+        """The core ``rank`` runs on (Rule 2)."""
+        return rank % self.cores if self.cores else rank
+
+    def describe(self) -> str:
+        """One line: the cores, the Python per call and step, and the rates in GB/s."""
+        pieces = [f"calls <= {n} B: copy {c / 1e9:.2f}, reduce {r / 1e9:.2f}"
+                  for n, c, r in self.cached]
+        return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
+                f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us (+"
+                f"{self.switch * 1e6:.1f} us on more ranks than cores), "
+                + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
+                             f"{self.copy_bandwidth / 1e9:.2f}, reduce "
+                             f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (infinite rates as None)."""
+        return {"cores": self.cores, "call": self.call, "step": self.step,
+                "copy_bandwidth": _json_rate(self.copy_bandwidth),
+                "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
+                "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
+                "switch": self.switch}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
+        """As ``to_dict`` writes (None rates are infinite).
+
+        Raises:
+            TypeError, ValueError: as the constructor; an unknown field.
+        """
+        fields = dict(doc)
+        for rate in ("copy_bandwidth", "reduce_bandwidth"):
+            if rate in fields:
+                fields[rate] = _read_rate(fields[rate])
+        fields["cached"] = tuple((n, _read_rate(c), _read_rate(r))
+                                 for n, c, r in fields.get("cached", ()))
+        return cls(**fields)
+
+
+def _json_rate(rate: float) -> float | None:
+    return None if math.isinf(rate) else rate
+
+
+def _read_rate(rate: float | None) -> float:
+    return math.inf if rate is None else rate
+
+
+def work_of(name: str, nbytes: int, p: int) -> tuple[int, float, float]:
+    """(steps, bytes copied, bytes reduced) of a call of collective ``name`` (Rule 1); an
+    unknown name counts as one step that copies its buffer."""
+    if p <= 1:
+        return 0, 0.0, 0.0
+    work = WORK.get(name)
+    return work(nbytes, p) if work is not None else (1, float(nbytes), 0.0)
+
+
+def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
+    """CPU seconds of one call of collective ``name`` of ``nbytes`` on ``p`` ranks."""
+    steps, copied, reduced = work_of(name, nbytes, p)
+    copy, reduce = host.rates(nbytes)
+    step = host.step + (host.switch if 0 < host.cores < p else 0.0)
+    return host.call + steps * step + copied / copy + reduced / reduce

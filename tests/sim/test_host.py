@@ -1,0 +1,141 @@
+"""The CPU work of collective calls on a cluster model (``asynccomm.sim.host``): a program
+whose messages and work are known takes exactly their virtual time, ranks that share a
+core queue on it, and the rates round-trip through a preset file."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asynccomm as ac
+from asynccomm.sim import Cluster
+from asynccomm.sim.calibration import Segment, calibrated_cluster
+from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+
+MSG = 1e-6  # every message takes 1 us whatever its size
+
+
+def cluster(host: HostSpec | None, ranks: int = 4) -> Cluster:
+    c = calibrated_cluster([Segment(1 << 30, MSG, 0.0)], name="flat", ranks=ranks)
+    return Cluster(nodes=1, devices_per_node=ranks, intra=c.intra, inter=None,
+                   device=c.device, name="flat", host=host)
+
+
+HOST = HostSpec(call=1e-3, step=1e-4, copy_bandwidth=1e9, reduce_bandwidth=5e8)
+
+
+async def calls(comm: ac.Communicator) -> list[float]:
+    """Model seconds of a ring allreduce of 4000 B, a ring allgather of 2 * 500 B and a
+    pairwise alltoall of 2 * 300 B, one after another."""
+    p = comm.size
+    out = []
+    for coll in (lambda: comm.allreduce(np.zeros(1000, np.float32), algorithm="ring"),
+                 lambda: comm.allgather(np.zeros(500, np.uint8), np.zeros((p, 500), np.uint8),
+                                        algorithm="ring"),
+                 lambda: comm.alltoall(np.zeros((p, 300), np.uint8),
+                                       np.zeros((p, 300), np.uint8))):
+        t0 = comm.model_time()
+        await coll()
+        out.append(comm.model_time() - t0)
+    return out
+
+
+def test_two_ranks_take_their_work_plus_their_messages_exactly() -> None:
+    got = ac.run(calls, 2, cluster=cluster(HOST), clock="virtual")
+    # allreduce: 2 steps, copies 2 n, reduces n / 2; then 2 messages in turn
+    allreduce = 1e-3 + 2 * 1e-4 + 8000 / 1e9 + 2000 / 5e8 + 2 * MSG
+    allgather = 1e-3 + 1e-4 + (500 + 1000) / 1e9 + MSG
+    alltoall = 1e-3 + 1e-4 + (300 + 600) / 1e9 + MSG
+    for rank in got:
+        assert rank == pytest.approx([allreduce, allgather, alltoall], abs=1e-8)
+
+
+def test_without_host_rates_a_call_costs_its_messages_only() -> None:
+    got = ac.run(calls, 2, cluster=cluster(None), clock="virtual")
+    assert got[0] == pytest.approx([2 * MSG, MSG, MSG], abs=1e-8)
+
+
+@pytest.mark.parametrize(("ranks", "cores", "factor"), [(2, 1, 2), (4, 2, 2), (4, 4, 1),
+                                                        (3, 0, 1)])
+def test_ranks_that_share_a_core_queue_their_work(ranks: int, cores: int, factor: int) -> None:
+    host = HostSpec(cores=cores, call=1e-3)
+
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allgather(np.zeros(8, np.uint8), np.zeros((ranks, 8), np.uint8),
+                             algorithm="ring")
+        return comm.model_time() - t0
+
+    got = ac.run(main, ranks, cluster=cluster(host, ranks), clock="virtual")
+    # the calls of a core in turn, then the ring's messages (1 us each, p - 1 steps in
+    # series once every rank has sent; a rank later than its neighbours delays them)
+    cpu = factor * 1e-3
+    if ranks == 2:
+        assert max(got) == pytest.approx(cpu + MSG, abs=1e-8)
+    assert cpu + (ranks - 1) * MSG - 1e-8 <= max(got) <= cpu + 2 * (ranks - 1) * MSG + 1e-8
+
+
+def test_the_work_of_each_collective() -> None:
+    assert work_of("allreduce", 1200, 3) == (4, 2400.0, 800.0)
+    assert work_of("allgather", 1200, 3) == (2, 1600.0, 0.0)
+    assert work_of("barrier", 0, 5) == (3, 0.0, 0.0)
+    assert work_of("allreduce", 1200, 1) == (0, 0.0, 0.0)
+    assert collective_seconds(HOST, "allreduce", 1200, 1) == 1e-3
+    assert HostSpec().free and not HOST.free
+
+
+def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
+    host = HostSpec(copy_bandwidth=1e9, reduce_bandwidth=1e9,
+                    cached=((1000, 4e9, 2e9), (4000, 2e9, 1e9)))
+    # allgather of n on 2 ranks copies 1.5 n; allreduce copies 2 n and reduces n / 2
+    assert collective_seconds(host, "allgather", 1000, 2) == pytest.approx(1500 / 4e9)
+    assert collective_seconds(host, "allgather", 1001, 2) == pytest.approx(1501.5 / 2e9)
+    assert collective_seconds(host, "allreduce", 8000, 2) == pytest.approx(20000 / 1e9)
+    assert not HostSpec(cached=((10, 1e9, math.inf),)).free
+    assert "calls <= 1000 B: copy 4.00, reduce 2.00" in host.describe()
+
+
+def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
+    host = HostSpec(cores=2, call=1e-5, step=1e-6, switch=1e-4)
+    assert collective_seconds(host, "allgather", 0, 2) == pytest.approx(1e-5 + 1e-6)
+    assert collective_seconds(host, "allgather", 0, 3) == pytest.approx(1e-5 + 2 * 1.01e-4)
+    assert collective_seconds(HostSpec(switch=1e-4), "allgather", 0, 8) == 0  # core per rank
+    assert not HostSpec(switch=1e-4).free
+
+
+def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
+    c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
+                         cached=((4096, 8e9, math.inf),), switch=5e-5))
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"cluster": c.to_dict()}))
+    assert Cluster.load(path).host == c.host
+    assert math.isinf(Cluster.load(path).host.copy_bandwidth)
+    doc = c.to_dict()
+    del doc["host"]  # a preset of before: no host work
+    path.write_text(json.dumps(doc))
+    assert Cluster.load(path).host.free
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"cores": -1}, ValueError, "cores must be >= 0"),
+    ({"cores": 1.5}, TypeError, "cores must be an int"),
+    ({"call": -1e-6}, ValueError, "call must be a finite number >= 0"),
+    ({"step": math.nan}, ValueError, "step must be a finite number >= 0"),
+    ({"switch": -1.0}, ValueError, "switch must be a finite number >= 0"),
+    ({"call": "1"}, TypeError, "call must be a number"),
+    ({"copy_bandwidth": 0}, ValueError, "copy_bandwidth must be > 0"),
+    ({"reduce_bandwidth": True}, TypeError, "reduce_bandwidth must be a number"),
+    ({"cached": [(8, 1e9, 1e9)]}, TypeError, "cached must be a tuple"),
+    ({"cached": ((-1, 1e9, 1e9),)}, ValueError, "up_to must be an int >= 0"),
+    ({"cached": ((8, 0.0, 1e9),)}, ValueError, "cached copy_bandwidth must be > 0"),
+])
+def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        HostSpec(**kwargs)
+    with pytest.raises(TypeError, match="host must be a HostSpec"):
+        cluster("fast", 2)  # type: ignore[arg-type]
