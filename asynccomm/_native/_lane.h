@@ -253,6 +253,8 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
                PyObject **flow);
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
+int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
+             Py_ssize_t nbytes, Py_ssize_t count, double *when);
 
 /* _lane_mpi.c: the MPI link's per-message steps. */
 extern PyTypeObject PathType;

@@ -35,11 +35,14 @@ typedef struct {
     /* the rendezvous steps': the wire's announced sends and unmatched announcements, the
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
+    PyObject *active;  /* the state ACTIVE */
     long rank, inline_max, return_at, ctrl_slots;
     Py_ssize_t chunk_bytes;
 } Path;
 
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
+static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
+                      PyObject *ready_cb, PyObject *recv);
 
 static void
 put_le(char *at, unsigned long long v, int n)
@@ -516,11 +519,13 @@ python:
 /* -- rendezvous ------------------------------------------------------------------------ */
 
 /* ``Moved``: what a data request of one piece calls as it completes (``Mover._moved_whole``
- * with its ``done``): one request fewer in flight, then the receiver's ``ready(None,
- * None)`` (its recv completes), or the sender's ``engine.sent(msg)``. */
+ * with its ``done``): one request fewer in flight, then the recv the C steps matched
+ * completes (``complete``: what the engine's ``_fetched`` and ``_received`` do for a
+ * payload already in place), or the receiver's ``ready(None, None)``, or the sender's
+ * ``engine.sent(msg)``. */
 typedef struct {
     PyObject_HEAD
-    PyObject *progress, *engine, *msg, *ready;  /* ready: NULL for a send */
+    PyObject *progress, *engine, *msg, *ready, *recv;  /* NULL: not that kind */
 } Moved;
 
 static PyTypeObject MovedType;
@@ -547,6 +552,20 @@ moved_fire(Moved *m)
         return -1;
     }
     PyObject *r;
+    if (m->recv != NULL) {
+        PyObject *msg = m->msg;
+        Py_ssize_t n = PyLong_AsSsize_t(SLOT(msg, M.nbytes));
+        Py_ssize_t c = PyLong_AsSsize_t(SLOT(msg, M.count));
+        double when;
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        if (SLOT(m->recv, R.state) == S_DONE) {
+            return 0;  /* failed already (the link broke) */
+        }
+        return complete(m->engine, m->recv, SLOT(msg, M.source), SLOT(msg, M.tag), n, c,
+                        &when);
+    }
     if (m->ready != NULL) {
         PyObject *argv[2] = {Py_None, Py_None};
         r = PyObject_Vectorcall(m->ready, argv, 2, NULL);
@@ -574,6 +593,7 @@ moved_traverse(Moved *m, visitproc visit, void *arg)
     Py_VISIT(m->engine);
     Py_VISIT(m->msg);
     Py_VISIT(m->ready);
+    Py_VISIT(m->recv);
     return 0;
 }
 
@@ -584,6 +604,7 @@ moved_clear(Moved *m)
     Py_CLEAR(m->engine);
     Py_CLEAR(m->msg);
     Py_CLEAR(m->ready);
+    Py_CLEAR(m->recv);
     return 0;
 }
 
@@ -608,9 +629,10 @@ static PyTypeObject MovedType = {
 };
 
 /* ``Mover._move`` for a payload of one piece, once MPI has its request: one more in
- * flight, tracked with ``Moved(engine, msg, ready)``, and the task woken. */
+ * flight, tracked with ``Moved(engine, msg, ready, recv)``, and the task woken. */
 static int
-track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready)
+track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready,
+      PyObject *recv)
 {
     Moved *m = PyObject_GC_New(Moved, &MovedType);
     if (m == NULL) {
@@ -620,6 +642,7 @@ track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready)
     m->engine = Py_NewRef(engine);
     m->msg = Py_NewRef(msg);
     m->ready = Py_XNewRef(ready);
+    m->recv = Py_XNewRef(recv);
     PyObject_GC_Track(m);
     PyObject *reqs = PyObject_GetAttr(p->progress, a_reqs);
     PyObject *cbs = reqs == NULL ? NULL : PyObject_GetAttr(p->progress, a_cbs);
@@ -680,7 +703,7 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
         PyObject *argv[4] = {comm, mv, dest, data_tag};
         req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     }
-    rc = req == NULL ? -1 : track(p, req, endpoint, sent, NULL);
+    rc = req == NULL ? -1 : track(p, req, endpoint, sent, NULL, NULL);
 done:
     Py_XDECREF(req);
     Py_XDECREF(comm);
@@ -688,6 +711,83 @@ done:
     Py_DECREF(sent);
     Py_DECREF(dest);
     return rc < 0 ? -1 : 1;
+}
+
+/* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
+ * for it (``Matcher.deliver``'s hot path), and its ``_take``: the recv is active and the
+ * data is fetched straight into its array, the recv completing in C as it lands.  1 done,
+ * 0 not judged here (nothing changed: the engine's Python steps take it), -1 error. */
+static int
+match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes)
+{
+    int f = slot_true(engine, EN.fast);  /* not fast: logging, or a world not set up */
+    if (f != 1) {
+        return f < 0 ? -1 : 0;
+    }
+    PyObject *matcher = SLOT(engine, EN.matcher);
+    if (matcher == NULL || Py_TYPE(matcher) != MatcherType) {
+        return 0;
+    }
+    long long n_posted, n_wild;
+    PyObject *events = SLOT(matcher, MA.events);
+    if (slot_ll(matcher, MA.n_posted, &n_posted) < 0
+        || slot_ll(matcher, MA.n_wild_posted, &n_wild) < 0) {
+        return -1;
+    }
+    if (!n_posted || n_wild || events == NULL || PyObject_Length(events) != 0) {
+        return PyErr_Occurred() ? -1 : 0;  /* (events to drain: the Python steps) */
+    }
+    PyObject *index = SLOT(matcher, MA.posted);
+    if (index == NULL || !PyDict_CheckExact(index)) {
+        return 0;
+    }
+    PyObject *source = SLOT(msg, M.source);
+    PyObject *key = PyTuple_Pack(2, source, tag);
+    PyObject *bucket = key == NULL ? NULL : PyDict_GetItemWithError(index, key);
+    PyObject *recv = NULL, *into = NULL;
+    int rc = -1;
+    if (bucket == NULL || PySequence_Size(bucket) <= 0) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    recv = live_head(bucket);
+    if (recv == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    Py_INCREF(recv);
+    PyObject *rd = SLOT(recv, M.dtype), *dtype = SLOT(msg, M.dtype);
+    long long rn;
+    Py_ssize_t cap;
+    char *dst;
+    if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
+        || rd == NULL || (rd != Py_None && rd != dtype
+                          && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
+        || slot_ll(recv, M.nbytes, &rn) < 0 || rn < nbytes
+        || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL || cap < nbytes) {
+        rc = PyErr_Occurred() ? -1 : 0;  /* a misfit, a recv_new: the Python steps */
+        goto done;
+    }
+    /* The recv's array outlives the transfer: the ``Moved`` tracking it holds the recv. */
+    into = PyMemoryView_FromMemory(dst, nbytes, PyBUF_WRITE);
+    double t;
+    PyObject *tm = NULL;
+    if (into == NULL || pop_head(index, key, bucket) < 0) {
+        goto done;
+    }
+    put_ref(recv, M.seq, minus_one);
+    if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0
+        || now_of(engine, &t) < 0 || (tm = PyFloat_FromDouble(t)) == NULL) {
+        goto done;
+    }
+    put_ref(recv, R.state, p->active);
+    put(recv, R.t_match, tm);
+    rc = fetch_into(p, engine, msg, into, NULL, recv) < 0 ? -1 : 1;
+done:
+    Py_XDECREF(into);
+    Py_XDECREF(recv);
+    Py_XDECREF(key);
+    return rc;
 }
 
 /* An ``RTS`` landed (``_on_control``'s ``Announced``): the announcement arrives at the
@@ -724,7 +824,11 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
     }
     if (msg != NULL) {
         put_ref(msg, M.ident, ident);
-        if (PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
+        int taken = nbytes <= p->chunk_bytes ? match(p, endpoint, msg, tag, nbytes) : 0;
+        if (taken != 0) {
+            r = taken < 0 ? NULL : Py_NewRef(Py_None);
+        }
+        else if (PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
             r = PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
         }
     }
@@ -760,9 +864,8 @@ rendezvous(Path *p, PyObject *endpoint, const char *b, long kind)
     return rc;
 }
 
-/* fetch(msg, rank, into, ready): ``MPITransport.fetch`` for a payload of one piece (the
- * data recv posted first, then the ``CTS``); any other, or a traced engine's: the Python
- * ``fetch``. */
+/* fetch(msg, rank, into, ready): ``MPITransport.fetch`` for a payload of one piece; any
+ * other, or a traced engine's: the Python ``fetch``. */
 static PyObject *
 path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -770,7 +873,7 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "fetch(msg, rank, into, ready)");
         return NULL;
     }
-    PyObject *msg = args[0], *into = args[2], *ready_cb = args[3];
+    PyObject *msg = args[0], *into = args[2];
     PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
     if (endpoint == NULL) {
         return NULL;
@@ -789,6 +892,22 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
         }
         return PyObject_Vectorcall(p->py_fetch, args, nargs, NULL);
     }
+    int rc = fetch_into(p, endpoint, msg, into, args[3], NULL);
+    Py_DECREF(endpoint);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* What ``fetch`` does for the announcement ``msg`` matched, its data going to ``into``:
+ * the data recv first (so the data never lands as an MPI-level unexpected message), then
+ * the ``CTS``; as the recv completes, ``ready(None, None)`` runs, or the C steps complete
+ * ``recv``.  An MPI error breaks the link (``_fetch_failed``).  0 done, -1 error. */
+static int
+fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject *ready_cb,
+           PyObject *recv)
+{
     PyObject *source = SLOT(msg, M.source), *ident = SLOT(msg, M.ident);
     PyObject *key = PyTuple_Pack(2, source, ident);
     PyObject *tag = NULL, *raw = NULL, *comm = NULL, *req = NULL, *ctl = NULL;
@@ -815,13 +934,12 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_IDENT, (unsigned long long)id, 8);
-    /* Recvs first, so the data never lands as an MPI-level unexpected message. */
     comm = PyObject_GetAttr(p->progress, a_comm);
     if (comm != NULL) {
         PyObject *argv[4] = {comm, into, source, tag};
         req = PyObject_VectorcallMethod(a_Irecv, argv, 4, NULL);
     }
-    if (req != NULL && track(p, req, endpoint, msg, ready_cb) == 0) {
+    if (req != NULL && track(p, req, endpoint, msg, ready_cb, recv) == 0) {
         PyObject *argv[4] = {comm, raw, source, zero};
         ctl = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     }
@@ -847,11 +965,7 @@ done:
     Py_XDECREF(raw);
     Py_XDECREF(tag);
     Py_XDECREF(key);
-    Py_DECREF(endpoint);
-    if (rc < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return rc;
 }
 
 /* test() -> bool: ``Progress._test_requests``: the data requests that completed leave the
@@ -957,14 +1071,15 @@ static PyObject *
 path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *link, *progress, *wire, *fields, *names, *mpi_exc, *inline_where, *remote;
+    PyObject *active;
     long ctrl_slots;
     Py_ssize_t chunk_bytes;
     static char *kw[] = {"link", "progress", "wire", "fields", "names", "mpi_exception",
-                         "inline", "ctrl_slots", "remote", "chunk_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOlOn:Path", kw, &link, &progress,
+                         "inline", "ctrl_slots", "remote", "chunk_bytes", "active", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOlOnO:Path", kw, &link, &progress,
                                      &wire, &PyDict_Type, &fields, &PyDict_Type, &names,
                                      &mpi_exc, &inline_where, &ctrl_slots, &remote,
-                                     &chunk_bytes)) {
+                                     &chunk_bytes, &active)) {
         return NULL;
     }
     if (!ready) {  /* the names it looks up come with the lane's configuration */
@@ -987,6 +1102,7 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->inline_where = Py_NewRef(inline_where);
     p->ctrl_slots = ctrl_slots;
     p->remote_where = Py_NewRef(remote);
+    p->active = Py_NewRef(active);
     p->chunk_bytes = chunk_bytes;
     p->announced = PyObject_GetAttr(wire, a_announced);
     p->unmatched = PyObject_GetAttr(wire, a_unmatched);
@@ -1043,6 +1159,7 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->announced_msgs);
     Py_VISIT(p->py_fetch);
     Py_VISIT(p->remote_where);
+    Py_VISIT(p->active);
     return 0;
 }
 
@@ -1068,6 +1185,7 @@ path_clear(Path *p)
     Py_CLEAR(p->announced_msgs);
     Py_CLEAR(p->py_fetch);
     Py_CLEAR(p->remote_where);
+    Py_CLEAR(p->active);
     return 0;
 }
 
@@ -1100,7 +1218,7 @@ PyTypeObject PathType = {
     .tp_basicsize = sizeof(Path),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots, "
-              "remote, chunk_bytes): "
+              "remote, chunk_bytes, active): "
               "the MPI link's per-message steps in C.",
     .tp_new = path_new,
     .tp_traverse = (traverseproc)path_traverse,

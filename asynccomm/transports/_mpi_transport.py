@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, REMOTE, STAGED, Message
+from .._core.states import ACTIVE
 from .._core.wire import (
     DTYPE_FIELDS,
     DTYPE_NAMES,
@@ -110,7 +111,7 @@ class MPITransport(Link):
         data requests (``Progress._test_requests``); a payload of more than one chunk, a
         withdrawal under way and a traced engine's take the Python steps."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
-                         lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES)
+                         lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE)
         self.send_now = path.send_now  # type: ignore[method-assign]
         self.fetch = path.fetch  # type: ignore[method-assign]
         self.progress._land = path.land  # type: ignore[method-assign]
