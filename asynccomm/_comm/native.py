@@ -176,7 +176,6 @@ NAMES: Final[Mapping[str, Name]] = {
     "announced_msgs": _a("_announced", MPITransport),
     "fetch": _m("fetch", MPITransport),
     "fetch_failed": _m("_fetch_failed", MPITransport),
-    "activate": _m("activate", DeviceEngine),
     "engine_sent": _m("sent", DeviceEngine),
     "reqs": _a("_reqs", Progress),
     "cbs": _a("_cbs", Progress),

@@ -84,8 +84,8 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
-extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag, *a_sends,
-    *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_activate, *a_engine_sent, *a_reqs, *a_cbs,
+extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
+    *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
     *a_data, *a_testsome;
 
 /* -- slots ---------------------------------------------------------------------------- */

@@ -696,9 +696,16 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
     if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
         goto done;
     }
-    PyObject *r = PyObject_CallMethodOneArg(endpoint, a_activate, sent);
-    Py_XDECREF(r);
-    comm = r == NULL ? NULL : PyObject_GetAttr(p->progress, a_comm);
+    double t;  /* the engine's ``activate``: a withdrawal under way, if any, lost */
+    if (SLOT(sent, R.state) == S_POSTED) {
+        PyObject *tm = now_of(endpoint, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+        if (tm == NULL) {
+            goto done;
+        }
+        put_ref(sent, R.state, p->active);
+        put(sent, R.t_match, tm);
+    }
+    comm = PyObject_GetAttr(p->progress, a_comm);
     if (comm != NULL) {
         PyObject *argv[4] = {comm, mv, dest, data_tag};
         req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
