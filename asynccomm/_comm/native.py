@@ -166,6 +166,21 @@ NAMES: Final[Mapping[str, Name]] = {
     "rank": _a("rank", MPITransport),
     "inline_max": _a("inline_max", Wire),
     "return_at": _a("_return_at", Wire),
+    # the MPI link's rendezvous steps (``Path``)
+    "Irecv": _m("Irecv", None),
+    "announced": _a("announced", Wire),
+    "unmatched": _a("unmatched", Wire),
+    "close_sent": _a("close_sent", Wire),
+    "next_data_tag": _m("next_data_tag", Wire),
+    "sends": _a("_sends", MPITransport),
+    "announced_msgs": _a("_announced", MPITransport),
+    "fetch": _m("fetch", MPITransport),
+    "fetch_failed": _m("_fetch_failed", MPITransport),
+    "engine_sent": _m("sent", DeviceEngine),
+    "reqs": _a("_reqs", Progress),
+    "cbs": _a("_cbs", Progress),
+    "data": _a("_data", Progress),
+    "testsome": _a("_testsome", Progress),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's
@@ -206,7 +221,7 @@ def header_offsets(fmt: str) -> dict[str, int]:
 #: and field offsets; their values: ``numbers``.
 NUMBERS: Final = ("TAG_UB", "MIN_BUCKET", "MESSAGE_OVERHEAD", "TIMED_COPY_MIN", "EAGER",
                   "H_SIZE", "H_KIND", "H_DLEN", "H_SRC", "H_TAG", "H_NBYTES", "H_COUNT",
-                  "H_DTYPE", "DTYPE_MAX")
+                  "H_DTYPE", "DTYPE_MAX", "RTS", "CTS", "H_IDENT")
 
 
 def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
@@ -218,7 +233,7 @@ def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
     at = header_offsets(header)
     values = {"TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
               "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD, "TIMED_COPY_MIN": TIMED_COPY_MIN,
-              "EAGER": wire.EAGER, "H_SIZE": at["size"],
+              "EAGER": wire.EAGER, "RTS": wire.RTS, "CTS": wire.CTS, "H_SIZE": at["size"],
               "DTYPE_MAX": struct.calcsize("<" + HEADER_FIELDS[-1][1])}
     values.update((f"H_{field.upper()}", at[field]) for field, _ in HEADER_FIELDS)
     return {name: values[name] for name in NUMBERS}

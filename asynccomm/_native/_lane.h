@@ -42,6 +42,7 @@ extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *
 /* native.NUMBERS: constants, and where the wire header's fields are (``wire.HEADER``) */
 extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, EAGER;
 extern long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
+extern long RTS, CTS, H_IDENT;
 /* native.STATUS_FIELDS: the fields of a Status tuple the lane builds */
 #define STATUS_FIELDS 5
 
@@ -83,6 +84,9 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
+extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
+    *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
+    *a_data, *a_testsome;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -249,6 +253,8 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
                PyObject **flow);
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
+int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
+             Py_ssize_t nbytes, Py_ssize_t count, double *when);
 
 /* _lane_mpi.c: the MPI link's per-message steps. */
 extern PyTypeObject PathType;

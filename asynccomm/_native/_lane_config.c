@@ -16,6 +16,7 @@ PyObject *get_running_loop, *perf_counter, *deque_type;
 PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
 long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, EAGER;
 long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
+long RTS, CTS, H_IDENT;
 struct message_slots M;
 struct trace_slots TR;
 struct request_slots R;
@@ -35,6 +36,9 @@ PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_pay
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
+PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
+    *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
+    *a_data, *a_testsome;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -69,7 +73,7 @@ static PyObject **const object_vars[] = {
 
 static long *const number_vars[] = {
     &TAG_UB, &MIN_BUCKET, &MESSAGE_OVERHEAD, &TIMED_COPY_MIN, &EAGER, &H_SIZE, &H_KIND,
-    &H_DLEN, &H_SRC, &H_TAG, &H_NBYTES, &H_COUNT, &H_DTYPE, &DTYPE_MAX,
+    &H_DLEN, &H_SRC, &H_TAG, &H_NBYTES, &H_COUNT, &H_DTYPE, &DTYPE_MAX, &RTS, &CTS, &H_IDENT,
 };
 
 static PyObject **const name_vars[] = {
@@ -82,6 +86,9 @@ static PyObject **const name_vars[] = {
     &a_woke, &a_dispatching, &a_stopped, &a_failed, &a_endpoint, &a_closed, &a_arrived,
     &a_consumed, &a_send_ctl, &a_slots, &a_credit, &a_owed, &a_closed_by, &a_on_control,
     &a_rank, &a_inline_max, &a_return_at,
+    &a_Irecv, &a_announced, &a_unmatched, &a_close_sent, &a_next_data_tag, &a_sends,
+    &a_announced_msgs, &a_fetch, &a_fetch_failed, &a_engine_sent, &a_reqs, &a_cbs,
+    &a_data, &a_testsome,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

@@ -5,10 +5,20 @@
  * ``Progress.send`` and ``Progress.deliver``) with no Python frame; ``land`` and
  * ``deliver`` are ``Progress``'s loop over the control recvs that landed, where an eager
  * message is handed to the receiving engine as ``MPITransport._on_control`` hands it: the
- * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.  Every
- * other control message, and every eager one this file does not judge (a closed engine, a
- * shape, a dtype not seen yet, a traced engine, a large payload), goes to the link's
- * Python ``_on_control``; every send it does not judge (a dtype not seen yet, a buffer
+ * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
+ *
+ * A rendezvous message's steps run here too: its ``RTS`` landing (the announcement
+ * arrives at the engine as a ``REMOTE`` message), ``fetch`` (the data recv, then the
+ * ``CTS``), the ``CTS`` landing (the send is active, its data sent), and the completion of
+ * each data request (``test``, ``Progress._test_requests``: a ``Moved`` completes the
+ * recv through the engine's ``ready`` or the send through ``engine.sent``).  A payload of
+ * more than one chunk, a ``CTS`` for a send being withdrawn, a closing rank, and every
+ * other control message (``WITHDRAW``, ``CREDIT``, ``CLOSE``, ...) take the Python steps,
+ * which stay the reference.
+ *
+ * Every other control message, and every eager one this file does not judge (a closed
+ * engine, a shape, a dtype not seen yet, a traced engine, a large payload), goes to the
+ * link's Python ``_on_control``; every send it does not judge (a dtype not seen yet, a buffer
  * that is not one piece) to the Python ``send_now``.  The state stays where the Python
  * steps keep it (the wire's credit lists, the progress task's flags), so both kinds of
  * step can run in one world.
@@ -22,8 +32,17 @@ typedef struct {
     PyObject_HEAD
     PyObject *link, *progress, *wire, *slots, *credit, *owed, *closed_by, *fields, *names;
     PyObject *mpi_exc, *inline_where, *py_send_now, *on_control;
+    /* the rendezvous steps': the wire's announced sends and unmatched announcements, the
+     * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
+    PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
+    PyObject *active;  /* the state ACTIVE */
     long rank, inline_max, return_at, ctrl_slots;
+    Py_ssize_t chunk_bytes;
 } Path;
+
+static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
+static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
+                      PyObject *ready_cb, PyObject *recv);
 
 static void
 put_le(char *at, unsigned long long v, int n)
@@ -70,8 +89,18 @@ static int
 dispatch(Path *p, PyObject *head, PyObject *buf)
 {
     const char *b = PyByteArray_AS_STRING(buf);
-    if (!ready || b[H_KIND] != EAGER) {
+    long kind = (unsigned char)b[H_KIND];
+    if (!ready || (kind != EAGER && kind != RTS && kind != CTS)) {
         return 0;
+    }
+    if (kind != EAGER) {
+        PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+        if (endpoint == NULL) {
+            return -1;
+        }
+        int rc = rendezvous(p, endpoint, b, kind);
+        Py_DECREF(endpoint);
+        return rc;
     }
     Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
     Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
@@ -294,6 +323,8 @@ path_deliver(Path *p, PyObject *unused)
 
 /* -- sending --------------------------------------------------------------------------- */
 
+static int wake(Path *p);
+
 /* What ``Progress.send`` does once MPI has the message: keep an unfinished send, ring the
  * receiver's doorbell if it dozes, and wake this rank's progress task. */
 static int
@@ -350,6 +381,13 @@ after_isend(Path *p, PyObject *req, long dest)
     if (set_flag(p->progress, a_sent, 1) < 0) {
         return -1;
     }
+    return wake(p);
+}
+
+/* ``Progress._wake``: poll now, if the task is parked waiting for the idle tick. */
+static int
+wake(Path *p)
+{
     PyObject *parked = PyObject_GetAttr(p->progress, a_parked);
     if (parked == NULL) {
         return -1;
@@ -478,6 +516,553 @@ python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
 }
 
+/* -- rendezvous ------------------------------------------------------------------------ */
+
+/* ``Moved``: what a data request of one piece calls as it completes (``Mover._moved_whole``
+ * with its ``done``): one request fewer in flight, then the recv the C steps matched
+ * completes (``complete``: what the engine's ``_fetched`` and ``_received`` do for a
+ * payload already in place), or the receiver's ``ready(None, None)``, or the sender's
+ * ``engine.sent(msg)``. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *progress, *engine, *msg, *ready, *recv;  /* NULL: not that kind */
+} Moved;
+
+static PyTypeObject MovedType;
+
+static int
+data_add(PyObject *progress, long delta)
+{
+    PyObject *v = PyObject_GetAttr(progress, a_data);
+    long n = v == NULL ? -1 : PyLong_AsLong(v);
+    Py_XDECREF(v);
+    if (n == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    v = PyLong_FromLong(n + delta);
+    int rc = v == NULL ? -1 : PyObject_SetAttr(progress, a_data, v);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static int
+moved_fire(Moved *m)
+{
+    if (data_add(m->progress, -1) < 0) {
+        return -1;
+    }
+    PyObject *r;
+    if (m->recv != NULL) {
+        PyObject *msg = m->msg;
+        Py_ssize_t n = PyLong_AsSsize_t(SLOT(msg, M.nbytes));
+        Py_ssize_t c = PyLong_AsSsize_t(SLOT(msg, M.count));
+        double when;
+        if (PyErr_Occurred()) {
+            return -1;
+        }
+        if (SLOT(m->recv, R.state) == S_DONE) {
+            return 0;  /* failed already (the link broke) */
+        }
+        return complete(m->engine, m->recv, SLOT(msg, M.source), SLOT(msg, M.tag), n, c,
+                        &when);
+    }
+    if (m->ready != NULL) {
+        PyObject *argv[2] = {Py_None, Py_None};
+        r = PyObject_Vectorcall(m->ready, argv, 2, NULL);
+    }
+    else {
+        r = PyObject_CallMethodOneArg(m->engine, a_engine_sent, m->msg);
+    }
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *
+moved_call(Moved *m, PyObject *args, PyObject *kwds)
+{
+    if (moved_fire(m) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+moved_traverse(Moved *m, visitproc visit, void *arg)
+{
+    Py_VISIT(m->progress);
+    Py_VISIT(m->engine);
+    Py_VISIT(m->msg);
+    Py_VISIT(m->ready);
+    Py_VISIT(m->recv);
+    return 0;
+}
+
+static int
+moved_clear(Moved *m)
+{
+    Py_CLEAR(m->progress);
+    Py_CLEAR(m->engine);
+    Py_CLEAR(m->msg);
+    Py_CLEAR(m->ready);
+    Py_CLEAR(m->recv);
+    return 0;
+}
+
+static void
+moved_dealloc(Moved *m)
+{
+    PyObject_GC_UnTrack(m);
+    moved_clear(m);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static PyTypeObject MovedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asynccomm._native._lane.Moved",
+    .tp_basicsize = sizeof(Moved),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A rendezvous transfer's data request, as it completes (made by Path).",
+    .tp_call = (ternaryfunc)moved_call,
+    .tp_traverse = (traverseproc)moved_traverse,
+    .tp_clear = (inquiry)moved_clear,
+    .tp_dealloc = (destructor)moved_dealloc,
+};
+
+/* ``Mover._move`` for a payload of one piece, once MPI has its request: one more in
+ * flight, tracked with ``Moved(engine, msg, ready, recv)``, and the task woken. */
+static int
+track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready,
+      PyObject *recv)
+{
+    Moved *m = PyObject_GC_New(Moved, &MovedType);
+    if (m == NULL) {
+        return -1;
+    }
+    m->progress = Py_NewRef(p->progress);
+    m->engine = Py_NewRef(engine);
+    m->msg = Py_NewRef(msg);
+    m->ready = Py_XNewRef(ready);
+    m->recv = Py_XNewRef(recv);
+    PyObject_GC_Track(m);
+    PyObject *reqs = PyObject_GetAttr(p->progress, a_reqs);
+    PyObject *cbs = reqs == NULL ? NULL : PyObject_GetAttr(p->progress, a_cbs);
+    int rc = cbs == NULL || data_add(p->progress, 1) < 0 || PyList_Append(reqs, req) < 0
+        || PyList_Append(cbs, (PyObject *)m) < 0 ? -1 : wake(p);
+    Py_XDECREF(reqs);
+    Py_XDECREF(cbs);
+    Py_DECREF(m);
+    return rc;
+}
+
+/* The engine the C steps serve: the engine's own class, untraced (else the Python steps
+ * number what arrives).  1 yes, 0 no, -1 error. */
+static int
+plain_engine(PyObject *endpoint)
+{
+    if (Py_TYPE(endpoint) != DeviceEngineType || SLOT(endpoint, EN.tracer) != Py_None) {
+        return 0;
+    }
+    PyObject *closed = PyObject_GetAttr(endpoint, a_closed);
+    int t = closed == NULL ? -1 : PyObject_IsTrue(closed);
+    Py_XDECREF(closed);
+    return t < 0 ? -1 : !t;
+}
+
+/* A ``CTS`` landed (``_on_control``'s ``ClearToSend``): the send it answers is active, and
+ * its data goes on the data tag named.  A send the wire is withdrawing (the withdrawal
+ * lost) or of more than one chunk: the Python steps. */
+static int
+clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
+{
+    PyObject *dest = PyDict_GetItemWithError(p->announced, ident);
+    PyObject *sent = dest == NULL ? NULL : PyDict_GetItemWithError(p->sends, ident);
+    if (sent == NULL || Py_TYPE(sent) != RequestType) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *view = SLOT(sent, M.view);
+    if (view == NULL || view == Py_None) {
+        return 0;
+    }
+    PyObject *mv = PyMemoryView_FromObject(view);
+    Py_ssize_t n = mv == NULL ? -1 : PyObject_Length(mv);
+    if (n < 0 || n > p->chunk_bytes) {
+        Py_XDECREF(mv);
+        return n < 0 ? -1 : 0;
+    }
+    Py_INCREF(dest);
+    Py_INCREF(sent);
+    int rc = -1;
+    PyObject *comm = NULL, *req = NULL;
+    if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
+        goto done;
+    }
+    double t;  /* the engine's ``activate``: a withdrawal under way, if any, lost */
+    if (SLOT(sent, R.state) == S_POSTED) {
+        PyObject *tm = now_of(endpoint, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+        if (tm == NULL) {
+            goto done;
+        }
+        put_ref(sent, R.state, p->active);
+        put(sent, R.t_match, tm);
+    }
+    comm = PyObject_GetAttr(p->progress, a_comm);
+    if (comm != NULL) {
+        PyObject *argv[4] = {comm, mv, dest, data_tag};
+        req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    }
+    rc = req == NULL ? -1 : track(p, req, endpoint, sent, NULL, NULL);
+done:
+    Py_XDECREF(req);
+    Py_XDECREF(comm);
+    Py_DECREF(mv);
+    Py_DECREF(sent);
+    Py_DECREF(dest);
+    return rc < 0 ? -1 : 1;
+}
+
+/* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
+ * for it (``Matcher.deliver``'s hot path), and its ``_take``: the recv is active and the
+ * data is fetched straight into its array, the recv completing in C as it lands.  1 done,
+ * 0 not judged here (nothing changed: the engine's Python steps take it), -1 error. */
+static int
+match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes)
+{
+    int f = slot_true(engine, EN.fast);  /* not fast: logging, or a world not set up */
+    if (f != 1) {
+        return f < 0 ? -1 : 0;
+    }
+    PyObject *matcher = SLOT(engine, EN.matcher);
+    if (matcher == NULL || Py_TYPE(matcher) != MatcherType) {
+        return 0;
+    }
+    long long n_posted, n_wild;
+    PyObject *events = SLOT(matcher, MA.events);
+    if (slot_ll(matcher, MA.n_posted, &n_posted) < 0
+        || slot_ll(matcher, MA.n_wild_posted, &n_wild) < 0) {
+        return -1;
+    }
+    if (!n_posted || n_wild || events == NULL || PyObject_Length(events) != 0) {
+        return PyErr_Occurred() ? -1 : 0;  /* (events to drain: the Python steps) */
+    }
+    PyObject *index = SLOT(matcher, MA.posted);
+    if (index == NULL || !PyDict_CheckExact(index)) {
+        return 0;
+    }
+    PyObject *source = SLOT(msg, M.source);
+    PyObject *key = PyTuple_Pack(2, source, tag);
+    PyObject *bucket = key == NULL ? NULL : PyDict_GetItemWithError(index, key);
+    PyObject *recv = NULL, *into = NULL;
+    int rc = -1;
+    if (bucket == NULL || PySequence_Size(bucket) <= 0) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    recv = live_head(bucket);
+    if (recv == NULL) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    Py_INCREF(recv);
+    PyObject *rd = SLOT(recv, M.dtype), *dtype = SLOT(msg, M.dtype);
+    long long rn;
+    Py_ssize_t cap;
+    char *dst;
+    if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
+        || rd == NULL || (rd != Py_None && rd != dtype
+                          && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
+        || slot_ll(recv, M.nbytes, &rn) < 0 || rn < nbytes
+        || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL || cap < nbytes) {
+        rc = PyErr_Occurred() ? -1 : 0;  /* a misfit, a recv_new: the Python steps */
+        goto done;
+    }
+    /* The recv's array outlives the transfer: the ``Moved`` tracking it holds the recv. */
+    into = PyMemoryView_FromMemory(dst, nbytes, PyBUF_WRITE);
+    double t;
+    PyObject *tm = NULL;
+    if (into == NULL || pop_head(index, key, bucket) < 0) {
+        goto done;
+    }
+    put_ref(recv, M.seq, minus_one);
+    if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0
+        || now_of(engine, &t) < 0 || (tm = PyFloat_FromDouble(t)) == NULL) {
+        goto done;
+    }
+    put_ref(recv, R.state, p->active);
+    put(recv, R.t_match, tm);
+    rc = fetch_into(p, engine, msg, into, NULL, recv) < 0 ? -1 : 1;
+done:
+    Py_XDECREF(into);
+    Py_XDECREF(recv);
+    Py_XDECREF(key);
+    return rc;
+}
+
+/* An ``RTS`` landed (``_on_control``'s ``Announced``): the announcement arrives at the
+ * engine as a ``REMOTE`` message (a recv that matches it calls ``fetch``).  A closing
+ * rank's, a shape's, a dtype not seen yet: the Python steps. */
+static int
+announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *ident)
+{
+    Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
+    Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
+    if (nbytes < 0 || count < 0) {
+        return 0;
+    }
+    PyObject *closing = PyObject_GetAttr(p->wire, a_close_sent);
+    int t = closing == NULL ? -1 : PyObject_IsTrue(closing);
+    Py_XDECREF(closing);
+    if (t != 0) {
+        return t < 0 ? -1 : 0;
+    }
+    PyObject *field = PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
+    PyObject *dtype = field == NULL ? NULL : PyDict_GetItemWithError(p->names, field);
+    Py_XDECREF(field);
+    if (dtype == NULL || !PyUnicode_CheckExact(dtype)
+        || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(dtype);
+    PyObject *tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
+    PyObject *key = PyTuple_Pack(2, src, ident);
+    PyObject *msg = NULL, *r = NULL;
+    if (tag != NULL && key != NULL && PySet_Add(p->unmatched, key) == 0) {
+        msg = new_message(MessageType, src, tag, nbytes, count, dtype, p->remote_where,
+                          Py_None);
+    }
+    if (msg != NULL) {
+        put_ref(msg, M.ident, ident);
+        int taken = nbytes <= p->chunk_bytes ? match(p, endpoint, msg, tag, nbytes) : 0;
+        if (taken != 0) {
+            r = taken < 0 ? NULL : Py_NewRef(Py_None);
+        }
+        else if (PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
+            r = PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
+        }
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(msg);
+    Py_XDECREF(key);
+    Py_XDECREF(tag);
+    Py_DECREF(dtype);
+    return r == NULL ? -1 : 1;
+}
+
+/* An ``RTS`` or ``CTS`` landed in ``b``: 1 done, 0 not judged here, -1 error. */
+static int
+rendezvous(Path *p, PyObject *endpoint, const char *b, long kind)
+{
+    int rc = plain_engine(endpoint);
+    if (rc <= 0) {
+        return rc;
+    }
+    PyObject *src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
+    PyObject *ident = PyLong_FromLongLong(get_le(b + H_IDENT, 8));
+    PyObject *tag = kind == CTS ? PyLong_FromLongLong(get_le(b + H_TAG, 4)) : NULL;
+    if (src == NULL || ident == NULL || (kind == CTS && tag == NULL)) {
+        rc = -1;
+    }
+    else {
+        rc = kind == CTS ? clear_to_send(p, endpoint, ident, tag)
+            : announced(p, endpoint, b, src, ident);
+    }
+    Py_XDECREF(src);
+    Py_XDECREF(ident);
+    Py_XDECREF(tag);
+    return rc;
+}
+
+/* fetch(msg, rank, into, ready): ``MPITransport.fetch`` for a payload of one piece; any
+ * other, or a traced engine's: the Python ``fetch``. */
+static PyObject *
+path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fetch(msg, rank, into, ready)");
+        return NULL;
+    }
+    PyObject *msg = args[0], *into = args[2];
+    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    if (endpoint == NULL) {
+        return NULL;
+    }
+    int ok = plain_engine(endpoint);
+    if (ok < 0) {
+        Py_DECREF(endpoint);
+        return NULL;
+    }
+    Py_ssize_t n = ok && Py_TYPE(msg) == MessageType && PyMemoryView_Check(into)
+        ? PyObject_Length(into) : -1;
+    if (n < 0 || n > p->chunk_bytes || !ready) {
+        Py_DECREF(endpoint);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        return PyObject_Vectorcall(p->py_fetch, args, nargs, NULL);
+    }
+    int rc = fetch_into(p, endpoint, msg, into, args[3], NULL);
+    Py_DECREF(endpoint);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* What ``fetch`` does for the announcement ``msg`` matched, its data going to ``into``:
+ * the data recv first (so the data never lands as an MPI-level unexpected message), then
+ * the ``CTS``; as the recv completes, ``ready(None, None)`` runs, or the C steps complete
+ * ``recv``.  An MPI error breaks the link (``_fetch_failed``).  0 done, -1 error. */
+static int
+fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject *ready_cb,
+           PyObject *recv)
+{
+    PyObject *source = SLOT(msg, M.source), *ident = SLOT(msg, M.ident);
+    PyObject *key = PyTuple_Pack(2, source, ident);
+    PyObject *tag = NULL, *raw = NULL, *comm = NULL, *req = NULL, *ctl = NULL;
+    int rc = -1;
+    long s = PyLong_AsLong(source);
+    long long id = PyLong_AsLongLong(ident);
+    if (key == NULL || PyErr_Occurred()) {
+        goto done;
+    }
+    int had = PyDict_Contains(p->announced_msgs, key);
+    if (had < 0 || (had && PyDict_DelItem(p->announced_msgs, key) < 0)
+        || PySet_Discard(p->unmatched, key) < 0) {
+        goto done;
+    }
+    tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+    long t = tag == NULL ? -1 : PyLong_AsLong(tag);
+    raw = t == -1 ? NULL : PyBytes_FromStringAndSize(NULL, H_SIZE);
+    if (raw == NULL) {
+        goto done;
+    }
+    char *h = PyBytes_AS_STRING(raw);
+    memset(h, 0, H_SIZE);
+    h[H_KIND] = (char)CTS;
+    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+    put_le(h + H_TAG, (unsigned long long)t, 4);
+    put_le(h + H_IDENT, (unsigned long long)id, 8);
+    comm = PyObject_GetAttr(p->progress, a_comm);
+    if (comm != NULL) {
+        PyObject *argv[4] = {comm, into, source, tag};
+        req = PyObject_VectorcallMethod(a_Irecv, argv, 4, NULL);
+    }
+    if (req != NULL && track(p, req, endpoint, msg, ready_cb, recv) == 0) {
+        PyObject *argv[4] = {comm, raw, source, zero};
+        ctl = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    }
+    rc = ctl == NULL ? -1 : after_isend(p, ctl, s);
+    if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        if (tb != NULL && ev != NULL) {
+            PyException_SetTraceback(ev, tb);
+        }
+        PyObject *r = PyObject_CallMethodObjArgs(p->link, a_fetch_failed, ev, source, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+    }
+done:
+    Py_XDECREF(ctl);
+    Py_XDECREF(req);
+    Py_XDECREF(comm);
+    Py_XDECREF(raw);
+    Py_XDECREF(tag);
+    Py_XDECREF(key);
+    return rc;
+}
+
+/* test() -> bool: ``Progress._test_requests``: the data requests that completed leave the
+ * lists, then each one's callback runs, in MPI's order (``Moved`` with no Python frame). */
+static PyObject *
+path_test(Path *p, PyObject *unused)
+{
+    PyObject *reqs = PyObject_GetAttr(p->progress, a_reqs);
+    PyObject *testsome = reqs == NULL ? NULL : PyObject_GetAttr(p->progress, a_testsome);
+    PyObject *done = testsome == NULL ? NULL : PyObject_CallOneArg(testsome, reqs);
+    PyObject *cbs = NULL, *fire = NULL, *keep_r = NULL, *keep_c = NULL, *result = NULL;
+    char *fin = NULL;
+    int hit = done == NULL ? -1 : PyObject_IsTrue(done);
+    if (hit <= 0) {
+        if (hit == 0) {
+            result = Py_NewRef(Py_False);
+        }
+        goto out;
+    }
+    cbs = PyObject_GetAttr(p->progress, a_cbs);
+    if (cbs == NULL || !PyList_Check(reqs) || !PyList_Check(cbs) || !PyList_Check(done)
+        || PyList_GET_SIZE(cbs) != PyList_GET_SIZE(reqs)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "Progress._reqs and _cbs: lists, alike");
+        }
+        goto out;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(reqs), k = PyList_GET_SIZE(done);
+    fin = PyMem_Calloc(n ? n : 1, 1);
+    fire = PyList_New(k);
+    if (fin == NULL || fire == NULL) {
+        goto out;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(done, j));
+        if (i < 0 || i >= n) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_IndexError, "Testsome: an index out of range");
+            }
+            goto out;
+        }
+        fin[i] = 1;
+        PyList_SET_ITEM(fire, j, Py_NewRef(PyList_GET_ITEM(cbs, i)));
+    }
+    keep_r = PyList_New(0);
+    keep_c = PyList_New(0);
+    if (keep_r == NULL || keep_c == NULL) {
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!fin[i] && (PyList_Append(keep_r, PyList_GET_ITEM(reqs, i)) < 0
+                        || PyList_Append(keep_c, PyList_GET_ITEM(cbs, i)) < 0)) {
+            goto out;
+        }
+    }
+    if (PyObject_SetAttr(p->progress, a_reqs, keep_r) < 0
+        || PyObject_SetAttr(p->progress, a_cbs, keep_c) < 0) {
+        goto out;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        PyObject *cb = PyList_GET_ITEM(fire, j);
+        if (cb == Py_None) {
+            continue;
+        }
+        if (Py_TYPE(cb) == &MovedType) {
+            if (moved_fire((Moved *)cb) < 0) {
+                goto out;
+            }
+        }
+        else {
+            PyObject *r = PyObject_CallNoArgs(cb);
+            Py_XDECREF(r);
+            if (r == NULL) {
+                goto out;
+            }
+        }
+    }
+    result = Py_NewRef(Py_True);
+out:
+    PyMem_Free(fin);
+    Py_XDECREF(keep_r);
+    Py_XDECREF(keep_c);
+    Py_XDECREF(fire);
+    Py_XDECREF(cbs);
+    Py_XDECREF(done);
+    Py_XDECREF(testsome);
+    Py_XDECREF(reqs);
+    return result;
+}
+
 /* -- the type ---------------------------------------------------------------------------- */
 
 static int
@@ -492,17 +1077,23 @@ long_attr(PyObject *o, PyObject *name, long *out)
 static PyObject *
 path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *link, *progress, *wire, *fields, *names, *mpi_exc, *inline_where;
+    PyObject *link, *progress, *wire, *fields, *names, *mpi_exc, *inline_where, *remote;
+    PyObject *active;
     long ctrl_slots;
+    Py_ssize_t chunk_bytes;
     static char *kw[] = {"link", "progress", "wire", "fields", "names", "mpi_exception",
-                         "inline", "ctrl_slots", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOl:Path", kw, &link, &progress,
+                         "inline", "ctrl_slots", "remote", "chunk_bytes", "active", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOlOnO:Path", kw, &link, &progress,
                                      &wire, &PyDict_Type, &fields, &PyDict_Type, &names,
-                                     &mpi_exc, &inline_where, &ctrl_slots)) {
+                                     &mpi_exc, &inline_where, &ctrl_slots, &remote,
+                                     &chunk_bytes, &active)) {
         return NULL;
     }
     if (!ready) {  /* the names it looks up come with the lane's configuration */
         PyErr_SetString(PyExc_TypeError, "Path: the lane is not configured");
+        return NULL;
+    }
+    if (PyType_Ready(&MovedType) < 0) {
         return NULL;
     }
     Path *p = (Path *)type->tp_alloc(type, 0);
@@ -517,6 +1108,14 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->mpi_exc = Py_NewRef(mpi_exc);
     p->inline_where = Py_NewRef(inline_where);
     p->ctrl_slots = ctrl_slots;
+    p->remote_where = Py_NewRef(remote);
+    p->active = Py_NewRef(active);
+    p->chunk_bytes = chunk_bytes;
+    p->announced = PyObject_GetAttr(wire, a_announced);
+    p->unmatched = PyObject_GetAttr(wire, a_unmatched);
+    p->sends = PyObject_GetAttr(link, a_sends);
+    p->announced_msgs = PyObject_GetAttr(link, a_announced_msgs);
+    p->py_fetch = PyObject_GetAttr(link, a_fetch);
     p->slots = PyObject_GetAttr(progress, a_slots);
     p->credit = PyObject_GetAttr(wire, a_credit);
     p->owed = PyObject_GetAttr(wire, a_owed);
@@ -525,6 +1124,8 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->on_control = PyObject_GetAttr(link, a_on_control);
     if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
+        || p->announced == NULL || p->unmatched == NULL || p->sends == NULL
+        || p->announced_msgs == NULL || p->py_fetch == NULL
         || long_attr(link, a_rank, &p->rank) < 0
         || long_attr(wire, a_inline_max, &p->inline_max) < 0
         || long_attr(wire, a_return_at, &p->return_at) < 0) {
@@ -532,8 +1133,11 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     if (!PyList_CheckExact(p->credit) || !PyList_CheckExact(p->owed)
-        || !PyDict_Check(p->closed_by) || PyList_GET_SIZE(p->owed) != PyList_GET_SIZE(p->credit)) {
-        PyErr_SetString(PyExc_TypeError, "Path: the wire's credit lists and closed_by dict");
+        || !PyDict_Check(p->closed_by) || PyList_GET_SIZE(p->owed) != PyList_GET_SIZE(p->credit)
+        || !PyDict_Check(p->announced) || !PySet_Check(p->unmatched) || !PyDict_Check(p->sends)
+        || !PyDict_Check(p->announced_msgs)) {
+        PyErr_SetString(PyExc_TypeError, "Path: the wire's credit lists, closed_by, announced "
+                        "and unmatched, and the link's sends and announcements");
         Py_DECREF(p);
         return NULL;
     }
@@ -556,6 +1160,13 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->inline_where);
     Py_VISIT(p->py_send_now);
     Py_VISIT(p->on_control);
+    Py_VISIT(p->announced);
+    Py_VISIT(p->unmatched);
+    Py_VISIT(p->sends);
+    Py_VISIT(p->announced_msgs);
+    Py_VISIT(p->py_fetch);
+    Py_VISIT(p->remote_where);
+    Py_VISIT(p->active);
     return 0;
 }
 
@@ -575,6 +1186,13 @@ path_clear(Path *p)
     Py_CLEAR(p->inline_where);
     Py_CLEAR(p->py_send_now);
     Py_CLEAR(p->on_control);
+    Py_CLEAR(p->announced);
+    Py_CLEAR(p->unmatched);
+    Py_CLEAR(p->sends);
+    Py_CLEAR(p->announced_msgs);
+    Py_CLEAR(p->py_fetch);
+    Py_CLEAR(p->remote_where);
+    Py_CLEAR(p->active);
     return 0;
 }
 
@@ -593,6 +1211,11 @@ static PyMethodDef path_methods[] = {
      "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
     {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
      "deliver(): the eager messages that landed, now (Progress.deliver)"},
+    {"fetch", (PyCFunction)(void (*)(void))path_fetch, METH_FASTCALL,
+     "fetch(msg, rank, into, ready): MPITransport.fetch"},
+    {"test", (PyCFunction)path_test, METH_NOARGS,
+     "test() -> bool: the data requests that completed, and their callbacks "
+     "(Progress._test_requests)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -601,7 +1224,8 @@ PyTypeObject PathType = {
     .tp_name = "asynccomm._native._lane.Path",
     .tp_basicsize = sizeof(Path),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots): "
+    .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots, "
+              "remote, chunk_bytes, active): "
               "the MPI link's per-message steps in C.",
     .tp_new = path_new,
     .tp_traverse = (traverseproc)path_traverse,

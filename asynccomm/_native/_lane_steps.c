@@ -16,7 +16,7 @@ static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObj
  * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
  * The recv's stream is held for the whole step: it calls back into Python (waiters,
  * the timer), which could drop the recv's own reference. */
-static int
+int
 complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
          Py_ssize_t nbytes, Py_ssize_t count, double *when)
 {

@@ -209,6 +209,8 @@ class Progress(Mover):
         return hit
 
     def _test_requests(self) -> bool:
+        """Act on the data requests that completed; True if any did.  (The MPI link may put
+        the C lane's ``Path.test`` here, which does the same.)"""
         reqs = self._reqs
         done = self._testsome(reqs)
         if not done:

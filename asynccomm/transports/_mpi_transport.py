@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, REMOTE, STAGED, Message
+from .._core.states import ACTIVE
 from .._core.wire import (
     DTYPE_FIELDS,
     DTYPE_NAMES,
@@ -33,6 +34,7 @@ from .._core.wire import (
 )
 from .._exceptions import CommBrokenError, TransportError
 from . import _mpi_lib as lib
+from ._mpi_chunks import CHUNK_BYTES
 from ._mpi_lib import mpi_errors, translate
 from ._mpi_progress import CTRL_SLOTS, Progress, Slot
 from .base import ASKED, CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
@@ -107,12 +109,18 @@ class MPITransport(Link):
         ``start``): ``send_now`` and the progress task's landing of control messages run
         with no Python frame (``lane.Path``, which does what ``send_now``,
         ``Progress._land`` and ``Progress.deliver`` do: an eager message that lands goes
-        straight into the recv posted for it; a traced engine's take the Python steps)."""
+        straight into the recv posted for it; a traced engine's take the Python steps).
+        So do a rendezvous message's steps: its ``RTS`` landing, ``fetch`` (the data recv
+        and the ``CTS``), the ``CTS`` landing and the data send, and the completion of the
+        data requests (``Progress._test_requests``); a payload of more than one chunk, a
+        withdrawal under way and a traced engine's take the Python steps."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
-                         lib.MPI.Exception, INLINE, CTRL_SLOTS)
+                         lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE)
         self.send_now = path.send_now  # type: ignore[method-assign]
+        self.fetch = path.fetch  # type: ignore[method-assign]
         self.progress._land = path.land  # type: ignore[method-assign]
         self.progress.deliver = path.deliver  # type: ignore[method-assign]
+        self.progress._test_requests = path.test  # type: ignore[method-assign]
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -296,7 +304,11 @@ class MPITransport(Link):
             self.progress.pull(into, source, tag, lambda: ready(None, None))
             self._send(source, cts)
         except self._foreign as exc:
-            self._break(translate(exc, f"recv from rank {source}", self.rank))
+            self._fetch_failed(exc, source)
+
+    def _fetch_failed(self, exc: BaseException, source: int) -> None:
+        """MPI failed while ``fetch`` posted the data recv or sent the ``CTS``."""
+        self._break(translate(exc, f"recv from rank {source}", self.rank))
 
     def received(self, msg: Message, rank: int) -> object:
         if msg.where == INLINE or msg.where == STAGED:  # it left staging: credit back

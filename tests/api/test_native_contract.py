@@ -111,7 +111,7 @@ def test_the_c_reads_and_writes_each_header_field_at_its_declared_width() -> Non
     text = _source("_lane_mpi.c")
     uses = (re.findall(r"get_le\(\w+ \+ H_(\w+), (\d+)\)", text)
             + re.findall(r"put_le\(\w+ \+ H_(\w+), [^;]*?, (\d+)\)", text))
-    assert {field.lower() for field, _ in uses} == {"src", "tag", "nbytes", "count"}
+    assert {field.lower() for field, _ in uses} == {"src", "tag", "nbytes", "count", "ident"}
     for field, width in uses:
         assert int(width) == struct.calcsize("<" + codes[field.lower()]), field
 

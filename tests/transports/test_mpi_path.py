@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._core import wire as w
@@ -41,7 +42,8 @@ POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2
 
 
 class FakeMPIError(Exception):
-    pass
+    def Get_error_string(self) -> str:
+        return str(self)
 
 
 class Req:
@@ -303,3 +305,131 @@ def test_an_mpi_world_on_either_lane_does_the_same(monkeypatch: pytest.MonkeyPat
     assert python[-2:] == (deque, Tally)
     assert c[3:-2] == python[3:-2]
     assert c[3:8] == (True, (0, 9, 16, 2, (2,)), (0, 4, 16, 2, (2,)), [1.5, 2.5], [3.5, 4.5])
+
+
+# -- the rendezvous steps ---------------------------------------------------------------------
+
+
+class DataComm(Comm):
+    """``Comm`` with data recvs: each is recorded, and its request completes (its buffer
+    filled) when the test says so; ``fails`` may also be ``"irecv"``."""
+
+    def __init__(self, *, fails: str = "") -> None:
+        super().__init__(completes=True, fails="")
+        self.data_fails = fails
+        self.recvs: list[tuple[memoryview, Req]] = []
+
+    def Irecv(self, buf: Any, source: int, tag: int) -> Req:
+        if self.data_fails == "irecv":
+            raise FakeMPIError("Irecv failed")
+        self.sent.append((b"irecv %d" % len(buf), source, tag))
+        req = Req(False)
+        self.recvs.append((buf, req))
+        return req
+
+    def Isend(self, buf: Any, dest: int, tag: int) -> Req:
+        if self.data_fails == "cts" and tag == 0 and bytes(buf)[0] == w.CTS:
+            raise FakeMPIError("Isend failed")
+        self.sent.append((bytes(buf), dest, tag))
+        return Req(tag == 0)  # a data send completes when the test says so
+
+
+BIG = 8192  # above the eager limit of 4096: a rendezvous message
+
+
+async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
+    """This rank (1 of 2) of an MPI world on the fake communicator: a rendezvous recv (its
+    ``RTS`` landing before or after the recv is posted, as ``order`` says) and a
+    rendezvous send (answered by a ``CTS``, or first cancelled: ``order`` ``"withdrawn"``
+    has its receiver answer ``WITHDRAWN``, ``"lost"`` answer ``CTS`` all the same).  What
+    every op gave, what was handed to MPI, the wire's and the link's state, and the flight
+    record."""
+    from asynccomm._comm import mpi_runner
+    from asynccomm.sim.device import Device
+
+    w.encode_dtype("<f8")
+    comm_ = DataComm(fails=fails)
+    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
+                                   pool_bytes=POOL, timeout=None, registry=[],
+                                   bells=[None, None], lane=_communicator.world_lane(native))
+    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    progress = link.progress
+    slots = progress._slots
+    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
+    got = np.zeros(BIG // 8)
+    rts = w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8")
+    if order == "rts first":  # unexpected: it waits as an announcement
+        land(slots[0], rts)
+        progress._land()
+        req = comm.irecv(got, 0, 9)
+    else:  # a recv posted for it: taken as it lands (a wildcard's: the Python steps)
+        req = comm.irecv(got, ac.ANY_SOURCE if order == "wildcard" else 0, 9)
+        land(slots[0], rts)
+        progress._land()
+    if fails:  # the link broke: the recv failed, nothing more moves
+        await asyncio.sleep(0)
+        return (link.fetch.__qualname__, progress._test_requests.__qualname__,
+                req.done() and repr(req.exception()), comm_.sent, progress._data,
+                len(progress._reqs), set(link.wire.unmatched), sorted(link._announced),
+                repr(link.broken))
+    for buf, data in comm_.recvs:
+        buf[:] = np.arange(BIG // 8, dtype="<f8").tobytes()
+        data.done = True
+    progress._test_requests()
+    send = comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    ident = link.wire._next_ident
+    if order in ("withdrawn", "lost"):
+        assert comm._engine.withdraw(send, None)  # asked of the receiver
+        answer = w.WITHDRAWN if order == "withdrawn" else w.CTS
+        land(slots[0], w.HEADER.pack(answer, 0, 0, 3, 0, 0, ident, b""))
+    else:  # (the head slot: the one that landed first went to the back)
+        land(slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, ident, b""))
+    progress._land()
+    state = (progress._data, len(progress._reqs), dict(link.wire.announced),
+             dict(link.wire.withdrawing), set(link.wire.unmatched), sorted(link._sends),
+             sorted(link._announced))
+    for r in list(progress._reqs):
+        r.done = True
+    progress._test_requests()
+    await asyncio.sleep(0)
+    outcome = [(r.done(), r.cancelled(),
+                None if not r.done() or r.cancelled() else repr(r.exception()))
+               for r in (req, send)]
+    return (link.fetch.__qualname__, progress._test_requests.__qualname__, outcome,
+            req.status if req.done() and req.exception() is None else None, got.sum(),
+            comm_.sent, state, progress._data, len(progress._reqs), repr(link.broken),
+            comm.statistics(),
+            [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
+             for e in comm.flight_record()])
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(("order", "fails"), [
+    *((order, "") for order in ("rts first", "recv first", "wildcard", "withdrawn", "lost")),
+    *((order, fails) for order in ("rts first", "recv first") for fails in ("irecv", "cts"))])
+def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
+        monkeypatch: pytest.MonkeyPatch, order: str, fails: str) -> None:
+    """An ``RTS`` landing, its match and ``fetch`` (the data recv and the ``CTS``), a
+    ``CTS`` landing and the data send, and each transfer's completion, run by ``Path``
+    and by the Python steps from the same start, give the same; so do a send withdrawn
+    before its ``CTS`` (the C steps hand the answer to the Python steps), and an MPI
+    error while fetching (the link breaks, the recv fails)."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_rendezvous(native, order, fails))
+    c, python = seen[True], seen[False]
+    assert c[:2] == ("Path.fetch", "Path.test")
+    assert python[:2] == ("MPITransport.fetch", "Progress._test_requests")
+    assert c[2:] == python[2:]
+    if not fails:
+        assert c[2][0] == (True, False, "None") and c[4] == np.arange(BIG // 8).sum()
+        assert c[2][1] == ((True, True, None) if order == "withdrawn"
+                           else (True, False, "None"))
+        assert c[7:9] == (0, 0)  # nothing left in flight
+    else:
+        assert "TransportError" in c[-1]
+        if order == "recv first":
+            assert "TransportError" in c[2]
