@@ -779,10 +779,14 @@ class Node:
         clock = time.perf_counter
         spin = 0.0 if self.crowded else SPIN
         spin_until = 0.0
+        woke = False
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
-            if self._poll() or self._kicked:
+            # (Woken: what rang may have been taken in the doorbell's callback already, and
+            # its answers are yet to be sent: activity all the same.)
+            if self._poll() or self._kicked or woke:
+                woke = False
                 spin_until = clock() + spin
                 await yield_now()
                 continue
@@ -807,5 +811,6 @@ class Node:
             finally:
                 self._waiter = None
                 self._disarm()
+            woke = True
         self._task = None
 

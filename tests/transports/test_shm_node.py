@@ -1,6 +1,7 @@
 """A node's doorbell socket (``transports.shm.Node``): a ring that finds the node asleep
-has its records taken in the socket's callback, before the poll task runs again; a ring
-that finds it awake leaves them to the poll task; a segment handed over still arrives."""
+has its records taken in the socket's callback, before the poll task runs again, and the
+poll task counts that wake as activity; a ring that finds it awake leaves them to the poll
+task; a segment handed over still arrives."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from array import array
 
 import pytest
 
+from asynccomm.transports import shm
 from asynccomm.transports.shm import Node, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
@@ -25,10 +27,18 @@ class Channels:
         self.closing = False
         self.polls = 0
         self.disarms = 0
+        self.arms = 0
+        self.records = 1  # what each poll finds: a record, or (0) nothing
+        self._local: list[bytes] = []
+        self.incoming: list[object] = []
 
     def poll(self) -> bool:
         self.polls += 1
-        return True
+        return self.records > 0
+
+    def arm(self) -> bool:
+        self.arms += 1
+        return False
 
     def disarm(self) -> None:
         self.disarms += 1
@@ -89,5 +99,35 @@ async def test_a_segment_handed_over_is_not_taken_for_a_ring() -> None:
     finally:
         node._waiter = None
         os.close(fd)
+        peer.close()
+        node.sock.close()
+
+
+async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank with a core of its own spins after activity; the records that woke it were
+    taken in the callback, so the poll task finds nothing: it must spin all the same, not
+    arm again at once."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    node.crowded = False
+    channels = link.channels
+    channels.records = 0
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        for _ in range(10):  # it finds nothing, arms, and sleeps
+            await asyncio.sleep(0)
+        assert node._waiter is not None and channels.arms == 1
+        channels.records = 1
+        peer.sendto(b"\x01", node._addresses[0])
+        node._readable()
+        channels.records = 0
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert channels.polls > 2 and channels.arms == 1 and node._waiter is None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node._links.clear()
         peer.close()
         node.sock.close()
