@@ -67,6 +67,10 @@ IDLE_TAG = 12
 #: Each repeat of a ring size runs about this long (the iteration count is agreed from a
 #: warm-up, so slow oversubscribed hops do not stretch the run).
 REPEAT_SECONDS = 0.25
+#: Rank 0 idles this much longer than the others before it sends, so that every receiver
+#: waits in its recv when its message comes (the ranks' sleeps end up to a timer tick
+#: apart, and a receiver still asleep would add the difference to its wake time).
+SEND_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ class IdleRow:
 
     cpu_share: list[float]
     wake_ms: list[float]
+    #: Per rank, the floor measured beside it where a benchmark does (``shm_p2p``): a bare
+    #: datagram waking the rank's idle loop.
+    bare_ms: list[float] = field(default_factory=list)
 
 
 # -- ring ------------------------------------------------------------------------------------
@@ -198,6 +205,7 @@ async def idle_round(comm: ac.Communicator, seconds: float) -> tuple[float, floa
     await asyncio.sleep(seconds)
     share = (time.process_time() - cpu) / (time.perf_counter() - wall)
     if comm.rank == 0:
+        await asyncio.sleep(SEND_MARGIN)
         await comm.send(np.array([monotonic()]), dest, IDLE_TAG)
     await req
     woke = monotonic()

@@ -17,7 +17,9 @@ asynccomm's worlds open on it, with no MPI underneath.
   ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).
 - Idle: each rank waits in a recv for ``IDLE_SECONDS``; its CPU share over that time
   (``IDLE_CPU_TARGET``) and its wake time, from the sender's clock before ``send`` to the
-  receiver's after ``recv`` (``WAKE_TARGET_MS``).
+  receiver's after ``recv`` (``WAKE_TARGET_MS``).  Beside it, the floor the kernel and the
+  loop set (``bare_wake``): the same round with a bare datagram for the message, the
+  receiver's loop waiting on its socket.
 
 Rank 0 prints the tables and writes ``shm_p2p_n<N>.json``.  Exit status: 1 when a full
 run missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad arguments.
@@ -26,15 +28,19 @@ run missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad argumen
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import os
 import secrets
+import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import asynccomm as ac
 from asynccomm._comm.process_runner import run_rank
@@ -101,7 +107,52 @@ async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
     finally:
         raw.Free()
     out["idle"] = await mpi_ring.measure_idle(comm, idle)
+    bare = np.array([await bare_wake(comm, idle)])
+    every = np.zeros((comm.size, 1))
+    await comm.allgather(bare, every)
+    out["idle"].bare_ms = [float(x) for x in every[:, 0]]
     return out
+
+
+async def bare_wake(comm: ac.Communicator, seconds: float) -> float:
+    """The floor of the wake from idle: ``mpi_ring.idle_round`` with a bare datagram (the
+    sender's clock) for the message, on a socket the receiver's idle loop waits on; this
+    rank's wake time in ms, taken after the task awaiting the datagram resumed."""
+    loop = asyncio.get_running_loop()
+    dest = (comm.rank + 1) % comm.size
+    token = np.array([secrets.randbits(62) if comm.rank == 0 else 0], dtype=np.int64)
+    await comm.bcast(token, 0)
+
+    def address(rank: int) -> bytes:
+        return f"\0asynccomm-bench-wake-{int(token[0]):x}-{rank}".encode()
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
+                         | socket.SOCK_CLOEXEC)
+    got: asyncio.Future[float] = loop.create_future()
+
+    def readable() -> None:
+        loop.remove_reader(sock.fileno())
+        got.set_result(float(sock.recv(64)))
+
+    try:
+        sock.bind(address(comm.rank))
+        loop.add_reader(sock.fileno(), readable)
+        await comm.barrier()  # every socket is bound
+        await asyncio.sleep(seconds)
+        if comm.rank == 0:
+            await asyncio.sleep(mpi_ring.SEND_MARGIN)
+            sock.sendto(repr(mpi_ring.monotonic()).encode(), address(dest))
+        stamp = await got
+        wake_ms = (mpi_ring.monotonic() - stamp) * 1e3
+        if comm.rank != 0:
+            await asyncio.sleep(seconds)
+            sock.sendto(repr(mpi_ring.monotonic()).encode(), address(dest))
+        await comm.barrier()  # no socket closes while a datagram is on its way to it
+        return wake_ms
+    finally:
+        if not got.done():
+            loop.remove_reader(sock.fileno())
+        sock.close()
 
 
 def checks(result: dict[str, Any], crowded: bool) -> list[dict[str, Any]]:
@@ -175,9 +226,12 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
                   f"{ring.ratio():.2f}x", f"{median(ring.raw_cpu) * 1e6:.1f}",
                   f"{median(ring.asynccomm_cpu) * 1e6:.1f}"]])
     idle = result["idle"]
-    print_table("Idle ranks (each waits in a recv)", ["rank", "CPU share", "wake (ms)"],
-                [[r, f"{c:.2%}", f"{w:.3f}"]
-                 for r, (c, w) in enumerate(zip(idle.cpu_share, idle.wake_ms, strict=True))])
+    bare = idle.bare_ms or [float("nan")] * len(idle.wake_ms)
+    print_table("Idle ranks (each waits in a recv; floor: a bare datagram waking its loop)",
+                ["rank", "CPU share", "wake (ms)", "floor: bare wake (ms)"],
+                [[r, f"{c:.2%}", f"{w:.3f}", f"{b:.3f}"]
+                 for r, (c, w, b) in enumerate(zip(idle.cpu_share, idle.wake_ms, bare,
+                                                   strict=True))])
     print_table("Targets (shared-memory link)", ["check", "value", "target", "status"],
                 [[c["what"], _value(c), c["target"],
                   ("PASS" if c["passed"] else "FAIL") if c["binding"] else

@@ -68,6 +68,8 @@ _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
 #: How long ``open_world`` waits for a peer whose socket is full before trying again.
 _RETRY = 1e-3
+#: Ancillary room for the one file descriptor a datagram may carry.
+_FD_SPACE = socket.CMSG_SPACE(array("i").itemsize)
 
 
 def missing() -> str | None:
@@ -703,11 +705,16 @@ class Node:
 
     def _readable(self) -> None:
         sock = self.sock
+        rung = False
         while True:
             try:
-                data, fds, _, _ = socket.recv_fds(sock, 256, 1)
+                data, ancillary, _, _ = sock.recvmsg(256, _FD_SPACE)
             except (BlockingIOError, InterruptedError):
                 break
+            fds = array("i")
+            for level, kind, raw in ancillary:  # a segment handed over (``_offer``)
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
             if fds:
                 name = data.decode()
                 _, fut = self._expected.get(name, (0, None))
@@ -717,6 +724,12 @@ class Node:
                     self._offers[name] = fds[0]
             else:
                 self.rings_heard += 1
+                rung = True
+        if rung and self._waiter is not None:
+            # Rung while asleep: take what came now, not a turn of the loop later (the
+            # poll task wakes too, and looks again).
+            self._disarm()
+            self._poll()
         self.kick()
 
     def _died(self, peer: int) -> None:
@@ -779,10 +792,14 @@ class Node:
         clock = time.perf_counter
         spin = 0.0 if self.crowded else SPIN
         spin_until = 0.0
+        woke = False
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
-            if self._poll() or self._kicked:
+            # (Woken: what rang may have been taken in the doorbell's callback already, and
+            # its answers are yet to be sent: activity all the same.)
+            if self._poll() or self._kicked or woke:
+                woke = False
                 spin_until = clock() + spin
                 await yield_now()
                 continue
@@ -807,5 +824,6 @@ class Node:
             finally:
                 self._waiter = None
                 self._disarm()
+            woke = True
         self._task = None
 

@@ -45,3 +45,19 @@ def test_the_ring_binds_only_where_ranks_outnumber_cores() -> None:
     for crowded in (True, False):
         ring = [c for c in shm_p2p.checks(result, crowded) if "ring" in c["what"]]
         assert [(c["passed"], c["binding"]) for c in ring] == [(False, crowded)]
+
+
+def test_the_wake_is_shown_beside_its_floor(capsys: object) -> None:
+    """Each idle rank's wake time is printed beside the bare datagram's, measured in the
+    same run (and a result without the floor still prints)."""
+    result = _result(ac_us=2.9, share=1.01, hop_us=4.9, cpu=0.009, wake_ms=0.31)
+    ring = result["ring"]
+    ring.raw_cpu = ring.asynccomm_cpu = [20 * US] * 3  # type: ignore[attr-defined]
+    env = {"asynccomm": "x", "mpi": "y", "loadavg_1min": 0.5}
+    for bare, shown in (([0.12, 0.08], ["0.120", "0.080"]), ([], ["nan", "nan"])):
+        result["idle"].bare_ms = bare  # type: ignore[attr-defined]
+        shm_p2p.print_report(result, shm_p2p.checks(result, True), env, 2, "uvloop", False)
+        out = capsys.readouterr().out  # type: ignore[attr-defined]
+        rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])]
+        assert "floor: bare wake (ms)" in out
+        assert [row[2:] for row in rows] == [["0.310", shown[0]], ["0.050", shown[1]]]

@@ -1,0 +1,133 @@
+"""A node's doorbell socket (``transports.shm.Node``): a ring that finds the node asleep
+has its records taken in the socket's callback, before the poll task runs again, and the
+poll task counts that wake as activity; a ring that finds it awake leaves them to the poll
+task; a segment handed over still arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+from array import array
+
+import pytest
+
+from asynccomm.transports import shm
+from asynccomm.transports.shm import Node, missing
+
+pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
+
+
+class Channels:
+    """Counts what the node asks of a link's channels."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self.closing = False
+        self.polls = 0
+        self.disarms = 0
+        self.arms = 0
+        self.records = 1  # what each poll finds: a record, or (0) nothing
+        self._local: list[bytes] = []
+        self.incoming: list[object] = []
+
+    def poll(self) -> bool:
+        self.polls += 1
+        return self.records > 0
+
+    def arm(self) -> bool:
+        self.arms += 1
+        return False
+
+    def disarm(self) -> None:
+        self.disarms += 1
+
+
+class Link:
+    def __init__(self) -> None:
+        self.channels = Channels()
+
+
+def _node() -> tuple[Node, Link, socket.socket]:
+    node = Node(f"test-{os.getpid()}-{secrets.token_hex(4)}", 0, 2)
+    link = Link()
+    node._links.append(link)  # type: ignore[arg-type]
+    peer = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    return node, link, peer
+
+
+async def test_a_ring_that_finds_the_node_asleep_is_taken_in_the_callback() -> None:
+    node, link, peer = _node()
+    try:
+        waiter = node._waiter = asyncio.get_running_loop().create_future()
+        peer.sendto(b"\x01", node._addresses[0])
+        node._readable()
+        assert (link.channels.polls, link.channels.disarms) == (1, 1)
+        assert waiter.done()  # and the poll task wakes to look again
+        assert node.rings_heard == 1
+    finally:
+        node._waiter = None
+        peer.close()
+        node.sock.close()
+
+
+async def test_a_ring_that_finds_the_node_awake_is_left_to_the_poll_task() -> None:
+    node, link, peer = _node()
+    try:
+        peer.sendto(b"\x01", node._addresses[0])
+        node._readable()
+        assert (link.channels.polls, link.channels.disarms) == (0, 0)
+        assert node._kicked and node.rings_heard == 1
+    finally:
+        peer.close()
+        node.sock.close()
+
+
+async def test_a_segment_handed_over_is_not_taken_for_a_ring() -> None:
+    node, link, peer = _node()
+    fd = os.memfd_create("test-segment", os.MFD_CLOEXEC)
+    try:
+        node._waiter = asyncio.get_running_loop().create_future()
+        peer.sendmsg([b"w1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [fd]))], 0,
+                     node._addresses[0])
+        node._readable()
+        got = node._offers.pop("w1")
+        assert os.fstat(got).st_ino == os.fstat(fd).st_ino
+        os.close(got)
+        assert link.channels.polls == 0 and node.rings_heard == 0
+    finally:
+        node._waiter = None
+        os.close(fd)
+        peer.close()
+        node.sock.close()
+
+
+async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank with a core of its own spins after activity; the records that woke it were
+    taken in the callback, so the poll task finds nothing: it must spin all the same, not
+    arm again at once."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    node.crowded = False
+    channels = link.channels
+    channels.records = 0
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        for _ in range(10):  # it finds nothing, arms, and sleeps
+            await asyncio.sleep(0)
+        assert node._waiter is not None and channels.arms == 1
+        channels.records = 1
+        peer.sendto(b"\x01", node._addresses[0])
+        node._readable()
+        channels.records = 0
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert channels.polls > 2 and channels.arms == 1 and node._waiter is None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node._links.clear()
+        peer.close()
+        node.sock.close()
