@@ -401,6 +401,10 @@ class DeviceEngine:
         else:
             self.link.fetch(msg, self.rank, dst[:n], lambda view, record: self._fetched(
                 recv, msg, dst, view, record))
+            if self.failure is not None and recv._state is ACTIVE:
+                # The link broke in ``fetch``, before ``recv`` was tracked (``broke``
+                # failed what was): its data never comes.
+                self._finish(recv, DONE, diag.fresh_copy(self.failure))
 
     def _fetched(self, recv: Request, msg: Message, dst: memoryview,
                  view: memoryview | bytearray | None, record: object) -> None:

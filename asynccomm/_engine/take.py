@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._core.descriptors import AT_SENDER, STAGED, Message
-from .._core.states import NEXT, POSTED, check
+from .._core.states import DONE, NEXT, POSTED, check
 from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, bytes_of, status_of
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ def post_now(engine: DeviceEngine, req: Request) -> None:
         engine._take(req, msg)  # type: ignore[arg-type]
     elif matcher.events:
         engine._drain()
-    if req._state is not POSTED:
+    if req._state >= DONE:  # (a matched one is pending until its data lands)
         return
     stream = engine.default_stream  # what Stream._track and track do, inlined
     stream._seq = seq = stream._seq + 1

@@ -213,8 +213,10 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
             return -1;
         }
         Py_DECREF(r);
-        if (SLOT(req, R.state) != S_POSTED) {
-            return 0;
+        /* Finished: not tracked.  Matched (its data on the way): pending, tracked. */
+        int finished = PyObject_RichCompareBool(SLOT(req, R.state), S_DONE, Py_GE);
+        if (finished != 0) {
+            return finished < 0 ? -1 : 0;
         }
     }
     /* Stream._track and track, inlined */

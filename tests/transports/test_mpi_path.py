@@ -431,5 +431,61 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
         assert c[7:9] == (0, 0)  # nothing left in flight
     else:
         assert "TransportError" in c[-1]
-        if order == "recv first":
-            assert "TransportError" in c[2]
+        assert "TransportError" in c[2]  # the recv failed (``rts first``: in ``fetch``)
+
+
+async def _broken_while_moving(native: bool, how: str) -> str:
+    """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
+    ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
+    its stream); the link breaks while its data moves.  What the recv gave."""
+    from asynccomm._comm import mpi_runner
+    from asynccomm.sim.device import Device
+
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
+                                   pool_bytes=POOL, timeout=None, registry=[],
+                                   bells=[None, None], lane=_communicator.world_lane(native))
+    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    progress = link.progress
+    progress._slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
+    land(progress._slots[0], w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8"))
+    progress._land()
+    got = np.zeros(BIG // 8)
+    if how == "recv":
+        waiting: asyncio.Future[Any] = asyncio.ensure_future(comm.recv(got, 0, 9))
+    else:
+        req = comm.irecv(got, 0, 9)
+
+        async def wait() -> Any:
+            return await req
+
+        waiting = asyncio.ensure_future(wait())
+    for _ in range(3):
+        await asyncio.sleep(0)  # one turn each: the recv is posted, its data recv too
+    assert len(comm_.recvs) == 1  # the data is moving
+    link._break(TransportError("the network went away"))
+    # (Not cancelled on time out: a matched recv waits for its data, which never comes.)
+    await asyncio.wait([waiting], timeout=5)
+    if not waiting.done():
+        return "hung"
+    exc = waiting.exception()
+    return f"failed: {exc}" if isinstance(exc, TransportError) else f"gave {exc!r}"
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("how", ["recv", "irecv"])
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+def test_a_recv_whose_data_is_moving_fails_when_the_link_breaks(
+        monkeypatch: pytest.MonkeyPatch, native: bool, how: str) -> None:
+    """A rendezvous recv that matched a message already announced is pending until its
+    data lands: when the link breaks meanwhile it fails (it used to wait for ever when it
+    was taken as it was posted)."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    loop = asyncio.new_event_loop()  # (not a Runner: it would wait for a hung recv)
+    try:
+        got = loop.run_until_complete(_broken_while_moving(native, how))
+    finally:
+        loop.close()
+    assert got.startswith("failed: ") and "the network went away" in got, got
