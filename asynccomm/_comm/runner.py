@@ -174,6 +174,7 @@ class _Forming:
         self.comms: dict[int, Communicator] = {}
         self.size = size
         self.ready = asyncio.Event()
+        self.lost: int | None = None  # a member that failed before it arrived
 
 
 class _LocalFamily:
@@ -312,9 +313,35 @@ class _LocalFamily:
             forming.family.trace(self.sink, group)
             forming.family.connect(group)
             forming.ready.set()
-        else:
+        elif key[0] == "shrink":  # made for every survivor at once (``_comm.faults``)
             await forming.ready.wait()
+        else:
+            await self._formed(forming, members, key)
+        if forming.lost is not None:
+            raise CommBrokenError(
+                f"rank {forming.lost} failed before it joined the new communicator of rank "
+                f"{parent.rank} (split or dup)", rank=parent.rank, peer=forming.lost)
         return comm
+
+    async def _formed(self, forming: _Forming, members: list[int], key: tuple[Any, ...]) -> None:
+        """Wait until every member arrived, or one failed before it did (its end of this
+        group's link closed): then nobody waits for it, and every member that came hears
+        of it (``forming.lost``)."""
+        gone = self.link.gone
+
+        def watch(rank: int) -> None:
+            lost = [m for i, m in enumerate(members) if i not in forming.comms and m in gone]
+            if lost and not forming.ready.is_set():
+                forming.lost = lost[0]
+                self.forming.pop(key, None)
+                forming.ready.set()
+
+        self.link.watchers.append(watch)
+        try:
+            watch(-1)  # one may have failed already
+            await forming.ready.wait()
+        finally:
+            self.link.watchers.remove(watch)
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
