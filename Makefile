@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi test-stress test-crash-points bench results lint clean
+.PHONY: venv demo test test-core test-mpi test-stress test-crash-points test-fault-plans bench results lint clean
 
 # A .venv whose python is missing, broken, or of another version than $(PYTHON) (made by
 # another Python, say) is removed, and set up again by the target that needs it: its
@@ -87,6 +87,13 @@ test-stress: $(STAMP)
 test-crash-points: $(STAMP)
 	ASYNCCOMM_CRASH_POINTS=all $(PY) -m pytest -q tests/faults/test_crash_points.py
 	ASYNCCOMM_CRASH_POINTS=all $(PY) -m tests.faults.test_crash_points
+
+# Random seeded fault plans (link delays, jitter, bandwidth, partitions; a crash, hang or
+# slowdown) on random programs of the cluster model (`make test` runs 40).
+PLANS ?= 10000
+test-fault-plans: $(STAMP)
+	ASYNCCOMM_FAULT_PLANS=$(PLANS) $(PY) -m pytest -q --timeout 3600 -m fault_plans \
+		tests/faults/test_random_plans.py
 
 # Every benchmark runs, then benchmarks.report writes docs/performance.md from the JSON they
 # wrote (old JSON is removed first, so a benchmark that fails cannot leave last run's figures

@@ -16,6 +16,7 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from .._exceptions import CommClosedError
 from ..sim.cluster import to_ns
 from ..sim.faults import PlannedCrash, PlannedFaults
 from ..transports.local import LocalLink
@@ -34,13 +35,29 @@ class PlannedLink(LocalLink):
     def __init__(self, timing: ModelledTiming | None, runtime: FaultRuntime) -> None:
         super().__init__(timing)
         self.runtime = runtime
+        self._dropped: set[int] = set()  # ids of eager messages dropped in flight
 
     def _world(self, rank: int) -> int:
         return self.endpoints[rank].world_rank  # type: ignore[attr-defined, no-any-return]
 
     def send(self, msg: Message, dest: int) -> None:
+        world = self._world(msg.source)
+        if world in self.runtime.crashed:  # a crashed rank is silent: nothing leaves
+            self.endpoints[msg.source].failed(msg, self._crashed(msg.source))
+            return
         super().send(msg, dest)
-        self.runtime.event(self._world(msg.source))
+        self.runtime.event(world)
+
+    def _eager_sent(self, msg: Message, dest: int, plan: Any) -> None:
+        if id(msg) in self._dropped:  # (dropped: its sender's send failed then)
+            self._dropped.discard(id(msg))
+        else:
+            super()._eager_sent(msg, dest, plan)
+
+    @staticmethod
+    def _crashed(rank: int) -> CommClosedError:
+        return CommClosedError(f"rank {rank} crashed (its fault plan says so): its "
+                               "messages are not sent", rank=rank)
 
     def fetch(self, msg: Message, rank: int, into: memoryview, ready: Any) -> None:
         super().fetch(msg, rank, into, ready)
@@ -52,14 +69,18 @@ class PlannedLink(LocalLink):
         return record
 
     def drop_in_flight(self, world_rank: int) -> None:
-        """Forget every message ``world_rank`` sent on this link that has not arrived."""
+        """Forget every message ``world_rank`` sent on this link that has not arrived; its
+        sends not complete yet fail (they never will)."""
         for rank, endpoint in enumerate(self.endpoints):
             if getattr(endpoint, "world_rank", None) != world_rank:
                 continue
             for channel in self._channels.get(rank, {}).values():
                 for _, msg in channel:
                     self._announced.discard(msg)
-                    self._plans.pop(msg, None)
+                    if self._plans.pop(msg, None) is not None:  # eager: a timer waits
+                        self._dropped.add(id(msg))
+                    if not msg.done():  # type: ignore[attr-defined]
+                        endpoint.failed(msg, self._crashed(rank))
                 channel.clear()
 
 

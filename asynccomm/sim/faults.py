@@ -269,6 +269,7 @@ class PlannedFaults:
             raise TypeError(f"fault_plan must be a FaultPlan, got {type(plan).__name__}")
         self.plan = plan
         self.size = size
+        cluster = cluster.fit(size)
         names = {cluster.link(a, b).name for a in range(size) for b in range(size) if a != b}
         for f in plan.links:
             for end in (f.src, f.dst):

@@ -158,8 +158,13 @@ def program(size: int, steps: tuple[str, ...]) -> Any:
 
 
 def run(name: str, plan: FaultPlan) -> tuple[list[Any], list[int]]:
+    """``run_program`` of the program called ``name``."""
+    return run_program(*PROGRAMS[name], plan)
+
+
+def run_program(size: int, steps: tuple[str, ...],
+                plan: FaultPlan) -> tuple[list[Any], list[int]]:
     """Each rank's result ("crashed" for a rank that raised) and engine event counts."""
-    size, steps = PROGRAMS[name]
 
     async def world_main() -> tuple[list[Any], list[int]]:
         async with ac.open_world(size, CLUSTER, fault_plan=plan) as world:
