@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,8 @@ def test_a_delay_adds_to_every_message_sent_while_it_lasts() -> None:
     assert all(d >= b + MS - 1e-9 for d, b in zip(delayed, base, strict=True))
     later = run(pings, 2, FaultPlan(links=(LinkFault(delay=MS, start=1.0),)))[1]
     assert later == base  # every message left before the fault began
+    by_name = run(pings, 2, FaultPlan(links=(LinkFault(link="roce100g", delay=MS),)))[1]
+    assert by_name == delayed
 
 
 def test_jitter_is_seeded_bounded_and_replays() -> None:
@@ -238,6 +241,16 @@ def test_the_trace_shows_the_faults(tmp_path: Path) -> None:
     assert (1, "fault: held to 0") in faults and (1, "fault: slow") in faults
 
 
+def test_the_trace_shows_a_declared_failure(tmp_path: Path) -> None:
+    plan = FaultPlan(ranks=(RankFault(1, hang_at=1e-6),), detection_timeout=2 * MS)
+    results = run(survive, 3, plan, trace=tmp_path / "t.json")
+    assert results[0][1:] == ((1,), 4.0)
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    faults = {(e["pid"], e["name"]): e["ts"] for e in events if e.get("cat") == "fault"}
+    assert faults[(1, "fault: hang")] == pytest.approx(1.0)  # microseconds
+    assert faults[(1, "fault: declared failed")] == pytest.approx(2001.0)
+
+
 def test_the_crashed_ranks_peers_are_told_why() -> None:
     async def main(comm: ac.Communicator) -> Any:
         if comm.rank == 0:
@@ -251,3 +264,12 @@ def test_the_crashed_ranks_peers_are_told_why() -> None:
     err = run(main, 2, FaultPlan(ranks=(RankFault(1, crash_at=MS),)))[0]
     assert err.peer == 1 and "fault plan" in str(err) + str(err.__cause__)
     assert isinstance(err.__cause__, PlannedCrash)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_plan_runs_on_the_wall_clock_too(loop: str) -> None:
+    """Model time on a real loop: a 5 ms partition holds the message 5 (real) ms."""
+    plan = FaultPlan(links=(LinkFault(link="roce100g", partition=True, end=5 * MS),))
+    _, (t,) = ac.run(functools.partial(pings, n=1), 2, cluster=CLUSTER, clock="wall",
+                     loop=loop, fault_plan=plan, timeout=30)
+    assert 5 * MS <= t < 1.0
