@@ -54,6 +54,11 @@ So store-and-forward costs the sum of the stages, pipelined about the fill plus 
 slowest stage: the speed-up approaches the number of stages and never passes it, and no
 transfer is faster than its slowest stage's effective bandwidth.
 
+Rule 6 (faults).  With a fault plan (``faults``, ``sim/faults.py``), a transfer or control
+message between two ranks leaves when the plan lets it (after its pair's delays, jitter
+and partitions), over its link with the plan's bandwidth then, its copies slowed by each
+end's slowdown; one from a hung rank never leaves (``HELD``: it holds nothing).
+
 Planning is chunk by chunk, but the recurrence is max-plus linear: once every stage's end
 advances by the same period for a whole staging window, each further full chunk only
 shifts the state by that period, so the rest is added in closed form.  Results equal the
@@ -401,9 +406,8 @@ class ClusterModel:
         device = self.cluster.device
         faults = self.faults
         if src == dst:  # a device copy, no link
-            d = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
-            if faults is not None:
-                d = to_ns(d * faults.slowdown(src) * 1e-9)
+            d = to_ns((device.copy_latency + nbytes / device.copy_bandwidth)
+                      * (1.0 if faults is None else faults.slowdown(src)))
             start, end = self._resource(f"copy-out[{src}]").reserve(now, d)
             if trace is not None:
                 trace.append(ChunkTiming(0, nbytes, (start, end), (end, end), (end, end)))
@@ -483,7 +487,8 @@ class ClusterModel:
         copy = device.copy_latency + nbytes / device.copy_bandwidth
         faults = self.faults
         if faults is None:
-            return to_ns(copy), to_ns(link.stage_time(nbytes)), to_ns(copy)
+            ns = to_ns(copy)
+            return ns, to_ns(link.stage_time(nbytes)), ns
         return (to_ns(copy * faults.slowdown(src)), to_ns(link.stage_time(nbytes)),
                 to_ns(copy * faults.slowdown(dst)))
 
