@@ -77,9 +77,10 @@ class PlannedLink(LocalLink):
             for channel in self._channels.get(rank, {}).values():
                 for _, msg in channel:
                     self._announced.discard(msg)
-                    if self._plans.pop(msg, None) is not None:  # eager: a timer waits
-                        self._dropped.add(id(msg))
+                    eager = self._plans.pop(msg, None) is not None
                     if not msg.done():  # type: ignore[attr-defined]
+                        if eager:  # its ``_eager_sent`` timer is still to come
+                            self._dropped.add(id(msg))
                         endpoint.failed(msg, self._crashed(rank))
                 channel.clear()
 
