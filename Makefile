@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-core test-mpi test-stress test-crash-points bench results lint clean
+.PHONY: venv demo test test-core test-mpi test-stress test-crash-points test-fault-plans bench results lint clean
 
 # A .venv whose python is missing, broken, or of another version than $(PYTHON) (made by
 # another Python, say) is removed, and set up again by the target that needs it: its
@@ -85,10 +85,25 @@ test-stress: $(STAMP)
 	for n in 2 3 4; do $(VENV)/bin/mpiexec -n $$n $(PY) -m \
 		tests.collectives.mpi_adversity_runner --examples $(STRESS) || exit 1; done
 
-# A rank crashing at every engine event of small programs on the cluster model, survived
-# (`make test` runs a stride of them).
+# A rank crashing at every engine event of 24 small programs on 2-8 modelled ranks, by
+# fault plan, survived (`make test` runs a sample of them); prints the counts.
 test-crash-points: $(STAMP)
 	ASYNCCOMM_CRASH_POINTS=all $(PY) -m pytest -q tests/faults/test_crash_points.py
+	ASYNCCOMM_CRASH_POINTS=all $(PY) -m tests.faults.test_crash_points
+
+# Random seeded fault plans (link delays, jitter, bandwidth, partitions; a crash, hang or
+# slowdown) on random programs of the cluster model (`make test` runs 40): two processes,
+# each with its own seed and half the plans.
+PLANS ?= 10000
+test-fault-plans: $(STAMP)
+	@start=$$(date +%s); pids=""; \
+	for s in 1 2; do \
+		ASYNCCOMM_FAULT_PLANS=$$(( $(PLANS) / 2 )) ASYNCCOMM_FAULT_PLANS_SEED=$$s \
+		$(PY) -m pytest -q -p no:cacheprovider --timeout 3600 -m fault_plans \
+			tests/faults/test_random_plans.py & pids="$$pids $$!"; \
+	done; status=0; for p in $$pids; do wait $$p || status=1; done; \
+	echo "make test-fault-plans: $(PLANS) plans in $$(( $$(date +%s) - start )) s"; \
+	exit $$status
 
 # Every benchmark runs, then benchmarks.report writes docs/performance.md from the JSON they
 # wrote (old JSON is removed first, so a benchmark that fails cannot leave last run's figures

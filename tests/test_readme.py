@@ -111,6 +111,10 @@ def _faults(out: str) -> None:
     assert out.strip().splitlines() == ["(1, (2,), [0, 1, 3], 4.0)", "RuntimeError"]
 
 
+def _fault_plans(out: str) -> None:
+    assert out.strip().splitlines() == ["((2,), 4.0, '12.1 ms')", "CommClosedError", "True"]
+
+
 def _running_loop(out: str) -> None:
     assert out.strip().splitlines() == ["[0, 10, 20, 30]", "0 5 [0. 1. 2.]"]
 
@@ -125,6 +129,7 @@ PRINTS: dict[tuple[str, str], Callable[[str], None]] = {
     ("docs/mpi.md", "# Across processes and hosts (MPI)"): _mpi_idiom,
     ("docs/processes.md", "# Processes on one machine, without MPI"): _processes,
     ("docs/faults.md", "# When a rank dies: revoke, agree, shrink"): _faults,
+    ("docs/faults.md", "## Fault plans on the modelled cluster"): _fault_plans,
 }
 
 #: The pages whose blocks run as script files: their ranks' processes import them.

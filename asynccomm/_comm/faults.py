@@ -288,6 +288,9 @@ async def shrink(comm: CommView) -> CommView:
         if fut.done() and not fut.cancelled():  # decided: this rank's end closes (Rule 5)
             _close_mine(agreement, comm)
         raise
+    if comm.rank not in agreement.survivors:  # it closed during the call: it failed
+        raise CommClosedError(f"rank {comm.rank}'s communicator was closed during shrink",
+                              rank=comm.rank)
     sub: CommView = comms[agreement.survivors.index(comm.rank)]
     return await _adopt_new(comm, sub)
 

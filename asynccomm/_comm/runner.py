@@ -29,6 +29,7 @@ from .._exceptions import CommBrokenError, DeadlockError
 from .._types import EAGER_LIMIT
 from ..sim.clock import ModelClock
 from ..sim.device import Device
+from ..sim.faults import FaultPlan, PlannedFaults
 from ..sim.loop import VirtualTimeLoop, new_virtual_loop
 from ..sim.model import ClusterModel
 from ..sim.timing import ModelledTiming
@@ -36,6 +37,7 @@ from ..transports._mpi_lib import comm_world
 from ..transports.local import LocalLink
 from . import hang as _hang
 from .communicator import Communicator, world_lane
+from .planned import FaultRuntime
 from .process_runner import check_processes, run_processes
 from .view import CommView
 
@@ -73,7 +75,8 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                      timeout: float | None = None, time_scale: float = 1.0,
                      strategy: Strategy | None = None,
                      trace: str | os.PathLike[str] | None = None,
-                     native: bool | None = None) -> AsyncIterator[World]:
+                     native: bool | None = None,
+                     fault_plan: FaultPlan | None = None) -> AsyncIterator[World]:
     """Open ``size`` in-process ranks on the running loop; close them all on exit.
 
     Args:
@@ -95,6 +98,10 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
         native: the fast lane of this world's small messages: True the C accelerator,
             False the pure-Python steps (they behave the same), None the C accelerator
             where it is built (``ASYNCCOMM_PURE_PYTHON=1`` switches it off everywhere).
+        fault_plan: an ``asynccomm.sim.FaultPlan`` (needs ``cluster``): delays, jitter,
+            degraded bandwidth and partitions on links, crashes, slowdowns and hangs of
+            ranks, as the plan says (``docs/faults.md``).  The ranks go on when one fails
+            (what ``ac.run(..., faults="tolerate")`` does); the trace shows the faults.
 
     Raises:
         TypeError, ValueError: bad arguments, a bad ``ASYNCCOMM_TIMEOUT``,
@@ -112,16 +119,20 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
                          "loop_factory=asynccomm.sim.new_virtual_loop)")
     model_clock = ModelClock(loop, time_scale=time_scale if mode == "wall" else 1.0)
     timing, devices = _fabric(size, cluster, model_clock, strategy)
+    runtime = _fault_runtime(fault_plan, timing, model_clock)
     registry: list[DeviceEngine] = []  # every engine of the world, sub-communicators' too
     family = _LocalFamily(timing, list(range(size)), devices, registry, loop=loop,
                           clock=model_clock, eager_limit=eager_limit, pool_bytes=pool_bytes,
-                          timeout=op_timeout, mode=mode, record=cluster is not None, lane=lane)
+                          timeout=op_timeout, mode=mode, record=cluster is not None, lane=lane,
+                          faults=runtime)
     comms = [family.make(rank, size) for rank in range(size)]
     sink = None if trace_file is None else _trace.attach(
         trace_file, [c._engine for c in comms], model=cluster is not None,
         time_scale=time_scale if mode == "wall" and cluster is not None else 1.0)
     family.trace(sink, comms)
     family.connect(comms)
+    if runtime is not None:
+        runtime.start(comms)
     for comm in comms:
         comm._engine.log.info("comm.opened", clock=mode, fast_lane=lane.name)
     if isinstance(loop, VirtualTimeLoop):
@@ -134,7 +145,25 @@ async def open_world(size: int, cluster: Cluster | None = None, clock: str = "au
         if isinstance(loop, VirtualTimeLoop):
             loop.on_idle = None
         if sink is not None:
+            if runtime is not None:
+                sink.notes.extend(_trace.fault_events(runtime.faults.events))
             sink.write()
+
+
+def _fault_runtime(plan: FaultPlan | None, timing: ModelledTiming | None,
+                   clock: ModelClock) -> FaultRuntime | None:
+    """The world's fault plan compiled and armed on its model, or None."""
+    if plan is None:
+        return None
+    if not isinstance(plan, FaultPlan):
+        raise TypeError(f"fault_plan must be an asynccomm.sim.FaultPlan or None, got "
+                        f"{type(plan).__name__}")
+    if timing is None:
+        raise ValueError("a fault plan runs on the cluster model: open the world with a "
+                         "cluster (ac.Cluster.preset(...))")
+    faults = PlannedFaults(plan, timing.model.cluster, timing.model.world_size)
+    timing.model.faults = faults
+    return FaultRuntime(faults, clock)
 
 
 class _Forming:
@@ -145,6 +174,7 @@ class _Forming:
         self.comms: dict[int, Communicator] = {}
         self.size = size
         self.ready = asyncio.Event()
+        self.lost: int | None = None  # a member that failed before it arrived
 
 
 class _LocalFamily:
@@ -157,11 +187,13 @@ class _LocalFamily:
                  devices: list[Device], registry: list[DeviceEngine], *,
                  loop: asyncio.AbstractEventLoop, clock: ModelClock, eager_limit: int,
                  pool_bytes: int, timeout: float | None, mode: str, record: bool,
-                 lane: Lane, world: list[int] | None = None, label: str = "") -> None:
-        self.link = LocalLink(timing)
+                 lane: Lane, world: list[int] | None = None, label: str = "",
+                 faults: FaultRuntime | None = None) -> None:
+        self.faults = faults  # the world's fault plan as it runs, if it has one
+        self.link = LocalLink(timing) if faults is None else faults.link(timing)
         self.label = label  # where in the world's communicators (traces): "" the world
         self.sink: _trace.TraceSink | None = None
-        self.private_link = LocalLink(timing)
+        self.private_link = LocalLink(timing) if faults is None else faults.link(timing)
         self.ranks = ranks  # world rank of each rank of this group
         self.devices = devices  # the world's, by world rank
         self.registry = registry
@@ -270,7 +302,7 @@ class _LocalFamily:
                                eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                                timeout=self.timeout, mode=self.mode, record=self.record,
                                lane=self.lane, world=self.world, label=_trace.join(
-                                   self.label, _trace.context_label(key)))
+                                   self.label, _trace.context_label(key)), faults=self.faults)
             forming = self.forming[key] = _Forming(sub, len(members))
         rank = members.index(parent.rank)
         comm = forming.comms[rank] = forming.family.make(rank, forming.size)
@@ -281,9 +313,35 @@ class _LocalFamily:
             forming.family.trace(self.sink, group)
             forming.family.connect(group)
             forming.ready.set()
-        else:
+        elif key[0] == "shrink":  # made for every survivor at once (``_comm.faults``)
             await forming.ready.wait()
+        else:
+            await self._formed(forming, members, key)
+        if forming.lost is not None:
+            raise CommBrokenError(
+                f"rank {forming.lost} failed before it joined the new communicator of rank "
+                f"{parent.rank} (split or dup)", rank=parent.rank, peer=forming.lost)
         return comm
+
+    async def _formed(self, forming: _Forming, members: list[int], key: tuple[Any, ...]) -> None:
+        """Wait until every member arrived, or one failed before it did (its end of this
+        group's link closed): then nobody waits for it, and every member that came hears
+        of it (``forming.lost``)."""
+        gone = self.link.gone
+
+        def watch(rank: int) -> None:
+            lost = [m for i, m in enumerate(members) if i not in forming.comms and m in gone]
+            if lost and not forming.ready.is_set():
+                forming.lost = lost[0]
+                self.forming.pop(key, None)
+                forming.ready.set()
+
+        self.link.watchers.append(watch)
+        try:
+            watch(-1)  # one may have failed already
+            await forming.ready.wait()
+        finally:
+            self.link.watchers.remove(watch)
 
 
 def _fabric(size: int, cluster: Cluster | None, clock: ModelClock,
@@ -406,10 +464,15 @@ async def _tolerated(comm: Communicator, coro: Awaitable[Any]) -> Any:
 
 
 def _faults(options: dict[str, Any]) -> str:
-    """Take ``faults=`` out of ``options`` and check it."""
-    faults = options.pop("faults", "abort")
+    """Take ``faults=`` out of ``options`` and check it (a fault plan implies and needs
+    "tolerate")."""
+    planned = options.get("fault_plan") is not None
+    faults = options.pop("faults", "tolerate" if planned else "abort")
     if faults not in ("abort", "tolerate"):
         raise ValueError(f"faults must be 'abort' or 'tolerate', got {faults!r}")
+    if planned and faults != "tolerate":
+        raise ValueError("a fault_plan makes ranks fail on purpose: it needs "
+                         "faults='tolerate' (its default)")
     return faults  # type: ignore[no-any-return]
 
 
@@ -550,6 +613,8 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             or whose process dies, has failed, its communicators close as failed and the
             other ranks go on: ``revoke``,
             ``agree``, ``shrink``; its error, noted with its rank, is its result).
+            ``fault_plan``: an ``asynccomm.sim.FaultPlan`` (with ``cluster``), as
+            ``open_world``'s; it implies ``faults="tolerate"`` (and refuses "abort").
 
     Ctrl-C (SIGINT) writes every rank's pending ops and recent ops to stderr before the
     ``KeyboardInterrupt``; SIGUSR1 writes them and goes on.

@@ -138,6 +138,8 @@ class TraceSink:
         self.epoch = time.time() - (time.perf_counter() - origin) if not model else time.time()
         self.ranks: dict[tuple[int, str], RankTrace] = {}  # (pid, label)
         self.partial = False
+        #: Events beside the ops' (a fault plan's: ``fault_events``).
+        self.notes: list[dict[str, Any]] = []
 
     def rank(self, rank: int, *, label: str = "", pid: int | None = None) -> RankTrace:
         """The trace of rank ``rank`` of a communicator (the world's: ``label`` "")."""
@@ -172,7 +174,7 @@ class TraceSink:
             trace = self.ranks[key]
             more, tids[trace.pid] = self._rank_events(trace, tids.get(trace.pid))
             events += more
-        return events
+        return events + self.notes
 
     def _rank_events(self, trace: RankTrace,
                      tid: int | None) -> tuple[list[dict[str, Any]], int]:
@@ -257,6 +259,15 @@ def _op_events(pid: int, tid: int, start: float, end: float,
                         "id": flow, "name": "message", "cat": "message"})
     out.sort(key=lambda e: e["ts"])  # stable: the op before its phases at one time
     return out
+
+
+def fault_events(faults: list[Any]) -> list[dict[str, Any]]:
+    """A fault plan's ``FaultEvent`` s as instant events on their ranks' rows, at their
+    model times (as the link slices are)."""
+    return [{"ph": "i", "s": "p", "pid": f.rank, "tid": 0, "ts": round(f.time * 1e6, 3),
+             "cat": "fault",
+             "name": f"fault: {f.what}" + ("" if f.peer is None else f" to {f.peer}"),
+             "args": {"detail": f.detail}} for f in faults]
 
 
 def paired_flows(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The cluster model: links, devices, presets, transfer costs and run records.
 
 Re-exports only.  ``Cluster.preset(name)`` gives published hardware; ``ClusterModel`` plans
-transfers on it in integer nanoseconds; ``summarize`` and ``format_table`` sum up a run.
+transfers on it in integer nanoseconds; ``summarize`` and ``format_table`` sum up a run;
+``FaultPlan`` says what goes wrong on it (``open_world(..., fault_plan=)``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,11 @@ from __future__ import annotations
 from .cluster import Cluster as Cluster
 from .cluster import DeviceSpec as DeviceSpec
 from .cluster import LinkSpec as LinkSpec
+from .faults import FaultEvent as FaultEvent
+from .faults import FaultPlan as FaultPlan
+from .faults import LinkFault as LinkFault
+from .faults import PlannedCrash as PlannedCrash
+from .faults import RankFault as RankFault
 from .host import HostSpec as HostSpec
 from .model import ChunkPlan as ChunkPlan
 from .model import ChunkTiming as ChunkTiming
@@ -33,11 +39,16 @@ __all__ = [
     "ClusterModel",
     "DefaultStrategy",
     "DeviceSpec",
+    "FaultEvent",
+    "FaultPlan",
     "HostSpec",
+    "LinkFault",
     "LinkSpec",
     "OpRecord",
     "PeerTotals",
+    "PlannedCrash",
     "Pipelined",
+    "RankFault",
     "RankSummary",
     "Resource",
     "StoreAndForward",

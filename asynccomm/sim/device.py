@@ -41,6 +41,8 @@ class Device:
         self._in_use = 0
         self._live: dict[int, weakref.finalize[Any, Any]] = {}
         self._compute_free_at = 0
+        #: The factor on its compute times (a fault plan's ``RankFault.slowdown``).
+        self.slowdown = 1.0
 
     def __repr__(self) -> str:
         return f"<Device {self.name} in_use={self._in_use} capacity={self.capacity}>"
@@ -88,5 +90,7 @@ class Device:
         """Reserve the compute stream for ``duration`` ns from ``now`` (or when it is next
         free, FIFO); return the task's (start, end) in model ns."""
         start = max(now, self._compute_free_at)
+        if self.slowdown != 1.0:
+            duration = round(duration * self.slowdown)
         self._compute_free_at = start + duration
         return start, self._compute_free_at

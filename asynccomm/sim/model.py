@@ -54,6 +54,11 @@ So store-and-forward costs the sum of the stages, pipelined about the fill plus 
 slowest stage: the speed-up approaches the number of stages and never passes it, and no
 transfer is faster than its slowest stage's effective bandwidth.
 
+Rule 6 (faults).  With a fault plan (``faults``, ``sim/faults.py``), a transfer or control
+message between two ranks leaves when the plan lets it (after its pair's delays, jitter
+and partitions), over its link with the plan's bandwidth then, its copies slowed by each
+end's slowdown; one from a hung rank never leaves (``HELD``: it holds nothing).
+
 Planning is chunk by chunk, but the recurrence is max-plus linear: once every stage's end
 advances by the same period for a whole staging window, each further full chunk only
 shifts the state by that period, so the rest is added in closed form.  Results equal the
@@ -71,6 +76,7 @@ from typing import Any, Protocol
 
 from .cluster import Cluster, DeviceSpec, LinkSpec, to_ns
 from .cluster import _check_int as _int
+from .faults import HELD, PlannedFaults
 from .sharing import FairShare, Flow
 
 __all__ = ["MODES", "ChunkPlan", "ChunkTiming", "ClusterModel", "DefaultStrategy", "Pipelined",
@@ -327,6 +333,9 @@ class ClusterModel:
         self._link_busy = [0] * world_size
         self._sharing = FairShare()
         self._moving: dict[Flow, Transfer] = {}
+        #: A fault plan compiled for this world (``sim/faults.py``), or None: what delays
+        #: messages, degrades links and slows ranks down.
+        self.faults: PlannedFaults | None = None
 
     def _rank(self, name: str, rank: object) -> int:
         if (checked := _int(name, rank, 0)) >= self.world_size:
@@ -404,13 +413,20 @@ class ClusterModel:
         if plan is not None and not isinstance(plan, ChunkPlan):
             raise TypeError(f"plan must be a ChunkPlan or None, got {type(plan).__name__}")
         device = self.cluster.device
+        faults = self.faults
         if src == dst:  # a device copy, no link
-            d = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
+            d = to_ns((device.copy_latency + nbytes / device.copy_bandwidth)
+                      * (1.0 if faults is None else faults.slowdown(src)))
             start, end = self._resource(f"copy-out[{src}]").reserve(now, d)
             if trace is not None:
                 trace.append(ChunkTiming(0, nbytes, (start, end), (end, end), (end, end)))
             return Transfer(nbytes, "sync", 1, nbytes, start, end, 0, end=end)
         link = self.cluster.link(src, dst)
+        if faults is not None:
+            now = faults.depart(src, dst, now)
+            if now >= HELD:  # its sender hung: it never leaves, and holds nothing
+                return Transfer(nbytes, "sync", 1, nbytes, HELD, HELD, 0, end=HELD)
+            link = faults.link(src, dst, link, now)
         if plan is None:
             plan = self.strategy.choose(nbytes, link, device, self.world_size)
             if not isinstance(plan, ChunkPlan):
@@ -419,7 +435,8 @@ class ClusterModel:
         chunk = min(plan.chunk_bytes, nbytes) if plan.mode == "pipelined" else nbytes
         n = -(-nbytes // chunk) if chunk else 1
         last = nbytes - (n - 1) * chunk
-        full_d, last_d = self._durations(chunk, link), self._durations(last, link)
+        full_d, last_d = self._durations(chunk, link, src, dst), self._durations(last, link,
+                                                                                 src, dst)
         links = self._link_resources(src, dst)
         copy_out, copy_in = self._resource(f"copy-out[{src}]"), self._resource(f"copy-in[{dst}]")
         link_busy = (n - 1) * full_d[1] + last_d[1]
@@ -473,10 +490,16 @@ class ClusterModel:
         moving.end = flow.finish
         return moving
 
-    def _durations(self, nbytes: int, link: LinkSpec) -> tuple[int, int, int]:
+    def _durations(self, nbytes: int, link: LinkSpec, src: int,
+                   dst: int) -> tuple[int, int, int]:
         device = self.cluster.device
-        copy = to_ns(device.copy_latency + nbytes / device.copy_bandwidth)
-        return copy, to_ns(link.stage_time(nbytes)), copy
+        copy = device.copy_latency + nbytes / device.copy_bandwidth
+        faults = self.faults
+        if faults is None:
+            ns = to_ns(copy)
+            return ns, to_ns(link.stage_time(nbytes)), ns
+        return (to_ns(copy * faults.slowdown(src)), to_ns(link.stage_time(nbytes)),
+                to_ns(copy * faults.slowdown(dst)))
 
     def control(self, src: int, dst: int, *, now: int) -> int:
         """When a control message (RTS/CTS) sent at ``now`` arrives: one link latency later
@@ -488,7 +511,13 @@ class ClusterModel:
         self._rank("src", src)
         self._rank("dst", dst)
         _int("now", now, 0)
-        return now if src == dst else now + to_ns(self.cluster.link(src, dst).latency)
+        if src == dst:
+            return now
+        if self.faults is not None:
+            now = self.faults.depart(src, dst, now)
+            if now >= HELD:
+                return HELD
+        return now + to_ns(self.cluster.link(src, dst).latency)
 
     def compute_ns(self, rank: int, *, seconds: float | None = None,
                    flops: float | None = None) -> int:
