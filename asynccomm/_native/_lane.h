@@ -83,6 +83,8 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
+extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
+    *a_local, *a_blocked, *a_reading;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -206,6 +208,7 @@ PyObject *buffers_address(PyObject *self, PyObject *arg);
 
 /* _lane_shm.c: the shared-memory link's atomic words and single copy */
 int shm_add(PyObject *m);
+char *words_base(PyObject *w, Py_ssize_t *len);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
 /* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``) */
@@ -250,8 +253,21 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
 
-/* _lane_mpi.c: the MPI link's per-message steps. */
+/* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
+ * its engine (for the MPI and the shared-memory link alike). */
 extern PyTypeObject PathType;
+typedef struct {
+    PyObject *link, *wire, *names, *owed, *closed_by, *inline_where;
+    long return_at;
+} Landing;
+int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
+               void *arg);
+int list_add(PyObject *list, Py_ssize_t i, long long delta);
+void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
+                 Py_ssize_t count, PyObject *field);
+
+/* _lane_shmpath.c: the shared-memory link's per-message steps. */
+extern PyTypeObject ShmPathType;
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -35,6 +35,8 @@ PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_pay
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
+PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *a_local,
+    *a_blocked, *a_reading;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -82,6 +84,8 @@ static PyObject **const name_vars[] = {
     &a_woke, &a_dispatching, &a_stopped, &a_failed, &a_endpoint, &a_closed, &a_arrived,
     &a_consumed, &a_send_ctl, &a_slots, &a_credit, &a_owed, &a_closed_by, &a_on_control,
     &a_rank, &a_inline_max, &a_return_at,
+    &a_ring_pos, &a_ring_seen, &a_wake, &a_kick, &a_handle, &a_poll_rest, &a_local,
+    &a_blocked, &a_reading,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

@@ -44,7 +44,7 @@ get_le(const char *at, int n)
 }
 
 /* list[i] += delta, for the wire's credit lists (ints). */
-static int
+int
 list_add(PyObject *list, Py_ssize_t i, long long delta)
 {
     long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
@@ -61,25 +61,45 @@ set_flag(PyObject *o, PyObject *name, int value)
     return PyObject_SetAttr(o, name, value ? Py_True : Py_False);
 }
 
+/* Write an eager message at ``h``: the header (``wire.eager_header``'s: from ``rank``, on
+ * ``tag``, the dtype's field ``field``, a bytes of at most DTYPE_MAX), then the payload
+ * (``nbytes`` at ``data``); H_SIZE + nbytes bytes in all. */
+void
+frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
+            Py_ssize_t count, PyObject *field)
+{
+    memset(h, 0, H_SIZE);
+    Py_ssize_t flen = PyBytes_GET_SIZE(field);
+    h[H_KIND] = (char)EAGER;
+    h[H_DLEN] = (char)flen;
+    put_le(h + H_SRC, (unsigned long long)rank, 4);
+    put_le(h + H_TAG, (unsigned long long)tag, 4);
+    put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
+    put_le(h + H_COUNT, (unsigned long long)count, 8);
+    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    memcpy(h + H_SIZE, data, nbytes);
+}
+
 /* -- receiving ------------------------------------------------------------------------- */
 
-/* An eager message landed in ``head`` (its buffer ``buf``): hand it to the engine as
- * ``_on_control`` does.  1 done, 0 not judged here (nothing done: ``_on_control`` runs),
- * -1 error. */
-static int
-dispatch(Path *p, PyObject *head, PyObject *buf)
+/* An eager message landed at ``b`` (its header, then ``len - H_SIZE`` bytes of payload),
+ * for the link ``l->link``: hand it to the engine as ``_on_control`` does (the shared-memory
+ * link's ``ShmPath`` lands its records here too).  ``payload(arg)`` makes the payload's
+ * view, only where it arrives as a ``Message``.  1 done, 0 not judged here (nothing done:
+ * ``_on_control`` runs), -1 error. */
+int
+land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
+           void *arg)
 {
-    const char *b = PyByteArray_AS_STRING(buf);
-    if (!ready || b[H_KIND] != EAGER) {
+    if (!ready || len < H_SIZE || b[H_KIND] != EAGER) {
         return 0;
     }
     Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
     Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
-    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
-        || nbytes > PyByteArray_GET_SIZE(buf) - H_SIZE) {
+    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN || nbytes > len - H_SIZE) {
         return 0;
     }
-    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    PyObject *endpoint = PyObject_GetAttr(l->link, a_endpoint);
     if (endpoint == NULL) {
         return -1;
     }
@@ -99,7 +119,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         rc = -1;
         goto done;
     }
-    dtype = PyDict_GetItemWithError(p->names, field);
+    dtype = PyDict_GetItemWithError(l->names, field);
     if (dtype == NULL || !PyUnicode_CheckExact(dtype)
         || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
         dtype = NULL;
@@ -122,27 +142,27 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
     rc = 1;
     if (r == 1) {  /* taken: its charge is owed back (``wire.consumed``) */
         long s = PyLong_AsLong(src);
-        if (s < 0 || s >= PyList_GET_SIZE(p->owed)) {
+        if (s < 0 || s >= PyList_GET_SIZE(l->owed)) {
             PyErr_Format(PyExc_ValueError, "eager message from unknown rank %ld", s);
             rc = -1;
             goto done;
         }
-        long long owed = PyLong_AsLongLong(PyList_GET_ITEM(p->owed, s));
-        int gone = PyDict_Contains(p->closed_by, src);
+        long long owed = PyLong_AsLongLong(PyList_GET_ITEM(l->owed, s));
+        int gone = PyDict_Contains(l->closed_by, src);
         if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
             rc = -1;
             goto done;
         }
         owed += charge(nbytes);
-        if (owed < p->return_at || gone) {
+        if (owed < l->return_at || gone) {
             PyObject *v = PyLong_FromLongLong(owed);
-            rc = v == NULL || PyList_SetItem(p->owed, s, v) < 0 ? -1 : 1;
+            rc = v == NULL || PyList_SetItem(l->owed, s, v) < 0 ? -1 : 1;
             goto done;
         }
         nb = PyLong_FromSsize_t(nbytes);  /* a CREDIT is due: the wire makes it */
-        out = nb == NULL ? NULL : PyObject_CallMethodObjArgs(p->wire, a_consumed, src, nb, NULL);
+        out = nb == NULL ? NULL : PyObject_CallMethodObjArgs(l->wire, a_consumed, src, nb, NULL);
         if (out != NULL && out != Py_None) {
-            PyObject *sent = PyObject_CallMethodObjArgs(p->link, a_send_ctl, src, out, NULL);
+            PyObject *sent = PyObject_CallMethodObjArgs(l->link, a_send_ctl, src, out, NULL);
             Py_XDECREF(sent);
             rc = sent == NULL ? -1 : 1;
         }
@@ -152,16 +172,16 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         goto done;
     }
     /* No recv is posted that could take it: it arrives as a message. */
-    PyObject *payload = PyObject_GetAttr(head, a_payload);
+    PyObject *view = payload(arg);
     nb = PyLong_FromSsize_t(nbytes);
     cnt = PyLong_FromSsize_t(count);
-    if (payload != NULL && nb != NULL && cnt != NULL) {
-        PyObject *argv[7] = {src, tag, nb, cnt, dtype, p->inline_where, payload};
+    if (view != NULL && nb != NULL && cnt != NULL) {
+        PyObject *argv[7] = {src, tag, nb, cnt, dtype, l->inline_where, view};
         PyObject *msg = PyObject_Vectorcall((PyObject *)MessageType, argv, 7, NULL);
         out = msg == NULL ? NULL : PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
         Py_XDECREF(msg);
     }
-    Py_XDECREF(payload);
+    Py_XDECREF(view);
     rc = out == NULL ? -1 : 1;
 done:
     Py_XDECREF(out);
@@ -174,6 +194,22 @@ done:
     Py_XDECREF(cnt);
     Py_DECREF(endpoint);
     return rc;
+}
+
+static PyObject *
+slot_payload(void *head)
+{
+    return PyObject_GetAttr((PyObject *)head, a_payload);
+}
+
+/* An eager message landed in ``head`` (its buffer ``buf``): ``land_eager``. */
+static int
+dispatch(Path *p, PyObject *head, PyObject *buf)
+{
+    Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
+                 p->return_at};
+    return land_eager(&l, PyByteArray_AS_STRING(buf), PyByteArray_GET_SIZE(buf),
+                      slot_payload, head);
 }
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
@@ -435,17 +471,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&view);
         return NULL;
     }
-    char *h = PyBytes_AS_STRING(raw);
-    memset(h, 0, H_SIZE);
-    Py_ssize_t flen = PyBytes_GET_SIZE(field);
-    h[H_KIND] = (char)EAGER;
-    h[H_DLEN] = (char)flen;
-    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
-    put_le(h + H_TAG, (unsigned long long)t, 4);
-    put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
-    put_le(h + H_COUNT, (unsigned long long)count, 8);
-    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
-    memcpy(h + H_SIZE, view.buf, nbytes);
+    frame_eager(PyBytes_AS_STRING(raw), p->rank, t, view.buf, nbytes, count, field);
     Py_DECREF(field);
     PyBuffer_Release(&view);
     /* progress.comm.Isend(raw, dest, 0): the control tag; the communicator looked up each
