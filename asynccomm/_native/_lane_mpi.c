@@ -409,6 +409,48 @@ after_isend(Path *p, PyObject *req, long dest)
     return rc;
 }
 
+/* ``send_now(dest, tag, array, nbytes, count, dtype)``'s arguments judged as the link's
+ * ``send_now`` and the wire's ``eager_header`` judge them, for a link of ``size`` ranks
+ * (``self``: this rank, which sends to itself the Python way; -1: any rank may be a
+ * destination): 1 eager, with ``*field`` the dtype's field (a new reference); 0 not eager
+ * (the link broke, ``dest`` closed, too large: False); 2 not judged here (a dtype not seen
+ * yet, numbers out of range: the Python steps); -1 error.  The credit is the caller's. */
+int
+judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,
+           Py_ssize_t size, PyObject *const *args, long *d, long *t, Py_ssize_t *nbytes,
+           Py_ssize_t *count, PyObject **field)
+{
+    *d = PyLong_AsLong(args[0]);
+    *t = PyLong_AsLong(args[1]);
+    *nbytes = PyLong_AsSsize_t(args[3]);
+    *count = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    if (!ready || *d < 0 || *d >= size || *d == self || *t < INT32_MIN || *t > INT32_MAX
+        || *nbytes < 0) {
+        return 2;
+    }
+    PyObject *broken = PyObject_GetAttr(link, a_link_broken);
+    if (broken == NULL) {
+        return -1;
+    }
+    int no = broken != Py_None;
+    Py_DECREF(broken);
+    if (!no && (no = PyDict_Contains(closed_by, args[0])) < 0) {
+        return -1;
+    }
+    if (no || *nbytes > inline_max) {
+        return 0;
+    }
+    *field = PyDict_GetItemWithError(fields, args[5]);
+    if (*field == NULL || !PyBytes_CheckExact(*field) || PyBytes_GET_SIZE(*field) > DTYPE_MAX) {
+        return PyErr_Occurred() ? -1 : 2;  /* a dtype not seen yet: the wire's encode_dtype */
+    }
+    Py_INCREF(*field);
+    return 1;
+}
+
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``MPITransport.send_now``. */
 static PyObject *
 path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
@@ -417,53 +459,37 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
         return NULL;
     }
-    PyObject *dest = args[0];
-    long d = PyLong_AsLong(dest), t = PyLong_AsLong(args[1]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]), count = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred()) {
+    PyObject *dest = args[0], *field;
+    long d, t;
+    Py_ssize_t nbytes, count;
+    int judged = judge_send(p->link, p->closed_by, p->fields, p->inline_max, -1,
+                            PyList_GET_SIZE(p->credit), args, &d, &t, &nbytes, &count, &field);
+    if (judged < 0) {
         return NULL;
     }
-    if (!ready || d < 0 || d >= PyList_GET_SIZE(p->credit) || t < INT32_MIN
-        || t > INT32_MAX) {
-        goto python;
-    }
-    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
-    if (broken == NULL) {
-        return NULL;
-    }
-    int no = broken != Py_None;
-    Py_DECREF(broken);
-    if (!no && (no = PyDict_Contains(p->closed_by, dest)) < 0) {
-        return NULL;
-    }
-    if (no || nbytes > p->inline_max) {
+    if (judged == 0) {
         Py_RETURN_FALSE;
     }
-    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);
-    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
+    if (judged == 2) {
+        goto python;
     }
-    long long cost = charge(nbytes);
+    long long cost = charge(nbytes);  /* (``field`` held: a collection may run) */
     long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
-    if (have == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (have < cost) {
-        Py_RETURN_FALSE;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear();
-        goto python;
-    }
-    if (view.len != nbytes) {
+    int eager = have == -1 && PyErr_Occurred() ? -1 : have < cost ? 0
+        : PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0 ? 2 : 1;
+    if (eager == 1 && view.len != nbytes) {
         PyBuffer_Release(&view);
-        goto python;
+        eager = 2;
     }
-    Py_INCREF(field);  /* held while allocating (a collection may run) */
+    if (eager != 1) {
+        Py_DECREF(field);
+        if (eager == 2) {
+            PyErr_Clear();
+            goto python;
+        }
+        return eager < 0 ? NULL : Py_NewRef(Py_False);
+    }
     PyObject *raw = PyBytes_FromStringAndSize(NULL, H_SIZE + nbytes);
     if (raw == NULL || list_add(p->credit, d, -cost) < 0) {
         Py_XDECREF(raw);

@@ -74,102 +74,75 @@ ring_bell(ShmPath *p, char *base, long dest)
     if (!(atomic_load(bell) & armed) || !atomic_compare_exchange_strong(bell, &armed, 0)) {
         return 0;
     }
-    PyObject *r = PyObject_CallMethodOneArg(p->node, a_wake, PyList_GET_ITEM(p->procs, dest));
+    PyObject *peer = Py_NewRef(PyList_GET_ITEM(p->procs, dest));
+    PyObject *r = PyObject_CallMethodOneArg(p->node, a_wake, peer);
+    Py_DECREF(peer);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
 }
 
 /* -- sending --------------------------------------------------------------------------- */
 
-/* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
-static PyObject *
-shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+/* ``send_now``'s send, once judged eager with a dtype of field ``field`` (held): the record
+ * on ``d``'s ring, its doorbell rung, the node kicked.  1 sent; 2 not eager now (no
+ * credit: False); 0 not judged here (nothing done: the Python steps run); -1 error. */
+static int
+put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
+           Py_ssize_t count, PyObject *field)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
-        return NULL;
-    }
     PyObject *dest = args[0];
-    long d = PyLong_AsLong(dest), t = PyLong_AsLong(args[1]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]), count = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (!ready || d < 0 || d >= p->size || d == p->rank || t < INT32_MIN || t > INT32_MAX
-        || nbytes < 0) {
-        goto python;
-    }
-    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
-    if (broken == NULL) {
-        return NULL;
-    }
-    int no = broken != Py_None;
-    Py_DECREF(broken);
-    if (!no && (no = PyDict_Contains(p->closed_by, dest)) < 0) {
-        return NULL;
-    }
-    if (no || nbytes > p->inline_max) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);
-    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
-    }
     long long cost = charge(nbytes);
     long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
     if (have == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     if (have < cost) {
-        Py_RETURN_FALSE;
+        return 2;
     }
     int dead = PySet_Contains(p->dead, dest);
     Py_ssize_t queued = dead ? 0 : PyObject_Length(PyList_GET_ITEM(p->ctrl, d));
     if (dead < 0 || queued < 0) {
-        return NULL;
+        return -1;
     }
     Py_ssize_t len;
     char *base = words_base(p->words, &len);
     if (dead || queued || base == NULL) {
-        goto python;  /* its control messages queue in order, or it is gone */
+        return 0;  /* its control messages queue in order, or it is gone */
     }
     RingAt *r = &p->out[d];
     unsigned long long tail, seen;
     if (get_pos(r->ring, a_ring_pos, &tail) < 0 || get_pos(r->ring, a_ring_seen, &seen) < 0) {
-        return NULL;
+        return -1;
     }
     unsigned long long rb = p->ring_bytes, n = (unsigned long long)(H_SIZE + nbytes);
     unsigned long long need = 8 + ((n + 7) & ~7ULL), off = tail & (rb - 1);
     unsigned long long skip = off + need > rb ? rb - off : 0;
     if (need > rb / 2) {
-        goto python;
+        return 0;
     }
     if (tail + skip + need - seen > rb) {  /* (``Ring.put``) */
         seen = atomic_load(word(base, r->head));
         if (set_pos(r->ring, a_ring_seen, seen) < 0) {
-            return NULL;
+            return -1;
         }
         if (tail + skip + need - seen > rb) {
-            goto python;  /* no room: it queues */
+            return 0;  /* no room: it queues */
         }
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
-        goto python;
+        return 0;
     }
     if (view.len != nbytes) {
         PyBuffer_Release(&view);
-        goto python;
+        return 0;
     }
     PyObject *pos = PyLong_FromUnsignedLongLong(tail + skip + need);
     if (pos == NULL || list_add(p->credit, d, -cost) < 0) {
         Py_XDECREF(pos);
         PyBuffer_Release(&view);
-        return NULL;
+        return -1;
     }
     char *data = base + r->data;
     if (skip) {
@@ -183,14 +156,47 @@ shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     int rc = PyObject_SetAttr(r->ring, a_ring_pos, pos);
     Py_DECREF(pos);
     if (rc < 0 || ring_bell(p, base, d) < 0) {
-        return NULL;
+        return -1;
     }
     PyObject *k = PyObject_CallMethodNoArgs(p->node, a_kick);
     if (k == NULL) {
-        return NULL;
+        return -1;
     }
     Py_DECREF(k);
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+/* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
+static PyObject *
+shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
+        return NULL;
+    }
+    PyObject *field;
+    long d, t;
+    Py_ssize_t nbytes, count;
+    int rc = judge_send(p->link, p->closed_by, p->fields, p->inline_max, p->rank, p->size,
+                        args, &d, &t, &nbytes, &count, &field);
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rc == 0) {
+        Py_RETURN_FALSE;
+    }
+    if (rc == 2) {
+        goto python;
+    }
+    rc = put_record(p, d, t, args, nbytes, count, field);  /* (``field`` held) */
+    Py_DECREF(field);
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rc == 0) {
+        goto python;
+    }
+    return PyBool_FromLong(rc == 1);
 python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
 }

@@ -281,11 +281,11 @@ async def _world(native: bool) -> tuple[Any, ...]:
         sent_big = c0.isend(np.full(100_000, 7, dtype=np.uint8), 1, 10)
         statuses = await asyncio.wait_for(asyncio.gather(
             c1.recv(late, 0, 8), c1.recv(grid, 0, 9), c1.recv(big, 0, 10), sent_big), 30)
-        stats = (c0.statistics(), c1.statistics())
+        # (what was staged depends on when each poll ran: not compared)
+        pending = [c.statistics().pending_ops for c in (c0, c1)]
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return (kinds, pings, late.tolist(), grid.tolist(), int(big.sum()),
-                [tuple(s) if s is not None else None for s in statuses[:3]], stats,
-                [list(link.wire.credit) for link in (l0, l1)])
+                [tuple(s) if s is not None else None for s in statuses[:3]], pending)
     finally:
         for node in nodes:
             node._detach()
@@ -311,3 +311,4 @@ def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
     assert c[1:] == python[1:]
     assert c[1] == [[float(i) + 0.5 for i in range(50)], [float(i) for i in range(50)]]
     assert c[2:5] == ([0, 1, 2], [[1.0] * 3] * 2, 700_000)
+    assert c[6] == [0, 0]
