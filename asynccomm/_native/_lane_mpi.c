@@ -532,7 +532,8 @@ python:
 
 /* -- the type ---------------------------------------------------------------------------- */
 
-static int
+/* ``*out = o.<name>``, an int; -1 error. */
+int
 long_attr(PyObject *o, PyObject *name, long *out)
 {
     PyObject *v = PyObject_GetAttr(o, name);

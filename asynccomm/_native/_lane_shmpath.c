@@ -355,15 +355,6 @@ offsets(PyObject *item, RingAt *r, int incoming, Py_ssize_t len, unsigned long l
     return 0;
 }
 
-static int
-long_attr(PyObject *o, PyObject *name, long *out)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    *out = v == NULL ? -1 : PyLong_AsLong(v);
-    Py_XDECREF(v);
-    return *out == -1 && PyErr_Occurred() ? -1 : 0;
-}
-
 static PyObject *
 shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
