@@ -44,7 +44,9 @@ from .._types import TAG_UB, Status
 from ..transports._doorbell import Bell
 from ..transports._mpi_progress import Progress, Slot
 from ..transports._mpi_transport import MPITransport
+from ..transports._shm_ring import Ring
 from ..transports.base import Link
+from ..transports.shm import Channels, Node
 
 __all__ = ["CLASSES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
            "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "numbers",
@@ -181,6 +183,16 @@ NAMES: Final[Mapping[str, Name]] = {
     "cbs": _a("_cbs", Progress),
     "data": _a("_data", Progress),
     "testsome": _a("_testsome", Progress),
+    # the shared-memory link's steps (``ShmPath``)
+    "ring_pos": _a("_pos", Ring),
+    "ring_seen": _a("_seen", Ring),
+    "wake": _m("wake", Node),
+    "kick": _m("kick", Node),
+    "handle": _m("_handle", Channels),
+    "poll_rest": _m("_poll_rest", Channels),
+    "local": _a("_local", Channels),
+    "blocked": _a("_blocked", Channels),
+    "reading": _a("_reading", Channels),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

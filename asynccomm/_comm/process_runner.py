@@ -424,6 +424,8 @@ class _ProcessFamily:
                               eager_limit=self.eager_limit, pool_bytes=self.pool_bytes,
                               clock=ModelClock(loop), device=device, lane=self.lane)
         transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
+        if self.lane.module is not None:  # the per-message steps in C
+            transport.accelerate(self.lane.module)
         engine.fast = not engine.trace
         engine.world_ranks = self.world
         if self.world is not None:

@@ -461,7 +461,7 @@ PyInit__lane(void)
         return NULL;
     }
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&TallyCType) < 0
-        || PyType_Ready(&PathType) < 0) {
+        || PyType_Ready(&PathType) < 0 || PyType_Ready(&ShmPathType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
@@ -470,13 +470,14 @@ PyInit__lane(void)
     }
     if (shm_add(m) < 0 || pending_add(m) < 0
         || PyModule_AddObjectRef(m, "Path", (PyObject *)&PathType) < 0
+        || PyModule_AddObjectRef(m, "ShmPath", (PyObject *)&ShmPathType) < 0
         || PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
         || PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyCType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[sssssssssssssss]", "Path", "PendingBuffers", "Ring",
-                                  "Tally", "Words",
+    PyObject *all = Py_BuildValue("[ssssssssssssssss]", "Path", "PendingBuffers", "Ring",
+                                  "ShmPath", "Tally", "Words",
                                   "address", "charge", "configure", "copy", "inspect",
                                   "perf_counter", "readv", "recv", "send", "set_dtype_names");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {

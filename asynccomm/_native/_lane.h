@@ -87,6 +87,8 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
 extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
     *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
     *a_data, *a_testsome;
+extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
+    *a_local, *a_blocked, *a_reading;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -210,6 +212,7 @@ PyObject *buffers_address(PyObject *self, PyObject *arg);
 
 /* _lane_shm.c: the shared-memory link's atomic words and single copy */
 int shm_add(PyObject *m);
+char *words_base(PyObject *w, Py_ssize_t *len);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
 /* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``) */
@@ -256,8 +259,25 @@ int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 
-/* _lane_mpi.c: the MPI link's per-message steps. */
+/* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
+ * its engine (for the MPI and the shared-memory link alike). */
 extern PyTypeObject PathType;
+typedef struct {
+    PyObject *link, *wire, *names, *owed, *closed_by, *inline_where;
+    long return_at;
+} Landing;
+int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
+               void *arg);
+int list_add(PyObject *list, Py_ssize_t i, long long delta);
+int long_attr(PyObject *o, PyObject *name, long *out);
+int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,
+               Py_ssize_t size, PyObject *const *args, long *d, long *t, Py_ssize_t *nbytes,
+               Py_ssize_t *count, PyObject **field);
+void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
+                 Py_ssize_t count, PyObject *field);
+
+/* _lane_shmpath.c: the shared-memory link's per-message steps. */
+extern PyTypeObject ShmPathType;
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -3,7 +3,7 @@
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Path", "PendingBuffers", "Ring", "Tally", "Words", "address", "charge",
+__all__ = ["Path", "PendingBuffers", "Ring", "ShmPath", "Tally", "Words", "address", "charge",
            "configure", "copy", "inspect", "perf_counter", "readv", "recv", "send",
            "set_dtype_names"]
 
@@ -136,3 +136,17 @@ class Path:
     def fetch(self, msg: Any, rank: int, into: memoryview, ready: Any, /) -> None: ...
     def test(self) -> bool: ...
 
+# -- the shared-memory link's per-message steps --------------------------------------------
+
+class ShmPath:
+    """``ShmTransport``'s per-message steps in C (the lane must be configured)."""
+
+    def __init__(self, link: Any, channels: Any, wire: Any, fields: dict[str, bytes],
+                 names: dict[bytes, str], inline: Any, words: Words, view: memoryview,
+                 procs: list[int], node: Any, dead: set[int], ctrl: list[Any],
+                 bells: list[int], outs: list[tuple[Any, int, int, int, int] | None],
+                 ins: list[tuple[int, Any, int, int, int, int]], ring_bytes: int, wrap: int,
+                 armed: int) -> None: ...
+    def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
+                 dtype: str, /) -> bool: ...
+    def poll(self) -> bool: ...

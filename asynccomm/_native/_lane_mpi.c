@@ -63,7 +63,7 @@ get_le(const char *at, int n)
 }
 
 /* list[i] += delta, for the wire's credit lists (ints). */
-static int
+int
 list_add(PyObject *list, Py_ssize_t i, long long delta)
 {
     long long v = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
@@ -80,35 +80,45 @@ set_flag(PyObject *o, PyObject *name, int value)
     return PyObject_SetAttr(o, name, value ? Py_True : Py_False);
 }
 
+/* Write an eager message at ``h``: the header (``wire.eager_header``'s: from ``rank``, on
+ * ``tag``, the dtype's field ``field``, a bytes of at most DTYPE_MAX), then the payload
+ * (``nbytes`` at ``data``); H_SIZE + nbytes bytes in all. */
+void
+frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
+            Py_ssize_t count, PyObject *field)
+{
+    memset(h, 0, H_SIZE);
+    Py_ssize_t flen = PyBytes_GET_SIZE(field);
+    h[H_KIND] = (char)EAGER;
+    h[H_DLEN] = (char)flen;
+    put_le(h + H_SRC, (unsigned long long)rank, 4);
+    put_le(h + H_TAG, (unsigned long long)tag, 4);
+    put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
+    put_le(h + H_COUNT, (unsigned long long)count, 8);
+    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    memcpy(h + H_SIZE, data, nbytes);
+}
+
 /* -- receiving ------------------------------------------------------------------------- */
 
-/* An eager message landed in ``head`` (its buffer ``buf``): hand it to the engine as
- * ``_on_control`` does.  1 done, 0 not judged here (nothing done: ``_on_control`` runs),
- * -1 error. */
-static int
-dispatch(Path *p, PyObject *head, PyObject *buf)
+/* An eager message landed at ``b`` (its header, then ``len - H_SIZE`` bytes of payload),
+ * for the link ``l->link``: hand it to the engine as ``_on_control`` does (the shared-memory
+ * link's ``ShmPath`` lands its records here too).  ``payload(arg)`` makes the payload's
+ * view, only where it arrives as a ``Message``.  1 done, 0 not judged here (nothing done:
+ * ``_on_control`` runs), -1 error. */
+int
+land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
+           void *arg)
 {
-    const char *b = PyByteArray_AS_STRING(buf);
-    long kind = (unsigned char)b[H_KIND];
-    if (!ready || (kind != EAGER && kind != RTS && kind != CTS)) {
+    if (!ready || len < H_SIZE || b[H_KIND] != EAGER) {
         return 0;
-    }
-    if (kind != EAGER) {
-        PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
-        if (endpoint == NULL) {
-            return -1;
-        }
-        int rc = rendezvous(p, endpoint, b, kind);
-        Py_DECREF(endpoint);
-        return rc;
     }
     Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
     Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
-    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN
-        || nbytes > PyByteArray_GET_SIZE(buf) - H_SIZE) {
+    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN || nbytes > len - H_SIZE) {
         return 0;
     }
-    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    PyObject *endpoint = PyObject_GetAttr(l->link, a_endpoint);
     if (endpoint == NULL) {
         return -1;
     }
@@ -128,7 +138,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         rc = -1;
         goto done;
     }
-    dtype = PyDict_GetItemWithError(p->names, field);
+    dtype = PyDict_GetItemWithError(l->names, field);
     if (dtype == NULL || !PyUnicode_CheckExact(dtype)
         || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
         dtype = NULL;
@@ -151,27 +161,27 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
     rc = 1;
     if (r == 1) {  /* taken: its charge is owed back (``wire.consumed``) */
         long s = PyLong_AsLong(src);
-        if (s < 0 || s >= PyList_GET_SIZE(p->owed)) {
+        if (s < 0 || s >= PyList_GET_SIZE(l->owed)) {
             PyErr_Format(PyExc_ValueError, "eager message from unknown rank %ld", s);
             rc = -1;
             goto done;
         }
-        long long owed = PyLong_AsLongLong(PyList_GET_ITEM(p->owed, s));
-        int gone = PyDict_Contains(p->closed_by, src);
+        long long owed = PyLong_AsLongLong(PyList_GET_ITEM(l->owed, s));
+        int gone = PyDict_Contains(l->closed_by, src);
         if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
             rc = -1;
             goto done;
         }
         owed += charge(nbytes);
-        if (owed < p->return_at || gone) {
+        if (owed < l->return_at || gone) {
             PyObject *v = PyLong_FromLongLong(owed);
-            rc = v == NULL || PyList_SetItem(p->owed, s, v) < 0 ? -1 : 1;
+            rc = v == NULL || PyList_SetItem(l->owed, s, v) < 0 ? -1 : 1;
             goto done;
         }
         nb = PyLong_FromSsize_t(nbytes);  /* a CREDIT is due: the wire makes it */
-        out = nb == NULL ? NULL : PyObject_CallMethodObjArgs(p->wire, a_consumed, src, nb, NULL);
+        out = nb == NULL ? NULL : PyObject_CallMethodObjArgs(l->wire, a_consumed, src, nb, NULL);
         if (out != NULL && out != Py_None) {
-            PyObject *sent = PyObject_CallMethodObjArgs(p->link, a_send_ctl, src, out, NULL);
+            PyObject *sent = PyObject_CallMethodObjArgs(l->link, a_send_ctl, src, out, NULL);
             Py_XDECREF(sent);
             rc = sent == NULL ? -1 : 1;
         }
@@ -181,16 +191,16 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         goto done;
     }
     /* No recv is posted that could take it: it arrives as a message. */
-    PyObject *payload = PyObject_GetAttr(head, a_payload);
+    PyObject *view = payload(arg);
     nb = PyLong_FromSsize_t(nbytes);
     cnt = PyLong_FromSsize_t(count);
-    if (payload != NULL && nb != NULL && cnt != NULL) {
-        PyObject *argv[7] = {src, tag, nb, cnt, dtype, p->inline_where, payload};
+    if (view != NULL && nb != NULL && cnt != NULL) {
+        PyObject *argv[7] = {src, tag, nb, cnt, dtype, l->inline_where, view};
         PyObject *msg = PyObject_Vectorcall((PyObject *)MessageType, argv, 7, NULL);
         out = msg == NULL ? NULL : PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
         Py_XDECREF(msg);
     }
-    Py_XDECREF(payload);
+    Py_XDECREF(view);
     rc = out == NULL ? -1 : 1;
 done:
     Py_XDECREF(out);
@@ -203,6 +213,37 @@ done:
     Py_XDECREF(cnt);
     Py_DECREF(endpoint);
     return rc;
+}
+
+static PyObject *
+slot_payload(void *head)
+{
+    return PyObject_GetAttr((PyObject *)head, a_payload);
+}
+
+/* A control message landed in ``head`` (its buffer ``buf``): an eager one ``land_eager``, a
+ * rendezvous ``RTS`` or ``CTS`` ``rendezvous``.  1 done, 0 not judged here (nothing done:
+ * ``_on_control`` runs), -1 error. */
+static int
+dispatch(Path *p, PyObject *head, PyObject *buf)
+{
+    const char *b = PyByteArray_AS_STRING(buf);
+    long kind = PyByteArray_GET_SIZE(buf) < H_SIZE ? -1 : (unsigned char)b[H_KIND];
+    if (!ready || (kind != EAGER && kind != RTS && kind != CTS)) {
+        return 0;
+    }
+    if (kind != EAGER) {
+        PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+        if (endpoint == NULL) {
+            return -1;
+        }
+        int rc = rendezvous(p, endpoint, b, kind);
+        Py_DECREF(endpoint);
+        return rc;
+    }
+    Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
+                 p->return_at};
+    return land_eager(&l, b, PyByteArray_GET_SIZE(buf), slot_payload, head);
 }
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
@@ -411,6 +452,48 @@ wake(Path *p)
     return rc;
 }
 
+/* ``send_now(dest, tag, array, nbytes, count, dtype)``'s arguments judged as the link's
+ * ``send_now`` and the wire's ``eager_header`` judge them, for a link of ``size`` ranks
+ * (``self``: this rank, which sends to itself the Python way; -1: any rank may be a
+ * destination): 1 eager, with ``*field`` the dtype's field (a new reference); 0 not eager
+ * (the link broke, ``dest`` closed, too large: False); 2 not judged here (a dtype not seen
+ * yet, numbers out of range: the Python steps); -1 error.  The credit is the caller's. */
+int
+judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,
+           Py_ssize_t size, PyObject *const *args, long *d, long *t, Py_ssize_t *nbytes,
+           Py_ssize_t *count, PyObject **field)
+{
+    *d = PyLong_AsLong(args[0]);
+    *t = PyLong_AsLong(args[1]);
+    *nbytes = PyLong_AsSsize_t(args[3]);
+    *count = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    if (!ready || *d < 0 || *d >= size || *d == self || *t < INT32_MIN || *t > INT32_MAX
+        || *nbytes < 0) {
+        return 2;
+    }
+    PyObject *broken = PyObject_GetAttr(link, a_link_broken);
+    if (broken == NULL) {
+        return -1;
+    }
+    int no = broken != Py_None;
+    Py_DECREF(broken);
+    if (!no && (no = PyDict_Contains(closed_by, args[0])) < 0) {
+        return -1;
+    }
+    if (no || *nbytes > inline_max) {
+        return 0;
+    }
+    *field = PyDict_GetItemWithError(fields, args[5]);
+    if (*field == NULL || !PyBytes_CheckExact(*field) || PyBytes_GET_SIZE(*field) > DTYPE_MAX) {
+        return PyErr_Occurred() ? -1 : 2;  /* a dtype not seen yet: the wire's encode_dtype */
+    }
+    Py_INCREF(*field);
+    return 1;
+}
+
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``MPITransport.send_now``. */
 static PyObject *
 path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
@@ -419,53 +502,37 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
         return NULL;
     }
-    PyObject *dest = args[0];
-    long d = PyLong_AsLong(dest), t = PyLong_AsLong(args[1]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(args[3]), count = PyLong_AsSsize_t(args[4]);
-    if (PyErr_Occurred()) {
+    PyObject *dest = args[0], *field;
+    long d, t;
+    Py_ssize_t nbytes, count;
+    int judged = judge_send(p->link, p->closed_by, p->fields, p->inline_max, -1,
+                            PyList_GET_SIZE(p->credit), args, &d, &t, &nbytes, &count, &field);
+    if (judged < 0) {
         return NULL;
     }
-    if (!ready || d < 0 || d >= PyList_GET_SIZE(p->credit) || t < INT32_MIN
-        || t > INT32_MAX) {
-        goto python;
-    }
-    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
-    if (broken == NULL) {
-        return NULL;
-    }
-    int no = broken != Py_None;
-    Py_DECREF(broken);
-    if (!no && (no = PyDict_Contains(p->closed_by, dest)) < 0) {
-        return NULL;
-    }
-    if (no || nbytes > p->inline_max) {
+    if (judged == 0) {
         Py_RETURN_FALSE;
     }
-    PyObject *field = PyDict_GetItemWithError(p->fields, args[5]);
-    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
-        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
+    if (judged == 2) {
+        goto python;
     }
-    long long cost = charge(nbytes);
+    long long cost = charge(nbytes);  /* (``field`` held: a collection may run) */
     long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
-    if (have == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    if (have < cost) {
-        Py_RETURN_FALSE;
-    }
     Py_buffer view;
-    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
-        PyErr_Clear();
-        goto python;
-    }
-    if (view.len != nbytes) {
+    int eager = have == -1 && PyErr_Occurred() ? -1 : have < cost ? 0
+        : PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0 ? 2 : 1;
+    if (eager == 1 && view.len != nbytes) {
         PyBuffer_Release(&view);
-        goto python;
+        eager = 2;
     }
-    Py_INCREF(field);  /* held while allocating (a collection may run) */
+    if (eager != 1) {
+        Py_DECREF(field);
+        if (eager == 2) {
+            PyErr_Clear();
+            goto python;
+        }
+        return eager < 0 ? NULL : Py_NewRef(Py_False);
+    }
     PyObject *raw = PyBytes_FromStringAndSize(NULL, H_SIZE + nbytes);
     if (raw == NULL || list_add(p->credit, d, -cost) < 0) {
         Py_XDECREF(raw);
@@ -473,17 +540,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         PyBuffer_Release(&view);
         return NULL;
     }
-    char *h = PyBytes_AS_STRING(raw);
-    memset(h, 0, H_SIZE);
-    Py_ssize_t flen = PyBytes_GET_SIZE(field);
-    h[H_KIND] = (char)EAGER;
-    h[H_DLEN] = (char)flen;
-    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
-    put_le(h + H_TAG, (unsigned long long)t, 4);
-    put_le(h + H_NBYTES, (unsigned long long)nbytes, 8);
-    put_le(h + H_COUNT, (unsigned long long)count, 8);
-    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
-    memcpy(h + H_SIZE, view.buf, nbytes);
+    frame_eager(PyBytes_AS_STRING(raw), p->rank, t, view.buf, nbytes, count, field);
     Py_DECREF(field);
     PyBuffer_Release(&view);
     /* progress.comm.Isend(raw, dest, 0): the control tag; the communicator looked up each
@@ -1065,7 +1122,8 @@ out:
 
 /* -- the type ---------------------------------------------------------------------------- */
 
-static int
+/* ``*out = o.<name>``, an int; -1 error. */
+int
 long_attr(PyObject *o, PyObject *name, long *out)
 {
     PyObject *v = PyObject_GetAttr(o, name);

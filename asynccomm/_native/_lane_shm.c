@@ -156,6 +156,18 @@ static PyTypeObject WordsType = {
     .tp_methods = Words_methods,
 };
 
+/* The mapping ``w`` holds and its length (``ShmPath`` reads and writes the rings there);
+ * NULL where ``w`` is no ``Words`` or was released (the Python steps run then). */
+char *
+words_base(PyObject *w, Py_ssize_t *len)
+{
+    if (Py_TYPE(w) != &WordsType || !((Words *)w)->held) {
+        return NULL;
+    }
+    *len = ((Words *)w)->len;
+    return ((Words *)w)->base;
+}
+
 static PyObject *
 shm_readv(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {

@@ -54,7 +54,7 @@ if os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0"):
 #: The extension's single copy of rendezvous data (``address``, ``readv``), if built.
 single_copy = _native_shm
 
-__all__ = ["ARMED", "LINE", "NATIVE", "RING_BYTES", "Ring", "Segment", "Words",
+__all__ = ["ARMED", "LINE", "NATIVE", "RING_BYTES", "WRAP", "Ring", "Segment", "Words",
            "segment_bytes", "single_copy"]
 
 LINE: Final = 64

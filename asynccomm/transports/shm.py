@@ -34,12 +34,12 @@ from collections.abc import Callable
 from typing import Any, ClassVar, cast
 
 from .._core import wire as w
-from .._core.descriptors import Message
+from .._core.descriptors import INLINE, Message
 from .._core.wire import CLOSE, FIN, FT, HEADER, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport, OfferBytes, deliver
-from ._shm_ring import ARMED, Ring, Segment, segment_bytes, single_copy
+from ._shm_ring import ARMED, RING_BYTES, WRAP, Ring, Segment, segment_bytes, single_copy
 from .base import Endpoint
 
 __all__ = ["DATA", "FRAGMENT", "Channels", "Node", "ShmTransport", "missing"]
@@ -276,6 +276,14 @@ class Channels:
                 hit = True
             if wants:
                 self.ring(source)
+        return self._poll_rest() or hit
+
+    def _poll_rest(self) -> bool:
+        """What ``poll`` does after the rings: this rank's messages to itself, what waited
+        for room, the single copies under way (the C lane's ``ShmPath.poll`` calls it when
+        any of them waits); True if anything happened."""
+        hit = False
+        handle = self._handle
         local = self._local
         while local:
             handle(memoryview(local.popleft()))
@@ -420,8 +428,29 @@ class ShmTransport(MPITransport):
     def channels(self) -> Channels:
         return self.progress  # type: ignore[return-value]
 
-    def accelerate(self, lane: Any) -> None:  # the C lane speaks MPI only
-        raise NotImplementedError
+    def accelerate(self, lane: Any) -> None:
+        """Run the per-message steps in C, with the C lane ``lane`` (call it before
+        ``start``): ``send_now`` and the poll of the rings run with no Python frame
+        (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
+        message that lands goes straight into the recv posted for it; everything else
+        takes the Python steps)."""
+        channels = self.channels
+        segment = channels.segment
+        if not isinstance(segment.words, lane.Words):  # the rings' words are libatomic's
+            return
+
+        def offsets(ring: Ring) -> tuple[Ring, int, int, int, int]:
+            return ring, ring._tail, ring._head, ring._want, ring._data
+
+        path = lane.ShmPath(
+            self, channels, self.wire, w.DTYPE_FIELDS, w.DTYPE_NAMES, INLINE,
+            segment.words, segment.view, channels.procs, self.node, channels.dead,
+            channels._ctrl, [segment.bell(r) for r in range(self.size)],
+            [None if ring is None else offsets(ring) for ring in channels.out],
+            [(source, *offsets(ring)) for source, ring in channels.incoming],
+            RING_BYTES, WRAP, ARMED)
+        self.send_now = path.send_now  # type: ignore[method-assign]
+        channels.poll = path.poll  # type: ignore[method-assign]
 
     def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         """Join the node's poll."""

@@ -1,0 +1,558 @@
+/* The shared-memory link's per-message steps in C: ``ShmPath``, which the world of processes
+ * builds for each link where the C lane is built (``ShmTransport.accelerate``).
+ *
+ * ``send_now`` is ``ShmTransport.send_now`` (the wire's ``eager_header``, then the record
+ * put on the destination's ring: ``Ring.put``, and its doorbell rung if the receiver armed
+ * it: ``Channels.ring``) with no Python frame; ``poll`` is ``Channels.poll``: the records
+ * of the incoming rings (``Ring.take``), an eager one handed to the receiving engine as
+ * ``_mpi_lane``'s ``land_eager`` hands it (into a posted recv, or as a ``Message``), every
+ * other one to ``Channels._handle``; then, if anything waits to go or to be read,
+ * ``Channels._poll_rest``.  Every send it does not judge (a dtype not seen yet, a buffer
+ * that is not one piece, a ring with no room or with control messages queued, a dead
+ * peer) goes to the Python ``send_now``.  The state stays where the Python steps keep it
+ * (each ring's ``_pos`` and ``_seen``, the words of the segment, the wire's credit lists),
+ * so both kinds of step can run in one world.
+ *
+ * The accesses to the words (``tail``, ``head``, ``want``, the doorbells) are sequentially
+ * consistent, as ``Words``' are: the armed-doorbell protocol of ``_shm_ring`` holds as it
+ * is. */
+#include "_lane.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+/* One ring as this rank sees it: the ``Ring``, its words' and records' offsets. */
+typedef struct {
+    PyObject *ring;
+    Py_ssize_t tail, head, want, data;
+    long source;
+} RingAt;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *link, *channels, *wire, *fields, *names, *inline_where, *words, *view, *procs;
+    PyObject *node, *dead, *ctrl, *credit, *owed, *closed_by, *py_send_now, *handle;
+    RingAt *out;  /* by destination (``ring`` NULL for this rank) */
+    RingAt *in;
+    Py_ssize_t n_in, *bells;
+    long rank, size, inline_max, return_at;
+    unsigned long long ring_bytes, wrap, armed;
+} ShmPath;
+
+static _Atomic uint64_t *
+word(char *base, Py_ssize_t off)
+{
+    return (_Atomic uint64_t *)(base + off);
+}
+
+static int
+get_pos(PyObject *ring, PyObject *name, unsigned long long *v)
+{
+    PyObject *o = PyObject_GetAttr(ring, name);
+    *v = o == NULL ? (unsigned long long)-1 : PyLong_AsUnsignedLongLong(o);
+    Py_XDECREF(o);
+    return *v == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+set_pos(PyObject *ring, PyObject *name, unsigned long long v)
+{
+    PyObject *o = PyLong_FromUnsignedLongLong(v);
+    int rc = o == NULL ? -1 : PyObject_SetAttr(ring, name, o);
+    Py_XDECREF(o);
+    return rc;
+}
+
+/* ``Channels.ring(dest)``: wake ``dest`` if it armed its doorbell (of several senders,
+ * the one whose compare-and-swap clears it). */
+static int
+ring_bell(ShmPath *p, char *base, long dest)
+{
+    _Atomic uint64_t *bell = word(base, p->bells[dest]);
+    uint64_t armed = p->armed;
+    if (!(atomic_load(bell) & armed) || !atomic_compare_exchange_strong(bell, &armed, 0)) {
+        return 0;
+    }
+    PyObject *peer = Py_NewRef(PyList_GET_ITEM(p->procs, dest));
+    PyObject *r = PyObject_CallMethodOneArg(p->node, a_wake, peer);
+    Py_DECREF(peer);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* -- sending --------------------------------------------------------------------------- */
+
+/* ``send_now``'s send, once judged eager with a dtype of field ``field`` (held): the record
+ * on ``d``'s ring, its doorbell rung, the node kicked.  1 sent; 2 not eager now (no
+ * credit: False); 0 not judged here (nothing done: the Python steps run); -1 error. */
+static int
+put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
+           Py_ssize_t count, PyObject *field)
+{
+    PyObject *dest = args[0];
+    long long cost = charge(nbytes);
+    long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
+    if (have == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (have < cost) {
+        return 2;
+    }
+    int dead = PySet_Contains(p->dead, dest);
+    Py_ssize_t queued = dead ? 0 : PyObject_Length(PyList_GET_ITEM(p->ctrl, d));
+    if (dead < 0 || queued < 0) {
+        return -1;
+    }
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    if (dead || queued || base == NULL) {
+        return 0;  /* its control messages queue in order, or it is gone */
+    }
+    RingAt *r = &p->out[d];
+    unsigned long long tail, seen;
+    if (get_pos(r->ring, a_ring_pos, &tail) < 0 || get_pos(r->ring, a_ring_seen, &seen) < 0) {
+        return -1;
+    }
+    unsigned long long rb = p->ring_bytes, n = (unsigned long long)(H_SIZE + nbytes);
+    unsigned long long need = 8 + ((n + 7) & ~7ULL), off = tail & (rb - 1);
+    unsigned long long skip = off + need > rb ? rb - off : 0;
+    if (need > rb / 2) {
+        return 0;
+    }
+    if (tail + skip + need - seen > rb) {  /* (``Ring.put``) */
+        seen = atomic_load(word(base, r->head));
+        if (set_pos(r->ring, a_ring_seen, seen) < 0) {
+            return -1;
+        }
+        if (tail + skip + need - seen > rb) {
+            return 0;  /* no room: it queues */
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (view.len != nbytes) {
+        PyBuffer_Release(&view);
+        return 0;
+    }
+    PyObject *pos = PyLong_FromUnsignedLongLong(tail + skip + need);
+    if (pos == NULL || list_add(p->credit, d, -cost) < 0) {
+        Py_XDECREF(pos);
+        PyBuffer_Release(&view);
+        return -1;
+    }
+    char *data = base + r->data;
+    if (skip) {
+        *(uint64_t *)(data + off) = p->wrap;
+        off = 0;
+    }
+    frame_eager(data + off + 8, p->rank, t, view.buf, nbytes, count, field);
+    PyBuffer_Release(&view);
+    *(uint64_t *)(data + off) = n;
+    atomic_store(word(base, r->tail), tail + skip + need);  /* published */
+    int rc = PyObject_SetAttr(r->ring, a_ring_pos, pos);
+    Py_DECREF(pos);
+    if (rc < 0 || ring_bell(p, base, d) < 0) {
+        return -1;
+    }
+    PyObject *k = PyObject_CallMethodNoArgs(p->node, a_kick);
+    if (k == NULL) {
+        return -1;
+    }
+    Py_DECREF(k);
+    return 1;
+}
+
+/* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
+static PyObject *
+shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
+        return NULL;
+    }
+    PyObject *field;
+    long d, t;
+    Py_ssize_t nbytes, count;
+    int rc = judge_send(p->link, p->closed_by, p->fields, p->inline_max, p->rank, p->size,
+                        args, &d, &t, &nbytes, &count, &field);
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rc == 0) {
+        Py_RETURN_FALSE;
+    }
+    if (rc == 2) {
+        goto python;
+    }
+    rc = put_record(p, d, t, args, nbytes, count, field);  /* (``field`` held) */
+    Py_DECREF(field);
+    if (rc < 0) {
+        return NULL;
+    }
+    if (rc == 0) {
+        goto python;
+    }
+    return PyBool_FromLong(rc == 1);
+python:
+    return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
+}
+
+/* -- polling --------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *view;
+    Py_ssize_t start, end;
+} Record;
+
+/* The payload of a record (``_Slot.payload``): a view of the segment, valid only while it
+ * is handed on (as the Python steps' is). */
+static PyObject *
+record_payload(void *arg)
+{
+    Record *rec = arg;
+    return PySequence_GetSlice(rec->view, rec->start + H_SIZE, rec->end);
+}
+
+static int
+waiting(PyObject *channels, PyObject *name)
+{
+    PyObject *o = PyObject_GetAttr(channels, name);
+    int rc = o == NULL ? -1 : PyObject_IsTrue(o);
+    Py_XDECREF(o);
+    return rc;
+}
+
+/* Take every record of the ring ``r`` (``Ring.take``, each handed on); the number taken,
+ * -1 error. */
+static Py_ssize_t
+take_ring(ShmPath *p, RingAt *r, char *base)
+{
+    uint64_t tail = atomic_load(word(base, r->tail));
+    unsigned long long head;
+    if (get_pos(r->ring, a_ring_pos, &head) < 0) {
+        return -1;
+    }
+    if (tail == head) {
+        return 0;
+    }
+    Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
+                 p->return_at};
+    unsigned long long rb = p->ring_bytes;
+    Py_ssize_t n = 0;
+    while (head != tail) {
+        unsigned long long off = head & (rb - 1);
+        uint64_t length = *(uint64_t *)(base + r->data + off);
+        if (length == p->wrap) {
+            head += rb - off;
+            continue;
+        }
+        if (off + 8 + length > rb) {
+            PyErr_Format(PyExc_ValueError, "a record of %llu bytes at %llu of a ring",
+                         (unsigned long long)length, off);
+            return -1;
+        }
+        Record rec = {p->view, r->data + (Py_ssize_t)off + 8,
+                      r->data + (Py_ssize_t)(off + 8 + length)};
+        int rc = land_eager(&l, base + rec.start, (Py_ssize_t)length, record_payload, &rec);
+        if (rc == 0) {  /* ``Channels._handle`` */
+            PyObject *v = PySequence_GetSlice(p->view, rec.start, rec.end);
+            PyObject *h = v == NULL ? NULL : PyObject_CallOneArg(p->handle, v);
+            rc = h == NULL ? -1 : 1;
+            Py_XDECREF(h);
+            Py_XDECREF(v);
+        }
+        if (rc < 0) {
+            return -1;
+        }
+        head += 8 + ((length + 7) & ~7ULL);
+        n++;
+        if (set_pos(r->ring, a_ring_pos, head) < 0) {
+            return -1;
+        }
+        if (words_base(p->words, &(Py_ssize_t){0}) != base) {
+            return n;  /* the segment went while a record was handed on */
+        }
+    }
+    atomic_store(word(base, r->head), head);
+    if (atomic_load(word(base, r->want))) {  /* the sender waits for room */
+        atomic_store(word(base, r->want), 0);
+        if (ring_bell(p, base, r->source) < 0) {
+            return -1;
+        }
+    }
+    return n;
+}
+
+/* poll() -> bool: ``Channels.poll``. */
+static PyObject *
+shm_poll(ShmPath *p, PyObject *unused)
+{
+    int hit = 0;
+    for (Py_ssize_t i = 0; i < p->n_in; i++) {
+        Py_ssize_t len;
+        char *base = words_base(p->words, &len);
+        if (base == NULL) {
+            break;  /* closed */
+        }
+        Py_ssize_t n = take_ring(p, &p->in[i], base);
+        if (n < 0) {
+            return NULL;
+        }
+        hit |= n > 0;
+    }
+    int rest = waiting(p->channels, a_local);
+    if (rest == 0) {
+        rest = waiting(p->channels, a_blocked);
+    }
+    if (rest == 0) {
+        rest = waiting(p->channels, a_reading);
+    }
+    if (rest < 0) {
+        return NULL;
+    }
+    if (rest) {
+        PyObject *r = PyObject_CallMethodNoArgs(p->channels, a_poll_rest);
+        rest = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (rest < 0) {
+            return NULL;
+        }
+    }
+    return PyBool_FromLong(hit || rest);
+}
+
+/* -- the type ---------------------------------------------------------------------------- */
+
+static int
+offsets(PyObject *item, RingAt *r, int incoming, Py_ssize_t len, unsigned long long rb)
+{
+    Py_ssize_t v[5];
+    PyObject *ring;
+    if (incoming ? !PyArg_ParseTuple(item, "lOnnnn", &r->source, &ring, &v[0], &v[1], &v[2],
+                                     &v[3])
+                 : !PyArg_ParseTuple(item, "Onnnn", &ring, &v[0], &v[1], &v[2], &v[3])) {
+        return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (v[i] < 0 || (v[i] & 7) != 0 || v[i] > len - 8) {
+            PyErr_SetString(PyExc_ValueError, "ShmPath: a ring's words are not in the mapping");
+            return -1;
+        }
+    }
+    if ((unsigned long long)v[3] + rb > (unsigned long long)len) {
+        PyErr_SetString(PyExc_ValueError, "ShmPath: a ring's records are not in the mapping");
+        return -1;
+    }
+    r->ring = Py_NewRef(ring);
+    r->tail = v[0];
+    r->head = v[1];
+    r->want = v[2];
+    r->data = v[3];
+    return 0;
+}
+
+static PyObject *
+shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *link, *channels, *wire, *fields, *names, *inline_where, *words, *view, *procs;
+    PyObject *node, *dead, *ctrl, *bells, *outs, *ins;
+    unsigned long long rb, wrap, armed;
+    static char *kw[] = {"link", "channels", "wire", "fields", "names", "inline", "words",
+                         "view", "procs", "node", "dead", "ctrl", "bells", "outs", "ins",
+                         "ring_bytes", "wrap", "armed", NULL};
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, "OOOO!O!OOOO!OO!O!O!O!O!KKK:ShmPath", kw, &link, &channels, &wire,
+            &PyDict_Type, &fields, &PyDict_Type, &names, &inline_where, &words, &view,
+            &PyList_Type, &procs, &node, &PySet_Type, &dead, &PyList_Type, &ctrl,
+            &PyList_Type, &bells, &PyList_Type, &outs, &PyList_Type, &ins, &rb, &wrap,
+            &armed)) {
+        return NULL;
+    }
+    if (!ready) {  /* the names it looks up come with the lane's configuration */
+        PyErr_SetString(PyExc_TypeError, "ShmPath: the lane is not configured");
+        return NULL;
+    }
+    Py_ssize_t len, size = PyList_GET_SIZE(procs);
+    if (words_base(words, &len) == NULL) {
+        PyErr_SetString(PyExc_TypeError, "ShmPath: words is the lane's Words, not released");
+        return NULL;
+    }
+    if (rb == 0 || (rb & (rb - 1)) != 0 || PyList_GET_SIZE(ctrl) != size
+        || PyList_GET_SIZE(bells) != size || PyList_GET_SIZE(outs) != size) {
+        PyErr_SetString(PyExc_ValueError, "ShmPath: a list per rank, rings of 2**k bytes");
+        return NULL;
+    }
+    ShmPath *p = (ShmPath *)type->tp_alloc(type, 0);
+    if (p == NULL) {
+        return NULL;
+    }
+    p->link = Py_NewRef(link);
+    p->channels = Py_NewRef(channels);
+    p->wire = Py_NewRef(wire);
+    p->fields = Py_NewRef(fields);
+    p->names = Py_NewRef(names);
+    p->inline_where = Py_NewRef(inline_where);
+    p->words = Py_NewRef(words);
+    p->view = Py_NewRef(view);
+    p->procs = Py_NewRef(procs);
+    p->node = Py_NewRef(node);
+    p->dead = Py_NewRef(dead);
+    p->ctrl = Py_NewRef(ctrl);
+    p->size = (long)size;
+    p->ring_bytes = rb;
+    p->wrap = wrap;
+    p->armed = armed;
+    p->n_in = PyList_GET_SIZE(ins);
+    p->out = PyMem_Calloc((size_t)size, sizeof(RingAt));
+    p->in = PyMem_Calloc((size_t)p->n_in + 1, sizeof(RingAt));
+    p->bells = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    if (p->out == NULL || p->in == NULL || p->bells == NULL) {
+        Py_DECREF(p);
+        return PyErr_NoMemory();
+    }
+    p->credit = PyObject_GetAttr(wire, a_credit);
+    p->owed = PyObject_GetAttr(wire, a_owed);
+    p->closed_by = PyObject_GetAttr(wire, a_closed_by);
+    p->py_send_now = PyObject_GetAttr(link, a_send_now);
+    p->handle = PyObject_GetAttr(channels, a_handle);
+    if (p->credit == NULL || p->owed == NULL || p->closed_by == NULL || p->py_send_now == NULL
+        || p->handle == NULL || long_attr(link, a_rank, &p->rank) < 0
+        || long_attr(wire, a_inline_max, &p->inline_max) < 0
+        || long_attr(wire, a_return_at, &p->return_at) < 0) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    if (!PyList_CheckExact(p->credit) || !PyList_CheckExact(p->owed)
+        || !PyDict_Check(p->closed_by) || PyList_GET_SIZE(p->credit) != size
+        || PyList_GET_SIZE(p->owed) != size || p->rank < 0 || p->rank >= size) {
+        PyErr_SetString(PyExc_TypeError, "ShmPath: the wire's credit lists and closed_by dict");
+        Py_DECREF(p);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < size; i++) {
+        PyObject *o = PyList_GET_ITEM(outs, i);
+        p->bells[i] = PyLong_AsSsize_t(PyList_GET_ITEM(bells, i));
+        if ((p->bells[i] == -1 && PyErr_Occurred())
+            || (o == Py_None) != (i == p->rank)
+            || (o != Py_None && offsets(o, &p->out[i], 0, len, rb) < 0)) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_ValueError, "ShmPath: a ring to every other rank");
+            }
+            Py_DECREF(p);
+            return NULL;
+        }
+        if (p->bells[i] < 0 || (p->bells[i] & 7) != 0 || p->bells[i] > len - 8) {
+            PyErr_SetString(PyExc_ValueError, "ShmPath: a doorbell is not in the mapping");
+            Py_DECREF(p);
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < p->n_in; i++) {
+        if (offsets(PyList_GET_ITEM(ins, i), &p->in[i], 1, len, rb) < 0) {
+            Py_DECREF(p);
+            return NULL;
+        }
+        if (p->in[i].source < 0 || p->in[i].source >= size) {
+            PyErr_SetString(PyExc_ValueError, "ShmPath: a ring from an unknown rank");
+            Py_DECREF(p);
+            return NULL;
+        }
+    }
+    return (PyObject *)p;
+}
+
+static int
+shmpath_traverse(ShmPath *p, visitproc visit, void *arg)
+{
+    Py_VISIT(p->link);
+    Py_VISIT(p->channels);
+    Py_VISIT(p->wire);
+    Py_VISIT(p->fields);
+    Py_VISIT(p->names);
+    Py_VISIT(p->inline_where);
+    Py_VISIT(p->words);
+    Py_VISIT(p->view);
+    Py_VISIT(p->procs);
+    Py_VISIT(p->node);
+    Py_VISIT(p->dead);
+    Py_VISIT(p->ctrl);
+    Py_VISIT(p->credit);
+    Py_VISIT(p->owed);
+    Py_VISIT(p->closed_by);
+    Py_VISIT(p->py_send_now);
+    Py_VISIT(p->handle);
+    for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
+        Py_VISIT(p->out[i].ring);
+    }
+    for (Py_ssize_t i = 0; p->in != NULL && i < p->n_in; i++) {
+        Py_VISIT(p->in[i].ring);
+    }
+    return 0;
+}
+
+static int
+shmpath_clear(ShmPath *p)
+{
+    Py_CLEAR(p->link);
+    Py_CLEAR(p->channels);
+    Py_CLEAR(p->wire);
+    Py_CLEAR(p->fields);
+    Py_CLEAR(p->names);
+    Py_CLEAR(p->inline_where);
+    Py_CLEAR(p->words);
+    Py_CLEAR(p->view);
+    Py_CLEAR(p->procs);
+    Py_CLEAR(p->node);
+    Py_CLEAR(p->dead);
+    Py_CLEAR(p->ctrl);
+    Py_CLEAR(p->credit);
+    Py_CLEAR(p->owed);
+    Py_CLEAR(p->closed_by);
+    Py_CLEAR(p->py_send_now);
+    Py_CLEAR(p->handle);
+    for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
+        Py_CLEAR(p->out[i].ring);
+    }
+    for (Py_ssize_t i = 0; p->in != NULL && i < p->n_in; i++) {
+        Py_CLEAR(p->in[i].ring);
+    }
+    return 0;
+}
+
+static void
+shmpath_dealloc(ShmPath *p)
+{
+    PyObject_GC_UnTrack(p);
+    shmpath_clear(p);
+    PyMem_Free(p->out);
+    PyMem_Free(p->in);
+    PyMem_Free(p->bells);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyMethodDef shmpath_methods[] = {
+    {"send_now", (PyCFunction)(void (*)(void))shm_send_now, METH_FASTCALL,
+     "send_now(dest, tag, array, nbytes, count, dtype) -> bool: ShmTransport.send_now"},
+    {"poll", (PyCFunction)shm_poll, METH_NOARGS,
+     "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject ShmPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asynccomm._native._lane.ShmPath",
+    .tp_basicsize = sizeof(ShmPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "ShmPath(link, channels, wire, fields, names, inline, words, view, procs, node, "
+              "dead, ctrl, bells, outs, ins, ring_bytes, wrap, armed): the shared-memory "
+              "link's per-message steps in C.",
+    .tp_new = shmpath_new,
+    .tp_traverse = (traverseproc)shmpath_traverse,
+    .tp_clear = (inquiry)shmpath_clear,
+    .tp_dealloc = (destructor)shmpath_dealloc,
+    .tp_methods = shmpath_methods,
+};

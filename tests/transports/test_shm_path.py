@@ -1,0 +1,314 @@
+"""The shared-memory link's per-message steps in C (``_lane.ShmPath``) do what the Python
+steps do.
+
+Two ranks' links share one segment in this process, with a stand-in for the node (its
+``kick``s and ``wake``s recorded).  Random states are set up twice, alike: where each ring
+starts (near its end: records wrap; or nearly full: no room), the eager credit, a closed,
+broken or dead peer, control messages queued, an armed doorbell.  The same sends run on one
+through the Python steps and on the other through the C lane's, then the receiver polls
+(Python, or C), and everything the steps touch is compared: the whole segment (records,
+``tail``, ``head``, ``want``, doorbells), each ring's ``_pos`` and ``_seen``, the credit,
+the queues, what the node was asked, and what was handed to the receiving endpoint.  A
+world of two links on real engines then runs ping-pongs both ways (``native=``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asynccomm._comm import communicator as _communicator
+from asynccomm._comm import native as _native
+from asynccomm._comm.process_runner import _ProcessFamily
+from asynccomm._core import wire as w
+from asynccomm._engine.lane import LANE
+from asynccomm._exceptions import TransportError
+from asynccomm.sim.device import Device
+from asynccomm.transports import _shm_ring
+from asynccomm.transports._shm_ring import ARMED, RING_BYTES, Segment, segment_bytes
+from asynccomm.transports.shm import Node, ShmTransport, missing
+
+pytestmark = [pytest.mark.native,
+              pytest.mark.skipif(LANE is None or _native.CONFIGURED is None
+                                 or not _shm_ring.NATIVE or missing() is not None,
+                                 reason="the C lane is not built here (or switched off)")]
+
+POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2
+
+
+class FakeNode:
+    """What a link asks of its node, recorded."""
+
+    single_copy = False
+
+    def __init__(self) -> None:
+        self.kicks = 0
+        self.woken: list[int] = []
+
+    def kick(self) -> None:
+        self.kicks += 1
+
+    def wake(self, peer: int) -> None:
+        self.woken.append(peer)
+
+
+class Endpoint:
+    """A receiving engine as the link's Python steps see it (the C steps hand anything
+    but the engine's own class to them)."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.arrived_: list[tuple[Any, ...]] = []
+        self.other: list[str] = []
+
+    def arrived(self, msg: Any) -> None:
+        self.arrived_.append((msg.source, msg.tag, msg.nbytes, msg.count, msg.dtype,
+                              msg.shape, msg.where, bytes(msg.view[:msg.nbytes])
+                              if msg.view is not None else msg.ident))
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args: self.other.append(name)
+
+
+def offer_bytes(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int,
+                count: int, dtype: str) -> bool:
+    endpoint.arrived_.append(("offered", source, tag, bytes(view[:nbytes]), count, dtype))
+    return True
+
+
+def pair(state: dict[str, Any], native: bool) -> tuple[Segment, list[ShmTransport], FakeNode]:
+    """Two links (ranks 0 and 1) on one new segment, set up as ``state`` says."""
+    fd = os.memfd_create("asynccomm-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, segment_bytes(2))
+        segment = Segment(fd, 2)
+    finally:
+        os.close(fd)
+    node = FakeNode()
+    links = [ShmTransport(node, segment, r, [0, 1], eager_limit=4096,  # type: ignore[arg-type]
+                          pools=[POOL, POOL]) for r in range(2)]
+    start, used = state["start"], state["used"]
+    for link in links:  # each ring starts where ``state`` says: ``used`` bytes not freed
+        link.endpoint = Endpoint()  # type: ignore[assignment]
+        link.offer_bytes = offer_bytes
+        out = link.channels.out[1 - link.rank]
+        assert out is not None
+        out._pos, out._seen = start, start - used
+        segment.words.store(out._tail, start)
+        segment.words.store(out._head, start - used)
+        for _, ring in link.channels.incoming:
+            ring._pos = start
+        if state["armed"]:
+            segment.words.store(segment.bell(link.rank), ARMED)
+    if native:
+        for link in links:
+            link.accelerate(LANE)
+    sender = links[0]
+    sender.wire.credit[1] = state["credit"]
+    if state["closed"]:
+        sender.wire.closed_by[1] = "has closed its communicator"
+    if state["broken"]:
+        sender._broken = TransportError("broken", rank=0)
+    if state["dead"]:
+        sender.channels.dead.add(1)
+    for _ in range(state["queued"]):
+        sender.channels._ctrl[1].append(w.HEADER.pack(w.CREDIT, 0, 0, 0, 640, 0, 0, b""))
+    return segment, links, node
+
+
+def observe(segment: Segment, links: list[ShmTransport], node: FakeNode,
+            results: list[object]) -> tuple[Any, ...]:
+    return (results, bytes(segment.mm), node.kicks, node.woken,
+            [(r._pos, r._seen) for link in links for r in link.channels.out if r is not None],
+            [r._pos for link in links for _, r in link.channels.incoming],
+            [list(link.wire.credit) for link in links],
+            [list(link.wire._owed) for link in links],
+            [list(map(list, link.channels._ctrl)) for link in links],
+            [link.endpoint.arrived_ for link in links],  # type: ignore[attr-defined]
+            [link.endpoint.other for link in links])  # type: ignore[attr-defined]
+
+
+SENDS = st.lists(st.tuples(st.sampled_from([0, 8, 24, 1000, 4096, 4097]),
+                           st.sampled_from(["<f8", "<f8", "<u1", "<c16"]),
+                           st.integers(-3, 1 << 20)), min_size=1, max_size=4)
+STATES = st.fixed_dictionaries({
+    "start": st.sampled_from([RING_BYTES, 2 * RING_BYTES - 64, 2 * RING_BYTES - 4200,
+                              3 * RING_BYTES - 8]),
+    "used": st.sampled_from([0, 0, RING_BYTES - 5000, RING_BYTES - 100]),
+    "credit": st.sampled_from([0, 600, 1 << 15]),
+    "closed": st.booleans(),
+    "broken": st.sampled_from([False, False, False, True]),
+    "dead": st.sampled_from([False, False, False, True]),
+    "queued": st.sampled_from([0, 0, 1]),
+    "armed": st.booleans(),
+    "want": st.booleans(),
+    "sends": SENDS,
+})
+
+
+def run_steps(state: dict[str, Any], native: bool) -> tuple[Any, ...]:
+    for _, dtype, _ in state["sends"]:
+        if dtype == "<c16":  # one dtype the wire has not met: the Python steps
+            w.DTYPE_FIELDS.pop(dtype, None)
+        else:
+            w.encode_dtype(dtype)
+    segment, links, node = pair(state, native)
+    results: list[object] = []
+    try:
+        for nbytes, dtype, tag in state["sends"]:
+            dt = np.dtype(dtype)
+            array = np.arange(nbytes // dt.itemsize, dtype=dt)
+            try:
+                results.append(links[0].send_now(1, tag, array, array.nbytes, array.size,
+                                                 dtype))
+            except Exception as exc:
+                results.append(repr(exc))
+        if state["want"]:  # the sender waits for room: the receiver wakes it once done
+            out = links[0].channels.out[1]
+            assert out is not None
+            segment.words.store(out._want, 1)
+        results.append(links[1].channels.poll())
+        results.append(links[1].channels.poll())  # nothing more
+        return observe(segment, links, node, results)
+    finally:
+        for link in links:
+            link.channels.close()
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(state=STATES)
+def test_send_now_and_poll_do_what_the_python_steps_do(state: dict[str, Any]) -> None:
+    assert run_steps(state, True) == run_steps(state, False)
+
+
+def test_the_c_steps_run_where_the_lane_is_built() -> None:
+    state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
+             "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
+    segment, links, _ = pair(state, True)
+    try:
+        assert links[0].send_now.__qualname__ == "ShmPath.send_now"
+        assert links[1].channels.poll.__qualname__ == "ShmPath.poll"
+    finally:
+        for link in links:
+            link.channels.close()
+
+
+@pytest.mark.parametrize("armed", [False, True])
+def test_an_armed_doorbell_is_cleared_and_rung_once_after_the_record_is_published(
+        armed: bool) -> None:
+    """The sender's half of the armed-doorbell protocol (``test_shm_protocol``'s model):
+    publish (``tail``), then load the bell, and only if it is armed, clear it and wake the
+    receiver; a second send finds it clear and wakes no one."""
+    state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
+             "dead": False, "queued": 0, "armed": armed, "want": False, "sends": []}
+    segment, links, node = pair(state, True)
+    ring = links[0].channels.out[1]
+    assert ring is not None
+    woken_at: list[int] = []
+    node.wake = lambda peer: woken_at.append(segment.words.load(ring._tail))  # type: ignore[method-assign]
+    try:
+        assert links[0].send_now(1, 5, np.ones(1), 8, 1, "<f8") is True
+        published = segment.words.load(ring._tail)
+        assert published > RING_BYTES
+        assert links[0].send_now(1, 5, np.ones(1), 8, 1, "<f8") is True
+        assert segment.words.load(ring._tail) > published
+        assert segment.words.load(segment.bell(1)) == 0
+        assert woken_at == ([published] if armed else [])  # the first, once published
+        assert node.kicks == 2
+    finally:
+        for link in links:
+            link.channels.close()
+
+
+def test_a_closed_segment_is_left_to_the_python_steps() -> None:
+    """Once the link's segment is released the C steps touch no mapping."""
+    state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
+             "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
+    segment, links, _ = pair(state, True)
+    links[1].channels.close()
+    assert links[1].channels.poll() is False
+    links[0].channels.close()
+
+
+# -- a world of two links on real engines ---------------------------------------------------
+
+
+async def _world(native: bool) -> tuple[Any, ...]:
+    """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
+    ``native=``: ping-pongs of small messages both ways, a recv posted before its message
+    lands and one after, a dtype of its own shape, and a large one."""
+    group = secrets.token_hex(6)
+    nodes = [Node(group, r, 2) for r in range(2)]
+    for node in nodes:
+        node.watch([os.getpid()] * 2)  # (the single copy reads this process)
+    lane = _communicator.world_lane(native)
+    fams = [_ProcessFamily(node, "w1", [0, 1], [POOL, POOL], eager_limit=4096,
+                           pool_bytes=POOL, timeout=None, registry=[], lane=lane)
+            for node in nodes]
+    try:
+        (l0, c0), (l1, c1) = await asyncio.wait_for(asyncio.gather(
+            fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
+        kinds = (l0.send_now.__qualname__, l1.channels.poll.__qualname__)
+
+        async def ping(comm: Any, peer: int, first: bool) -> list[float]:
+            got = []
+            buf = np.zeros(1)
+            for i in range(50):
+                if first:
+                    await comm.send(np.array([float(i)]), peer, 3)
+                    await comm.recv(buf, peer, 4)
+                else:
+                    await comm.recv(buf, peer, 3)
+                    await comm.send(buf + 0.5, peer, 4)
+                got.append(float(buf[0]))
+            return got
+
+        pings = await asyncio.wait_for(asyncio.gather(ping(c0, 1, True), ping(c1, 0, False)),
+                                       30)
+        late = np.zeros(3, dtype=np.int32)
+        await c0.send(np.arange(3, dtype=np.int32), 1, 8)
+        grid = np.zeros((2, 3))
+        await c0.send(np.ones((2, 3)), 1, 9)
+        big = np.zeros(100_000, dtype=np.uint8)
+        sent_big = c0.isend(np.full(100_000, 7, dtype=np.uint8), 1, 10)
+        statuses = await asyncio.wait_for(asyncio.gather(
+            c1.recv(late, 0, 8), c1.recv(grid, 0, 9), c1.recv(big, 0, 10), sent_big), 30)
+        # (what was staged depends on when each poll ran: not compared)
+        pending = [c.statistics().pending_ops for c in (c0, c1)]
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return (kinds, pings, late.tolist(), grid.tolist(), int(big.sum()),
+                [tuple(s) if s is not None else None for s in statuses[:3]], pending)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
+    """A world opened with ``native=True`` runs the links' per-message steps in C (their
+    ``ShmPath``), one with ``native=False`` the Python steps: the same ops give the same."""
+    seen = {}
+    for native in (True, False):
+        if loop == "uvloop":
+            import uvloop
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                seen[native] = runner.run(_world(native))
+        else:
+            with asyncio.Runner() as runner:
+                seen[native] = runner.run(_world(native))
+    c, python = seen[True], seen[False]
+    assert c[0] == ("ShmPath.send_now", "ShmPath.poll")
+    assert python[0] == ("ShmTransport.send_now", "Channels.poll")
+    assert c[1:] == python[1:]
+    assert c[1] == [[float(i) + 0.5 for i in range(50)], [float(i) for i in range(50)]]
+    assert c[2:5] == ([0, 1, 2], [[1.0] * 3] * 2, 700_000)
+    assert c[6] == [0, 0]
