@@ -15,6 +15,10 @@ said GO already, the rank that left still takes its part in making the communica
 the background, and closes its end at once: the others get a communicator on which that
 rank is closed (``CommBrokenError`` when they need it), never a hang and never a
 communicator made on some ranks only.
+Rule 2b (not hearing).  A rank that was ready but cannot hear rank 0's decision (its
+private context failed: a member failed, with ``faults="tolerate"``) cannot tell whether
+the group is made: it forfeits its place (``Family.forfeit``) and fails, and the members
+that came, if rank 0 said GO, get ``CommBrokenError`` naming it instead of waiting for it.
 Rule 3 (outcome).  An ABORT fails the call on every rank with the same message, naming the
 rank and why: ``CommTimeoutError`` when a timeout expired, else ``CommBrokenError``.  The
 parent keeps working: its next collective calls pair as before.  A call that completed is
@@ -80,10 +84,12 @@ def leave(private: CommView | None, tag: int, exc: BaseException | None) -> None
 
 async def form(private: CommView, tag: int, what: str, color: int, key: int,
                limit: float | None, make: Make,
-               linger: Callable[[asyncio.Future[Any]], None]) -> CommView | None:
+               linger: Callable[[asyncio.Future[Any]], None],
+               forfeit: Callable[[], None]) -> CommView | None:
     """Agree with every rank on ``(color, key)`` of each (Rule 1), then ``make`` the new
     communicator from the table of every rank's pair.  ``linger`` is given the task that
-    finishes the call in the background if this rank leaves it (Rule 2).
+    finishes the call in the background if this rank leaves it (Rule 2); ``forfeit`` is
+    called if this rank cannot hear the decision (Rule 2b).
 
     Raises:
         CommTimeoutError: a rank's timeout expired before GO (this one's or another's).
@@ -98,7 +104,8 @@ async def form(private: CommView, tag: int, what: str, color: int, key: int,
         rest = loop.create_task(_closing_if_left(_made(told, make, table), left))
     else:
         private.isend(np.array([READY, color, key, 0], np.int64), 0, tag)
-        rest = loop.create_task(_closing_if_left(_follow(private, tag, what, make), left))
+        rest = loop.create_task(_closing_if_left(
+            _follow(private, tag, what, make, forfeit), left))
     try:
         async with armed_timeout(_left_of(deadline)):  # (seen by the deadlock proof)
             return await asyncio.shield(rest)
@@ -152,12 +159,16 @@ async def _closing_if_left(made: Awaitable[CommView | None],
     return comm
 
 
-async def _follow(private: CommView, tag: int, what: str,
-                  make: Make) -> CommView | None:
+async def _follow(private: CommView, tag: int, what: str, make: Make,
+                  forfeit: Callable[[], None]) -> CommView | None:
     """A rank that said it was ready: rank 0's decision, then its communicator."""
     size = private.size
     decision = np.zeros(3 + 2 * size, np.int64)
-    await private.irecv(decision, 0, tag + 1)
+    try:
+        await private.irecv(decision, 0, tag + 1)
+    except AsyncCommError:
+        forfeit()  # (Rule 2b) rank 0 may have said GO: nobody waits for this rank
+        raise
     verdict, why, culprit = (int(v) for v in decision[:3])
     if verdict != GO:
         raise _aborted(what, private.rank, why, culprit, tag)

@@ -29,6 +29,8 @@ link per new group, MPI worlds create an MPI communicator for it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .._engine.options import check_timeout
@@ -97,11 +99,17 @@ async def _form(comm: CommView, what: str, tag: int, seq: int, color: object, ke
         members = None if c < 0 else sorted(
             (r for r in range(comm.size) if table[r][0] == c),
             key=lambda r: (table[r][1], r))
-        name = ("split", seq, c) if what == "split" else ("dup", seq)
-        return await _adopt(comm, await family.child(comm, members, c, name))
+        return await _adopt(comm, await family.child(comm, members, c, group_key()))
+
+    def group_key() -> tuple[Any, ...]:  # the new group's name, alike on every member
+        return ("split", seq, c) if what == "split" else ("dup", seq)
+
+    def forfeit() -> None:
+        if c >= 0:
+            family.forfeit(comm, group_key())
 
     try:
-        sub = await form(private, tag, what, c, k, limit, make, comm._linger)
+        sub = await form(private, tag, what, c, k, limit, make, comm._linger, forfeit)
     except BaseException:
         comm._left_block(tag)  # what the others send this call is dropped
         raise

@@ -361,6 +361,10 @@ class _MPIFamily:
                                  [where[world[r]][1] for r in members],
                                  eager_limit=self.eager_limit, pools=pools)
 
+    def forfeit(self, parent: CommView, key: tuple[Any, ...]) -> None:
+        """Nothing to do: on MPI a rank fails only with its job (every rank hears rank 0's
+        decision, or the job ends)."""
+
     def open_private(self, comm: CommView) -> None:
         raise AssertionError("an MPI communicator is made with its private context")
 

@@ -439,6 +439,10 @@ class _ProcessFamily:
         transport.start(engine, loop)
         return comm
 
+    def forfeit(self, parent: CommView, key: tuple[Any, ...]) -> None:
+        """Nothing to wait for: the group's first member hands its segment over without
+        waiting for the others to take it."""
+
     def open_private(self, comm: CommView) -> None:
         raise AssertionError("a communicator of processes is made with its private context")
 

@@ -174,7 +174,8 @@ class _Forming:
         self.comms: dict[int, Communicator] = {}
         self.size = size
         self.ready = asyncio.Event()
-        self.lost: int | None = None  # a member that failed before it arrived
+        self.lost: int | None = None  # a member that failed (or forfeited) before it arrived
+        self.recheck: Callable[[], None] | None = None  # while members are awaited
 
 
 class _LocalFamily:
@@ -206,6 +207,9 @@ class _LocalFamily:
         self.record = record
         self.lane = lane  # the world's fast lane
         self.forming: dict[tuple[Any, ...], _Forming] = {}
+        #: The parent ranks that will not join each group (``forfeit``; kept, as the
+        #: world's ``gone`` is, for a member that arrives after the group was given up).
+        self.forfeited: dict[tuple[Any, ...], set[int]] = {}
         self.world = ranks if world is None else world
         self.group: list[Communicator] = []  # the group's communicators, once connected
 
@@ -319,9 +323,17 @@ class _LocalFamily:
             await self._formed(forming, members, key)
         if forming.lost is not None:
             raise CommBrokenError(
-                f"rank {forming.lost} failed before it joined the new communicator of rank "
-                f"{parent.rank} (split or dup)", rank=parent.rank, peer=forming.lost)
+                f"rank {forming.lost} failed or left before it joined the new communicator "
+                f"of rank {parent.rank} (split or dup)", rank=parent.rank, peer=forming.lost)
         return comm
+
+    def forfeit(self, parent: CommView, key: tuple[Any, ...]) -> None:
+        """``parent``'s rank will not join the group ``key`` (it could not hear whether the
+        group is made): the members that came, or come, do not wait for it."""
+        self.forfeited.setdefault(key, set()).add(parent.rank)
+        forming = self.forming.get(key)
+        if forming is not None and forming.recheck is not None:
+            forming.recheck()
 
     async def _formed(self, forming: _Forming, members: list[int], key: tuple[Any, ...]) -> None:
         """Wait until every member arrived, or one failed before it did (its end of this
@@ -330,17 +342,21 @@ class _LocalFamily:
         gone = self.link.gone
 
         def watch(rank: int) -> None:
-            lost = [m for i, m in enumerate(members) if i not in forming.comms and m in gone]
+            forfeited = self.forfeited.get(key, ())
+            lost = [m for i, m in enumerate(members)
+                    if i not in forming.comms and (m in gone or m in forfeited)]
             if lost and not forming.ready.is_set():
                 forming.lost = lost[0]
                 self.forming.pop(key, None)
                 forming.ready.set()
 
         self.link.watchers.append(watch)
+        forming.recheck = lambda: watch(-1)
         try:
-            watch(-1)  # one may have failed already
+            watch(-1)  # one may have failed (or forfeited) already
             await forming.ready.wait()
         finally:
+            forming.recheck = None
             self.link.watchers.remove(watch)
 
 

@@ -35,6 +35,11 @@ class Family(Protocol):
         group the same way on every member rank; ``color`` is the same for all members."""
         ...
 
+    def forfeit(self, parent: CommView, key: tuple[Any, ...]) -> None:
+        """``parent``'s rank will not join the group ``key`` after all: it could not hear
+        whether the group is made (``_comm.forming``, Rule 2)."""
+        ...
+
     def open_private(self, comm: CommView) -> None:
         """Give ``comm`` (and, where the world can, its group) a private context now, for
         a world that makes them on first use; others make them with the communicator."""
