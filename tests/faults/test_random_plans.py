@@ -23,7 +23,7 @@ from asynccomm.sim.faults import PlannedFaults
 from . import test_crash_points as points
 from .test_programs import AFTER
 
-#: The long run's examples (``make test-fault-plans``); unset, it is skipped.  Its
+#: The long run's examples (``make test-fault-plans``); unset, it is deselected.  Its
 #: examples come from seed ``ASYNCCOMM_FAULT_PLANS_SEED`` (the make target runs one process
 #: per core, each with its own seed and its share of the examples).
 MANY = int(os.environ.get("ASYNCCOMM_FAULT_PLANS") or 0)
@@ -100,8 +100,7 @@ def test_random_fault_plans_are_survived(plan: tuple[int, tuple[str, ...], Fault
     check(*plan)
 
 
-@pytest.mark.fault_plans
-@pytest.mark.skipif(not MANY, reason="set ASYNCCOMM_FAULT_PLANS (make test-fault-plans)")
+@pytest.mark.fault_plans  # (deselected unless ASYNCCOMM_FAULT_PLANS is set: tests/conftest.py)
 @settings(max_examples=max(MANY, 1), database=None, deadline=None,
           suppress_health_check=list(HealthCheck))
 @seed(SEED)
