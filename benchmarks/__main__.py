@@ -16,6 +16,7 @@ from typing import Any
 
 from . import bandwidth, p2p, waits
 from ._common import (
+    DEFAULT_OUT,
     LOOPS,
     SECTIONS,
     Check,
@@ -44,7 +45,6 @@ TABLES: dict[str, Callable[[dict[str, SectionResult]], None]] = {
     "responsiveness": bandwidth.table_responsiveness,
     "waits": waits.table_waits,
 }
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
 def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:

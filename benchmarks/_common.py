@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import faulthandler
@@ -29,6 +30,8 @@ T = TypeVar("T")
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
@@ -307,3 +310,18 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
     print("  ".join("-" * w for w in widths))
     for row in cells[1:]:
         print(line(row))
+
+
+def launched_args(module: str, doc: str | None, quick: str, written: str,
+                  argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options of a benchmark started under ``mpiexec`` (``python -m benchmarks.<module>``):
+    ``--quick`` (``quick`` says what it cuts), ``--loop``, ``--out`` (the directory of the
+    JSON it writes, named ``written``)."""
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}",
+                                     description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{quick} (a smoke run, not a measurement)")
+    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"directory for {written} (default: benchmarks/results)")
+    return parser.parse_args(argv)

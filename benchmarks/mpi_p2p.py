@@ -23,7 +23,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from ._common import (
     KiB,
     MiB,
     fill_array,
+    launched_args,
     load_average,
     median,
     mpi_environment,
@@ -43,7 +43,6 @@ from ._common import (
     write_json,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: One-way 8 B latency: at most this many times the asyncio floor measured in the same run
 #: (the least any asyncio library on mpi4py can do; an absolute figure would judge the
 #: machine, not asynccomm).
@@ -311,14 +310,7 @@ def print_report(rows: list[Row], judged: list[dict[str, Any]], env: dict[str, A
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.mpi_p2p",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true",
-                        help="few sizes and iterations (a smoke run, not a measurement)")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="directory for mpi_p2p.json (default: benchmarks/results)")
-    return parser.parse_args(argv)
+    return launched_args("mpi_p2p", __doc__, "few sizes and iterations", "mpi_p2p.json", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,7 @@ from ._common import (
     KiB,
     MiB,
     fill_array,
+    launched_args,
     load_average,
     median,
     mpi_environment,
@@ -58,7 +58,6 @@ from ._common import (
     write_json,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 RING_RATIO_TARGET = 3.0
 IDLE_CPU_TARGET = 0.10
 WAKE_TARGET_MS = 1.0
@@ -304,14 +303,8 @@ def print_report(rings: list[RingRow], idles: list[IdleRow], judged: list[dict[s
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.mpi_ring",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true",
-                        help="few repeats and a short idle wait (a smoke run, not a measurement)")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="directory for mpi_ring_n<N>.json (default: benchmarks/results)")
-    return parser.parse_args(argv)
+    return launched_args("mpi_ring", __doc__, "few repeats and a short idle wait",
+                         "mpi_ring_n<N>.json", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +50,7 @@ from . import mpi_p2p, mpi_ring
 from ._common import (
     KiB,
     MiB,
+    launched_args,
     load_average,
     median,
     mpi_environment,
@@ -60,7 +60,6 @@ from ._common import (
     write_json,
 )
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 #: One-way 8 B latency: at most this many times the asyncio floor on mpi4py.
 FLOOR_RATIO_TARGET = 1.0
 #: Bandwidth, as a share of raw mpi4py's, by message size.
@@ -241,14 +240,7 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.shm_p2p",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true",
-                        help="few sizes and iterations (a smoke run, not a measurement)")
-    parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="directory for shm_p2p_n<N>.json (default: benchmarks/results)")
-    return parser.parse_args(argv)
+    return launched_args("shm_p2p", __doc__, "few sizes and iterations", "shm_p2p_n<N>.json", argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
