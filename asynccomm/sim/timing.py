@@ -20,9 +20,11 @@ Rule 6: a transfer that shares a fair link (``sim/model.py`` Rule 1b) ends when 
 does, which later transfers may delay or earlier ones' ends advance: one timer, at the next
 event of the model's flows, moves them on, and what waits for a transfer (``when_done``)
 is called at its end once that is known.
-Rule 7: a collective call first spends its CPU work (``sim/host.py``: the call, its steps,
-copies and reductions, at the rates of ``Cluster.host``) on the rank's core, in model
-time, before its first message; a ``HostSpec()`` that costs nothing leaves it at once.
+Rule 7: a collective call spends its CPU work (``sim/host.py``: the call, the steps,
+copies, reductions and fresh scratch of the algorithm it runs, at the rates of
+``Cluster.host``) on the rank's core, in model time, once its arguments are checked and
+before its first message, within its timeout (``_collectives.functions`` Rule 5b); a
+``HostSpec()`` that costs nothing leaves it at once.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class ModelledTiming:
         return self.model.core(rank).reserve(self.now(), to_ns(seconds))[1]
 
     async def collective_work(self, rank: int, name: str, nbytes: int, size: int) -> None:
-        """Spend the CPU work of a call of collective ``name`` (Rule 7)."""
+        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7)."""
         host = self.model.cluster.host
         if host.free:
             return
