@@ -210,7 +210,7 @@ class HostSpec:
         return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
                 f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us (+"
                 f"{self.switch * 1e6:.1f} us on more ranks than cores), first touch "
-                f"{self.touch * 1e9 * 4096:.2f} us per 4 KiB page of scratch, "
+                f"{self.touch * 4096 * 1e6:.2f} us per 4 KiB page of scratch, "
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
                              f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
