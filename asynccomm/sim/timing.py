@@ -36,7 +36,7 @@ from typing import Any
 from .clock import ModelClock
 from .cluster import to_ns
 from .host import collective_seconds
-from .model import ChunkPlan, ClusterModel, Transfer
+from .model import ChunkPlan, ClusterModel, Resource, Transfer
 from .records import OpRecord
 
 __all__ = ["ModelledTiming"]
@@ -100,20 +100,29 @@ class ModelledTiming:
     def cpu(self, rank: int, seconds: float) -> int:
         """Reserve ``seconds`` of ``rank``'s core from now (after the work queued on it);
         return when that work ends, model ns."""
+        return self._core(rank).reserve(self.now(), to_ns(seconds))[1]
+
+    def _core(self, rank: int) -> Resource:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
-        return self.model.core(rank).reserve(self.now(), to_ns(seconds))[1]
+        return self.model.core(rank)
 
     async def collective_work(self, rank: int, name: str, nbytes: int, size: int) -> None:
-        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7)."""
+        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7); a call
+        cancelled (or timed out) meanwhile gives its core back from then on."""
         host = self.model.cluster.host
         if host.free:
             return
-        end = self.cpu(rank, collective_seconds(host, name, nbytes, size))
+        core = self._core(rank)
+        start, end = core.reserve(self.now(), to_ns(collective_seconds(host, name, nbytes, size)))
         if end > self.now():
             woken = asyncio.get_running_loop().create_future()
             self.clock.call_at(end, _wake, woken)
-            await woken
+            try:
+                await woken
+            except asyncio.CancelledError:
+                core.release(start, end, self.now())
+                raise
 
     @staticmethod
     def record(rank: int, kind: str, peer: int, tag: int, plan: Transfer,

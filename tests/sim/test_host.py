@@ -16,6 +16,7 @@ import asynccomm as ac
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
 from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+from asynccomm.sim.model import Resource
 
 MSG = 1e-6  # every message takes 1 us whatever its size
 
@@ -167,14 +168,18 @@ def test_a_refused_call_spends_no_model_time() -> None:
 
 
 def test_a_timeout_bounds_the_host_work_too() -> None:
-    async def main(comm: ac.Communicator) -> float:
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
         t0 = comm.model_time()
         with pytest.raises(ac.CommTimeoutError, match="did not finish within 0.25 s"):
             await comm.allreduce(np.zeros(4, np.float32), timeout=0.25)
-        return comm.model_time() - t0
+        timed_out = comm.model_time() - t0
+        t0 = comm.model_time()
+        await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")
+        return timed_out, comm.model_time() - t0
 
     got = ac.run(main, 2, cluster=cluster(HostSpec(call=1.0)), clock="virtual")
-    assert got == pytest.approx([0.25, 0.25], abs=1e-8)
+    # the abandoned work leaves the core at the timeout: the next call waits for none of it
+    assert got == [pytest.approx((0.25, 1.0 + 2 * MSG), abs=1e-8)] * 2
 
 
 def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
@@ -228,3 +233,16 @@ def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message:
         HostSpec(**kwargs)
     with pytest.raises(TypeError, match="host must be a HostSpec"):
         cluster("fast", 2)  # type: ignore[arg-type]
+
+
+def test_a_core_gives_back_abandoned_work_only_when_nothing_queued_behind_it() -> None:
+    core = Resource("core[0]")
+    start, end = core.reserve(100, 1000)
+    core.release(start, end, 400)
+    assert (core.free_at, core.busy) == (400, 300)
+    first = core.reserve(400, 1000)
+    core.reserve(0, 50)  # queued behind it: the first hold stays
+    core.release(*first, 500)
+    assert (core.free_at, core.busy) == (1450, 1350)
+    core.release(1400, 1450, 2000)  # already over: nothing to give back
+    assert core.free_at == 1450
