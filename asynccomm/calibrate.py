@@ -212,7 +212,7 @@ async def _token(comm: Communicator, laps: int, repeats: int) -> float:
     return statistics.median(samples[1:]) if comm.rank == 0 else 0.0
 
 
-def measure_switch(cores: int, repeats: int = 7, laps: int = 200) -> float:
+def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
     """Seconds more per hop of a token passed around ``cores + 1`` processes than around
     ``cores`` (at least two): what a step costs more on more ranks than cores (``HostSpec``
     ``switch``), where a rank that waits holds a core another needs."""
