@@ -78,16 +78,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     buf = np.zeros(max(sizes), np.uint8)
 
     async def bounce(nbytes: int, iters: int) -> float:
-        view = buf[:nbytes]
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            if comm.rank == 0:
-                await comm.send(view, peer)
-                await comm.recv(view, peer)
-            else:
-                await comm.recv(view, peer)
-                await comm.send(view, peer)
-        return time.perf_counter() - t0
+        return await _laps(comm, buf[:nbytes], peer, peer, iters)
 
     # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
     iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
@@ -200,16 +191,23 @@ async def _token(comm: Communicator, laps: int, repeats: int) -> float:
     samples = []
     for _ in range(repeats + 1):
         await comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(laps):
-            if comm.rank == 0:
-                await comm.send(token, right)
-                await comm.recv(token, left)
-            else:
-                await comm.recv(token, left)
-                await comm.send(token, right)
-        samples.append((time.perf_counter() - t0) / (laps * comm.size))
+        samples.append(await _laps(comm, token, right, left, laps) / (laps * comm.size))
     return statistics.median(samples[1:]) if comm.rank == 0 else 0.0
+
+
+async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
+                laps: int) -> float:
+    """Wall seconds of ``laps`` turns of ``buf`` around the ranks: rank 0 sends it right
+    and waits for it from the left, the others pass it on."""
+    t0 = time.perf_counter()
+    for _ in range(laps):
+        if comm.rank == 0:
+            await comm.send(buf, right)
+            await comm.recv(buf, left)
+        else:
+            await comm.recv(buf, left)
+            await comm.send(buf, right)
+    return time.perf_counter() - t0
 
 
 def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
