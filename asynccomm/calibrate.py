@@ -17,16 +17,20 @@ ranks (and ``processes`` ranks) are processes of their own, on this machine's co
 Besides messages it measures, in this process, what a collective call costs on a rank's
 CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of one step of
 its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
-sum, from ring allgather and allreduce calls on in-process ranks less their messages; the
-preset's ``host`` holds them.
+sum, from ring allgather and allreduce calls on in-process ranks less their messages, the
+first touch of their fresh scratch's pages, and on processes and MPI what a step costs more
+on more ranks than cores (a token passed around them); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import mmap
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -43,10 +47,10 @@ import numpy as np
 from . import Communicator, launched_by_mpi, run
 from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
-from .sim.host import HostSpec
+from .sim.host import HostSpec, work_of
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "measure_host", "measure_pingpong", "pingpong",
-           "preset"]
+__all__ = ["SIZES", "TRANSPORTS", "calibrate", "fit_host", "measure_host", "measure_pingpong",
+           "measure_switch", "measure_touch", "pingpong", "preset"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -74,16 +78,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     buf = np.zeros(max(sizes), np.uint8)
 
     async def bounce(nbytes: int, iters: int) -> float:
-        view = buf[:nbytes]
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            if comm.rank == 0:
-                await comm.send(view, peer)
-                await comm.recv(view, peer)
-            else:
-                await comm.recv(view, peer)
-                await comm.send(view, peer)
-        return time.perf_counter() - t0
+        return await _laps(comm, buf[:nbytes], peer, peer, iters)
 
     # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
     iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
@@ -142,9 +137,10 @@ HOST_SIZES = (8, 256 << 10, 4 << 20)
 async def _collective_calls(comm: Communicator, sizes: Sequence[int],
                             repeats: int) -> dict[str, dict[int, float]]:
     """Median wall seconds of one ring allgather and one ring allreduce call of each size
-    (rank 0's; others {})."""
+    (rank 0's; others {}), and under ``"faults"`` the page faults of this process per
+    allgather and allreduce of the largest size (``"allgather"``, ``"allreduce"``)."""
     p = comm.size
-    out: dict[str, dict[int, float]] = {"allgather": {}, "allreduce": {}}
+    out: dict[str, dict[Any, float]] = {"allgather": {}, "allreduce": {}, "faults": {}}
     for n in sizes:
         bufs = {"allgather": (np.zeros(max(1, n // p), np.uint8),
                               np.zeros((p, max(1, n // p)), np.uint8)),
@@ -153,6 +149,7 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int],
             call = getattr(comm, name)
             samples = []
             iters = max(1, min(50, (4 << 20) // max(n, 1)))
+            faults = _faults()
             for _ in range(repeats + 1):
                 await comm.barrier()
                 t0 = time.perf_counter()
@@ -160,7 +157,66 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int],
                     await call(*args, algorithm="ring")
                 samples.append((time.perf_counter() - t0) / iters)
             out[name][n] = statistics.median(samples[1:])
+            out["faults"][name] = (_faults() - faults) / (iters * (repeats + 1))
     return out if comm.rank == 0 else {}
+
+
+def _faults() -> int:
+    """Page faults of this process so far (minor: a page's first touch)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def measure_touch(nbytes: int = 4 << 20, repeats: int = 7) -> float:
+    """Seconds per byte that writing fresh pages costs more than writing them again: the
+    median over ``repeats`` of a fill of ``nbytes`` of new anonymous memory less a second
+    fill of the same."""
+    extra = []
+    for _ in range(repeats):
+        with mmap.mmap(-1, nbytes) as mem:
+            view = np.frombuffer(mem, np.uint8)
+            t0 = time.perf_counter()
+            view.fill(1)
+            t1 = time.perf_counter()
+            view.fill(2)
+            extra.append((t1 - t0) - (time.perf_counter() - t1))
+            del view
+    return max(0.0, statistics.median(extra)) / nbytes
+
+
+async def _token(comm: Communicator, laps: int, repeats: int) -> float:
+    """Median wall seconds of one hop of a one-byte token passed around the ring of every
+    rank, ``laps`` times per repeat (rank 0's; others 0)."""
+    token = np.zeros(1, np.uint8)
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    samples = []
+    for _ in range(repeats + 1):
+        await comm.barrier()
+        samples.append(await _laps(comm, token, right, left, laps) / (laps * comm.size))
+    return statistics.median(samples[1:]) if comm.rank == 0 else 0.0
+
+
+async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
+                laps: int) -> float:
+    """Wall seconds of ``laps`` turns of ``buf`` around the ranks: rank 0 sends it right
+    and waits for it from the left, the others pass it on."""
+    t0 = time.perf_counter()
+    for _ in range(laps):
+        if comm.rank == 0:
+            await comm.send(buf, right)
+            await comm.recv(buf, left)
+        else:
+            await comm.recv(buf, left)
+            await comm.send(buf, right)
+    return time.perf_counter() - t0
+
+
+def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
+    """Seconds more per hop of a token passed around ``cores + 1`` processes than around
+    ``cores`` (at least two): what a step costs more on more ranks than cores (``HostSpec``
+    ``switch``), where a rank that waits holds a core another needs."""
+    fit, over = (float(run(partial(_token, laps=laps, repeats=repeats), p,
+                           backend="processes")[0]) for p in (max(2, cores), max(2, cores) + 1))
+    return max(0.0, over - fit)
 
 
 def measure_host(transport: str, repeats: int = 7) -> HostSpec:
@@ -169,23 +225,46 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
     half the size; the two ranks' messages and work take turns on the one CPU).
 
-    Per rank, an allgather of n bytes works call + step + 1.5 n / copy, an allreduce
-    call + 2 step + n (2 / copy + 0.5 / reduce) (``sim.host.WORK``): the smallest size
-    gives the Python, each larger one the rates of calls up to its size (its work above
-    the smallest's, per byte).  On processes and MPI, ``switch`` is how much longer an
-    8-byte ping-pong's one way takes when one rank more than the cores waits beside it."""
+    Per rank, an allgather of n bytes works call + step + 1.5 n / copy + n touch, an
+    allreduce call + 2 step + n (2 / copy + 0.5 / reduce + 1.5 touch) (``sim.host.WORK``):
+    the smallest size gives the Python, each larger one the rates of calls up to its size
+    (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
+    (``measure_touch``) times the pages the largest calls fault per byte of their fresh
+    scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
+    token takes around one process more than the cores (``measure_switch``)."""
     repeats *= 3  # differences of medians: more samples steady them, at little cost
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
               backend="local")[0]
     halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
+    host = fit_host(call, two, halves, measure_touch(HOST_SIZES[-1], repeats))
+    if transport == "local":
+        return host
+    # processes of their own: one more than the cores take turns
+    cores = os.cpu_count() or 1
+    return dataclasses.replace(host, cores=cores, switch=measure_switch(cores, repeats))
 
-    def work(name: str, messages: int) -> list[float]:
-        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2)
-                for n in HOST_SIZES]
 
-    gather, reduce = work("allgather", 2), work("allreduce", 4)
+def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
+             fresh_page: float) -> HostSpec:
+    """The rates of ``measure_host`` (one core) from its measurements: ``call`` the seconds
+    of a call on one rank, ``two`` those of ``_collective_calls`` on two in-process ranks
+    (and their page faults per call), ``halves`` the in-process one-way seconds of half of
+    each size, ``fresh_page`` the seconds per byte of a first touch (``measure_touch``)."""
+    n_top, page = HOST_SIZES[-1], resource.getpagesize()
+    faulted = statistics.fmean(  # per byte of fresh scratch, both ranks in this process
+        min(1.0, two["faults"][name] * page / (2 * work_of(f"{name}.ring", n_top, 2).fresh))
+        for name in ("allgather", "allreduce"))
+
+    def work(name: str, messages: int, touch: float) -> list[float]:
+        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2
+                    - touch * work_of(f"{name}.ring", n, 2).fresh) for n in HOST_SIZES]
+
+    # the faults are part of the calls' work: never more than the largest allgather's
+    touch = min(fresh_page * faulted,
+                work("allgather", 2, 0.0)[-1] / work_of("allgather.ring", n_top, 2).fresh)
+    gather, reduce = work("allgather", 2, touch), work("allreduce", 4, touch)
     per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
     for i, n in enumerate(HOST_SIZES[1:], 1):
         per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5
@@ -198,13 +277,8 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
         copy, add = copy if copy > 0 else other[0], add if add > 0 else other[1]
         rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
     step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
-    cores, switch = 1, 0.0
-    if transport != "local":  # processes of their own: one more than the cores take turns
-        cores = os.cpu_count() or 1
-        alone = measure_pingpong(transport, (8,), repeats)[8]
-        switch = max(0.0, measure_pingpong(transport, (8,), repeats, cores + 1)[8] - alone)
-    return HostSpec(cores=cores, call=call, step=step, copy_bandwidth=rates[-1][1],
-                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), switch=switch)
+    return HostSpec(cores=1, call=call, step=step, copy_bandwidth=rates[-1][1],
+                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), touch=touch)
 
 
 def mpiexec() -> str | None:

@@ -18,6 +18,10 @@ Rule 4 (timeout).  ``timeout`` bounds the whole call, not each op, and expires a
 Rule 5 (choice).  ``choose(names, nbytes, size)`` picks the algorithm (see
 ``_collectives.costs``); it is asked before anything is sent, and must answer alike on every
 rank.
+Rule 5b (host work).  ``host(algorithm, nbytes)``, when given, is awaited once the
+arguments are checked and the algorithm chosen, before the first message and within the
+timeout (a cluster model spends the call's CPU work there, ``sim/host.py``): a call refused
+for its arguments spends none, and a timeout bounds it with the rest.
 Rule 6 (outputs are written last).  The algorithm works on scratch arrays of this call's
 own; the caller's output buffer is written only once the call has succeeded, in one copy
 at its end.  So a call that raises (timeout, cancellation, a failed peer) leaves every
@@ -56,6 +60,8 @@ __all__ = ["TAG_SPAN", "algorithms", "allgather", "allreduce", "alltoall", "barr
 TAG_SPAN = 4096
 
 Array = np.ndarray[Any, Any]
+#: Awaited with the qualified algorithm (``"allreduce.ring"``) and the call's bytes (Rule 5b).
+HostWork = Callable[[str, int], Awaitable[None]]
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -151,9 +157,12 @@ def _choose(where: str, choose: object, nbytes: int, size: int) -> str:
 # -- running ------------------------------------------------------------------------------------
 
 async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None,
-               body: Callable[[Exchange], Awaitable[None]], sign: object = None) -> None:
-    """Run ``body`` (Rules 3, 4 and 7); ``sign``: the arguments every rank must pass alike
-    that the sizes of its messages do not show (a root, an op)."""
+               body: Callable[[Exchange], Awaitable[None]], sign: object = None, *,
+               host: HostWork | None = None, nbytes: int = 0) -> None:
+    """Run ``body`` (Rules 3, 4, 5b and 7); ``sign``: the arguments every rank must pass
+    alike that the sizes of its messages do not show (a root, an op)."""
+    if host is not None:
+        body = _after(lambda: host(f"{where}.{algo}", nbytes), body)
     ex = Exchange(comm, tag + _signature(where, algo, sign))
     _waits.inside(ex, where, algo, TAG_SPAN)  # named in hang reports and dumps
     note = (f"during {where} ({algo}, tags {tag}..{tag + TAG_SPAN - 1}) on rank {comm.rank} "
@@ -177,6 +186,17 @@ async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None
                                timeout=timeout)
         err.add_note(note)
         raise err from None
+
+
+def _after(first: Callable[[], Awaitable[None]], body: Callable[[Exchange], Awaitable[None]]
+           ) -> Callable[[Exchange], Awaitable[None]]:
+    """``body`` with ``first()`` awaited before it (Rule 5b)."""
+
+    async def both(ex: Exchange) -> None:
+        await first()
+        await body(ex)
+
+    return both
 
 
 async def _guarded(ex: Exchange, body: Callable[[Exchange], Awaitable[None]]) -> None:
@@ -207,7 +227,8 @@ def _noted(exc: AsyncCommError, note: str, where: str) -> AsyncCommError:
 # -- the collectives -----------------------------------------------------------------------------
 
 async def barrier(comm: Any, *, tag: int, timeout: float | None = None,
-                  choose: Chooser | None = None) -> None:
+                  choose: Chooser | None = None,
+                  host: HostWork | None = None) -> None:
     """Return once every rank has entered the barrier (dissemination: ceil(log2 p) steps).
 
     Raises:
@@ -218,11 +239,12 @@ async def barrier(comm: Any, *, tag: int, timeout: float | None = None,
     c, t = _comm("barrier", comm), _tag("barrier", tag)
     limit = check_timeout(timeout)
     algo = _choose("barrier", choose, 0, c.size)
-    await _run("barrier", algo, c, t, limit, ALGORITHMS["barrier"][algo])
+    await _run("barrier", algo, c, t, limit, ALGORITHMS["barrier"][algo], host=host)
 
 
 async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float | None = None,
-                choose: Chooser | None = None) -> None:
+                choose: Chooser | None = None,
+                host: HostWork | None = None) -> None:
     """Copy ``buf`` of ``root`` into ``buf`` of every rank (binomial tree).
 
     Raises:
@@ -238,14 +260,15 @@ async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float 
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["bcast"][algo](ex, _flat(work), r)
 
-    await _run("bcast", algo, c, t, limit, body, r)
+    await _run("bcast", algo, c, t, limit, body, r, host=host, nbytes=b.nbytes)
     if work is not b:
         b[...] = work
 
 
 async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: int = 0, *,
                  tag: int, timeout: float | None = None,
-                 choose: Chooser | None = None) -> None:
+                 choose: Chooser | None = None,
+                 host: HostWork | None = None) -> None:
     """Reduce every rank's ``sendbuf`` with ``op`` into ``recvbuf`` of ``root`` (binomial
     tree); ``recvbuf`` is used at the root only (elsewhere it may be None), and may be
     ``sendbuf`` itself there (in place).
@@ -271,14 +294,15 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["reduce"][algo](ex, acc, o, r)
 
-    await _run("reduce", algo, c, t, limit, body, (r, o))
+    await _run("reduce", algo, c, t, limit, body, (r, o), host=host, nbytes=s.nbytes)
     if out is not None:
         _flat(out)[...] = acc
 
 
 async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum", *,
                     tag: int, timeout: float | None = None,
-                    choose: Chooser | None = None) -> None:
+                    choose: Chooser | None = None,
+                    host: HostWork | None = None) -> None:
     """Reduce every rank's ``sendbuf`` with ``op`` into every rank's ``recvbuf`` (None, or
     ``sendbuf`` itself: in place).  Every rank gets the same bits.
 
@@ -303,7 +327,7 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["allreduce"][algo](ex, work, o)
 
-    await _run("allreduce", algo, c, t, limit, body, o)
+    await _run("allreduce", algo, c, t, limit, body, o, host=host, nbytes=s.nbytes)
     _flat(out)[...] = work
 
 
@@ -314,7 +338,8 @@ def _rows(where: str, big: Array, big_name: str, small: Array, small_name: str,
 
 
 async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
-                    timeout: float | None = None, choose: Chooser | None = None) -> None:
+                    timeout: float | None = None, choose: Chooser | None = None,
+                    host: HostWork | None = None) -> None:
     """Gather every rank's ``sendbuf`` into row i of every rank's ``recvbuf`` (shape
     ``(size, *sendbuf.shape)``); ``sendbuf`` may be ``recvbuf[rank]`` (in place).
 
@@ -330,13 +355,15 @@ async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     algo = _choose("allgather", choose, out.nbytes, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("allgather", algo, c, t, limit,
-               lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(work)))
+               lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(work)),
+               host=host, nbytes=out.nbytes)
     out[...] = work
 
 
 async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", *, tag: int,
                          timeout: float | None = None,
-                         choose: Chooser | None = None) -> None:
+                         choose: Chooser | None = None,
+                         host: HostWork | None = None) -> None:
     """Reduce every rank's ``sendbuf`` (shape ``(size, *recvbuf.shape)``) with ``op`` and
     leave row i of the result in rank i's ``recvbuf``.
 
@@ -353,12 +380,14 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("reduce_scatter", algo, c, t, limit,
-               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o), o)
+               lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o), o,
+               host=host, nbytes=s.nbytes)
     out[...] = work
 
 
 async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
-                 timeout: float | None = None, choose: Chooser | None = None) -> None:
+                 timeout: float | None = None, choose: Chooser | None = None,
+                 host: HostWork | None = None) -> None:
     """Gather every rank's ``sendbuf`` into row i of ``recvbuf`` (shape
     ``(size, *sendbuf.shape)``) of ``root``; ``recvbuf`` is used at the root only.
 
@@ -377,13 +406,15 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
     work = None if out is None else np.empty_like(out)  # (Rule 6)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
-        ex, _flat(s), None if work is None else _flat(work), r), r)
+        ex, _flat(s), None if work is None else _flat(work), r), r,
+        host=host, nbytes=s.nbytes * c.size)
     if out is not None:
         out[...] = work
 
 
 async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
-                  timeout: float | None = None, choose: Chooser | None = None) -> None:
+                  timeout: float | None = None, choose: Chooser | None = None,
+                  host: HostWork | None = None) -> None:
     """Send row i of ``sendbuf`` (shape ``(size, *recvbuf.shape)``) of ``root`` to rank i's
     ``recvbuf``; ``sendbuf`` is used at the root only.
 
@@ -402,12 +433,14 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](
-        ex, None if s is None else _flat(s), _flat(work), r), r)
+        ex, None if s is None else _flat(s), _flat(work), r), r,
+        host=host, nbytes=out.nbytes * c.size)
     out[...] = work
 
 
 async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
-                   timeout: float | None = None, choose: Chooser | None = None) -> None:
+                   timeout: float | None = None, choose: Chooser | None = None,
+                   host: HostWork | None = None) -> None:
     """Send row j of rank i's ``sendbuf`` to row i of rank j's ``recvbuf`` (both of shape
     ``(size, ...)``, alike).
 
@@ -426,7 +459,8 @@ async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     algo = _choose("alltoall", choose, s.nbytes, c.size)
     work = np.empty_like(out)  # (Rule 6)
     await _run("alltoall", algo, c, t, limit,
-               lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(work)))
+               lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(work)),
+               host=host, nbytes=s.nbytes)
     out[...] = work
 
 

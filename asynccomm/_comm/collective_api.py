@@ -18,9 +18,8 @@ sent for it are dropped from staging.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
-
-import numpy as np
 
 from .._collectives.costs import Chooser, default_choice, model_chooser
 from .._collectives.ops import ReduceOp
@@ -47,9 +46,9 @@ async def _run(comm: CommView, run: Callable[..., Awaitable[None]], tag: int,
     try:
         private, choose = _setup(comm, algorithm)
         timing = getattr(private._engine.link, "timing", None)
-        if timing is not None:  # on a cluster model: the call's own CPU work first
-            await timing.collective_work(private.rank, run.__name__, max(
-                (a.nbytes for a in args if isinstance(a, np.ndarray)), default=0), comm.size)
+        if timing is not None:  # on a cluster model: the call's own CPU work, once checked
+            kwargs = {**kwargs, "host": partial(timing.collective_work, private.rank,
+                                                size=comm.size)}
         await run(private, *args, tag=tag, choose=choose, **kwargs)
     except BaseException as exc:
         comm._left_block(tag)

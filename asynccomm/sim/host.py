@@ -7,16 +7,22 @@ both sides), but a collective call does more on each rank: argument checks and s
 the call, Python per step of its algorithm, copies (the scratch arrays a call works on and
 the output written at its end, ``_collectives.functions`` Rule 6) and the reductions.
 ``HostSpec`` holds those rates and ``collective_seconds`` turns a call into CPU seconds;
-the cluster world charges them on the rank's core before the call's first message.
+the cluster world charges them on the rank's core once the call's arguments are checked
+and its algorithm chosen, before its first message and within its timeout.
 
 Rule 1 (the call).  A call of ``nbytes`` (nccl-tests' convention: the whole buffer) on
 ``p`` ranks costs ``call + steps * step + copied / copy_bandwidth + reduced /
-reduce_bandwidth`` seconds, where ``steps``, ``copied`` and ``reduced`` bytes are those of
-the collective's ring (allreduce, allgather, reduce_scatter), pairwise (alltoall) or tree
-algorithm (``WORK``); one rank costs ``call`` only.
+reduce_bandwidth + fresh * touch`` seconds, where ``steps``, ``copied`` and ``reduced`` bytes
+are those of the algorithm the call runs (``WORK``, keyed ``"allreduce.ring"``; a bare
+collective name is its bandwidth algorithm's, a tree's for bcast, reduce, gather, scatter),
+and ``fresh`` the bytes of the scratch arrays it allocates; one rank costs ``call`` only.
 Rule 1b (caches).  A call whose ``nbytes`` is at most a piece of ``cached`` (``(up_to,
 copy_bandwidth, reduce_bandwidth)``, the first that holds it) copies and reduces at that
 piece's rates: a small call's arrays stay in the caches, a large one's go to memory.
+Rule 1c (first touch).  A scratch array allocated by a call lands on pages the process
+has not touched yet as often as not (the allocator hands large freed blocks back to the
+system): ``touch`` is the seconds per byte of those page faults, on average over the
+call's fresh bytes, which a warm ping-pong never sees.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
@@ -32,41 +38,98 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["WORK", "HostSpec", "collective_seconds", "work_of"]
+__all__ = ["WORK", "HostSpec", "Work", "collective_seconds", "work_of"]
 
-#: (steps, bytes copied, bytes reduced) of a collective call of n bytes on p > 1 ranks.
-Work = Callable[[int, int], tuple[int, float, float]]
+class Work(NamedTuple):
+    """What one rank does in a call beyond its messages (Rule 1)."""
+
+    steps: int  # waits of its algorithm, on the critical path
+    copied: float  # bytes copied (scratch in, output out, blocks moved about)
+    reduced: float  # bytes reduced
+    fresh: float  # bytes of scratch arrays allocated by the call (Rule 1c)
 
 
-def _ring_allreduce(n: int, p: int) -> tuple[int, float, float]:
-    # a scratch copy of the input and the output written at the end; p-1 reductions of n/p
-    return 2 * (p - 1), 2.0 * n, n * (p - 1) / p
+#: The work of an algorithm on n bytes and p > 1 ranks.
+WorkOf = Callable[[int, int], Work]
 
 
-def _ring(n: int, p: int) -> tuple[int, float, float]:
+def _log2(p: int) -> int:
+    return (p - 1).bit_length()  # ceil(log2 p)
+
+
+def _folded(p: int) -> tuple[int, bool]:
+    """Recursive doubling's rounds on the power of two below ``p``, and whether ranks fold
+    (``_collectives.algorithms`` Rule 4: two steps more)."""
+    p2 = 1 << (p.bit_length() - 1)
+    return p2.bit_length() - 1, p2 != p
+
+
+def _allreduce_ring(n: int, p: int) -> Work:
+    # the input copied into scratch, the output written at the end; p-1 reductions of n/p
+    # into a block-sized scratch
+    return Work(2 * (p - 1), 2.0 * n, n * (p - 1) / p, n + n / p)
+
+
+def _allreduce_doubling(n: int, p: int) -> Work:
+    rounds, fold = _folded(p)  # every round reduces the whole buffer into a full scratch
+    return Work(rounds + 2 * fold, 2.0 * n, float(n) * (rounds + fold), 2.0 * n)
+
+
+def _ring(n: int, p: int) -> Work:
     # allgather ring / alltoall pairwise: its own block in place, the output at the end
-    return p - 1, n / p + n, 0.0
+    return Work(p - 1, n / p + n, 0.0, float(n))
 
 
-def _reduce_scatter(n: int, p: int) -> tuple[int, float, float]:
-    return p - 1, n + n / p, n * (p - 1) / p
+def _bruck(n: int, p: int) -> Work:
+    # its block into a full scratch, rotated into the call's output, which is copied out
+    return Work(_log2(p), 2.0 * n + n / p, 0.0, 2.0 * n)
 
 
-def _tree(n: int, p: int) -> tuple[int, float, float]:
-    return math.ceil(math.log2(p)), float(n), 0.0
+def _reduce_scatter_ring(n: int, p: int) -> Work:
+    return Work(p - 1, n + 2 * n / p, n * (p - 1) / p, n + 2 * n / p)
 
 
-def _tree_reduce(n: int, p: int) -> tuple[int, float, float]:
-    return math.ceil(math.log2(p)), 2.0 * n, float(n)
+def _reduce_scatter_halving(n: int, p: int) -> Work:
+    rounds, fold = _folded(p)  # halves of what is left: n/2 + n/4 + ... of the p2's share
+    p2 = 1 << rounds
+    return Work(rounds + 2 * fold, n + 2 * n / p, n * (p2 - 1) / p2 + n * fold,
+                2.0 * n + n / p)
 
 
-WORK: dict[str, Work] = {
-    "allreduce": _ring_allreduce, "allgather": _ring, "alltoall": _ring,
-    "reduce_scatter": _reduce_scatter, "bcast": _tree, "gather": _tree, "scatter": _tree,
-    "reduce": _tree_reduce, "barrier": lambda n, p: (math.ceil(math.log2(p)), 0.0, 0.0),
+def _bcast(n: int, p: int) -> Work:
+    return Work(_log2(p), float(n), 0.0, float(n))  # a scratch of the buffer, copied out
+
+
+def _reduce(n: int, p: int) -> Work:
+    # the root's: a scratch accumulator and a recv scratch, a reduction per round
+    return Work(_log2(p), 2.0 * n, float(n) * _log2(p), 2.0 * n)
+
+
+def _gather(steps: Callable[[int], int]) -> WorkOf:
+    # the root's: its own block, the whole output written at the end
+    return lambda n, p: Work(steps(p), n + n / p, 0.0, float(n))
+
+
+def _scatter(steps: Callable[[int], int]) -> WorkOf:
+    return lambda n, p: Work(steps(p), 2 * n / p, 0.0, n / p)
+
+
+WORK: dict[str, WorkOf] = {
+    "allreduce.ring": _allreduce_ring, "allreduce.recursive_doubling": _allreduce_doubling,
+    "allgather.ring": _ring, "allgather.bruck": _bruck, "alltoall.pairwise": _ring,
+    "reduce_scatter.ring": _reduce_scatter_ring,
+    "reduce_scatter.recursive_doubling": _reduce_scatter_halving,
+    "bcast.binomial": _bcast, "reduce.binomial": _reduce,
+    "gather.linear": _gather(lambda p: 1), "gather.binomial": _gather(_log2),
+    "scatter.linear": _scatter(lambda p: 1), "scatter.binomial": _scatter(_log2),
+    "barrier.dissemination": lambda n, p: Work(_log2(p), 0.0, 0.0, 0.0),
 }
+#: The algorithm a bare collective name stands for.
+_BARE = {"allreduce": "ring", "allgather": "ring", "alltoall": "pairwise",
+         "reduce_scatter": "ring", "bcast": "binomial", "reduce": "binomial",
+         "gather": "binomial", "scatter": "binomial", "barrier": "dissemination"}
 
 
 def _rate(field: str, value: object) -> float:
@@ -95,13 +158,14 @@ class HostSpec:
     #: (up_to, copy_bandwidth, reduce_bandwidth) for calls of at most up_to bytes (Rule 1b)
     cached: tuple[tuple[int, float, float], ...] = ()
     switch: float = 0.0  # seconds more per step on more ranks than cores (Rule 2)
+    touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
             raise TypeError(f"HostSpec cores must be an int, got {type(self.cores).__name__}")
         if self.cores < 0:
             raise ValueError(f"HostSpec cores must be >= 0, got {self.cores}")
-        for field in ("call", "step", "switch"):
+        for field in ("call", "step", "switch", "touch"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
@@ -123,7 +187,7 @@ class HostSpec:
     @property
     def free(self) -> bool:
         """True when a call costs nothing (Rule 3)."""
-        return (self.call == self.step == self.switch == 0
+        return (self.call == self.step == self.switch == self.touch == 0
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached))
@@ -145,7 +209,8 @@ class HostSpec:
                   for n, c, r in self.cached]
         return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
                 f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us (+"
-                f"{self.switch * 1e6:.1f} us on more ranks than cores), "
+                f"{self.switch * 1e6:.1f} us on more ranks than cores), first touch "
+                f"{self.touch * 4096 * 1e6:.2f} us per 4 KiB page of scratch, "
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
                              f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
@@ -156,7 +221,7 @@ class HostSpec:
                 "copy_bandwidth": _json_rate(self.copy_bandwidth),
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
-                "switch": self.switch}
+                "switch": self.switch, "touch": self.touch}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -182,18 +247,20 @@ def _read_rate(rate: float | None) -> float:
     return math.inf if rate is None else rate
 
 
-def work_of(name: str, nbytes: int, p: int) -> tuple[int, float, float]:
-    """(steps, bytes copied, bytes reduced) of a call of collective ``name`` (Rule 1); an
-    unknown name counts as one step that copies its buffer."""
+def work_of(name: str, nbytes: int, p: int) -> Work:
+    """The work of a call of ``name`` (``"allreduce.ring"``, or a bare collective name: its
+    algorithm in ``_BARE``) on ``nbytes`` and ``p`` ranks (Rule 1); an unknown name counts
+    as one step that copies its buffer."""
     if p <= 1:
-        return 0, 0.0, 0.0
-    work = WORK.get(name)
-    return work(nbytes, p) if work is not None else (1, float(nbytes), 0.0)
+        return Work(0, 0.0, 0.0, 0.0)
+    work = WORK.get(name if "." in name else f"{name}.{_BARE.get(name, '')}")
+    return work(nbytes, p) if work is not None else Work(1, float(nbytes), 0.0, 0.0)
 
 
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
-    """CPU seconds of one call of collective ``name`` of ``nbytes`` on ``p`` ranks."""
-    steps, copied, reduced = work_of(name, nbytes, p)
+    """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks."""
+    steps, copied, reduced, fresh = work_of(name, nbytes, p)
     copy, reduce = host.rates(nbytes)
     step = host.step + (host.switch if 0 < host.cores < p else 0.0)
-    return host.call + steps * step + copied / copy + reduced / reduce
+    return (host.call + steps * step + copied / copy + reduced / reduce
+            + fresh * host.touch)

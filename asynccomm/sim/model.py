@@ -109,6 +109,14 @@ class Resource:
         self.busy += duration
         return start, end
 
+    def release(self, start: int, end: int, now: int) -> None:
+        """Give back what is left after ``now`` of the hold ``start``..``end`` that
+        ``reserve`` returned, when nothing has been reserved after it (work abandoned)."""
+        if self.free_at == end and now < end:
+            cut = max(now, start)
+            self.busy -= end - cut
+            self.free_at = cut
+
     def __repr__(self) -> str:
         return f"Resource({self.name!r}, free_at={self.free_at}, busy={self.busy})"
 

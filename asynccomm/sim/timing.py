@@ -20,9 +20,11 @@ Rule 6: a transfer that shares a fair link (``sim/model.py`` Rule 1b) ends when 
 does, which later transfers may delay or earlier ones' ends advance: one timer, at the next
 event of the model's flows, moves them on, and what waits for a transfer (``when_done``)
 is called at its end once that is known.
-Rule 7: a collective call first spends its CPU work (``sim/host.py``: the call, its steps,
-copies and reductions, at the rates of ``Cluster.host``) on the rank's core, in model
-time, before its first message; a ``HostSpec()`` that costs nothing leaves it at once.
+Rule 7: a collective call spends its CPU work (``sim/host.py``: the call, the steps,
+copies, reductions and fresh scratch of the algorithm it runs, at the rates of
+``Cluster.host``) on the rank's core, in model time, once its arguments are checked and
+before its first message, within its timeout (``_collectives.functions`` Rule 5b); a
+``HostSpec()`` that costs nothing leaves it at once.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 from .clock import ModelClock
 from .cluster import to_ns
 from .host import collective_seconds
-from .model import ChunkPlan, ClusterModel, Transfer
+from .model import ChunkPlan, ClusterModel, Resource, Transfer
 from .records import OpRecord
 
 __all__ = ["ModelledTiming"]
@@ -98,20 +100,29 @@ class ModelledTiming:
     def cpu(self, rank: int, seconds: float) -> int:
         """Reserve ``seconds`` of ``rank``'s core from now (after the work queued on it);
         return when that work ends, model ns."""
+        return self._core(rank).reserve(self.now(), to_ns(seconds))[1]
+
+    def _core(self, rank: int) -> Resource:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
-        return self.model.core(rank).reserve(self.now(), to_ns(seconds))[1]
+        return self.model.core(rank)
 
     async def collective_work(self, rank: int, name: str, nbytes: int, size: int) -> None:
-        """Spend the CPU work of a call of collective ``name`` (Rule 7)."""
+        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7); a call
+        cancelled (or timed out) meanwhile gives its core back from then on."""
         host = self.model.cluster.host
         if host.free:
             return
-        end = self.cpu(rank, collective_seconds(host, name, nbytes, size))
+        core = self._core(rank)
+        start, end = core.reserve(self.now(), to_ns(collective_seconds(host, name, nbytes, size)))
         if end > self.now():
             woken = asyncio.get_running_loop().create_future()
             self.clock.call_at(end, _wake, woken)
-            await woken
+            try:
+                await woken
+            except asyncio.CancelledError:
+                core.release(start, end, self.now())
+                raise
 
     @staticmethod
     def record(rank: int, kind: str, peer: int, tag: int, plan: Transfer,

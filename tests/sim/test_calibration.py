@@ -151,3 +151,30 @@ def test_a_preset_with_host_work_round_trips(tmp_path: Path) -> None:
     assert loaded.host == host
     assert loaded.intra.segments == calibrated_cluster(segments, name="x").intra.segments
     assert not loaded.shared_intra
+
+
+def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
+    import resource
+
+    from asynccomm.calibrate import HOST_SIZES, fit_host
+    from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+
+    want = HostSpec(cores=1, call=2e-5, step=4e-6, copy_bandwidth=4e9, reduce_bandwidth=2e9,
+                    cached=((HOST_SIZES[1], 1e10, 5e9),), touch=1e-10)
+    halves = {max(1, n // 2): 1e-6 + n / 2 / 3e9 for n in HOST_SIZES}
+    messages = {"allgather": 2, "allreduce": 4}  # ring steps on two ranks
+    # two ranks in one process take turns on its CPU: twice a rank's work, then messages
+    two: dict[str, dict[object, float]] = {
+        name: {n: 2 * collective_seconds(want, f"{name}.ring", n, 2)
+               + k * halves[max(1, n // 2)] for n in HOST_SIZES}
+        for name, k in messages.items()}
+    top, page = HOST_SIZES[-1], resource.getpagesize()
+    # half the fresh scratch faults: a page's first touch costs twice the average
+    two["faults"] = {name: work_of(f"{name}.ring", top, 2).fresh / page for name in messages}
+    got = fit_host(2e-5, two, halves, 2e-10)
+    assert got.touch == pytest.approx(1e-10)
+    assert (got.call, got.step) == pytest.approx((2e-5, 4e-6), rel=1e-3)  # 8 B copies aside
+    assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
+    assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)
+    # a first touch measured dearer than the calls' whole work is capped by it
+    assert fit_host(2e-5, two, halves, 1.0).touch < 1e-9

@@ -16,6 +16,7 @@ import asynccomm as ac
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
 from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+from asynccomm.sim.model import Resource
 
 MSG = 1e-6  # every message takes 1 us whatever its size
 
@@ -81,12 +82,104 @@ def test_ranks_that_share_a_core_queue_their_work(ranks: int, cores: int, factor
 
 
 def test_the_work_of_each_collective() -> None:
-    assert work_of("allreduce", 1200, 3) == (4, 2400.0, 800.0)
-    assert work_of("allgather", 1200, 3) == (2, 1600.0, 0.0)
-    assert work_of("barrier", 0, 5) == (3, 0.0, 0.0)
-    assert work_of("allreduce", 1200, 1) == (0, 0.0, 0.0)
+    # (steps, copied, reduced, fresh scratch)
+    assert work_of("allreduce", 1200, 3) == (4, 2400.0, 800.0, 1600.0)
+    assert work_of("allreduce.ring", 1200, 3) == work_of("allreduce", 1200, 3)
+    assert work_of("allgather", 1200, 3) == (2, 1600.0, 0.0, 1200.0)
+    assert work_of("barrier", 0, 5) == (3, 0.0, 0.0, 0.0)
+    assert work_of("allreduce", 1200, 1) == (0, 0.0, 0.0, 0.0)
     assert collective_seconds(HOST, "allreduce", 1200, 1) == 1e-3
-    assert HostSpec().free and not HOST.free
+    assert HostSpec().free and not HOST.free and not HostSpec(touch=1e-10).free
+
+
+@pytest.mark.parametrize(("name", "p", "work"), [
+    # log2 of the power of two, two steps more where ranks fold; a full scratch per round
+    ("allreduce.recursive_doubling", 4, (2, 2400.0, 2400.0, 2400.0)),
+    ("allreduce.recursive_doubling", 5, (4, 2400.0, 3600.0, 2400.0)),
+    ("allgather.bruck", 5, (3, 2640.0, 0.0, 2400.0)),
+    ("reduce_scatter.ring", 4, (3, 1800.0, 900.0, 1800.0)),
+    ("reduce_scatter.recursive_doubling", 4, (2, 1800.0, 900.0, 2700.0)),
+    ("reduce_scatter.recursive_doubling", 3, (3, 2000.0, 1800.0, 2800.0)),
+    ("gather.linear", 4, (1, 1500.0, 0.0, 1200.0)),
+    ("gather.binomial", 4, (2, 1500.0, 0.0, 1200.0)),
+    ("scatter.linear", 4, (1, 600.0, 0.0, 300.0)),
+    ("bcast.binomial", 3, (2, 1200.0, 0.0, 1200.0)),
+    ("reduce.binomial", 4, (2, 2400.0, 2400.0, 2400.0)),
+])
+def test_each_algorithm_has_its_own_work(name: str, p: int, work: tuple[float, ...]) -> None:
+    assert work_of(name, 1200, p) == pytest.approx(work)
+
+
+@pytest.mark.parametrize(("algorithm", "steps"), [("ring", 6), ("recursive_doubling", 2)])
+def test_a_call_is_charged_the_steps_of_the_algorithm_it_runs(algorithm: str,
+                                                              steps: int) -> None:
+    host = HostSpec(step=1e-4)
+
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allreduce(np.zeros(1000, np.float32), algorithm=algorithm)
+        return comm.model_time() - t0
+
+    got = ac.run(main, 4, cluster=cluster(host), clock="virtual")
+    # every rank works at once on its own core, then the algorithm's messages in series
+    assert got == pytest.approx([steps * 1e-4 + steps * MSG] * 4, abs=1e-8)
+
+
+def test_the_default_choice_is_charged_as_the_algorithm_it_picks() -> None:
+    host = HostSpec(step=1e-4)
+
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allgather(np.zeros(8, np.uint8), np.zeros((4, 8), np.uint8))
+        return comm.model_time() - t0
+
+    got = ac.run(main, 4, cluster=cluster(host), clock="virtual")
+    # 1 us messages whatever their size: the model picks Bruck, 2 steps (the ring has 3)
+    assert got == pytest.approx([2 * 1e-4 + 2 * MSG] * 4, abs=1e-8)
+
+
+def test_fresh_scratch_costs_its_first_touch() -> None:
+    host = HostSpec(touch=1e-9)
+
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allgather(np.zeros(500, np.uint8), np.zeros((2, 500), np.uint8),
+                             algorithm="ring")
+        return comm.model_time() - t0
+
+    got = ac.run(main, 2, cluster=cluster(host), clock="virtual")
+    assert got == pytest.approx([1000 * 1e-9 + MSG] * 2, abs=1e-8)
+
+
+def test_a_refused_call_spends_no_model_time() -> None:
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        t0 = comm.model_time()
+        with pytest.raises(ValueError, match="allreduce: recvbuf shape"):
+            await comm.allreduce(np.zeros(4, np.float32), np.zeros(5, np.float32))
+        with pytest.raises(TypeError, match="alltoall: sendbuf must be a numpy array"):
+            await comm.alltoall([1, 2], np.zeros((2, 1), np.uint8))
+        refused = comm.model_time() - t0
+        t0 = comm.model_time()
+        await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")  # still works
+        return refused, comm.model_time() - t0
+
+    got = ac.run(main, 2, cluster=cluster(HostSpec(call=1e-3)), clock="virtual")
+    assert got == [(0.0, pytest.approx(1e-3 + 2 * MSG, abs=1e-8))] * 2
+
+
+def test_a_timeout_bounds_the_host_work_too() -> None:
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        t0 = comm.model_time()
+        with pytest.raises(ac.CommTimeoutError, match="did not finish within 0.25 s"):
+            await comm.allreduce(np.zeros(4, np.float32), timeout=0.25)
+        timed_out = comm.model_time() - t0
+        t0 = comm.model_time()
+        await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")
+        return timed_out, comm.model_time() - t0
+
+    got = ac.run(main, 2, cluster=cluster(HostSpec(call=1.0)), clock="virtual")
+    # the abandoned work leaves the core at the timeout: the next call waits for none of it
+    assert got == [pytest.approx((0.25, 1.0 + 2 * MSG), abs=1e-8)] * 2
 
 
 def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
@@ -110,7 +203,7 @@ def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
 
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
-                         cached=((4096, 8e9, math.inf),), switch=5e-5))
+                         cached=((4096, 8e9, math.inf),), switch=5e-5, touch=1e-10))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
     assert Cluster.load(path).host == c.host
@@ -127,6 +220,7 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"call": -1e-6}, ValueError, "call must be a finite number >= 0"),
     ({"step": math.nan}, ValueError, "step must be a finite number >= 0"),
     ({"switch": -1.0}, ValueError, "switch must be a finite number >= 0"),
+    ({"touch": math.inf}, ValueError, "touch must be a finite number >= 0"),
     ({"call": "1"}, TypeError, "call must be a number"),
     ({"copy_bandwidth": 0}, ValueError, "copy_bandwidth must be > 0"),
     ({"reduce_bandwidth": True}, TypeError, "reduce_bandwidth must be a number"),
@@ -139,3 +233,16 @@ def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message:
         HostSpec(**kwargs)
     with pytest.raises(TypeError, match="host must be a HostSpec"):
         cluster("fast", 2)  # type: ignore[arg-type]
+
+
+def test_a_core_gives_back_abandoned_work_only_when_nothing_queued_behind_it() -> None:
+    core = Resource("core[0]")
+    start, end = core.reserve(100, 1000)
+    core.release(start, end, 400)
+    assert (core.free_at, core.busy) == (400, 300)
+    first = core.reserve(400, 1000)
+    core.reserve(0, 50)  # queued behind it: the first hold stays
+    core.release(*first, 500)
+    assert (core.free_at, core.busy) == (1450, 1350)
+    core.release(1400, 1450, 2000)  # already over: nothing to give back
+    assert core.free_at == 1450
