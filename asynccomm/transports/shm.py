@@ -251,6 +251,8 @@ class Channels:
                                              b""))
             return
         self._reading.append((source, tag, pull))
+        if len(self._reading) == 1:  # its first chunk now, not a turn of the loop later
+            self._read()
         self.node.kick()
 
     def _copying(self, source: int) -> bool:
