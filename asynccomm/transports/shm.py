@@ -7,9 +7,12 @@ world the group opens has a segment of rings, one per ordered pair of ranks
 (eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
 receiver matched it, is copied once: the receiver reads it from the sender's buffer
 (``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
-ring in fragments that land straight in the recv buffer.  The protocol's shell (turning
-the wire's events into the endpoint's, and the link's ``send``, ``fetch`` and
-``withdraw``) is the MPI link's; only the channels underneath differ.
+ring in fragments that land straight in the recv buffer.  Its announcement (``RTS``)
+carries the buffer's address (``OFFER``), so the receiver copies as soon as a recv matches
+and answers once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.
+The protocol's shell (turning the wire's events into the endpoint's, and the link's
+``send``, ``fetch`` and ``withdraw``) is the MPI link's; only the channels underneath
+differ.
 
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
 after activity when it has a core of its own: ranks no more than usable cores); once idle
@@ -216,7 +219,8 @@ class Channels:
         if dest in self.dead:
             return
         push = _Push(_bytes(view), tag, done)
-        if self.node.single_copy and not self._on_ring.pop((dest, tag), False):
+        if (self.node.single_copy and not self._on_ring.pop((dest, tag), False)
+                and len(push.view)):  # (nothing to copy: its recv is done already)
             # The receiver copies it from here (not after it refused an offer).
             self._lent[(dest, tag)] = push
             self.send(dest, HEADER.pack(DATA_AT, 0, self.rank, tag, len(push.view), 0,

@@ -27,7 +27,7 @@ from asynccomm.transports import shm
 from asynccomm.transports.shm import Channels, Node, ShmTransport
 
 from .contract import bounded, check
-from .shm_cases import _Refusing
+from .shm_cases import _Refusing, broken_or_not
 
 OPTIONS = {"eager_limit": 65_536, "pool_bytes": 64 << 20, "timeout": None}
 #: A message of several ``READ_CHUNK``s, odd-sized.
@@ -225,11 +225,7 @@ async def sender_dies(comm: ac.Communicator) -> str:
     await comm.send(ready, 0, 2)
     await _held()
     await comm.send(ready, 0, 3)
-    try:
-        await req
-    except ac.CommBrokenError as exc:
-        return f"CommBrokenError: {exc}"
-    return "no error"
+    return await broken_or_not(req)
 
 
 def a_sender_that_dies(loop: str) -> object:
@@ -281,24 +277,48 @@ def exchange(plan: Plan) -> Callable[[ac.Communicator], Any]:
 
 
 def sizes_and_orders(loop: str, examples: int, refuse: bool) -> object:
-    """The property over ``examples`` plans (the ranks draw the same ones), rank 1's single
-    copy refused if ``refuse``: this rank's first failure, and whether it copies once."""
+    """The property over ``examples`` plans (the ranks draw the same ones), each in a world
+    with the C lane's steps or the Python ones, rank 1's single copy refused if
+    ``refuse``: this rank's first failure, and whether it copies once."""
     if refuse and current_process().name == "asynccomm-rank-1":
         shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
     errors: list[str] = []
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(plan=plans())
-    def holds(plan: Plan) -> None:
+    @given(plan=plans(), native=st.sampled_from([None, False]))
+    def holds(plan: Plan, native: bool | None) -> None:
         if errors:
             return
         try:
-            run_rank(bounded(exchange(plan), 20.0), loop, OPTIONS)
+            run_rank(bounded(exchange(plan), 20.0), loop, {**OPTIONS, "native": native})
         except Exception as exc:
-            errors.append(f"{plan}: {type(exc).__name__}: {exc}")
+            errors.append(f"{plan} (native={native}): {type(exc).__name__}: {exc}")
 
     holds()
     node = Node.current()
     assert node is not None
     return errors, node.single_copy
+
+
+async def empty_rendezvous(comm: ac.Communicator) -> int:
+    """Rank 0 sends empty messages faster than its credit allows (a pool of 1 KiB: one
+    eager message at a time), so that some go rendezvous (an ``RTS`` with nothing to
+    offer); rank 1 receives them all.  How many it received."""
+    n = 8
+    if comm.rank == 0:
+        reqs = [comm.isend(np.zeros(0, np.uint8), 1, i) for i in range(n)]
+        await comm.send(np.zeros(1), 1, 100)
+        await ac.wait_all(reqs)
+        return n
+    await comm.recv(np.zeros(1), 0, 100)  # every message is announced or here by now
+    got = 0
+    for i in range(n):
+        status = await comm.recv(np.zeros(0, np.uint8), 0, i)
+        got += status.nbytes == 0
+    return got
+
+
+def empty_messages_over_rendezvous(loop: str) -> object:
+    """``empty_rendezvous`` on this rank (a ``launch`` target)."""
+    return run_rank(bounded(empty_rendezvous, 30.0), loop, {**OPTIONS, "pool_bytes": 1024})

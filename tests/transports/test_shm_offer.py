@@ -12,7 +12,12 @@ import pytest
 from asynccomm._comm.process_runner import launch
 from asynccomm.transports.shm import missing, single_copy
 
-from .shm_offer_cases import a_sender_that_dies, lent_copies, sizes_and_orders
+from .shm_offer_cases import (
+    a_sender_that_dies,
+    empty_messages_over_rendezvous,
+    lent_copies,
+    sizes_and_orders,
+)
 
 pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())),
               pytest.mark.skipif(single_copy is None,
@@ -49,7 +54,14 @@ def test_a_sender_killed_while_its_receiver_copies_breaks_that_recv() -> None:
 @pytest.mark.parametrize("refuse", [False, True])
 def test_any_sizes_in_any_order_arrive_intact(refuse: bool) -> None:
     """A hypothesis property (the ranks draw the same plans): messages of eager and
-    rendezvous sizes, recvs posted before the sends or after in any order; with rank 1's
-    single copy refused, the same over the ring (and rank 1 copies once no more)."""
+    rendezvous sizes, recvs posted before the sends or after in any order, on the C lane's
+    steps or the Python ones; with rank 1's single copy refused, the same over the ring
+    (and rank 1 copies once no more)."""
     outcomes = launch(sizes_and_orders, 2, ("uvloop", EXAMPLES, refuse))
     assert outcomes == [("ok", ([], True)), ("ok", ([], not refuse))]
+
+
+def test_empty_messages_that_go_rendezvous_arrive() -> None:
+    """An empty message sent without credit is announced with nothing to offer; its
+    receiver's recv completes at once and the sender's send too (no copy to wait for)."""
+    assert launch(empty_messages_over_rendezvous, 2, ("uvloop",)) == [("ok", 8), ("ok", 8)]
