@@ -80,7 +80,10 @@ class _Gate:
 
 
 def _ended(pid: int) -> bool:
-    fd = os.pidfd_open(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # reaped already
+        return True
     try:
         return bool(select.select([fd], [], [], 0)[0])
     finally:
@@ -209,7 +212,8 @@ def lent_copies(loop: str) -> object:
 
 async def sender_dies(comm: ac.Communicator) -> str:
     """Rank 0 is killed (SIGKILL) while rank 1 copies its message (held until rank 0's
-    process has ended): what rank 1's recv got."""
+    process has ended: the copy finds it gone): what rank 1's recv got, and whether rank
+    1 still copies once."""
     ready = np.zeros(1)
     if comm.rank == 0:
         await comm.recv(ready, 1, 2)
@@ -225,7 +229,8 @@ async def sender_dies(comm: ac.Communicator) -> str:
     await comm.send(ready, 0, 2)
     await _held()
     await comm.send(ready, 0, 3)
-    return await broken_or_not(req)
+    said = await broken_or_not(req)
+    return f"{said}; copies once: {node.single_copy}"  # (a gone process is no refusal)
 
 
 def a_sender_that_dies(loop: str) -> object:

@@ -49,6 +49,7 @@ def test_a_sender_killed_while_its_receiver_copies_breaks_that_recv() -> None:
     assert kind == "err" and "killed by signal 9" in str(error), outcomes
     kind, said = outcomes[1]
     assert kind == "ok" and said.startswith("CommBrokenError: rank 0 died"), outcomes
+    assert said.endswith("copies once: True"), outcomes
 
 
 @pytest.mark.parametrize("refuse", [False, True])
