@@ -17,7 +17,7 @@ from multiprocessing import current_process
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
@@ -292,6 +292,7 @@ def sizes_and_orders(loop: str, examples: int, refuse: bool) -> object:
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(plan=plans(), native=st.sampled_from([None, False]))
+    @example(plan=Plan(((3, False), (4, True)), (0, 1)), native=None)  # (rendezvous twice)
     def holds(plan: Plan, native: bool | None) -> None:
         if errors:
             return
