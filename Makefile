@@ -77,7 +77,7 @@ test-stress: $(STAMP)
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(PY) -m pytest -q --timeout 3600 \
 		tests/transports/test_conservation.py tests/engine/test_objects_programs.py \
 		tests/collectives/test_adversity.py tests/transports/test_shm.py \
-		tests/faults/test_processes.py
+		tests/transports/test_shm_offer.py tests/faults/test_processes.py
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \
 		tests.transports.mpi_conservation_runner
 	ASYNCCOMM_STRESS_EXAMPLES=$(STRESS) $(VENV)/bin/mpiexec -n 2 $(PY) -m \

@@ -113,6 +113,7 @@ class HybridTransport(ShmTransport):
     send = MPITransport.send
     send_now = MPITransport.send_now
     _send = MPITransport._send
+    fetch = MPITransport.fetch  # (no offers: its ``RTS``s are the MPI link's)
 
     def __init__(self, node: Node, segment: Segment, comm: Any,
                  members: list[int], procs: list[int], *, eager_limit: int,

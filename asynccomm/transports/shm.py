@@ -7,9 +7,12 @@ world the group opens has a segment of rings, one per ordered pair of ranks
 (eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
 receiver matched it, is copied once: the receiver reads it from the sender's buffer
 (``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
-ring in fragments that land straight in the recv buffer.  The protocol's shell (turning
-the wire's events into the endpoint's, and the link's ``send``, ``fetch`` and
-``withdraw``) is the MPI link's; only the channels underneath differ.
+ring in fragments that land straight in the recv buffer.  Its announcement (``RTS``)
+carries the buffer's address (``OFFER``), so the receiver copies as soon as a recv matches
+and answers once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.
+The protocol's shell (turning the wire's events into the endpoint's, and the link's
+``send``, ``fetch`` and ``withdraw``) is the MPI link's; only the channels underneath
+differ.
 
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
 after activity when it has a core of its own: ranks no more than usable cores); once idle
@@ -24,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import os
 import socket
+import struct
 import sys
 import time
 from array import array
@@ -35,23 +40,30 @@ from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, Message
-from .._core.wire import CLOSE, FIN, FT, HEADER, Wire
+from .._core.wire import CLOSE, CTS, FIN, FT, HEADER, RTS, WITHDRAW, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
 from ._mpi_transport import MPITransport, OfferBytes, deliver
 from ._shm_ring import ARMED, RING_BYTES, WRAP, Ring, Segment, segment_bytes, single_copy
-from .base import Endpoint
+from .base import Endpoint, Ready
 
 __all__ = ["DATA", "FRAGMENT", "Channels", "Node", "ShmTransport", "missing"]
 
 #: Records of rendezvous data (not wire kinds; the header's tag is the data tag): bytes;
 #: where the bytes are in the sender (``ident``: their address), for the receiver to copy
 #: them itself; that copy is done (the sender's buffer is free); that copy was refused
-#: (send the bytes on the ring instead).
+#: (send the bytes on the ring instead).  A ``DATA_DONE`` or ``DATA_REFUSED`` whose
+#: ``ident`` is not 0 answers an offer instead (see ``OFFER``): the sender's message
+#: ``ident`` was copied, or is to come on the ring on the data tag given.
 DATA = 11
 DATA_AT = 12
 DATA_DONE = 13
 DATA_REFUSED = 14
+#: An offer: where single copy is on, an ``RTS`` carries its send buffer's address after
+#: its header, so that the receiver, once a recv matches, copies at once and answers only
+#: ``DATA_DONE`` (no ``CTS``, no ``DATA_AT``).  Until that answer (or ``WITHDRAWN``, or
+#: the receiver's ``CLOSE`` or death) the buffer is lent.
+OFFER = struct.Struct("<Q")
 #: The receiver of a single copy copies this much per turn of its loop.
 READ_CHUNK = 4 << 20
 #: Rendezvous data moves in fragments of this many bytes (a ring holds several).
@@ -109,13 +121,14 @@ class _Push:
 class _Pull:
     """A recv buffer that rendezvous fragments land in."""
 
-    __slots__ = ("address", "done", "off", "view")
+    __slots__ = ("address", "done", "ident", "off", "view")
 
     def __init__(self, view: memoryview, done: Callable[[], None]) -> None:
         self.view = view
         self.done = done
         self.off = 0
         self.address = 0  # a single copy: where the bytes are in the sender
+        self.ident = 0  # an offer's copy: the sender's message id
 
 
 class _Slot:
@@ -138,13 +151,17 @@ class Channels:
     ``progress``, as the MPI link calls it)."""
 
     def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int],
-                 on_control: Callable[[Any], None]) -> None:
+                 on_control: Callable[[Any], None],
+                 on_answer: Callable[[int, int, int], None] | None = None) -> None:
         self.node = node
         self.segment = segment
         self.rank = rank
         self.size = size = len(procs)
         self.procs = procs  # the group rank (process) of each rank of this world
         self._on_control = on_control
+        #: ``on_answer(dest, ident, tag)``: the receiver of this rank's offer ``ident``
+        #: copied it (``tag`` 0), or asks for it on the ring on data tag ``tag``.
+        self._on_answer = on_answer
         self.out: list[Ring | None] = [None if d == rank else segment.ring(rank, d, True)
                                        for d in range(size)]
         self.incoming = [(s, segment.ring(s, rank, False)) for s in range(size) if s != rank]
@@ -157,6 +174,11 @@ class Channels:
         #: data tag); the recvs that copy from their senders, in order.
         self._lent: dict[tuple[int, int], _Push] = {}
         self._reading: deque[tuple[int, int, _Pull]] = deque()
+        #: Offers arrived (the sender's buffer address, by (source, message id)), until a
+        #: recv matches them (``take``), or they are withdrawn or dropped.
+        self.offers: dict[tuple[int, int], int] = {}
+        #: The data tags of offers whose receiver could not copy: those go on the ring.
+        self._on_ring: dict[tuple[int, int], bool] = {}
         self._bell = segment.bell(rank)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
@@ -174,7 +196,8 @@ class Channels:
             return
         if dest in self.dead:
             return
-        if self._data[dest] and (self.closing or raw[0] == CLOSE or raw[0] == FIN):
+        if ((self._data[dest] or (self._reading and self._copying(dest)))
+                and (self.closing or raw[0] == CLOSE or raw[0] == FIN)):
             self._data[dest].append(bytes(raw))
             self._blocked.add(dest)
         elif not self._ctrl[dest] and self.out[dest].put((raw,), len(raw)):  # type: ignore[union-attr]
@@ -196,7 +219,9 @@ class Channels:
         if dest in self.dead:
             return
         push = _Push(_bytes(view), tag, done)
-        if self.node.single_copy:  # the receiver copies it from here
+        if (self.node.single_copy and not self._on_ring.pop((dest, tag), False)
+                and len(push.view)):  # (nothing to copy: its recv is done already)
+            # The receiver copies it from here (not after it refused an offer).
             self._lent[(dest, tag)] = push
             self.send(dest, HEADER.pack(DATA_AT, 0, self.rank, tag, len(push.view), 0,
                                         single_copy.address(push.view), b""))
@@ -214,6 +239,43 @@ class Channels:
             done()
             return
         self._pulls[(source, tag)] = _Pull(view, done)
+
+    def take(self, view: memoryview, source: int, ident: int, address: int, tag: int,
+             done: Callable[[], None]) -> None:
+        """A recv matched ``source``'s offer ``ident`` (its bytes at ``address`` there):
+        copy them into ``view`` (``done()`` once they are in), then answer ``DATA_DONE``;
+        where this rank may not read other processes, ask for them on the ring on data
+        tag ``tag`` (``DATA_REFUSED``)."""
+        pull = _Pull(_bytes(view), done)
+        pull.address = address
+        pull.ident = ident
+        self._pulls[(source, tag)] = pull
+        if not self.node.single_copy or single_copy is None:
+            self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, ident,
+                                             b""))
+            return
+        self._reading.append((source, tag, pull))
+        if len(self._reading) == 1:  # its first chunk now, not a turn of the loop later
+            self._read()
+        self.node.kick()
+
+    def _copying(self, source: int) -> bool:
+        """Whether a single copy from ``source`` is under way (its buffer lent to this
+        rank: a ``CLOSE`` or ``FIN`` to it waits for the ``DATA_DONE``)."""
+        return any(s == source and p.ident for s, _, p in self._reading)
+
+    def _answer(self, dest: int, raw: bytes) -> None:
+        """An offer's answer: ahead of what waits behind data (a ``CLOSE`` waits for it)."""
+        if dest in self.dead:
+            return
+        ring = self.out[dest]
+        assert ring is not None
+        if not self._ctrl[dest] and ring.put((raw,), len(raw)):
+            self.ring(dest)
+        else:
+            self._ctrl[dest].append(raw)
+            self._blocked.add(dest)
+        self.node.kick()
 
     def deliver(self) -> None:
         """(The MPI link calls this after a fast send: the node's poll does it here.)"""
@@ -243,7 +305,7 @@ class Channels:
         while data and not ctrl:
             item = data[0]
             if isinstance(item, bytes):
-                if not ring.put((item,), len(item)):
+                if (self._reading and self._copying(dest)) or not ring.put((item,), len(item)):
                     break
             else:
                 view, n = item.view, len(item.view)
@@ -301,21 +363,34 @@ class Channels:
         off = pull.off
         n = min(READ_CHUNK, len(pull.view) - off)
         try:
-            single_copy.readv(self.node.pids[self.procs[source]], pull.view[off:off + n],
-                              pull.address + off)
-        except OSError:
+            n = single_copy.readv(self.node.pids[self.procs[source]],
+                                  pull.view[off:off + n], pull.address + off)
+        except OSError as exc:
             self._reading.popleft()
-            if source in self.dead:
-                return
+            if source in self.dead or exc.errno == errno.ESRCH:
+                return  # its process is gone: ``peer_died`` (its ``pidfd``) fails the recv
+            if exc.errno not in (errno.EPERM, errno.EACCES):
+                raise  # (EFAULT: the lent buffer is not there: the link fails)
             # Refused (no permission to read another process): the bytes come on the ring.
             self.node.single_copy = False
-            self.send(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, 0, b""))
+            pull.off = 0
+            if pull.ident:
+                self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0,
+                                                 pull.ident, b""))
+            else:
+                self.send(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, 0, b""))
             return
+        if n <= 0:  # (the kernel copies all it can, or fails)
+            raise OSError(errno.EFAULT, f"nothing could be read from rank {source}")
         pull.off = off + n
         if pull.off >= len(pull.view):
             self._reading.popleft()
             del self._pulls[(source, tag)]
-            self.send(source, HEADER.pack(DATA_DONE, 0, self.rank, tag, 0, 0, 0, b""))
+            if pull.ident:
+                self._answer(source, HEADER.pack(DATA_DONE, 0, self.rank, 0, 0, 0,
+                                                 pull.ident, b""))
+            else:
+                self.send(source, HEADER.pack(DATA_DONE, 0, self.rank, tag, 0, 0, 0, b""))
             pull.done()
 
     def _send_waiting(self) -> bool:
@@ -334,6 +409,12 @@ class Channels:
     def _handle(self, view: memoryview) -> None:
         kind = view[0]
         if kind < DATA:
+            if kind == RTS and len(view) > HEADER.size:  # an offer: its address first
+                _, _, source, _, _, _, ident, _ = HEADER.unpack_from(view)
+                self.offers[(source, ident)] = OFFER.unpack_from(view, HEADER.size)[0]
+            elif kind == WITHDRAW:  # (matched already: its copy has the address)
+                _, _, source, _, _, _, ident, _ = HEADER.unpack_from(view)
+                self.offers.pop((source, ident), None)
             self._on_control(_Slot(view))
             return
         _, _, source, tag, nbytes, _, address, _ = HEADER.unpack_from(view)
@@ -343,11 +424,18 @@ class Channels:
             self._reading.append((source, tag, pull))
             return
         if kind == DATA_DONE:
-            self._lent.pop((source, tag)).done()
+            if address:  # ``ident``: an offer copied
+                self._on_answer(source, address, 0)  # type: ignore[misc]
+            else:
+                self._lent.pop((source, tag)).done()
             return
         if kind == DATA_REFUSED:
-            self._data[source].append(self._lent.pop((source, tag)))
-            self._blocked.add(source)
+            if address:  # an offer the receiver could not copy: on the ring, on ``tag``
+                self._on_ring[(source, tag)] = True
+                self._on_answer(source, address, tag)  # type: ignore[misc]
+            else:
+                self._data[source].append(self._lent.pop((source, tag)))
+                self._blocked.add(source)
             return
         if kind == FT:  # fault tolerance's control messages (the link's ``ft`` hook)
             self._on_control(_Slot(view))
@@ -389,6 +477,8 @@ class Channels:
         self._blocked.discard(rank)
         for key in [k for k in self._pulls if k[0] == rank]:
             del self._pulls[key]
+        for key in [k for k in self.offers if k[0] == rank]:
+            del self.offers[key]
         return moving
 
     def close(self) -> None:
@@ -416,7 +506,7 @@ class ShmTransport(MPITransport):
         self.offer_bytes: OfferBytes = deliver  # the world gives the fast lane's
         self.endpoint: Endpoint
         self.progress = Channels(node, segment, rank, procs,  # type: ignore[assignment]
-                                 self._on_control)
+                                 self._on_control, self._answered)
         self._sends: dict[int, Message] = {}
         self._announced: dict[tuple[int, int], Message] = {}
         self._broken = None
@@ -484,7 +574,47 @@ class ShmTransport(MPITransport):
             self._finished.set_result(None)
 
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
+        if msg[0] == RTS and dest != self.rank and self.node.single_copy:
+            msg = self._offer(msg)
         self.channels.send(dest, msg)
+
+    # -- rendezvous with an offer (``OFFER``) ---------------------------------------------
+
+    def _offer(self, rts: bytes | bytearray) -> bytes | bytearray:
+        """The ``RTS`` of an announced send, with its buffer's address after it: lent to
+        the receiver from now on (until ``_answered``, ``WITHDRAWN`` or the receiver's
+        ``CLOSE`` or death)."""
+        view = _bytes(self._sends[HEADER.unpack_from(rts)[6]].view)
+        if not len(view):
+            return rts
+        return b"".join((rts, OFFER.pack(single_copy.address(view))))
+
+    def _answered(self, dest: int, ident: int, tag: int) -> None:
+        """The receiver of this rank's offer ``ident`` copied it (``tag`` 0: the send is
+        complete), or could not and asks for it on the ring on data tag ``tag``: as if it
+        had answered ``CTS`` (a withdrawal under way lost)."""
+        if tag:  # (``Channels`` sends it on the ring: the tag is marked)
+            self._on_control(cast(Any, _Slot(memoryview(HEADER.pack(CTS, 0, dest, tag, 0, 0,
+                                                                    ident, b"")))))
+            return
+        event, _ = self.wire.receive(CTS, dest, 0, 0, 0, ident, "", b"")
+        if event is None:  # (not this rank's to complete any more: it failed already)
+            return
+        sent = self._sends.pop(ident)
+        self.endpoint.activate(sent)
+        self.endpoint.sent(sent)
+
+    def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:
+        """A recv matched ``msg``: where it came with an offer, copy it now (no ``CTS``);
+        else as the MPI link does."""
+        source, ident = msg.source, msg.ident
+        address = self.channels.offers.pop((source, ident), None)
+        if address is None:
+            super().fetch(msg, rank, into, ready)
+            return
+        self._announced.pop((source, ident), None)
+        tag, _ = self.wire.clear_to_send(source, ident)  # committed; the copy answers
+        self.channels.take(into, source, ident, address, tag, lambda: ready(None, None))
 
     # -- the Link interface (``send``, ``fetch``, ``withdraw``, ``received`` and ``ask_dump``
     # are the MPI link's: they only send control messages, and a ring never fails) -------
@@ -517,6 +647,7 @@ class ShmTransport(MPITransport):
         if self._broken is not None:  # its last words, best effort: it waits for no answer
             reason = f"failed ({self._broken})"
         self._announced.clear()
+        self.channels.offers.clear()
         self.channels.closing = True
         for dest, raw in self.wire.close(reason):
             self._send(dest, raw)
