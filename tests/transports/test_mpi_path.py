@@ -558,8 +558,8 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     """This rank (1 of 2) on the fake communicator, payloads moving in chunks of ``CHUNK``:
     a rendezvous recv (its ``RTS`` before or after the recv is posted) and a rendezvous
     send answered by a ``CTS`` (a withdrawal tried while its data moves, if the plan says
-    so), their data requests completing in the order the plan picks, one of them failing
-    if it says so.  Everything observable: what was handed to MPI, the requests in flight
+    so), a task waiting for it, their data requests completing in the order the plan
+    picks, one of them failing if it says so.  Everything observable: what was handed to MPI, the requests in flight
     at each step, the ops' outcomes and statuses, the wire's and the link's state, the
     flight record."""
     from asynccomm._comm import mpi_runner
@@ -589,7 +589,13 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     await asyncio.sleep(0)
     recv_steps = _complete(progress, comm_, expected, plan["picks"],
                            lambda: req.done() or link.broken is not None)
-    send = comm.isend(expected, 0, 7)
+    send = comm.isend(expected, 0, 7, timeout=plan["timeout"])
+
+    async def wait() -> Any:
+        return await send
+
+    waiting = asyncio.ensure_future(wait())  # a task waits for the send to complete
+    await asyncio.sleep(0)
     ident = link.wire._next_ident
     land(slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, ident, b""))
     if link.broken is None:
@@ -598,13 +604,14 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
                 else None)
     send_steps = _complete(progress, comm_, expected, plan["picks"][::-1],
                            lambda: send.done() or link.broken is not None)
-    await asyncio.sleep(0)
+    await asyncio.wait([waiting], timeout=5)
     outcome = [(r.done(), r.cancelled(),
                 None if not r.done() or r.cancelled() else repr(r.exception()))
-               for r in (req, send)]
+               for r in (req, send, waiting)]
     return (link.fetch.__qualname__, progress._test_requests.__qualname__, outcome,
             req.status if req.done() and not req.cancelled() and req.exception() is None
-            else None, got.tolist(), comm_.sent, recv_steps, send_steps, withdrew,
+            else None, got.tolist(), comm_.sent, recv_steps, send_steps,
+            (withdrew, send._timer, send._tracked, comm._engine.pending_ops),
             progress._data, len(progress._reqs), dict(link.wire.announced),
             set(link.wire.unmatched), sorted(link._sends), sorted(link._announced),
             repr(link.broken), comm.statistics(),
@@ -619,6 +626,7 @@ CHUNK_PLANS = st.fixed_dictionaries({
     "picks": st.lists(st.integers(0, 3), max_size=8),
     "fail_at": st.sampled_from([0, 0, 0, 1, 2, 3, 4, 6]),
     "withdraw": st.booleans(),
+    "timeout": st.sampled_from([None, 60.0]),
 })
 
 
@@ -633,7 +641,8 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
     of a transfer in flight), the same outcomes and statuses, the same flight record and
     tallies; a data request that MPI refuses breaks the link the same way (the op fails,
     nothing is reported cancelled); a withdrawal tried while the data moves loses (the
-    send completes, and is not cancelled)."""
+    send completes, and is not cancelled); the task waiting for the send wakes, and the
+    send's timer stops."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
             self, "endpoint", endpoint))
@@ -652,13 +661,14 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
     assert not any(cancelled for _, cancelled, _ in outcome)  # matched: never cancelled
     n = plan["count"]
     if not 0 < plan["fail_at"] <= 2 * -(-n * 8 // CHUNK):  # no data request failed
-        assert outcome == [(True, False, "None")] * 2
+        assert outcome == [(True, False, "None")] * 3
         assert status == (0, 9, n * 8, n, (n,))
         assert got == [*(np.arange(n) + 0.5), 0.0, 0.0, 0.0]
         data = b"".join(raw for raw, _, tag in sent  # the chunks sent, in order
                         if tag and not raw.startswith(b"irecv"))
         assert data == (np.arange(n, dtype="<f8") + 0.5).tobytes()
-        assert withdrew in (None, False)
+        assert withdrew[0] in (None, False)  # a withdrawal while the data moves loses
+        assert withdrew[1:] == (None, False, 0)  # its timer stopped, nothing pending
         assert c[9:11] == (0, 0)  # nothing left in flight
     else:
         assert "TransportError" in c[15]
