@@ -7,15 +7,15 @@
  * message is handed to the receiving engine as ``MPITransport._on_control`` hands it: the
  * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
  *
- * A rendezvous message's steps run here too: its ``RTS`` landing (the announcement
- * arrives at the engine as a ``REMOTE`` message), ``fetch`` (the data recv, then the
- * ``CTS``), the ``CTS`` landing (the send is active, its data sent), and the completion of
- * each data request (``test``, ``Progress._test_requests``: a ``Moved`` starts the next
- * chunks of a payload of more than one, and once all are in completes the recv, through
- * the engine's ``ready`` or here, or the send, here as the engine's ``sent`` does).  A
- * ``CTS`` for a send being withdrawn, a closing rank, and every other control message
- * (``WITHDRAW``, ``CREDIT``, ``CLOSE``, ...) take the Python steps, which stay the
- * reference.
+ * A rendezvous message's steps run here too: its announcement (``send``: the ``RTS``
+ * sent), its ``RTS`` landing (the announcement arrives at the engine as a ``REMOTE``
+ * message), ``fetch`` (the data recv, then the ``CTS``), the ``CTS`` landing (the send is
+ * active, its data sent), and the completion of each data request (``test``,
+ * ``Progress._test_requests``: a ``Moved`` starts the next chunks of a payload of more
+ * than one, and once all are in completes the recv, through the engine's ``ready`` or
+ * here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
+ * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
+ * ``CLOSE``, ...) take the Python steps, which stay the reference.
  *
  * Every other control message, and every eager one this file does not judge (a closed
  * engine, a shape, a dtype not seen yet, a traced engine, a large payload), goes to the
@@ -36,6 +36,7 @@ typedef struct {
     /* the rendezvous steps': the wire's announced sends and unmatched announcements, the
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
+    PyObject *py_send;  /* the link's Python send */
     PyObject *active;  /* the state ACTIVE */
     long rank, inline_max, return_at, ctrl_slots;
     Py_ssize_t chunk_bytes;
@@ -573,6 +574,114 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_TRUE;
 python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
+}
+
+/* send(msg, dest) -> None: ``MPITransport.send`` for a message too large to go eagerly,
+ * of a dtype seen already and with no shape: ``wire.announce`` (the next id, the message
+ * announced to ``dest``), the link keeps it until its ``CTS``, and its ``RTS`` goes as
+ * ``Progress.send`` sends it; an MPI error: ``_send_failed``.  Any other send (a broken
+ * link, a closed destination, one that may go eagerly): the Python ``send``. */
+static PyObject *
+path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send(msg, dest)");
+        return NULL;
+    }
+    PyObject *msg = args[0], *dest = args[1];
+    long d = PyLong_AsLong(dest);
+    if (d == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!ready || !PyObject_TypeCheck(msg, MessageType) || d < 0
+        || d >= PyList_GET_SIZE(p->credit) || SLOT(msg, M.shape) != Py_None
+        || SLOT(msg, M.view) == NULL || SLOT(msg, M.view) == Py_None) {
+        goto python;
+    }
+    long long n, count, next;
+    if (slot_ll(msg, M.nbytes, &n) < 0 || slot_ll(msg, M.count, &count) < 0) {
+        return NULL;
+    }
+    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
+    int no = broken == NULL ? -1 : broken != Py_None;
+    Py_XDECREF(broken);
+    if (no == 0) {
+        no = PyDict_Contains(p->closed_by, dest);
+    }
+    if (no != 0 || n <= p->inline_max) {
+        if (no < 0) {
+            return NULL;
+        }
+        goto python;  /* failed at once, or it may go eagerly */
+    }
+    PyObject *dtype = SLOT(msg, M.dtype);
+    PyObject *field = dtype == NULL ? NULL : PyDict_GetItemWithError(p->fields, dtype);
+    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
+    }
+    Py_INCREF(field);
+    PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
+    next = v == NULL ? -1 : PyLong_AsLongLong(v);
+    Py_XDECREF(v);
+    PyObject *ident = next == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(next + 1);
+    PyObject *raw = NULL, *comm = NULL, *req = NULL;
+    int rc = -1;
+    if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
+        || PyDict_SetItem(p->announced, ident, dest) < 0
+        || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {
+        goto done;
+    }
+    char *h = PyBytes_AS_STRING(raw);  /* wire.announce's RTS */
+    Py_ssize_t flen = PyBytes_GET_SIZE(field);
+    memset(h, 0, H_SIZE);
+    h[H_KIND] = (char)RTS;
+    h[H_DLEN] = (char)flen;
+    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+    put_le(h + H_TAG, (unsigned long long)PyLong_AsLongLong(SLOT(msg, M.tag)), 4);
+    put_le(h + H_NBYTES, (unsigned long long)n, 8);
+    put_le(h + H_COUNT, (unsigned long long)count, 8);
+    put_le(h + H_IDENT, (unsigned long long)(next + 1), 8);
+    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    put_ref(msg, M.ident, ident);
+    if (PyDict_SetItem(p->sends, ident, msg) < 0
+        || (comm = PyObject_GetAttr(p->progress, a_comm)) == NULL) {
+        goto done;
+    }
+    PyObject *argv[4] = {comm, raw, dest, zero};
+    req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    rc = req == NULL ? -1 : after_isend(p, req, d);
+    if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        if (tb != NULL && ev != NULL) {
+            PyException_SetTraceback(ev, tb);
+        }
+        PyObject *r = PyObject_CallMethodObjArgs(p->link, a_send_failed, msg, dest, ev, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(tb);
+    }
+done:
+    Py_XDECREF(req);
+    Py_XDECREF(comm);
+    Py_XDECREF(raw);
+    Py_XDECREF(ident);
+    Py_DECREF(field);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+python:
+    return PyObject_Vectorcall(p->py_send, args, nargs, NULL);
 }
 
 /* -- rendezvous ------------------------------------------------------------------------ */
@@ -1298,6 +1407,7 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->sends = PyObject_GetAttr(link, a_sends);
     p->announced_msgs = PyObject_GetAttr(link, a_announced_msgs);
     p->py_fetch = PyObject_GetAttr(link, a_fetch);
+    p->py_send = PyObject_GetAttr(link, a_link_send);
     p->slots = PyObject_GetAttr(progress, a_slots);
     p->credit = PyObject_GetAttr(wire, a_credit);
     p->owed = PyObject_GetAttr(wire, a_owed);
@@ -1307,7 +1417,7 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
         || p->announced == NULL || p->unmatched == NULL || p->sends == NULL
-        || p->announced_msgs == NULL || p->py_fetch == NULL
+        || p->announced_msgs == NULL || p->py_fetch == NULL || p->py_send == NULL
         || long_attr(link, a_rank, &p->rank) < 0
         || long_attr(wire, a_inline_max, &p->inline_max) < 0
         || long_attr(wire, a_return_at, &p->return_at) < 0) {
@@ -1347,6 +1457,7 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->sends);
     Py_VISIT(p->announced_msgs);
     Py_VISIT(p->py_fetch);
+    Py_VISIT(p->py_send);
     Py_VISIT(p->remote_where);
     Py_VISIT(p->active);
     return 0;
@@ -1373,6 +1484,7 @@ path_clear(Path *p)
     Py_CLEAR(p->sends);
     Py_CLEAR(p->announced_msgs);
     Py_CLEAR(p->py_fetch);
+    Py_CLEAR(p->py_send);
     Py_CLEAR(p->remote_where);
     Py_CLEAR(p->active);
     return 0;
@@ -1393,6 +1505,8 @@ static PyMethodDef path_methods[] = {
      "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
     {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
      "deliver(): the eager messages that landed, now (Progress.deliver)"},
+    {"send", (PyCFunction)(void (*)(void))path_send, METH_FASTCALL,
+     "send(msg, dest): MPITransport.send"},
     {"fetch", (PyCFunction)(void (*)(void))path_fetch, METH_FASTCALL,
      "fetch(msg, rank, into, ready): MPITransport.fetch"},
     {"test", (PyCFunction)path_test, METH_NOARGS,

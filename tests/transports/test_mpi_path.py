@@ -499,11 +499,13 @@ CHUNK = 4800  # the chunk size these tests move payloads in (over the eager limi
 
 class ChunkComm(DataComm):
     """``DataComm`` whose ``fail_at``-th data request (a data recv or a data send, counted
-    from 1) fails instead of being posted."""
+    from 1) fails instead of being posted, and whose ``RTS`` sends fail as ``rts`` says:
+    ``"isend"`` (not posted) or ``"test"`` (posted, then its ``Test`` fails)."""
 
-    def __init__(self, fail_at: int) -> None:
+    def __init__(self, fail_at: int, rts: str) -> None:
         super().__init__()
         self.fail_at = fail_at
+        self.rts = rts
         self.posted = 0
 
     def _next(self) -> None:
@@ -518,6 +520,11 @@ class ChunkComm(DataComm):
     def Isend(self, buf: Any, dest: int, tag: int) -> Req:
         if tag:
             self._next()
+        elif self.rts and bytes(buf)[0] == w.RTS:
+            if self.rts == "isend":
+                raise FakeMPIError("Isend failed")
+            super().Isend(buf, dest, tag)
+            return Req(True, fail=True)
         return super().Isend(buf, dest, tag)
 
 
@@ -566,7 +573,7 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     from asynccomm.sim.device import Device
 
     w.encode_dtype("<f8")
-    comm_ = ChunkComm(plan["fail_at"])
+    comm_ = ChunkComm(plan["fail_at"], plan["rts"])
     family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
                                    pool_bytes=POOL, timeout=None, registry=[],
                                    bells=[None, None], lane=_communicator.world_lane(native))
@@ -597,8 +604,8 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     waiting = asyncio.ensure_future(wait())  # a task waits for the send to complete
     await asyncio.sleep(0)
     ident = link.wire._next_ident
-    land(slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, ident, b""))
-    if link.broken is None:
+    if link.broken is None and not send.done():  # (its RTS sent: the receiver answers)
+        land(slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, ident, b""))
         _as_the_task(progress, "_land")
     withdrew = (comm._engine.withdraw(send, None) if plan["withdraw"] and not send.done()
                 else None)
@@ -608,7 +615,8 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     outcome = [(r.done(), r.cancelled(),
                 None if not r.done() or r.cancelled() else repr(r.exception()))
                for r in (req, send, waiting)]
-    return (link.fetch.__qualname__, progress._test_requests.__qualname__, outcome,
+    return ((link.fetch.__qualname__, link.send.__qualname__),
+            progress._test_requests.__qualname__, outcome,
             req.status if req.done() and not req.cancelled() and req.exception() is None
             else None, got.tolist(), comm_.sent, recv_steps, send_steps,
             (withdrew, send._timer, send._tracked, comm._engine.pending_ops),
@@ -627,6 +635,7 @@ CHUNK_PLANS = st.fixed_dictionaries({
     "fail_at": st.sampled_from([0, 0, 0, 1, 2, 3, 4, 6]),
     "withdraw": st.booleans(),
     "timeout": st.sampled_from([None, 60.0]),
+    "rts": st.sampled_from(["", "", "", "isend", "test"]),
 })
 
 
@@ -653,14 +662,22 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
             with asyncio.Runner() as runner:
                 seen[native] = runner.run(_chunked(native, plan))
     c, python = seen[True], seen[False]
-    assert c[:2] == ("Path.fetch", "Path.test")
-    assert python[:2] == ("MPITransport.fetch", "Progress._test_requests")
+    assert c[:2] == (("Path.fetch", "Path.send"), "Path.test")
+    assert python[:2] == (("MPITransport.fetch", "MPITransport.send"),
+                          "Progress._test_requests")
     assert c[2:] == python[2:]
     outcome, status, got, sent, recv_steps, send_steps, withdrew = c[2:9]
     assert all(k <= 2 for k in recv_steps + send_steps)  # the window
     assert not any(cancelled for _, cancelled, _ in outcome)  # matched: never cancelled
     n = plan["count"]
-    if not 0 < plan["fail_at"] <= 2 * -(-n * 8 // CHUNK):  # no data request failed
+    chunks = -(-n * 8 // CHUNK)
+    if 0 < plan["fail_at"] <= (chunks if plan["rts"] else 2 * chunks):  # one failed
+        assert "TransportError" in c[15]
+        assert any(r is not None and "TransportError" in r for _, _, r in outcome)
+    elif plan["rts"]:  # the send failed as it was posted (the link stands)
+        assert "TransportError" in outcome[1][2] and "TransportError" in outcome[2][2]
+        assert c[15] == "None" and c[13:15] == ([], [])  # nothing kept of it
+    else:
         assert outcome == [(True, False, "None")] * 3
         assert status == (0, 9, n * 8, n, (n,))
         assert got == [*(np.arange(n) + 0.5), 0.0, 0.0, 0.0]
@@ -670,6 +687,3 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
         assert withdrew[0] in (None, False)  # a withdrawal while the data moves loses
         assert withdrew[1:] == (None, False, 0)  # its timer stopped, nothing pending
         assert c[9:11] == (0, 0)  # nothing left in flight
-    else:
-        assert "TransportError" in c[15]
-        assert any(r is not None and "TransportError" in r for _, _, r in outcome)
