@@ -313,6 +313,26 @@ land(Path *p, int eager_only)
     }
 }
 
+/* The error being raised, taken (with its traceback) and handed on:
+ * ``to.<name>(exc, arg, more)`` (``arg`` and ``more`` may be NULL: fewer arguments).  0 if
+ * that returned, -1 if it raised. */
+static int
+hand_on(PyObject *to, PyObject *name, PyObject *arg, PyObject *more)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb != NULL && ev != NULL) {
+        PyException_SetTraceback(ev, tb);
+    }
+    PyObject *r = ev == NULL ? NULL : PyObject_CallMethodObjArgs(to, name, ev, arg, more, NULL);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* ``Progress.deliver``: the eager messages that already landed, now; an error fails the
  * link (``Progress._failed``). */
 static int
@@ -335,18 +355,7 @@ deliver(Path *p)
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return -1;
     }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyErr_NormalizeException(&et, &ev, &tb);
-    if (tb != NULL && ev != NULL) {
-        PyException_SetTraceback(ev, tb);
-    }
-    PyObject *r = PyObject_CallMethodOneArg(p->progress, a_failed, ev);
-    Py_XDECREF(et);
-    Py_XDECREF(ev);
-    Py_XDECREF(tb);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
+    return hand_on(p->progress, a_failed, NULL, NULL);
 }
 
 static PyObject *
@@ -657,18 +666,7 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     rc = req == NULL ? -1 : after_isend(p, req, d);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyErr_NormalizeException(&et, &ev, &tb);
-        if (tb != NULL && ev != NULL) {
-            PyException_SetTraceback(ev, tb);
-        }
-        PyObject *r = PyObject_CallMethodObjArgs(p->link, a_send_failed, msg, dest, ev, NULL);
-        rc = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
+        rc = hand_on(p->link, a_send_failed, msg, dest);
     }
 done:
     Py_XDECREF(req);
@@ -1237,18 +1235,7 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     }
     rc = ctl == NULL ? -1 : after_isend(p, ctl, s);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyErr_NormalizeException(&et, &ev, &tb);
-        if (tb != NULL && ev != NULL) {
-            PyException_SetTraceback(ev, tb);
-        }
-        PyObject *r = PyObject_CallMethodObjArgs(p->link, a_fetch_failed, ev, source, NULL);
-        rc = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
+        rc = hand_on(p->link, a_fetch_failed, source, NULL);
     }
 done:
     Py_XDECREF(ctl);

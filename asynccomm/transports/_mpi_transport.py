@@ -112,9 +112,10 @@ class MPITransport(Link):
         straight into the recv posted for it; a traced engine's take the Python steps).
         So do a rendezvous message's steps: its announcement (``send``: the ``RTS``), its
         ``RTS`` landing, ``fetch`` (the data recv and the ``CTS``), the ``CTS`` landing and
-        the data send, and the completion of the data requests (``Progress._test_requests``: the chunks of a larger payload, as
-        ``_mpi_chunks`` moves them, and the recv's or the send's completion); a withdrawal
-        under way and a traced engine's take the Python steps."""
+        the data send, and the completion of the data requests
+        (``Progress._test_requests``: the chunks of a larger payload, as ``_mpi_chunks``
+        moves them, and the recv's or the send's completion); a withdrawal under way and a
+        traced engine's take the Python steps."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
                          MAX_INFLIGHT)
@@ -278,9 +279,9 @@ class MPITransport(Link):
                 wire.refund(dest, n)
                 self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
             else:
-                self._send_failed(msg, dest, exc)
+                self._send_failed(exc, msg, dest)
 
-    def _send_failed(self, msg: Message, dest: int, exc: BaseException) -> None:
+    def _send_failed(self, exc: BaseException, msg: Message, dest: int) -> None:
         """MPI failed while ``send`` announced ``msg`` to ``dest``: the wire and the link
         forget it, and the send fails."""
         if self._sends.pop(msg.ident, None) is not None:

@@ -251,23 +251,31 @@ def test_the_c_steps_send_through_the_communicator_progress_holds_now() -> None:
         loop.close()
 
 
+def _open_rank(comm_: Comm, native: bool) -> tuple[MPITransport, Any]:
+    """Rank 1 of 2 of an MPI world opened on the fake communicator ``comm_`` with
+    ``native=``, its control recvs posted (none landed): its link and communicator."""
+    from asynccomm._comm import mpi_runner
+    from asynccomm.sim.device import Device
+
+    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
+                                   pool_bytes=POOL, timeout=None, registry=[],
+                                   bells=[None, None], lane=_communicator.world_lane(native))
+    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link.progress._slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
+    return link, comm
+
+
 async def _mpi_world(native: bool) -> tuple[Any, ...]:
     """This rank (1 of 2) of an MPI world opened on the fake communicator with
     ``native=``: a recv posted before its message lands, one after, and a send.  What
     every op gave, what was handed to MPI, the eager credit, and the flight record."""
     from asynccomm._buffers import dtype_name
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
 
     dtype_name(np.dtype("<f8"), "send")  # (names learnt: the fast lanes take these)
     w.encode_dtype("<f8")
     comm_ = Comm(completes=True, fails="")
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     slots = link.progress._slots
-    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     first, second = np.zeros(2), np.zeros(2)
     req = comm.irecv(first, 0, 9)  # posted: the message lands into it
     land(slots[0], w.HEADER.pack(w.EAGER, 3, 0, 9, 16, 2, 0, b"<f8"),
@@ -344,18 +352,11 @@ async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
     has its receiver answer ``WITHDRAWN``, ``"lost"`` answer ``CTS`` all the same).  What
     every op gave, what was handed to MPI, the wire's and the link's state, and the flight
     record."""
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
-
     w.encode_dtype("<f8")
     comm_ = DataComm(fails=fails)
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     progress = link.progress
     slots = progress._slots
-    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     got = np.zeros(BIG // 8)
     rts = w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8")
     if order == "rts first":  # unexpected: it waits as an announcement
@@ -438,17 +439,10 @@ async def _broken_while_moving(native: bool, how: str) -> str:
     """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
     ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
     its stream); the link breaks while its data moves.  What the recv gave."""
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
-
     w.encode_dtype("<f8")
     comm_ = DataComm()
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     progress = link.progress
-    progress._slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     land(progress._slots[0], w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8"))
     progress._land()
     got = np.zeros(BIG // 8)
@@ -566,21 +560,14 @@ async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
     a rendezvous recv (its ``RTS`` before or after the recv is posted) and a rendezvous
     send answered by a ``CTS`` (a withdrawal tried while its data moves, if the plan says
     so), a task waiting for it, their data requests completing in the order the plan
-    picks, one of them failing if it says so.  Everything observable: what was handed to MPI, the requests in flight
-    at each step, the ops' outcomes and statuses, the wire's and the link's state, the
-    flight record."""
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
-
+    picks, one of them failing if it says so.  Everything observable: what was handed to
+    MPI, the requests in flight at each step, the ops' outcomes and statuses, the wire's
+    and the link's state, the flight record."""
     w.encode_dtype("<f8")
     comm_ = ChunkComm(plan["fail_at"], plan["rts"])
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     progress = link.progress
     slots = progress._slots
-    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     n = plan["count"]
     expected = np.arange(n, dtype="<f8") + 0.5
     got = np.zeros(n + 3)  # a larger buffer: nothing written past the message
