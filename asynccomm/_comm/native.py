@@ -183,6 +183,10 @@ NAMES: Final[Mapping[str, Name]] = {
     "cbs": _a("_cbs", Progress),
     "data": _a("_data", Progress),
     "testsome": _a("_testsome", Progress),
+    # the MPI link's rendezvous send (``Path.send``)
+    "next_ident": _a("_next_ident", Wire),
+    "send_failed": _m("_send_failed", MPITransport),
+    "link_send": _m("send", MPITransport),
     # the shared-memory link's steps (``ShmPath``)
     "ring_pos": _a("_pos", Ring),
     "ring_seen": _a("_seen", Ring),

@@ -87,6 +87,7 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
 extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
     *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
     *a_data, *a_testsome;
+extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
 
@@ -258,6 +259,7 @@ int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
+int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);
 
 /* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
  * its engine (for the MPI and the shared-memory link alike). */

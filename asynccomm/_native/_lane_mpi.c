@@ -7,14 +7,15 @@
  * message is handed to the receiving engine as ``MPITransport._on_control`` hands it: the
  * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
  *
- * A rendezvous message's steps run here too: its ``RTS`` landing (the announcement
- * arrives at the engine as a ``REMOTE`` message), ``fetch`` (the data recv, then the
- * ``CTS``), the ``CTS`` landing (the send is active, its data sent), and the completion of
- * each data request (``test``, ``Progress._test_requests``: a ``Moved`` completes the
- * recv through the engine's ``ready`` or the send through ``engine.sent``).  A payload of
- * more than one chunk, a ``CTS`` for a send being withdrawn, a closing rank, and every
- * other control message (``WITHDRAW``, ``CREDIT``, ``CLOSE``, ...) take the Python steps,
- * which stay the reference.
+ * A rendezvous message's steps run here too: its announcement (``send``: the ``RTS``
+ * sent), its ``RTS`` landing (the announcement arrives at the engine as a ``REMOTE``
+ * message), ``fetch`` (the data recv, then the ``CTS``), the ``CTS`` landing (the send is
+ * active, its data sent), and the completion of each data request (``test``,
+ * ``Progress._test_requests``: a ``Moved`` starts the next chunks of a payload of more
+ * than one, and once all are in completes the recv, through the engine's ``ready`` or
+ * here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
+ * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
+ * ``CLOSE``, ...) take the Python steps, which stay the reference.
  *
  * Every other control message, and every eager one this file does not judge (a closed
  * engine, a shape, a dtype not seen yet, a traced engine, a large payload), goes to the
@@ -35,9 +36,11 @@ typedef struct {
     /* the rendezvous steps': the wire's announced sends and unmatched announcements, the
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
+    PyObject *py_send;  /* the link's Python send */
     PyObject *active;  /* the state ACTIVE */
     long rank, inline_max, return_at, ctrl_slots;
     Py_ssize_t chunk_bytes;
+    long max_inflight;  /* a transfer's chunks in flight at most */
 } Path;
 
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
@@ -310,6 +313,26 @@ land(Path *p, int eager_only)
     }
 }
 
+/* The error being raised, taken (with its traceback) and handed on:
+ * ``to.<name>(exc, arg, more)`` (``arg`` and ``more`` may be NULL: fewer arguments).  0 if
+ * that returned, -1 if it raised. */
+static int
+hand_on(PyObject *to, PyObject *name, PyObject *arg, PyObject *more)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb != NULL && ev != NULL) {
+        PyException_SetTraceback(ev, tb);
+    }
+    PyObject *r = ev == NULL ? NULL : PyObject_CallMethodObjArgs(to, name, ev, arg, more, NULL);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* ``Progress.deliver``: the eager messages that already landed, now; an error fails the
  * link (``Progress._failed``). */
 static int
@@ -332,18 +355,7 @@ deliver(Path *p)
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return -1;
     }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyErr_NormalizeException(&et, &ev, &tb);
-    if (tb != NULL && ev != NULL) {
-        PyException_SetTraceback(ev, tb);
-    }
-    PyObject *r = PyObject_CallMethodOneArg(p->progress, a_failed, ev);
-    Py_XDECREF(et);
-    Py_XDECREF(ev);
-    Py_XDECREF(tb);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
+    return hand_on(p->progress, a_failed, NULL, NULL);
 }
 
 static PyObject *
@@ -364,7 +376,7 @@ path_deliver(Path *p, PyObject *unused)
 
 /* -- sending --------------------------------------------------------------------------- */
 
-static int wake(Path *p);
+static int wake(PyObject *progress);
 
 /* What ``Progress.send`` does once MPI has the message: keep an unfinished send, ring the
  * receiver's doorbell if it dozes, and wake this rank's progress task. */
@@ -422,14 +434,14 @@ after_isend(Path *p, PyObject *req, long dest)
     if (set_flag(p->progress, a_sent, 1) < 0) {
         return -1;
     }
-    return wake(p);
+    return wake(p->progress);
 }
 
 /* ``Progress._wake``: poll now, if the task is parked waiting for the idle tick. */
 static int
-wake(Path *p)
+wake(PyObject *progress)
 {
-    PyObject *parked = PyObject_GetAttr(p->progress, a_parked);
+    PyObject *parked = PyObject_GetAttr(progress, a_parked);
     if (parked == NULL) {
         return -1;
     }
@@ -439,7 +451,7 @@ wake(Path *p)
         int finished = d == NULL ? -1 : PyObject_IsTrue(d);
         Py_XDECREF(d);
         if (finished == 0) {
-            PyObject *r = set_flag(p->progress, a_woke, 1) < 0 ? NULL
+            PyObject *r = set_flag(progress, a_woke, 1) < 0 ? NULL
                 : PyObject_CallMethodOneArg(parked, a_set_result, Py_None);
             rc = r == NULL ? -1 : 0;
             Py_XDECREF(r);
@@ -573,16 +585,122 @@ python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
 }
 
+/* send(msg, dest) -> None: ``MPITransport.send`` for a message too large to go eagerly,
+ * of a dtype seen already and with no shape: ``wire.announce`` (the next id, the message
+ * announced to ``dest``), the link keeps it until its ``CTS``, and its ``RTS`` goes as
+ * ``Progress.send`` sends it; an MPI error: ``_send_failed``.  Any other send (a broken
+ * link, a closed destination, one that may go eagerly): the Python ``send``. */
+static PyObject *
+path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send(msg, dest)");
+        return NULL;
+    }
+    PyObject *msg = args[0], *dest = args[1];
+    long d = PyLong_AsLong(dest);
+    if (d == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!ready || !PyObject_TypeCheck(msg, MessageType) || d < 0
+        || d >= PyList_GET_SIZE(p->credit) || SLOT(msg, M.shape) != Py_None
+        || SLOT(msg, M.view) == NULL || SLOT(msg, M.view) == Py_None) {
+        goto python;
+    }
+    long long n, count, next;
+    if (slot_ll(msg, M.nbytes, &n) < 0 || slot_ll(msg, M.count, &count) < 0) {
+        return NULL;
+    }
+    PyObject *broken = PyObject_GetAttr(p->link, a_link_broken);
+    int no = broken == NULL ? -1 : broken != Py_None;
+    Py_XDECREF(broken);
+    if (no == 0) {
+        no = PyDict_Contains(p->closed_by, dest);
+    }
+    if (no != 0 || n <= p->inline_max) {
+        if (no < 0) {
+            return NULL;
+        }
+        goto python;  /* failed at once, or it may go eagerly */
+    }
+    PyObject *dtype = SLOT(msg, M.dtype);
+    PyObject *field = dtype == NULL ? NULL : PyDict_GetItemWithError(p->fields, dtype);
+    if (field == NULL || !PyBytes_CheckExact(field) || PyBytes_GET_SIZE(field) > DTYPE_MAX) {
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        goto python;  /* a dtype not seen yet: the wire's encode_dtype */
+    }
+    Py_INCREF(field);
+    PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
+    next = v == NULL ? -1 : PyLong_AsLongLong(v);
+    Py_XDECREF(v);
+    PyObject *ident = next == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(next + 1);
+    PyObject *raw = NULL, *comm = NULL, *req = NULL;
+    int rc = -1;
+    if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
+        || PyDict_SetItem(p->announced, ident, dest) < 0
+        || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {
+        goto done;
+    }
+    char *h = PyBytes_AS_STRING(raw);  /* wire.announce's RTS */
+    Py_ssize_t flen = PyBytes_GET_SIZE(field);
+    memset(h, 0, H_SIZE);
+    h[H_KIND] = (char)RTS;
+    h[H_DLEN] = (char)flen;
+    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+    put_le(h + H_TAG, (unsigned long long)PyLong_AsLongLong(SLOT(msg, M.tag)), 4);
+    put_le(h + H_NBYTES, (unsigned long long)n, 8);
+    put_le(h + H_COUNT, (unsigned long long)count, 8);
+    put_le(h + H_IDENT, (unsigned long long)(next + 1), 8);
+    memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    put_ref(msg, M.ident, ident);
+    if (PyDict_SetItem(p->sends, ident, msg) < 0
+        || (comm = PyObject_GetAttr(p->progress, a_comm)) == NULL) {
+        goto done;
+    }
+    PyObject *argv[4] = {comm, raw, dest, zero};
+    req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    rc = req == NULL ? -1 : after_isend(p, req, d);
+    if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
+        rc = hand_on(p->link, a_send_failed, msg, dest);
+    }
+done:
+    Py_XDECREF(req);
+    Py_XDECREF(comm);
+    Py_XDECREF(raw);
+    Py_XDECREF(ident);
+    Py_DECREF(field);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+python:
+    return PyObject_Vectorcall(p->py_send, args, nargs, NULL);
+}
+
 /* -- rendezvous ------------------------------------------------------------------------ */
 
-/* ``Moved``: what a data request of one piece calls as it completes (``Mover._moved_whole``
- * with its ``done``): one request fewer in flight, then the recv the C steps matched
- * completes (``complete``: what the engine's ``_fetched`` and ``_received`` do for a
- * payload already in place), or the receiver's ``ready(None, None)``, or the sender's
- * ``engine.sent(msg)``. */
+/* ``Moved``: a rendezvous transfer's data requests, each calling it as it completes
+ * (``Mover._moved_whole`` and ``_moved`` with their ``done``): one request fewer in
+ * flight.  A payload of one chunk moves in one request; a larger one in chunks of
+ * ``chunk_bytes``, at most ``max_inflight`` in flight, started in order, the next as one
+ * completes (``ChunkSender``'s window, ``Mover._more``).  Once every chunk is in, the recv
+ * the C steps matched completes (``complete``: what the engine's ``_fetched`` and
+ * ``_received`` do for a payload already in place), or the receiver's ``ready(None,
+ * None)`` runs, or the sender's send completes (``send_done``, else ``engine.sent(msg)``). */
 typedef struct {
     PyObject_HEAD
     PyObject *progress, *engine, *msg, *ready, *recv;  /* NULL: not that kind */
+    PyObject *active;  /* the state ACTIVE */
+    /* the transfer: ``comm.<start>(piece, peer, tag)`` for each chunk of ``view`` (``start``:
+     * a_Isend or a_Irecv, a module-lifetime name, not held) */
+    PyObject *comm, *view, *peer, *tag, *start;
+    Py_ssize_t nbytes, chunk_bytes, total, next, done;
+    long inflight, max_inflight;
 } Moved;
 
 static PyTypeObject MovedType;
@@ -602,11 +720,103 @@ data_add(PyObject *progress, long delta)
     return rc;
 }
 
+/* Start the transfer's next chunks while its window has room (``Mover._more``; a payload
+ * of one chunk: ``Mover._move``'s one request, for the whole view): each is one more in
+ * flight, tracked with ``m``; then the task is woken.  0 done, -1 error (the chunks
+ * started stay tracked, as the Python steps leave them). */
+static int
+moved_more(Moved *m)
+{
+    while (m->next < m->total && m->inflight < m->max_inflight) {
+        PyObject *piece;
+        if (m->total == 1) {
+            piece = Py_NewRef(m->view);
+        }
+        else {
+            Py_ssize_t off = m->next * m->chunk_bytes;
+            Py_ssize_t end = off + Py_MIN(m->chunk_bytes, m->nbytes - off);
+            PyObject *a = PyLong_FromSsize_t(off), *b = PyLong_FromSsize_t(end);
+            PyObject *cut = a == NULL || b == NULL ? NULL : PySlice_New(a, b, NULL);
+            piece = cut == NULL ? NULL : PyObject_GetItem(m->view, cut);
+            Py_XDECREF(cut);
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            if (piece == NULL) {
+                return -1;
+            }
+        }
+        PyObject *argv[4] = {m->comm, piece, m->peer, m->tag};
+        PyObject *req = PyObject_VectorcallMethod(m->start, argv, 4, NULL);
+        Py_DECREF(piece);
+        if (req == NULL) {
+            return -1;
+        }
+        m->next++;
+        m->inflight++;
+        PyObject *reqs = PyObject_GetAttr(m->progress, a_reqs);
+        PyObject *cbs = reqs == NULL ? NULL : PyObject_GetAttr(m->progress, a_cbs);
+        int rc = cbs == NULL || data_add(m->progress, 1) < 0 || PyList_Append(reqs, req) < 0
+            || PyList_Append(cbs, (PyObject *)m) < 0 ? -1 : 0;
+        Py_XDECREF(reqs);
+        Py_XDECREF(cbs);
+        Py_DECREF(req);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return wake(m->progress);
+}
+
+/* What ``engine.sent(msg)`` does (``_finish``: the send DONE, its flight record and tally,
+ * its waiters woken, it leaves its stream) for an ACTIVE send of an untraced engine on its
+ * fast lane (no logging, not broken).  1 done, 0 not judged here (nothing changed: the
+ * engine's ``sent`` runs), -1 error. */
+static int
+send_done(Moved *m)
+{
+    PyObject *engine = m->engine, *req = m->msg;
+    if (Py_TYPE(req) != RequestType || SLOT(req, R.state) != m->active
+        || Py_TYPE(engine) != DeviceEngineType || SLOT(engine, EN.tracer) != Py_None) {
+        return 0;
+    }
+    int f = slot_true(engine, EN.fast);
+    PyObject *stream = SLOT(req, R.stream), *peer = SLOT(req, R.peer);
+    if (f != 1 || stream == NULL || Py_TYPE(stream) != StreamType || peer == NULL) {
+        return f < 0 ? -1 : 0;
+    }
+    double t_post, t_match, t;
+    long long n;
+    long rank = PyLong_AsLong(peer);
+    if ((rank == -1 && PyErr_Occurred()) || slot_double(req, R.t_post, &t_post) < 0
+        || slot_double(req, R.t_match, &t_match) < 0 || slot_ll(req, M.nbytes, &n) < 0) {
+        return -1;
+    }
+    if (rank < 0 || t_post < 0 || t_match < 0) {
+        return 0;  /* (never, for a send a CTS answered: the Python steps' arithmetic) */
+    }
+    PyObject *tf = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+    if (tf == NULL) {
+        return -1;
+    }
+    Py_INCREF(stream);  /* (waking the waiters may drop the send's own reference) */
+    put_ref(req, R.state, S_DONE);
+    put_ref(req, R.exc, Py_None);
+    put(req, R.t_fin, tf);
+    int rc = record(engine, 0, peer, SLOT(req, M.tag), (Py_ssize_t)n, SLOT(stream, S.sid),
+                    t_post, t_match, t, NULL) < 0 ? -1 : settle(engine, req, stream, 0);
+    Py_DECREF(stream);
+    return rc < 0 ? -1 : 1;
+}
+
 static int
 moved_fire(Moved *m)
 {
     if (data_add(m->progress, -1) < 0) {
         return -1;
+    }
+    m->inflight--;
+    if (++m->done < m->total) {
+        return moved_more(m);
     }
     PyObject *r;
     if (m->recv != NULL) {
@@ -628,6 +838,10 @@ moved_fire(Moved *m)
         r = PyObject_Vectorcall(m->ready, argv, 2, NULL);
     }
     else {
+        int done = send_done(m);
+        if (done != 0) {
+            return done < 0 ? -1 : 0;
+        }
         r = PyObject_CallMethodOneArg(m->engine, a_engine_sent, m->msg);
     }
     Py_XDECREF(r);
@@ -651,6 +865,11 @@ moved_traverse(Moved *m, visitproc visit, void *arg)
     Py_VISIT(m->msg);
     Py_VISIT(m->ready);
     Py_VISIT(m->recv);
+    Py_VISIT(m->active);
+    Py_VISIT(m->comm);
+    Py_VISIT(m->view);
+    Py_VISIT(m->peer);
+    Py_VISIT(m->tag);
     return 0;
 }
 
@@ -662,6 +881,11 @@ moved_clear(Moved *m)
     Py_CLEAR(m->msg);
     Py_CLEAR(m->ready);
     Py_CLEAR(m->recv);
+    Py_CLEAR(m->active);
+    Py_CLEAR(m->comm);
+    Py_CLEAR(m->view);
+    Py_CLEAR(m->peer);
+    Py_CLEAR(m->tag);
     return 0;
 }
 
@@ -678,21 +902,28 @@ static PyTypeObject MovedType = {
     .tp_name = "asynccomm._native._lane.Moved",
     .tp_basicsize = sizeof(Moved),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "A rendezvous transfer's data request, as it completes (made by Path).",
+    .tp_doc = "A rendezvous transfer's data requests, as each completes (made by Path).",
     .tp_call = (ternaryfunc)moved_call,
     .tp_traverse = (traverseproc)moved_traverse,
     .tp_clear = (inquiry)moved_clear,
     .tp_dealloc = (destructor)moved_dealloc,
 };
 
-/* ``Mover._move`` for a payload of one piece, once MPI has its request: one more in
- * flight, tracked with ``Moved(engine, msg, ready, recv)``, and the task woken. */
+/* ``Mover.push`` or ``pull`` (``start``: a_Isend or a_Irecv) of ``view`` with ``peer`` on
+ * ``tag``, on the progress task's communicator: its first chunks started and tracked with
+ * a ``Moved(engine, msg, ready, recv)``, the task woken.  0 done, -1 error. */
 static int
-track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready,
-      PyObject *recv)
+move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
+     PyObject *engine, PyObject *msg, PyObject *ready, PyObject *recv)
 {
+    Py_ssize_t n = PyObject_Length(view);
+    PyObject *comm = n < 0 ? NULL : PyObject_GetAttr(p->progress, a_comm);
+    if (comm == NULL) {
+        return -1;
+    }
     Moved *m = PyObject_GC_New(Moved, &MovedType);
     if (m == NULL) {
+        Py_DECREF(comm);
         return -1;
     }
     m->progress = Py_NewRef(p->progress);
@@ -700,13 +931,20 @@ track(Path *p, PyObject *req, PyObject *engine, PyObject *msg, PyObject *ready,
     m->msg = Py_NewRef(msg);
     m->ready = Py_XNewRef(ready);
     m->recv = Py_XNewRef(recv);
+    m->active = Py_NewRef(p->active);
+    m->comm = comm;
+    m->view = Py_NewRef(view);
+    m->peer = Py_NewRef(peer);
+    m->tag = Py_NewRef(tag);
+    m->start = start;
+    m->nbytes = n;
+    m->chunk_bytes = p->chunk_bytes;
+    m->total = n <= p->chunk_bytes ? 1 : (n + p->chunk_bytes - 1) / p->chunk_bytes;
+    m->next = m->done = 0;
+    m->inflight = 0;
+    m->max_inflight = p->max_inflight;
     PyObject_GC_Track(m);
-    PyObject *reqs = PyObject_GetAttr(p->progress, a_reqs);
-    PyObject *cbs = reqs == NULL ? NULL : PyObject_GetAttr(p->progress, a_cbs);
-    int rc = cbs == NULL || data_add(p->progress, 1) < 0 || PyList_Append(reqs, req) < 0
-        || PyList_Append(cbs, (PyObject *)m) < 0 ? -1 : wake(p);
-    Py_XDECREF(reqs);
-    Py_XDECREF(cbs);
+    int rc = moved_more(m);
     Py_DECREF(m);
     return rc;
 }
@@ -726,8 +964,8 @@ plain_engine(PyObject *endpoint)
 }
 
 /* A ``CTS`` landed (``_on_control``'s ``ClearToSend``): the send it answers is active, and
- * its data goes on the data tag named.  A send the wire is withdrawing (the withdrawal
- * lost) or of more than one chunk: the Python steps. */
+ * its data goes on the data tag named, in chunks.  A send the wire is withdrawing (the
+ * withdrawal lost): the Python steps. */
 static int
 clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
 {
@@ -742,14 +980,13 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
     }
     PyObject *mv = PyMemoryView_FromObject(view);
     Py_ssize_t n = mv == NULL ? -1 : PyObject_Length(mv);
-    if (n < 0 || n > p->chunk_bytes) {
+    if (n < 0) {
         Py_XDECREF(mv);
-        return n < 0 ? -1 : 0;
+        return -1;
     }
     Py_INCREF(dest);
     Py_INCREF(sent);
     int rc = -1;
-    PyObject *comm = NULL, *req = NULL;
     if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
         goto done;
     }
@@ -762,15 +999,8 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
         put_ref(sent, R.state, p->active);
         put(sent, R.t_match, tm);
     }
-    comm = PyObject_GetAttr(p->progress, a_comm);
-    if (comm != NULL) {
-        PyObject *argv[4] = {comm, mv, dest, data_tag};
-        req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
-    }
-    rc = req == NULL ? -1 : track(p, req, endpoint, sent, NULL, NULL);
+    rc = move(p, a_Isend, mv, dest, data_tag, endpoint, sent, NULL, NULL);
 done:
-    Py_XDECREF(req);
-    Py_XDECREF(comm);
     Py_DECREF(mv);
     Py_DECREF(sent);
     Py_DECREF(dest);
@@ -888,7 +1118,7 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
     }
     if (msg != NULL) {
         put_ref(msg, M.ident, ident);
-        int taken = nbytes <= p->chunk_bytes ? match(p, endpoint, msg, tag, nbytes) : 0;
+        int taken = match(p, endpoint, msg, tag, nbytes);
         if (taken != 0) {
             r = taken < 0 ? NULL : Py_NewRef(Py_None);
         }
@@ -949,7 +1179,7 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t n = ok && Py_TYPE(msg) == MessageType && PyMemoryView_Check(into)
         ? PyObject_Length(into) : -1;
-    if (n < 0 || n > p->chunk_bytes || !ready) {
+    if (n < 0 || !ready) {
         Py_DECREF(endpoint);
         if (PyErr_Occurred()) {
             return NULL;
@@ -974,7 +1204,7 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
 {
     PyObject *source = SLOT(msg, M.source), *ident = SLOT(msg, M.ident);
     PyObject *key = PyTuple_Pack(2, source, ident);
-    PyObject *tag = NULL, *raw = NULL, *comm = NULL, *req = NULL, *ctl = NULL;
+    PyObject *tag = NULL, *raw = NULL, *comm = NULL, *ctl = NULL;
     int rc = -1;
     long s = PyLong_AsLong(source);
     long long id = PyLong_AsLongLong(ident);
@@ -998,33 +1228,17 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_IDENT, (unsigned long long)id, 8);
-    comm = PyObject_GetAttr(p->progress, a_comm);
-    if (comm != NULL) {
-        PyObject *argv[4] = {comm, into, source, tag};
-        req = PyObject_VectorcallMethod(a_Irecv, argv, 4, NULL);
-    }
-    if (req != NULL && track(p, req, endpoint, msg, ready_cb, recv) == 0) {
+    if (move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv) == 0
+        && (comm = PyObject_GetAttr(p->progress, a_comm)) != NULL) {
         PyObject *argv[4] = {comm, raw, source, zero};
         ctl = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     }
     rc = ctl == NULL ? -1 : after_isend(p, ctl, s);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        PyErr_NormalizeException(&et, &ev, &tb);
-        if (tb != NULL && ev != NULL) {
-            PyException_SetTraceback(ev, tb);
-        }
-        PyObject *r = PyObject_CallMethodObjArgs(p->link, a_fetch_failed, ev, source, NULL);
-        rc = r == NULL ? -1 : 0;
-        Py_XDECREF(r);
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(tb);
+        rc = hand_on(p->link, a_fetch_failed, source, NULL);
     }
 done:
     Py_XDECREF(ctl);
-    Py_XDECREF(req);
     Py_XDECREF(comm);
     Py_XDECREF(raw);
     Py_XDECREF(tag);
@@ -1137,14 +1351,19 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *link, *progress, *wire, *fields, *names, *mpi_exc, *inline_where, *remote;
     PyObject *active;
-    long ctrl_slots;
+    long ctrl_slots, max_inflight = 2;
     Py_ssize_t chunk_bytes;
     static char *kw[] = {"link", "progress", "wire", "fields", "names", "mpi_exception",
-                         "inline", "ctrl_slots", "remote", "chunk_bytes", "active", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOlOnO:Path", kw, &link, &progress,
+                         "inline", "ctrl_slots", "remote", "chunk_bytes", "active",
+                         "max_inflight", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!O!OOlOnO|l:Path", kw, &link, &progress,
                                      &wire, &PyDict_Type, &fields, &PyDict_Type, &names,
                                      &mpi_exc, &inline_where, &ctrl_slots, &remote,
-                                     &chunk_bytes, &active)) {
+                                     &chunk_bytes, &active, &max_inflight)) {
+        return NULL;
+    }
+    if (chunk_bytes < 1 || max_inflight < 1) {
+        PyErr_SetString(PyExc_ValueError, "Path: chunk_bytes and max_inflight are at least 1");
         return NULL;
     }
     if (!ready) {  /* the names it looks up come with the lane's configuration */
@@ -1169,11 +1388,13 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->remote_where = Py_NewRef(remote);
     p->active = Py_NewRef(active);
     p->chunk_bytes = chunk_bytes;
+    p->max_inflight = max_inflight;
     p->announced = PyObject_GetAttr(wire, a_announced);
     p->unmatched = PyObject_GetAttr(wire, a_unmatched);
     p->sends = PyObject_GetAttr(link, a_sends);
     p->announced_msgs = PyObject_GetAttr(link, a_announced_msgs);
     p->py_fetch = PyObject_GetAttr(link, a_fetch);
+    p->py_send = PyObject_GetAttr(link, a_link_send);
     p->slots = PyObject_GetAttr(progress, a_slots);
     p->credit = PyObject_GetAttr(wire, a_credit);
     p->owed = PyObject_GetAttr(wire, a_owed);
@@ -1183,7 +1404,7 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
         || p->announced == NULL || p->unmatched == NULL || p->sends == NULL
-        || p->announced_msgs == NULL || p->py_fetch == NULL
+        || p->announced_msgs == NULL || p->py_fetch == NULL || p->py_send == NULL
         || long_attr(link, a_rank, &p->rank) < 0
         || long_attr(wire, a_inline_max, &p->inline_max) < 0
         || long_attr(wire, a_return_at, &p->return_at) < 0) {
@@ -1223,6 +1444,7 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->sends);
     Py_VISIT(p->announced_msgs);
     Py_VISIT(p->py_fetch);
+    Py_VISIT(p->py_send);
     Py_VISIT(p->remote_where);
     Py_VISIT(p->active);
     return 0;
@@ -1249,6 +1471,7 @@ path_clear(Path *p)
     Py_CLEAR(p->sends);
     Py_CLEAR(p->announced_msgs);
     Py_CLEAR(p->py_fetch);
+    Py_CLEAR(p->py_send);
     Py_CLEAR(p->remote_where);
     Py_CLEAR(p->active);
     return 0;
@@ -1269,6 +1492,8 @@ static PyMethodDef path_methods[] = {
      "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
     {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
      "deliver(): the eager messages that landed, now (Progress.deliver)"},
+    {"send", (PyCFunction)(void (*)(void))path_send, METH_FASTCALL,
+     "send(msg, dest): MPITransport.send"},
     {"fetch", (PyCFunction)(void (*)(void))path_fetch, METH_FASTCALL,
      "fetch(msg, rank, into, ready): MPITransport.fetch"},
     {"test", (PyCFunction)path_test, METH_NOARGS,
@@ -1283,7 +1508,7 @@ PyTypeObject PathType = {
     .tp_basicsize = sizeof(Path),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Path(link, progress, wire, fields, names, mpi_exception, inline, ctrl_slots, "
-              "remote, chunk_bytes, active): "
+              "remote, chunk_bytes, active, max_inflight=2): "
               "the MPI link's per-message steps in C.",
     .tp_new = path_new,
     .tp_traverse = (traverseproc)path_traverse,

@@ -71,10 +71,20 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
                SLOT(recv, M.flow)) < 0) {
         return -1;
     }
-    PyObject *waiters = SLOT(recv, R.waiters);
+    return settle(engine, recv, stream, 1);
+}
+
+/* What ends a request whose outcome is set (``Request._wake``, then the engine's
+ * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its timer
+ * stopped, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
+ * buffer fewer), else a send.  The caller holds ``stream``. */
+int
+settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
+{
+    PyObject *waiters = SLOT(req, R.waiters);
     if (waiters != NULL && waiters != Py_None) {
         Py_INCREF(waiters);
-        put_ref(recv, R.waiters, Py_None);
+        put_ref(req, R.waiters, Py_None);
         if (!PyList_Check(waiters)) {
             Py_DECREF(waiters);
             PyErr_SetString(PyExc_TypeError, "a request's waiters");
@@ -94,16 +104,16 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
         }
         Py_DECREF(waiters);
     }
-    PyObject *timer = SLOT(recv, R.timer);
+    PyObject *timer = SLOT(req, R.timer);
     if (timer != NULL && timer != Py_None) {
         PyObject *r = PyObject_CallMethodNoArgs(timer, a_cancel);
         if (r == NULL) {
             return -1;
         }
         Py_DECREF(r);
-        put_ref(recv, R.timer, Py_None);
+        put_ref(req, R.timer, Py_None);
     }
-    if (SLOT(recv, R.tracked) != Py_True) {
+    if (SLOT(req, R.tracked) != Py_True) {
         return 0;
     }
     /* what _untrack does, inlined when nothing else needs telling */
@@ -122,27 +132,27 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
         plain = 0;
     }
     if (!plain) {
-        PyObject *r = PyObject_CallMethodOneArg(engine, a_untrack, recv);
+        PyObject *r = PyObject_CallMethodOneArg(engine, a_untrack, req);
         if (r == NULL) {
             return -1;
         }
         Py_DECREF(r);
         return 0;
     }
-    put_ref(recv, R.tracked, Py_False);
+    put_ref(req, R.tracked, Py_False);
     if (slot_add(engine, EN.n_pending, -1) < 0) {
         return -1;
     }
-    long long rn;
-    if (slot_ll(recv, M.nbytes, &rn) < 0) {
+    long long rn = 0;
+    if (is_recv && slot_ll(req, M.nbytes, &rn) < 0) {
         return -1;
     }
     if (rn > 0 && slot_add(engine, EN.pending_recvs, -1) < 0) {
         return -1;
     }
-    PyObject *sseq = SLOT(recv, R.sseq), *pending = SLOT(stream, S.pending);
+    PyObject *sseq = SLOT(req, R.sseq), *pending = SLOT(stream, S.pending);
     if (sseq == NULL || pending == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "a tracked recv's sseq");
+        PyErr_SetString(PyExc_AttributeError, "a tracked request's sseq");
         return -1;
     }
     return PyObject_DelItem(pending, sseq);

@@ -34,7 +34,7 @@ from .._core.wire import (
 )
 from .._exceptions import CommBrokenError, TransportError
 from . import _mpi_lib as lib
-from ._mpi_chunks import CHUNK_BYTES
+from ._mpi_chunks import CHUNK_BYTES, MAX_INFLIGHT
 from ._mpi_lib import mpi_errors, translate
 from ._mpi_progress import CTRL_SLOTS, Progress, Slot
 from .base import ASKED, CLOSED, TOO_LATE, WITHDRAWN, Endpoint, Link, Ready, gone_error
@@ -110,13 +110,17 @@ class MPITransport(Link):
         with no Python frame (``lane.Path``, which does what ``send_now``,
         ``Progress._land`` and ``Progress.deliver`` do: an eager message that lands goes
         straight into the recv posted for it; a traced engine's take the Python steps).
-        So do a rendezvous message's steps: its ``RTS`` landing, ``fetch`` (the data recv
-        and the ``CTS``), the ``CTS`` landing and the data send, and the completion of the
-        data requests (``Progress._test_requests``); a payload of more than one chunk, a
-        withdrawal under way and a traced engine's take the Python steps."""
+        So do a rendezvous message's steps: its announcement (``send``: the ``RTS``), its
+        ``RTS`` landing, ``fetch`` (the data recv and the ``CTS``), the ``CTS`` landing and
+        the data send, and the completion of the data requests
+        (``Progress._test_requests``: the chunks of a larger payload, as ``_mpi_chunks``
+        moves them, and the recv's or the send's completion); a withdrawal under way and a
+        traced engine's take the Python steps."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
-                         lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE)
+                         lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
+                         MAX_INFLIGHT)
         self.send_now = path.send_now  # type: ignore[method-assign]
+        self.send = path.send  # type: ignore[method-assign]
         self.fetch = path.fetch  # type: ignore[method-assign]
         self.progress._land = path.land  # type: ignore[method-assign]
         self.progress.deliver = path.deliver  # type: ignore[method-assign]
@@ -273,9 +277,16 @@ class MPITransport(Link):
         except self._foreign as exc:
             if header is not None:  # not sent: its credit returns (as in send_now)
                 wire.refund(dest, n)
-            elif self._sends.pop(msg.ident, None) is not None:
-                wire.unsent(msg.ident)
-            self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
+                self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
+            else:
+                self._send_failed(exc, msg, dest)
+
+    def _send_failed(self, exc: BaseException, msg: Message, dest: int) -> None:
+        """MPI failed while ``send`` announced ``msg`` to ``dest``: the wire and the link
+        forget it, and the send fails."""
+        if self._sends.pop(msg.ident, None) is not None:
+            self.wire.unsent(msg.ident)
+        self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
 
     def send_now(self, dest: int, tag: int, array: Any, nbytes: int, count: int,
                  dtype: str) -> bool:

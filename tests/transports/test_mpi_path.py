@@ -251,23 +251,31 @@ def test_the_c_steps_send_through_the_communicator_progress_holds_now() -> None:
         loop.close()
 
 
+def _open_rank(comm_: Comm, native: bool) -> tuple[MPITransport, Any]:
+    """Rank 1 of 2 of an MPI world opened on the fake communicator ``comm_`` with
+    ``native=``, its control recvs posted (none landed): its link and communicator."""
+    from asynccomm._comm import mpi_runner
+    from asynccomm.sim.device import Device
+
+    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
+                                   pool_bytes=POOL, timeout=None, registry=[],
+                                   bells=[None, None], lane=_communicator.world_lane(native))
+    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link.progress._slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
+    return link, comm
+
+
 async def _mpi_world(native: bool) -> tuple[Any, ...]:
     """This rank (1 of 2) of an MPI world opened on the fake communicator with
     ``native=``: a recv posted before its message lands, one after, and a send.  What
     every op gave, what was handed to MPI, the eager credit, and the flight record."""
     from asynccomm._buffers import dtype_name
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
 
     dtype_name(np.dtype("<f8"), "send")  # (names learnt: the fast lanes take these)
     w.encode_dtype("<f8")
     comm_ = Comm(completes=True, fails="")
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     slots = link.progress._slots
-    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     first, second = np.zeros(2), np.zeros(2)
     req = comm.irecv(first, 0, 9)  # posted: the message lands into it
     land(slots[0], w.HEADER.pack(w.EAGER, 3, 0, 9, 16, 2, 0, b"<f8"),
@@ -344,18 +352,11 @@ async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
     has its receiver answer ``WITHDRAWN``, ``"lost"`` answer ``CTS`` all the same).  What
     every op gave, what was handed to MPI, the wire's and the link's state, and the flight
     record."""
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
-
     w.encode_dtype("<f8")
     comm_ = DataComm(fails=fails)
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     progress = link.progress
     slots = progress._slots
-    slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     got = np.zeros(BIG // 8)
     rts = w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8")
     if order == "rts first":  # unexpected: it waits as an announcement
@@ -438,17 +439,10 @@ async def _broken_while_moving(native: bool, how: str) -> str:
     """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
     ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
     its stream); the link breaks while its data moves.  What the recv gave."""
-    from asynccomm._comm import mpi_runner
-    from asynccomm.sim.device import Device
-
     w.encode_dtype("<f8")
     comm_ = DataComm()
-    family = mpi_runner._MPIFamily(comm_, [POOL, POOL], crowded=False, eager_limit=4096,
-                                   pool_bytes=POOL, timeout=None, registry=[],
-                                   bells=[None, None], lane=_communicator.world_lane(native))
-    link, comm = family._open(comm_, [POOL, POOL], Device(1, "mpi:1"))
+    link, comm = _open_rank(comm_, native)
     progress = link.progress
-    progress._slots.extend(Slot(comm_) for _ in range(CTRL_SLOTS))
     land(progress._slots[0], w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8"))
     progress._land()
     got = np.zeros(BIG // 8)
@@ -489,3 +483,194 @@ def test_a_recv_whose_data_is_moving_fails_when_the_link_breaks(
     finally:
         loop.close()
     assert got.startswith("failed: ") and "the network went away" in got, got
+
+
+# -- the send's completion and payloads of several chunks --------------------------------------
+
+
+CHUNK = 4800  # the chunk size these tests move payloads in (over the eager limit of 4096)
+
+
+class ChunkComm(DataComm):
+    """``DataComm`` whose ``fail_at``-th data request (a data recv or a data send, counted
+    from 1) fails instead of being posted, and whose ``RTS`` sends fail as ``rts`` says:
+    ``"isend"`` (not posted) or ``"test"`` (posted, then its ``Test`` fails)."""
+
+    def __init__(self, fail_at: int, rts: str) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.rts = rts
+        self.posted = 0
+
+    def _next(self) -> None:
+        self.posted += 1
+        if self.posted == self.fail_at:
+            raise FakeMPIError(f"data request {self.posted} failed")
+
+    def Irecv(self, buf: Any, source: int, tag: int) -> Req:
+        self._next()
+        return super().Irecv(buf, source, tag)
+
+    def Isend(self, buf: Any, dest: int, tag: int) -> Req:
+        if tag:
+            self._next()
+        elif self.rts and bytes(buf)[0] == w.RTS:
+            if self.rts == "isend":
+                raise FakeMPIError("Isend failed")
+            super().Isend(buf, dest, tag)
+            return Req(True, fail=True)
+        return super().Isend(buf, dest, tag)
+
+
+def _as_the_task(progress: Any, step: str) -> None:
+    """Run one of the progress task's steps as the task does: an error fails the link."""
+    try:
+        getattr(progress, step)()
+    except Exception as exc:
+        progress._failed(exc)
+
+
+def _complete(progress: Any, comm_: ChunkComm, expected: np.ndarray, picks: list[int],
+              until: Any) -> list[int]:
+    """Complete the data requests in flight one at a time, the ``picks`` choosing which
+    (then the oldest), filling each data recv with its chunk of ``expected``, until
+    ``until()``; what was in flight before each completion."""
+    seen = []
+    recvs = {id(req): (buf, i) for i, (buf, req) in enumerate(comm_.recvs)}
+    for step in range(64):
+        if until():
+            break
+        reqs = [r for r in progress._reqs if not r.done]
+        seen.append(len(reqs))
+        if not reqs:
+            break
+        req = reqs[picks[step] % len(reqs) if step < len(picks) else 0]
+        recvs.update({id(r): (b, i) for i, (b, r) in enumerate(comm_.recvs)})
+        if id(req) in recvs:
+            buf, i = recvs[id(req)]
+            raw = expected.tobytes()[i * CHUNK:i * CHUNK + len(buf)]
+            buf[:len(raw)] = raw
+        req.done = True
+        _as_the_task(progress, "_test_requests")
+    return seen
+
+
+async def _chunked(native: bool, plan: dict[str, Any]) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator, payloads moving in chunks of ``CHUNK``:
+    a rendezvous recv (its ``RTS`` before or after the recv is posted) and a rendezvous
+    send answered by a ``CTS`` (a withdrawal tried while its data moves, if the plan says
+    so), a task waiting for it, their data requests completing in the order the plan
+    picks, one of them failing if it says so.  Everything observable: what was handed to
+    MPI, the requests in flight at each step, the ops' outcomes and statuses, the wire's
+    and the link's state, the flight record."""
+    w.encode_dtype("<f8")
+    comm_ = ChunkComm(plan["fail_at"], plan["rts"])
+    link, comm = _open_rank(comm_, native)
+    progress = link.progress
+    slots = progress._slots
+    n = plan["count"]
+    expected = np.arange(n, dtype="<f8") + 0.5
+    got = np.zeros(n + 3)  # a larger buffer: nothing written past the message
+    rts = w.HEADER.pack(w.RTS, 3, 0, 9, n * 8, n, 5, b"<f8")
+    if plan["rts_first"]:
+        land(slots[0], rts)
+        _as_the_task(progress, "_land")
+        req = comm.irecv(got, 0, 9)
+    else:
+        req = comm.irecv(got, 0, 9)
+        land(slots[0], rts)
+        _as_the_task(progress, "_land")
+    await asyncio.sleep(0)
+    recv_steps = _complete(progress, comm_, expected, plan["picks"],
+                           lambda: req.done() or link.broken is not None)
+    send = comm.isend(expected, 0, 7, timeout=plan["timeout"])
+
+    async def wait() -> Any:
+        return await send
+
+    waiting = asyncio.ensure_future(wait())  # a task waits for the send to complete
+    await asyncio.sleep(0)
+    ident = link.wire._next_ident
+    if link.broken is None and not send.done():  # (its RTS sent: the receiver answers)
+        land(slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, ident, b""))
+        _as_the_task(progress, "_land")
+    withdrew = (comm._engine.withdraw(send, None) if plan["withdraw"] and not send.done()
+                else None)
+    send_steps = _complete(progress, comm_, expected, plan["picks"][::-1],
+                           lambda: send.done() or link.broken is not None)
+    await asyncio.wait([waiting], timeout=5)
+    outcome = [(r.done(), r.cancelled(),
+                None if not r.done() or r.cancelled() else repr(r.exception()))
+               for r in (req, send, waiting)]
+    return ((link.fetch.__qualname__, link.send.__qualname__),
+            progress._test_requests.__qualname__, outcome,
+            req.status if req.done() and not req.cancelled() and req.exception() is None
+            else None, got.tolist(), comm_.sent, recv_steps, send_steps,
+            (withdrew, send._timer, send._tracked, comm._engine.pending_ops),
+            progress._data, len(progress._reqs), dict(link.wire.announced),
+            set(link.wire.unmatched), sorted(link._sends), sorted(link._announced),
+            repr(link.broken), comm.statistics(),
+            [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
+             for e in comm.flight_record()])
+
+
+CHUNK_PLANS = st.fixed_dictionaries({
+    # one chunk; two exactly; three, the last short; five, more than the window
+    "count": st.sampled_from([550, 2 * CHUNK // 8, 2 * CHUNK // 8 + 1, 5 * CHUNK // 8 - 3]),
+    "rts_first": st.booleans(),
+    "picks": st.lists(st.integers(0, 3), max_size=8),
+    "fail_at": st.sampled_from([0, 0, 0, 1, 2, 3, 4, 6]),
+    "withdraw": st.booleans(),
+    "timeout": st.sampled_from([None, 60.0]),
+    "rts": st.sampled_from(["", "", "", "isend", "test"]),
+})
+
+
+@pytest.mark.native
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(plan=CHUNK_PLANS)
+def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps_do(
+        plan: dict[str, Any]) -> None:
+    """A payload of one or several chunks, received and sent, its data requests
+    completing in any order, run by ``Path`` and by the Python steps from the same start,
+    gives the same: the same requests handed to MPI in the same order (at most two chunks
+    of a transfer in flight), the same outcomes and statuses, the same flight record and
+    tallies; a data request that MPI refuses breaks the link the same way (the op fails,
+    nothing is reported cancelled); a withdrawal tried while the data moves loses (the
+    send completes, and is not cancelled); the task waiting for the send wakes, and the
+    send's timer stops."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+            self, "endpoint", endpoint))
+        mp.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", CHUNK)
+        mp.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", CHUNK)
+        seen = {}
+        for native in (True, False):
+            with asyncio.Runner() as runner:
+                seen[native] = runner.run(_chunked(native, plan))
+    c, python = seen[True], seen[False]
+    assert c[:2] == (("Path.fetch", "Path.send"), "Path.test")
+    assert python[:2] == (("MPITransport.fetch", "MPITransport.send"),
+                          "Progress._test_requests")
+    assert c[2:] == python[2:]
+    outcome, status, got, sent, recv_steps, send_steps, withdrew = c[2:9]
+    assert all(k <= 2 for k in recv_steps + send_steps)  # the window
+    assert not any(cancelled for _, cancelled, _ in outcome)  # matched: never cancelled
+    n = plan["count"]
+    chunks = -(-n * 8 // CHUNK)
+    if 0 < plan["fail_at"] <= (chunks if plan["rts"] else 2 * chunks):  # one failed
+        assert "TransportError" in c[15]
+        assert any(r is not None and "TransportError" in r for _, _, r in outcome)
+    elif plan["rts"]:  # the send failed as it was posted (the link stands)
+        assert "TransportError" in outcome[1][2] and "TransportError" in outcome[2][2]
+        assert c[15] == "None" and c[13:15] == ([], [])  # nothing kept of it
+    else:
+        assert outcome == [(True, False, "None")] * 3
+        assert status == (0, 9, n * 8, n, (n,))
+        assert got == [*(np.arange(n) + 0.5), 0.0, 0.0, 0.0]
+        data = b"".join(raw for raw, _, tag in sent  # the chunks sent, in order
+                        if tag and not raw.startswith(b"irecv"))
+        assert data == (np.arange(n, dtype="<f8") + 0.5).tobytes()
+        assert withdrew[0] in (None, False)  # a withdrawal while the data moves loses
+        assert withdrew[1:] == (None, False, 0)  # its timer stopped, nothing pending
+        assert c[9:11] == (0, 0)  # nothing left in flight
