@@ -89,6 +89,7 @@ extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_dat
     *a_data, *a_testsome;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
+extern PyObject *a_closing, *a_check_finished, *a_send_waiting;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -278,6 +279,17 @@ void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbyt
 
 /* _lane_shmpath.c: the shared-memory link's per-message steps. */
 extern PyTypeObject ShmPathType;
+int waiting(PyObject *channels, PyObject *name);
+/* (for the node: a ShmPath's poll, look, doorbell; its link and channels, borrowed) */
+int shmpath_poll(PyObject *path);
+int shmpath_ready(PyObject *path);
+int shmpath_arm(PyObject *path);
+void shmpath_disarm(PyObject *path);
+PyObject *shmpath_link(PyObject *path);
+PyObject *shmpath_channels(PyObject *path);
+
+/* _lane_node.c: the shared-memory node's turn. */
+extern PyTypeObject ShmNodeType;
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop
