@@ -197,6 +197,8 @@ NAMES: Final[Mapping[str, Name]] = {
     "closing": _a("closing", Channels),
     "check_finished": _m("check_finished", ShmTransport),
     "send_waiting": _m("_send_waiting", Channels),
+    "kicked": _a("_kicked", Node),
+    "waiter": _a("_waiter", Node),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -89,7 +89,7 @@ extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_dat
     *a_data, *a_testsome;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
-extern PyObject *a_closing, *a_check_finished, *a_send_waiting;
+extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 
 /* -- slots ---------------------------------------------------------------------------- */
 

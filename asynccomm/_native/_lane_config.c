@@ -41,7 +41,7 @@ PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
     *a_data, *a_testsome;
 PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *a_local,
     *a_blocked, *a_reading;
-PyObject *a_closing, *a_check_finished, *a_send_waiting;
+PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -94,7 +94,7 @@ static PyObject **const name_vars[] = {
     &a_data, &a_testsome,
     &a_ring_pos, &a_ring_seen, &a_wake, &a_kick, &a_handle, &a_poll_rest, &a_local,
     &a_blocked, &a_reading,
-    &a_closing, &a_check_finished, &a_send_waiting,
+    &a_closing, &a_check_finished, &a_send_waiting, &a_kicked, &a_waiter,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

@@ -7,14 +7,15 @@
  * ``Node._run`` (peek up to ``burst`` times, the core given away after each empty look when
  * ``share``), ``arm`` and ``disarm`` are ``Node._arm`` and ``Node._disarm``: the same steps
  * in the same order, so the armed-doorbell protocol of ``_shm_ring`` holds as it is.  The
- * list of paths is the node's own (read at each call: links come and go). */
+ * list of paths is the node's own (read at each call: links come and go).  ``kick`` is
+ * ``Node.kick``, which the node takes for its own (every send calls it). */
 #include "_lane.h"
 
 #include <sched.h>
 
 typedef struct {
     PyObject_HEAD
-    PyObject *paths;
+    PyObject *paths, *node;
 } ShmNode;
 
 /* The paths now, as ``list(self._links)`` (a new reference). */
@@ -196,14 +197,44 @@ node_arm(ShmNode *n, PyObject *unused)
     return PyBool_FromLong(found);
 }
 
+/* kick(): ``Node.kick``: something was sent, poll now (the poll task woken if it waits). */
+static PyObject *
+node_kick(ShmNode *n, PyObject *unused)
+{
+    if (PyObject_SetAttr(n->node, a_kicked, Py_True) < 0) {
+        return NULL;
+    }
+    PyObject *waiter = PyObject_GetAttr(n->node, a_waiter);
+    if (waiter == NULL) {
+        return NULL;
+    }
+    int rc = 0;
+    if (waiter != Py_None) {
+        PyObject *done = PyObject_CallMethodNoArgs(waiter, a_done);
+        rc = done == NULL ? -1 : PyObject_IsTrue(done);
+        Py_XDECREF(done);
+        if (rc == 0) {
+            PyObject *r = PyObject_CallMethodOneArg(waiter, a_set_result, Py_None);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+    }
+    Py_DECREF(waiter);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* -- the type ---------------------------------------------------------------------------- */
 
 static PyObject *
 shmnode_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *paths;
-    static char *kw[] = {"paths", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:ShmNode", kw, &PyList_Type, &paths)) {
+    PyObject *paths, *node;
+    static char *kw[] = {"paths", "node", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O:ShmNode", kw, &PyList_Type, &paths,
+                                     &node)) {
         return NULL;
     }
     if (!ready) {  /* the names it looks up come with the lane's configuration */
@@ -219,6 +250,7 @@ shmnode_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ShmNode *n = (ShmNode *)type->tp_alloc(type, 0);
     if (n != NULL) {
         n->paths = Py_NewRef(paths);
+        n->node = Py_NewRef(node);
     }
     return (PyObject *)n;
 }
@@ -227,6 +259,7 @@ static int
 shmnode_traverse(ShmNode *n, visitproc visit, void *arg)
 {
     Py_VISIT(n->paths);
+    Py_VISIT(n->node);
     return 0;
 }
 
@@ -234,6 +267,7 @@ static int
 shmnode_clear(ShmNode *n)
 {
     Py_CLEAR(n->paths);
+    Py_CLEAR(n->node);
     return 0;
 }
 
@@ -256,6 +290,8 @@ static PyMethodDef shmnode_methods[] = {
      "arm() -> bool: the doorbells armed, the rings looked at again (Node._arm)"},
     {"disarm", (PyCFunction)node_disarm, METH_NOARGS,
      "disarm(): the doorbells of the links not stopped cleared (Node._disarm)"},
+    {"kick", (PyCFunction)node_kick, METH_NOARGS,
+     "kick(): something was sent: poll now (Node.kick)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -264,8 +300,9 @@ PyTypeObject ShmNodeType = {
     .tp_name = "asynccomm._native._lane.ShmNode",
     .tp_basicsize = sizeof(ShmNode),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "ShmNode(paths): the shared-memory node's poll, peek, spin and doorbells in "
-              "C, over the ShmPath of each of its links (the list is the node's own).",
+    .tp_doc = "ShmNode(paths, node): the shared-memory node's poll, peek, spin, doorbells "
+              "and kick in C, over the ShmPath of each of its links (the list is the node's "
+              "own).",
     .tp_new = shmnode_new,
     .tp_traverse = (traverseproc)shmnode_traverse,
     .tp_clear = (inquiry)shmnode_clear,

@@ -714,9 +714,10 @@ class Node:
 
     def accelerate(self, lane: Any) -> None:
         """Run the node's turn in C (``lane.ShmNode``) while its links run their steps in C
-        (``ShmTransport.accelerate`` calls it)."""
+        (``ShmTransport.accelerate`` calls it), and its ``kick`` from now on."""
         if self._lane_node is None:
-            self._lane_node = lane.ShmNode(self._paths)
+            self._lane_node = lane.ShmNode(self._paths, self)
+            self.kick = self._lane_node.kick  # type: ignore[method-assign]
 
     def _relink(self) -> None:
         every = len(self._paths) == len(self._links)

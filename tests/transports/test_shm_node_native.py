@@ -71,7 +71,7 @@ def run_node(state: dict[str, Any], native: bool) -> tuple[Any, ...]:
     channels.closing = state["closing"]
     node = Node.__new__(Node)  # (the Python steps: only its links)
     node._links = links
-    turn = LANE.ShmNode([link.path for link in links]) if native else None
+    turn = LANE.ShmNode([link.path for link in links], fake) if native else None
     results: list[object] = []
     try:
         for op in state["ops"]:
@@ -106,8 +106,8 @@ def test_arming_finds_a_record_published_before_it_and_stays_awake() -> None:
     """The receiver's half of the armed-doorbell protocol (``test_shm_protocol``'s model):
     arm (the bell), then look at every ring again; a record there means stay awake (the
     bell cleared); none means sleep with the bell armed, for a sender to see."""
-    segment, links, _ = pair(base_state(), True)
-    turn = LANE.ShmNode([link.path for link in links])
+    segment, links, fake = pair(base_state(), True)
+    turn = LANE.ShmNode([link.path for link in links], fake)
     bell = segment.bell(1)
     try:
         assert turn.arm() is False
@@ -126,8 +126,8 @@ def test_arming_finds_a_record_published_before_it_and_stays_awake() -> None:
 
 
 def test_an_error_that_is_not_an_exception_goes_up() -> None:
-    segment, links, _ = pair(base_state(), True)
-    turn = LANE.ShmNode([link.path for link in links])
+    segment, links, fake = pair(base_state(), True)
+    turn = LANE.ShmNode([link.path for link in links], fake)
 
     def interrupted() -> bool:
         raise KeyboardInterrupt
@@ -142,9 +142,31 @@ def test_an_error_that_is_not_an_exception_goes_up() -> None:
             link.channels.close()
 
 
+@pytest.mark.parametrize("waiting", ["no", "yes", "woken"])
+async def test_a_kick_in_c_does_what_the_python_kick_does(waiting: str) -> None:
+    """``kick``: poll now; the poll task, if it waits, is woken (once)."""
+    seen = []
+    for native in (True, False):
+        node = Node(f"test-kick-{native}", 0, 2)
+        try:
+            if native:
+                node.accelerate(LANE)
+                assert node.kick.__qualname__ == "ShmNode.kick"
+            if waiting != "no":
+                node._waiter = asyncio.get_running_loop().create_future()
+                if waiting == "woken":
+                    node._waiter.set_result(None)
+            node.kick()
+            node.kick()
+            seen.append((node._kicked, node._waiter is None or node._waiter.done()))
+        finally:
+            node.sock.close()
+    assert seen[0] == seen[1] == (True, True)
+
+
 def test_the_turn_takes_only_the_c_steps_of_links() -> None:
     with pytest.raises(TypeError, match="ShmPath"):
-        LANE.ShmNode([object()])
+        LANE.ShmNode([object()], None)
 
 
 async def test_a_node_runs_its_turn_in_c_while_every_link_has_its_steps_in_c() -> None:
