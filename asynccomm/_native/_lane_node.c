@@ -189,11 +189,15 @@ node_arm(ShmNode *n, PyObject *unused)
         }
         found |= rc;
     }
-    if (found && disarm(paths) < 0) {
-        Py_DECREF(paths);
-        return NULL;
-    }
     Py_DECREF(paths);
+    if (found) {  /* (the links now: an arm may have sent what waited, and run its callbacks) */
+        PyObject *now = snapshot(n);
+        int rc = now == NULL ? -1 : disarm(now);
+        Py_XDECREF(now);
+        if (rc < 0) {
+            return NULL;
+        }
+    }
     return PyBool_FromLong(found);
 }
 
