@@ -271,6 +271,7 @@ int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payl
                void *arg);
 int list_add(PyObject *list, Py_ssize_t i, long long delta);
 int long_attr(PyObject *o, PyObject *name, long *out);
+int pass_failure(PyObject *to);
 int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,
                Py_ssize_t size, PyObject *const *args, long *d, long *t, Py_ssize_t *nbytes,
                Py_ssize_t *count, PyObject **field);

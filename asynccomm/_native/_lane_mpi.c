@@ -329,6 +329,14 @@ deliver(Path *p)
     if (land(p, 1) >= 0) {
         return 0;
     }
+    return pass_failure(p->progress);
+}
+
+/* The error set, if an ``Exception``, handed to ``to._failed(exc)`` (its traceback kept):
+ * 0; -1 (the error set) if it is not an ``Exception``, or the call failed. */
+int
+pass_failure(PyObject *to)
+{
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return -1;
     }
@@ -338,7 +346,7 @@ deliver(Path *p)
     if (tb != NULL && ev != NULL) {
         PyException_SetTraceback(ev, tb);
     }
-    PyObject *r = PyObject_CallMethodOneArg(p->progress, a_failed, ev);
+    PyObject *r = PyObject_CallMethodOneArg(to, a_failed, ev);
     Py_XDECREF(et);
     Py_XDECREF(ev);
     Py_XDECREF(tb);

@@ -25,29 +25,8 @@ snapshot(ShmNode *n)
     return PyList_GetSlice(n->paths, 0, PyList_GET_SIZE(n->paths));
 }
 
-/* A link's poll failed with the error set: that link fails (``ShmTransport._failed``), the
- * others go on; an error that is not an ``Exception`` goes up.  0 handled, -1 not. */
-static int
-link_failed(PyObject *link)
-{
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-        return -1;
-    }
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyErr_NormalizeException(&et, &ev, &tb);
-    if (tb != NULL && ev != NULL) {
-        PyException_SetTraceback(ev, tb);
-    }
-    PyObject *r = PyObject_CallMethodOneArg(link, a_failed, ev);
-    Py_XDECREF(et);
-    Py_XDECREF(ev);
-    Py_XDECREF(tb);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
-/* One link's part of ``Node._poll``: 1 something happened, 0 nothing, -1 error. */
+/* One link's part of ``Node._poll``: 1 something happened, 0 nothing, -1 error (a link
+ * whose poll failed with an ``Exception`` fails alone: ``ShmTransport._failed``). */
 static int
 poll_link(PyObject *path)
 {
@@ -64,7 +43,7 @@ poll_link(PyObject *path)
         rc = closing < 0 || (closing && r == NULL) ? -1 : 1;
     }
     if (rc < 0) {
-        return link_failed(link) < 0 ? -1 : 1;
+        return pass_failure(link) < 0 ? -1 : 1;
     }
     return rc;
 }
