@@ -695,7 +695,7 @@ class Node:
             return
         self._detach()
         self._loop = loop
-        loop.add_reader(self.sock.fileno(), self._readable)
+        loop.add_reader(self.sock.fileno(), self._readable, False)
         for r, fd in self._pidfds.items():
             loop.add_reader(fd, self._died, r)
 
@@ -759,7 +759,11 @@ class Node:
         if self.crowded:  # the kernel may run it on this core: let it, now
             sched_yield()
 
-    def _readable(self) -> None:
+    def _readable(self, drain: bool = True) -> None:
+        """Take what came on the socket: every datagram, or (the loop's callback, not
+        ``drain``) one: its reader is level-triggered, so a second one calls it again, and a
+        doorbell rings once per arming (another read would only find nothing, a system
+        call on every wake)."""
         sock = self.sock
         rung = False
         while True:
@@ -781,6 +785,8 @@ class Node:
             else:
                 self.rings_heard += 1
                 rung = True
+            if not drain:
+                break
         if rung and self._waiter is not None:
             # Rung while asleep: take what came now, not a turn of the loop later (the
             # poll task wakes too, and looks again).
