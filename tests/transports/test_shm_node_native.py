@@ -91,7 +91,7 @@ def run_node(state: dict[str, Any], native: bool) -> tuple[Any, ...]:
             link.channels.close()
 
 
-@settings(max_examples=120, derandomize=True, database=None, deadline=None)
+@settings(max_examples=80, derandomize=True, database=None, deadline=None)
 @given(state=NODE_STATES)
 def test_the_c_turn_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
     assert run_node(state, True) == run_node(state, False)
