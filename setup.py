@@ -22,8 +22,8 @@ STRICT = ["-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
           "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
 
 SOURCES = ["_lane.c", "_lane_buffers.c", "_lane_config.c", "_lane_flight.c", "_lane_mpi.c",
-           "_lane_objects.c", "_lane_pending.c", "_lane_recv.c", "_lane_shm.c",
-           "_lane_shmpath.c", "_lane_steps.c"]
+           "_lane_node.c", "_lane_objects.c", "_lane_pending.c", "_lane_recv.c",
+           "_lane_shm.c", "_lane_shmpath.c", "_lane_steps.c"]
 
 setup(ext_modules=[Extension("asynccomm._native._lane",
                              [f"asynccomm/_native/{f}" for f in SOURCES],

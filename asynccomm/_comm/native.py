@@ -46,7 +46,7 @@ from ..transports._mpi_progress import Progress, Slot
 from ..transports._mpi_transport import MPITransport
 from ..transports._shm_ring import Ring
 from ..transports.base import Link
-from ..transports.shm import Channels, Node
+from ..transports.shm import Channels, Node, ShmTransport
 
 __all__ = ["CLASSES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
            "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "numbers",
@@ -197,6 +197,12 @@ NAMES: Final[Mapping[str, Name]] = {
     "local": _a("_local", Channels),
     "blocked": _a("_blocked", Channels),
     "reading": _a("_reading", Channels),
+    # the shared-memory node's turn (``ShmNode``)
+    "closing": _a("closing", Channels),
+    "check_finished": _m("check_finished", ShmTransport),
+    "send_waiting": _m("_send_waiting", Channels),
+    "kicked": _a("_kicked", Node),
+    "waiter": _a("_waiter", Node),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -461,7 +461,8 @@ PyInit__lane(void)
         return NULL;
     }
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&TallyCType) < 0
-        || PyType_Ready(&PathType) < 0 || PyType_Ready(&ShmPathType) < 0) {
+        || PyType_Ready(&PathType) < 0 || PyType_Ready(&ShmPathType) < 0
+        || PyType_Ready(&ShmNodeType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
@@ -471,13 +472,14 @@ PyInit__lane(void)
     if (shm_add(m) < 0 || pending_add(m) < 0
         || PyModule_AddObjectRef(m, "Path", (PyObject *)&PathType) < 0
         || PyModule_AddObjectRef(m, "ShmPath", (PyObject *)&ShmPathType) < 0
+        || PyModule_AddObjectRef(m, "ShmNode", (PyObject *)&ShmNodeType) < 0
         || PyModule_AddObjectRef(m, "Ring", (PyObject *)&RingType) < 0
         || PyModule_AddObjectRef(m, "Tally", (PyObject *)&TallyCType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    PyObject *all = Py_BuildValue("[ssssssssssssssss]", "Path", "PendingBuffers", "Ring",
-                                  "ShmPath", "Tally", "Words",
+    PyObject *all = Py_BuildValue("[sssssssssssssssss]", "Path", "PendingBuffers", "Ring",
+                                  "ShmNode", "ShmPath", "Tally", "Words",
                                   "address", "charge", "configure", "copy", "inspect",
                                   "perf_counter", "readv", "recv", "send", "set_dtype_names");
     if (all == NULL || PyModule_AddObject(m, "__all__", all) < 0) {

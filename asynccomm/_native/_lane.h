@@ -90,6 +90,7 @@ extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_dat
 extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
+extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -272,6 +273,7 @@ int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payl
                void *arg);
 int list_add(PyObject *list, Py_ssize_t i, long long delta);
 int long_attr(PyObject *o, PyObject *name, long *out);
+int pass_failure(PyObject *to);
 int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,
                Py_ssize_t size, PyObject *const *args, long *d, long *t, Py_ssize_t *nbytes,
                Py_ssize_t *count, PyObject **field);
@@ -280,6 +282,17 @@ void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbyt
 
 /* _lane_shmpath.c: the shared-memory link's per-message steps. */
 extern PyTypeObject ShmPathType;
+int waiting(PyObject *channels, PyObject *name);
+/* (for the node: a ShmPath's poll, look, doorbell; its link and channels, borrowed) */
+int shmpath_poll(PyObject *path);
+int shmpath_ready(PyObject *path);
+int shmpath_arm(PyObject *path);
+void shmpath_disarm(PyObject *path);
+PyObject *shmpath_link(PyObject *path);
+PyObject *shmpath_channels(PyObject *path);
+
+/* _lane_node.c: the shared-memory node's turn. */
+extern PyTypeObject ShmNodeType;
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -42,6 +42,7 @@ PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
 PyObject *a_next_ident, *a_send_failed, *a_link_send;
 PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *a_local,
     *a_blocked, *a_reading;
+PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -95,6 +96,7 @@ static PyObject **const name_vars[] = {
     &a_next_ident, &a_send_failed, &a_link_send,
     &a_ring_pos, &a_ring_seen, &a_wake, &a_kick, &a_handle, &a_poll_rest, &a_local,
     &a_blocked, &a_reading,
+    &a_closing, &a_check_finished, &a_send_waiting, &a_kicked, &a_waiter,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

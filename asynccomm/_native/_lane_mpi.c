@@ -352,10 +352,18 @@ deliver(Path *p)
     if (land(p, 1) >= 0) {
         return 0;
     }
+    return pass_failure(p->progress);
+}
+
+/* The error set, if an ``Exception``, handed to ``to._failed(exc)`` (its traceback kept):
+ * 0; -1 (the error set) if it is not an ``Exception``, or the call failed. */
+int
+pass_failure(PyObject *to)
+{
     if (!PyErr_ExceptionMatches(PyExc_Exception)) {
         return -1;
     }
-    return hand_on(p->progress, a_failed, NULL, NULL);
+    return hand_on(to, a_failed, NULL, NULL);
 }
 
 static PyObject *

@@ -217,7 +217,8 @@ record_payload(void *arg)
     return PySequence_GetSlice(rec->view, rec->start + H_SIZE, rec->end);
 }
 
-static int
+/* Whether ``channels``' attribute ``name`` is true (-1 error). */
+int
 waiting(PyObject *channels, PyObject *name)
 {
     PyObject *o = PyObject_GetAttr(channels, name);
@@ -287,10 +288,11 @@ take_ring(ShmPath *p, RingAt *r, char *base)
     return n;
 }
 
-/* poll() -> bool: ``Channels.poll``. */
-static PyObject *
-shm_poll(ShmPath *p, PyObject *unused)
+/* ``Channels.poll``: 1 if anything happened, 0 if not, -1 error. */
+int
+shmpath_poll(PyObject *self)
 {
+    ShmPath *p = (ShmPath *)self;
     int hit = 0;
     for (Py_ssize_t i = 0; i < p->n_in; i++) {
         Py_ssize_t len;
@@ -300,7 +302,7 @@ shm_poll(ShmPath *p, PyObject *unused)
         }
         Py_ssize_t n = take_ring(p, &p->in[i], base);
         if (n < 0) {
-            return NULL;
+            return -1;
         }
         hit |= n > 0;
     }
@@ -312,17 +314,103 @@ shm_poll(ShmPath *p, PyObject *unused)
         rest = waiting(p->channels, a_reading);
     }
     if (rest < 0) {
-        return NULL;
+        return -1;
     }
     if (rest) {
         PyObject *r = PyObject_CallMethodNoArgs(p->channels, a_poll_rest);
         rest = r == NULL ? -1 : PyObject_IsTrue(r);
         Py_XDECREF(r);
         if (rest < 0) {
-            return NULL;
+            return -1;
         }
     }
-    return PyBool_FromLong(hit || rest);
+    return hit || rest;
+}
+
+/* poll() -> bool: ``Channels.poll``. */
+static PyObject *
+shm_poll(ShmPath *p, PyObject *unused)
+{
+    int rc = shmpath_poll((PyObject *)p);
+    return rc < 0 ? NULL : PyBool_FromLong(rc);
+}
+
+/* -- for the node (``_lane_node.c``) ----------------------------------------------------- */
+
+/* The link and the channels a ``ShmPath`` steps for (borrowed). */
+PyObject *
+shmpath_link(PyObject *self)
+{
+    return ((ShmPath *)self)->link;
+}
+
+PyObject *
+shmpath_channels(PyObject *self)
+{
+    return ((ShmPath *)self)->channels;
+}
+
+/* Whether a record waits: this rank's messages to itself, or a ring whose ``tail`` is not
+ * where the receiver is (``Channels``: ``_local or any(ring.ready() ...)``; loads only; a
+ * released segment has none).  -1 error. */
+int
+shmpath_ready(PyObject *self)
+{
+    ShmPath *p = (ShmPath *)self;
+    int local = waiting(p->channels, a_local);
+    if (local != 0) {
+        return local;
+    }
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    for (Py_ssize_t i = 0; base != NULL && i < p->n_in; i++) {
+        unsigned long long pos;
+        if (get_pos(p->in[i].ring, a_ring_pos, &pos) < 0) {
+            return -1;
+        }
+        if (atomic_load(word(base, p->in[i].tail)) != pos) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ``Channels.arm``: this rank's doorbell armed (a compare-and-swap from 0), then a look
+ * again: 1 if something is here, or what waited for room went after all; -1 error. */
+int
+shmpath_arm(PyObject *self)
+{
+    ShmPath *p = (ShmPath *)self;
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    if (base != NULL) {
+        uint64_t clear = 0;
+        atomic_compare_exchange_strong(word(base, p->bells[p->rank]), &clear, p->armed);
+    }
+    int rc = shmpath_ready(self);
+    if (rc != 0) {
+        return rc;
+    }
+    rc = waiting(p->channels, a_blocked);
+    if (rc <= 0) {
+        return rc;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(p->channels, a_send_waiting);
+    rc = r == NULL ? -1 : PyObject_IsTrue(r);
+    Py_XDECREF(r);
+    return rc;
+}
+
+/* ``Channels.disarm``: this rank's doorbell cleared. */
+void
+shmpath_disarm(PyObject *self)
+{
+    ShmPath *p = (ShmPath *)self;
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    if (base != NULL) {
+        atomic_store(word(base, p->bells[p->rank]), 0);
+    }
 }
 
 /* -- the type ---------------------------------------------------------------------------- */

@@ -491,6 +491,8 @@ class ShmTransport(MPITransport):
     by ``Node.open_world``; the node polls it."""
 
     remote = True
+    #: The link's per-message steps in C (``lane.ShmPath``), once ``accelerate``d.
+    path: Any = None
     #: No foreign errors here: the MPI link's handlers of MPI's errors catch none of ours
     #: (an error of ours goes up as itself, mpi4py imported or not).
     _foreign = ()
@@ -541,6 +543,8 @@ class ShmTransport(MPITransport):
             RING_BYTES, WRAP, ARMED)
         self.send_now = path.send_now  # type: ignore[method-assign]
         channels.poll = path.poll  # type: ignore[method-assign]
+        self.path = path
+        self.node.accelerate(lane)
 
     def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         """Join the node's poll."""
@@ -694,6 +698,12 @@ class Node:
         self._pidfds: dict[int, int] = {}
         self.dead: set[int] = set()  # group ranks whose process died
         self._links: list[ShmTransport] = []
+        #: The C steps of the links (``ShmPath``), and the node's turn over them in C
+        #: (``lane.ShmNode``), made by the first link ``accelerate``d; ``_native`` is it while
+        #: every link has its steps in C (else None: the Python methods below run).
+        self._paths: list[Any] = []
+        self._lane_node: Any = None
+        self._native: Any = None
         self._offers: dict[str, int] = {}  # segments handed over, by world name
         #: The segments this process waits for, by world name: their maker, and the future.
         self._expected: dict[str, tuple[int, asyncio.Future[int]]] = {}
@@ -816,7 +826,7 @@ class Node:
             return
         self._detach()
         self._loop = loop
-        loop.add_reader(self.sock.fileno(), self._readable)
+        loop.add_reader(self.sock.fileno(), self._readable, False)
         for r, fd in self._pidfds.items():
             loop.add_reader(fd, self._died, r)
 
@@ -833,8 +843,22 @@ class Node:
             self._task.cancel()
             self._task = None
 
+    def accelerate(self, lane: Any) -> None:
+        """Run the node's turn in C (``lane.ShmNode``) while its links run their steps in C
+        (``ShmTransport.accelerate`` calls it), and its ``kick`` from now on."""
+        if self._lane_node is None:
+            self._lane_node = lane.ShmNode(self._paths, self)
+            self.kick = self._lane_node.kick  # type: ignore[method-assign]
+
+    def _relink(self) -> None:
+        every = len(self._paths) == len(self._links)
+        self._native = self._lane_node if every else None
+
     def add(self, link: ShmTransport) -> None:
         self._links.append(link)
+        if link.path is not None:
+            self._paths.append(link.path)
+        self._relink()
         if self._task is None or self._task.done():
             assert self._loop is not None
             self._task = self._loop.create_task(self._run(), name="asynccomm-shm-poll")
@@ -845,6 +869,9 @@ class Node:
     def remove(self, link: ShmTransport) -> None:
         with contextlib.suppress(ValueError):
             self._links.remove(link)
+            if link.path is not None:
+                self._paths.remove(link.path)
+        self._relink()
         self.kick()
 
     def kick(self) -> None:
@@ -863,7 +890,11 @@ class Node:
         if self.crowded:  # the kernel may run it on this core: let it, now
             sched_yield()
 
-    def _readable(self) -> None:
+    def _readable(self, drain: bool = True) -> None:
+        """Take what came on the socket: every datagram, or (the loop's callback, not
+        ``drain``) one: its reader is level-triggered, so a second one calls it again, and a
+        doorbell rings once per arming (another read would only find nothing, a system
+        call on every wake)."""
         sock = self.sock
         rung = False
         while True:
@@ -885,11 +916,18 @@ class Node:
             else:
                 self.rings_heard += 1
                 rung = True
+            if not drain:
+                break
         if rung and self._waiter is not None:
             # Rung while asleep: take what came now, not a turn of the loop later (the
             # poll task wakes too, and looks again).
-            self._disarm()
-            self._poll()
+            native = self._native
+            if native is not None:
+                native.disarm()
+                native.poll()
+            else:
+                self._disarm()
+                self._poll()
         self.kick()
 
     def _died(self, peer: int) -> None:
@@ -902,7 +940,10 @@ class Node:
             if creator == peer and not fut.done():
                 fut.set_exception(CommBrokenError(
                     f"rank {peer} died before world {name} opened", rank=self.rank, peer=peer))
-        self._poll()  # what it published before it died is taken first
+        if self._native is not None:  # what it published before it died is taken first
+            self._native.poll()
+        else:
+            self._poll()
         for link in list(self._links):
             procs = link.channels.procs
             if peer in procs:
@@ -956,34 +997,43 @@ class Node:
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
+            native = self._native  # (the turn in C: the same steps as the methods above)
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
-            if self._poll() or self._kicked or woke:
+            if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
                 woke = False
                 spin_until = clock() + spin
                 await yield_now()
                 continue
             now = clock()
             if now < spin_until:  # spinning: look at the rings (cheap) a while first
-                peek = self._peek
+                # An answer slow to come: the rank this one waits for may be queued behind
+                # it on this core (other processes compete for the cores too): each look
+                # that found nothing then gives the core away.
                 share = now - spin_until + spin > SHARE_AFTER
-                for _ in range(BURST):
-                    if peek():
-                        break
-                    # An answer slow to come: the rank this one waits for may be queued
-                    # behind it on this core (other processes compete for the cores too).
-                    if share:
-                        sched_yield()
+                if native is not None:
+                    native.spin(BURST, share)
+                else:
+                    peek = self._peek
+                    for _ in range(BURST):
+                        if peek():
+                            break
+                        if share:
+                            sched_yield()
                 await yield_now()
                 continue
-            if self._arm():
+            if native.arm() if native is not None else self._arm():
                 continue
             self._waiter = loop.create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-                self._disarm()
+                native = self._native
+                if native is not None:
+                    native.disarm()
+                else:
+                    self._disarm()
             woke = True
         self._task = None
 

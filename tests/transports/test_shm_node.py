@@ -84,6 +84,24 @@ async def test_a_ring_that_finds_the_node_awake_is_left_to_the_poll_task() -> No
         node.sock.close()
 
 
+async def test_the_doorbell_callback_takes_one_datagram_and_a_drain_takes_all() -> None:
+    """The loop calls the callback again while a datagram waits (its reader is
+    level-triggered): one read per call, no read that finds nothing after the ring."""
+    node, link, peer = _node()
+    try:
+        for _ in range(3):
+            peer.sendto(b"\x01", node._addresses[0])
+        node._readable(False)
+        assert node.rings_heard == 1 and node._kicked
+        node._readable()
+        assert node.rings_heard == 3
+        node._readable(False)  # nothing there: nothing taken
+        assert node.rings_heard == 3
+    finally:
+        peer.close()
+        node.sock.close()
+
+
 async def test_a_segment_handed_over_is_not_taken_for_a_ring() -> None:
     node, link, peer = _node()
     fd = os.memfd_create("test-segment", os.MFD_CLOEXEC)

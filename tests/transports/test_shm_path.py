@@ -58,6 +58,9 @@ class FakeNode:
     def wake(self, peer: int) -> None:
         self.woken.append(peer)
 
+    def accelerate(self, lane: Any) -> None:
+        """(The node's own turn in C is ``test_shm_node_native``'s.)"""
+
 
 class Endpoint:
     """A receiving engine as the link's Python steps see it (the C steps hand anything
