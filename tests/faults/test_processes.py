@@ -64,6 +64,23 @@ def test_shrink_gives_one_membership_in_the_old_order_and_wildcards_follow_acks(
         assert acked == (1,) and failed == (1,) and total == 5.0
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_member_that_never_joins_a_split_is_named_not_waited_for(loop: str) -> None:
+    """(``forming``, Rule 2b; ``shm.Node.forfeit``.)  Rank 2 forfeits, raises, dies: its
+    split gives that; ranks 0 and 1 get ``CommBrokenError`` naming it, from the split if
+    rank 2 was to make the new world, else from their ops with it, and the two go on."""
+    results = run(pp.never_joins, 3, loop)
+    assert isinstance(results[2], RuntimeError) and "signal 9" in str(results[2])
+    for rank in (0, 1):
+        forfeits, forfeits_first, raises, raises_first, dies = results[rank]
+        for got in (forfeits, raises):  # the split made, without rank 2
+            assert got[:3] == ("use", "CommBrokenError", 2) and got[4] == 0.0, got
+            assert "never joined" in got[3], got
+        for got in (forfeits_first, raises_first):  # rank 2 was to make its world
+            assert got[:2] == ("split", 2) and "left before it made" in got[2], got
+        assert dies[0] in ("split", "use") and 2 in dies and "died" in str(dies), dies
+
+
 def test_bad_flags_are_refused_before_anything_is_taken() -> None:
     for errors, value in run(pp.bad_flags, 2):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError"]
