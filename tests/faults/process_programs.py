@@ -78,6 +78,26 @@ async def revoke_everywhere(comm: ac.Communicator) -> list[Any]:
             for e in errors + later] + [ok, new.size, float(buf[0])]
 
 
+#: The programs that share one world of 4 processes (``several``), and the ranks each
+#: runs on.
+SHARED = {"revoke_everywhere": 3, "agree_and": 4, "bad_flags": 2}
+
+
+async def several(comm: ac.Communicator) -> dict[str, Any]:
+    """Each program of ``SHARED`` in turn, on the world or on a communicator of its own
+    (a split of the first ranks, closed after it): what each returned on this rank."""
+    got = {}
+    for name, size in SHARED.items():
+        if size == comm.size:
+            got[name] = await globals()[name](comm)
+            continue
+        sub = await comm.split(0 if comm.rank < size else None)
+        if sub is not None:
+            async with sub:
+                got[name] = await globals()[name](sub)
+    return got
+
+
 async def agree_and(comm: ac.Communicator) -> Any:
     """The AND of the flags; on a ``dup`` and a ``split`` of the world too."""
     flags = [0b1110, 0b0111, 0b1111, 0b0110]

@@ -39,17 +39,25 @@ def test_a_failure_alone_reads_as_before() -> None:
     assert failed == (1,) and acked == ()
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_revoke_fails_pending_and_later_ops_on_every_rank(loop: str) -> None:
-    for rank, got in enumerate(run(pp.revoke_everywhere, 3, loop)):
-        *errors, ok, size, total = got
+@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
+def shared(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """What each rank of one world of 4 processes got from the programs that leave their
+    communicator usable (``pp.SHARED``), on each loop."""
+    return run(pp.several, 4, request.param)
+
+
+def test_revoke_fails_pending_and_later_ops_on_every_rank(
+        shared: list[dict[str, Any]]) -> None:
+    for rank in range(3):
+        *errors, ok, size, total = shared[rank]["revoke_everywhere"]
         assert len(errors) == (7 if rank == 0 else 10)
         assert all(e == ("CommRevokedError", 0, rank) for e in errors), (rank, errors)
         assert (ok, size, total) == (1 & 2 & 3, 3, 3.0)
 
 
-def test_agree_is_the_and_of_the_flags_on_worlds_and_their_sub_communicators() -> None:
-    got = run(pp.agree_and, 4)
+def test_agree_is_the_and_of_the_flags_on_worlds_and_their_sub_communicators(
+        shared: list[dict[str, Any]]) -> None:
+    got = [shared[rank]["agree_and"] for rank in range(4)]
     both = 0b1110 & 0b0111 & 0b1111 & 0b0110
     assert got == [[both, both, 0b1110 & 0b1111], [both, both, 0b0111 & 0b0110],
                    [both, both, 0b1110 & 0b1111], [both, both, 0b0111 & 0b0110]]
@@ -81,8 +89,9 @@ def test_a_member_that_never_joins_a_split_is_named_not_waited_for(loop: str) ->
         assert dies[0] in ("split", "use") and 2 in dies and "died" in str(dies), dies
 
 
-def test_bad_flags_are_refused_before_anything_is_taken() -> None:
-    for errors, value in run(pp.bad_flags, 2):
+def test_bad_flags_are_refused_before_anything_is_taken(
+        shared: list[dict[str, Any]]) -> None:
+    for errors, value in (shared[rank]["bad_flags"] for rank in range(2)):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError"]
         assert value == 2 & 3
 
