@@ -22,7 +22,7 @@ from .test_programs import AFTER, STEPS
 
 pytestmark = pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
 
-EXAMPLES = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "3"))
+EXAMPLES = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "2"))
 #: Seconds each rank's program may take (a hang fails the rank instead of the test run).
 LIMIT = 20.0
 
