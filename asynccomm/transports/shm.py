@@ -528,10 +528,14 @@ class ShmTransport(MPITransport):
 
     # -- a dead peer ----------------------------------------------------------------------
 
-    def peer_died(self, rank: int, why: bytes = b"died (its process ended)") -> None:
-        """``rank``'s process died (or ``rank`` will never attach to this world: ``why``
-        says which): what it had not said, say for it (it closed, saying ``why``); ops
-        whose data was moving with it fail."""
+    def peer_died(self, rank: int) -> None:
+        """``rank``'s process died: what it had not said, say for it (it closed, saying it
+        died); ops whose data was moving with it fail."""
+        self.peer_gone(rank, b"died (its process ended)")
+
+    def peer_gone(self, rank: int, why: bytes) -> None:
+        """``rank`` will say nothing more here (its process died, or it will never attach
+        to this world): it closed, saying ``why`` (as ``peer_died``)."""
         wire = self.wire
         if rank in wire.fin_from:
             return
@@ -740,7 +744,7 @@ class Node:
         why = ("never joined the communicator (it left the call that made it)"
                if culprit == member else f"never joined the communicator (rank {culprit} "
                "died before it opened)")
-        link.peer_died(procs.index(member), why.encode())
+        link.peer_gone(procs.index(member), why.encode())
         link.check_finished()
         self.kick()
 
