@@ -10,6 +10,11 @@ import pytest
 import structlog
 import uvloop
 
+# One BLAS thread per process (read as numpy loads, here and in every process a test
+# starts): the examples' training in several processes at once, on a machine of few
+# cores, otherwise keeps more BLAS threads spinning than there are cores.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def _debug_asyncio_loop() -> asyncio.AbstractEventLoop:
     loop = asyncio.new_event_loop()

@@ -384,6 +384,15 @@ class _ProcessWorld:
         await self.transport.wait_closed()
 
 
+def _never_joins(node: Node, name: str, members: list[int], culprit: int | None) -> None:
+    """This process will never attach to the worlds of the communicator ``name`` (its own
+    and its private context's): ``members`` (group ranks) are told, and none waits for it.
+    Their ops with it fail with ``CommBrokenError``; if it makes the worlds, opening them
+    fails, naming ``culprit`` (a member that died before they opened), or it."""
+    for world in (name, name + "p"):
+        node.forfeit(world, members, culprit)
+
+
 class _ProcessFamily:
     """Makes the communicators of a world of processes: each (and its private context,
     and each ``dup`` and ``split``) has a segment of its own, made by its first member."""
@@ -407,8 +416,14 @@ class _ProcessFamily:
     async def open(self, device: Device) -> tuple[ShmTransport, Communicator]:
         """This rank's communicator and its private context, their links polled."""
         opts: dict[str, Any] = {"eager_limit": self.eager_limit, "pools": self.pools}
-        transport = await self.node.open_world(self.name, self.members, **opts)
-        private_transport = await self.node.open_world(self.name + "p", self.members, **opts)
+        try:
+            transport = await self.node.open_world(self.name, self.members, **opts)
+            private_transport = await self.node.open_world(self.name + "p", self.members,
+                                                           **opts)
+        except BaseException as exc:  # this rank will not join: nobody waits for it
+            _never_joins(self.node, self.name, self.members,
+                         exc.peer if isinstance(exc, CommBrokenError) else None)
+            raise
         comm = self._make(transport, device)
         private = self._make(private_transport, device)
         private._engine.context = "(inside a collective)"
@@ -440,11 +455,17 @@ class _ProcessFamily:
         return comm
 
     def forfeit(self, parent: CommView, key: tuple[Any, ...]) -> None:
-        """Nothing to wait for: the group's first member hands its segment over without
-        waiting for the others to take it."""
+        """``parent``'s rank will never join the group ``key`` (it could not hear whether
+        the group is made): the members of ``parent`` are told (the group's members are
+        not known here), and those that came, or come, do not wait for it."""
+        _never_joins(self.node, self._child_name(key), self.members, None)
 
     def open_private(self, comm: CommView) -> None:
         raise AssertionError("a communicator of processes is made with its private context")
+
+    def _child_name(self, key: tuple[Any, ...]) -> str:
+        """The name of the world of the group ``key`` (alike on every member)."""
+        return f"{self.name}/{'.'.join(map(str, key))}"
 
     def trace(self, sink: object, comm: Communicator) -> None:
         """(Tracing is not offered with processes.)"""
@@ -454,7 +475,7 @@ class _ProcessFamily:
         if members is None:
             return None
         sub = _ProcessFamily(
-            self.node, f"{self.name}/{'.'.join(map(str, key))}",
+            self.node, self._child_name(key),
             [self.members[m] for m in members], [self.pools[m] for m in members],
             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes, timeout=self.timeout,
             registry=self.registry, lane=self.lane,

@@ -82,6 +82,9 @@ _PR_SET_PTRACER_ANY = 2**64 - 1
 _RETRY = 1e-3
 #: Ancillary room for the one file descriptor a datagram may carry.
 _FD_SPACE = socket.CMSG_SPACE(array("i").itemsize)
+#: The first byte of a datagram saying that its sender will never attach to a world
+#: (``Node.forfeit``); a doorbell's ring is any other datagram with no file descriptor.
+_FORFEIT = b"\x02"
 
 
 def missing() -> str | None:
@@ -493,6 +496,8 @@ class ShmTransport(MPITransport):
     remote = True
     #: The link's per-message steps in C (``lane.ShmPath``), once ``accelerate``d.
     path: Any = None
+    #: The name of the world whose rings this link uses (``Node.open_world``).
+    world = ""
     #: No foreign errors here: the MPI link's handlers of MPI's errors catch none of ours
     #: (an error of ours goes up as itself, mpi4py imported or not).
     _foreign = ()
@@ -661,6 +666,11 @@ class ShmTransport(MPITransport):
     def peer_died(self, rank: int) -> None:
         """``rank``'s process died: what it had not said, say for it (it closed, saying it
         died); ops whose data was moving with it fail."""
+        self.peer_gone(rank, b"died (its process ended)")
+
+    def peer_gone(self, rank: int, why: bytes) -> None:
+        """``rank`` will say nothing more here (its process died, or it will never attach
+        to this world): it closed, saying ``why`` (as ``peer_died``)."""
         wire = self.wire
         if rank in wire.fin_from:
             return
@@ -671,7 +681,6 @@ class ShmTransport(MPITransport):
             self._sends.clear()
             self.endpoint.broke(err)
         if rank not in wire.closed_by:
-            why = b"died (its process ended)"
             self._on_control(cast(Any, _Slot(memoryview(
                 HEADER.pack(CLOSE, 0, rank, 0, len(why), 0, 0, b"") + why))))
         self._on_control(cast(Any, _Slot(memoryview(
@@ -705,6 +714,10 @@ class Node:
         self._lane_node: Any = None
         self._native: Any = None
         self._offers: dict[str, int] = {}  # segments handed over, by world name
+        #: The members that will never attach to a world, by world name: who kept them
+        #: away (themselves, or a member that died before the world opened), by member.
+        self._forfeits: dict[str, dict[int, int]] = {}
+        self._forfeited: set[str] = set()  # the worlds this process will never attach to
         #: The segments this process waits for, by world name: their maker, and the future.
         self._expected: dict[str, tuple[int, asyncio.Future[int]]] = {}
         self._worlds = 0
@@ -763,8 +776,10 @@ class Node:
         world's rank order; collective among them): the first member makes the segment
         and hands it to the others."""
         segment = await self.open_segment(name, members)
-        return ShmTransport(self, segment, members.index(self.rank), members,
+        link = ShmTransport(self, segment, members.index(self.rank), members,
                             eager_limit=eager_limit, pools=pools)
+        link.world = name
+        return link
 
     async def open_segment(self, name: str, members: list[int]) -> Segment:
         """The rings of the world ``name`` of ``members`` (as ``open_world``), for a link
@@ -800,6 +815,9 @@ class Node:
                 return
             except BlockingIOError:
                 await asyncio.sleep(_RETRY)
+            except (ConnectionRefusedError, FileNotFoundError):  # its socket is gone
+                raise CommBrokenError(f"rank {peer} died before the world opened",
+                                      rank=self.rank, peer=peer) from None
 
     async def _expect(self, name: str, creator: int) -> int:
         if creator in self.dead:  # what it handed over before it died is taken first
@@ -810,6 +828,8 @@ class Node:
         if creator in self.dead:
             raise CommBrokenError(f"rank {creator} died before the world opened",
                                   rank=self.rank, peer=creator)
+        if creator in self._forfeits.get(name, {}):
+            raise self._never_made(name, creator)
         assert self._loop is not None
         fut: asyncio.Future[int] = self._loop.create_future()
         self._expected[name] = (creator, fut)
@@ -817,6 +837,66 @@ class Node:
             return await fut
         finally:
             self._expected.pop(name, None)
+
+    def forfeit(self, name: str, members: list[int], culprit: int | None = None) -> None:
+        """This process will never attach to the world ``name`` (it left the call that
+        makes it, or ``culprit``, a member, died before it opened): tell the other
+        ``members`` (group ranks), so that none waits for it.  Their ops with it fail with
+        ``CommBrokenError``, as if it had closed; if it makes the world, their open fails,
+        naming ``culprit``."""
+        self._forfeited.add(name)
+        fd = self._offers.pop(name, None)
+        if fd is not None:  # handed over already: never used
+            os.close(fd)
+        said = _FORFEIT + f"{self.rank} {self.rank if culprit is None else culprit} {name}".encode()
+        for m in members:
+            if m != self.rank and m not in self.dead:
+                self._say(said, m)
+
+    def _say(self, said: bytes, peer: int) -> None:
+        """Send ``said`` to group rank ``peer`` (again, a little later, while its socket is
+        full; never if it is gone)."""
+        try:
+            self.sock.sendto(said, self._addresses[peer])
+        except BlockingIOError:
+            assert self._loop is not None
+            self._loop.call_later(_RETRY, self._say, said, peer)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass
+
+    def _heard_forfeit(self, said: bytes) -> None:
+        """A member said that it will never attach to a world (``forfeit``)."""
+        sender, culprit, name = said.decode().split(" ", 2)
+        member = int(sender)
+        self._forfeits.setdefault(name, {})[member] = int(culprit)
+        waiting = self._expected.get(name)
+        if waiting is not None and waiting[0] == member and not waiting[1].done():
+            waiting[1].set_exception(self._never_made(name, member))
+        for link in list(self._links):
+            if link.world == name:
+                self._absent(link, name, member)
+
+    def _absent(self, link: ShmTransport, name: str, member: int) -> None:
+        """Group rank ``member`` will never attach to ``link``'s world: as if it died."""
+        procs = link.channels.procs
+        if member not in procs or member in self.dead:
+            return
+        culprit = self._forfeits[name][member]
+        why = ("never joined the communicator (it left the call that made it)"
+               if culprit == member else f"never joined the communicator (rank {culprit} "
+               "died before it opened)")
+        link.peer_gone(procs.index(member), why.encode())
+        link.check_finished()
+        self.kick()
+
+    def _never_made(self, name: str, creator: int) -> CommBrokenError:
+        culprit = self._forfeits[name][creator]
+        if culprit == creator:
+            return CommBrokenError(
+                f"rank {creator} left before it made world {name} (it left the call that "
+                "makes it)", rank=self.rank, peer=creator)
+        return CommBrokenError(f"rank {culprit} died before world {name} opened",
+                               rank=self.rank, peer=culprit)
 
     # -- the poll on the loop -------------------------------------------------------------
 
@@ -865,6 +945,8 @@ class Node:
         for r in self.dead:
             if r in link.channels.procs:
                 link.peer_died(link.channels.procs.index(r))
+        for r in self._forfeits.get(link.world, ()):
+            self._absent(link, link.world, r)
 
     def remove(self, link: ShmTransport) -> None:
         with contextlib.suppress(ValueError):
@@ -909,10 +991,14 @@ class Node:
             if fds:
                 name = data.decode()
                 _, fut = self._expected.get(name, (0, None))
-                if fut is not None and not fut.done():
+                if name in self._forfeited:  # a world this process will never attach to
+                    os.close(fds[0])
+                elif fut is not None and not fut.done():
                     fut.set_result(fds[0])
                 else:
                     self._offers[name] = fds[0]
+            elif data[:1] == _FORFEIT:
+                self._heard_forfeit(data[1:])
             else:
                 self.rings_heard += 1
                 rung = True

@@ -14,6 +14,7 @@ import numpy as np
 import asynccomm as ac
 from asynccomm._comm import agreement
 from asynccomm.testing import posted
+from asynccomm.transports import shm
 
 from .common import Died, outcome
 from .test_programs import leaves, recover, step
@@ -75,6 +76,26 @@ async def revoke_everywhere(comm: ac.Communicator) -> list[Any]:
     await new.allreduce(buf)
     return [(type(e).__name__, getattr(e, "revoked_by", None), e.rank)
             for e in errors + later] + [ok, new.size, float(buf[0])]
+
+
+#: The programs that share one world of 4 processes (``several``), and the ranks each
+#: runs on.
+SHARED = {"revoke_everywhere": 3, "agree_and": 4, "bad_flags": 2}
+
+
+async def several(comm: ac.Communicator) -> dict[str, Any]:
+    """Each program of ``SHARED`` in turn, on the world or on a communicator of its own
+    (a split of the first ranks, closed after it): what each returned on this rank."""
+    got = {}
+    for name, size in SHARED.items():
+        if size == comm.size:
+            got[name] = await globals()[name](comm)
+            continue
+        sub = await comm.split(0 if comm.rank < size else None)
+        if sub is not None:
+            async with sub:
+                got[name] = await globals()[name](sub)
+    return got
 
 
 async def agree_and(comm: ac.Communicator) -> Any:
@@ -223,3 +244,68 @@ async def killed(comm: ac.Communicator, plan: Kill) -> Any:
         comm.revoke()
     return ([(type(e).__name__, getattr(e, "peer", None)) for e in errors],
             *await recover(comm, errors))
+
+
+async def never_joins(comm: ac.Communicator) -> list[Any]:
+    """Rank 2 takes part in splits of 3 ranks (rank 0 says GO) but never joins the new
+    communicator, as its last rank or as its first (which makes its world): it could not
+    hear the GO (``forfeits``: its private context failed, as when a member is lost), its
+    open fails by an error of its own (``raises``), its process dies as it opens
+    (``dies``).  Ranks 0 and 1 are told, naming it, instead of waiting for it: their split
+    fails, or their ops with it fail and they go on without it."""
+    got = []
+    for first in (False, True):
+        dup = await comm.dup()  # (rank 2 breaks the private context of this one)
+        got.append(await _split_without_2(dup, "forfeits", first))
+        await dup.aclose()
+    got.append(await _split_without_2(comm, "raises", False))
+    got.append(await _split_without_2(comm, "raises", True))
+    got.append(await _split_without_2(comm, "dies", False))
+    return got
+
+
+async def _split_without_2(comm: ac.Communicator, how: str, first: bool) -> Any:
+    key = -comm.rank if first else comm.rank  # first: new rank 0 is rank 2, the maker
+    if comm.rank == 2:
+        return await _not_joining(comm, how, key)
+    if comm.rank == 0 and how == "forfeits":
+        await comm.recv(np.zeros(1), 2)  # rank 2 has stopped listening for the GO
+    try:
+        sub = await comm.split(0, key)
+    except ac.CommBrokenError as exc:
+        return "split", exc.peer, str(exc)
+    async with sub:
+        lost = await outcome(sub.recv(np.zeros(1), 0 if first else 2))
+        buf = np.array([float(comm.rank)])
+        if comm.rank == 0:
+            await sub.send(buf, 1)
+        else:
+            await sub.recv(buf, 0)
+    return "use", type(lost).__name__, lost.peer, str(lost), float(buf[0])
+
+
+async def _not_joining(comm: ac.Communicator, how: str, key: int) -> Any:
+    if how == "forfeits":
+        call = await posted(comm.split(0, key))  # its READY sent
+        private = comm._private()
+        agreement._revoke(private._engine, ac.CommBrokenError(
+            "rank 1 failed during a collective call", rank=private.rank, peer=1))
+        err = await outcome(call)
+        await comm.send(np.ones(1), 0)
+        return type(err).__name__
+    node = shm.Node.current()
+    assert node is not None
+
+    async def failing(name: str, members: list[int]) -> Any:
+        if how == "dies":
+            die()
+        raise OSError("no room for the segment")
+
+    node.open_segment = failing  # type: ignore[method-assign]
+    try:
+        await comm.split(0, key)
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        del node.open_segment
+    raise AssertionError("rank 2 joined")

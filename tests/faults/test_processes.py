@@ -22,7 +22,7 @@ from .test_programs import AFTER, STEPS
 
 pytestmark = pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
 
-EXAMPLES = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "3"))
+EXAMPLES = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "2"))
 #: Seconds each rank's program may take (a hang fails the rank instead of the test run).
 LIMIT = 20.0
 
@@ -39,17 +39,25 @@ def test_a_failure_alone_reads_as_before() -> None:
     assert failed == (1,) and acked == ()
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_revoke_fails_pending_and_later_ops_on_every_rank(loop: str) -> None:
-    for rank, got in enumerate(run(pp.revoke_everywhere, 3, loop)):
-        *errors, ok, size, total = got
+@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
+def shared(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """What each rank of one world of 4 processes got from the programs that leave their
+    communicator usable (``pp.SHARED``), on each loop."""
+    return run(pp.several, 4, request.param)
+
+
+def test_revoke_fails_pending_and_later_ops_on_every_rank(
+        shared: list[dict[str, Any]]) -> None:
+    for rank in range(3):
+        *errors, ok, size, total = shared[rank]["revoke_everywhere"]
         assert len(errors) == (7 if rank == 0 else 10)
         assert all(e == ("CommRevokedError", 0, rank) for e in errors), (rank, errors)
         assert (ok, size, total) == (1 & 2 & 3, 3, 3.0)
 
 
-def test_agree_is_the_and_of_the_flags_on_worlds_and_their_sub_communicators() -> None:
-    got = run(pp.agree_and, 4)
+def test_agree_is_the_and_of_the_flags_on_worlds_and_their_sub_communicators(
+        shared: list[dict[str, Any]]) -> None:
+    got = [shared[rank]["agree_and"] for rank in range(4)]
     both = 0b1110 & 0b0111 & 0b1111 & 0b0110
     assert got == [[both, both, 0b1110 & 0b1111], [both, both, 0b0111 & 0b0110],
                    [both, both, 0b1110 & 0b1111], [both, both, 0b0111 & 0b0110]]
@@ -64,8 +72,26 @@ def test_shrink_gives_one_membership_in_the_old_order_and_wildcards_follow_acks(
         assert acked == (1,) and failed == (1,) and total == 5.0
 
 
-def test_bad_flags_are_refused_before_anything_is_taken() -> None:
-    for errors, value in run(pp.bad_flags, 2):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_member_that_never_joins_a_split_is_named_not_waited_for(loop: str) -> None:
+    """(``forming``, Rule 2b; ``shm.Node.forfeit``.)  Rank 2 forfeits, raises, dies: its
+    split gives that; ranks 0 and 1 get ``CommBrokenError`` naming it, from the split if
+    rank 2 was to make the new world, else from their ops with it, and the two go on."""
+    results = run(pp.never_joins, 3, loop)
+    assert isinstance(results[2], RuntimeError) and "signal 9" in str(results[2])
+    for rank in (0, 1):
+        forfeits, forfeits_first, raises, raises_first, dies = results[rank]
+        for got in (forfeits, raises):  # the split made, without rank 2
+            assert got[:3] == ("use", "CommBrokenError", 2) and got[4] == 0.0, got
+            assert "never joined" in got[3], got
+        for got in (forfeits_first, raises_first):  # rank 2 was to make its world
+            assert got[:2] == ("split", 2) and "left before it made" in got[2], got
+        assert dies[0] in ("split", "use") and 2 in dies and "died" in str(dies), dies
+
+
+def test_bad_flags_are_refused_before_anything_is_taken(
+        shared: list[dict[str, Any]]) -> None:
+    for errors, value in (shared[rank]["bad_flags"] for rank in range(2)):
         assert errors == ["TypeError", "TypeError", "TypeError", "ValueError", "ValueError"]
         assert value == 2 & 3
 

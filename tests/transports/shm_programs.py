@@ -22,13 +22,15 @@ LIMIT = 10.0
 LOOPS = ("uvloop", "asyncio")
 
 
-def contract(names: list[str]) -> tuple[list[str], int, float]:
-    """Run the contract programs ``names`` on this rank: (failures, passed, seconds)."""
+def contract(names: list[str], loops: tuple[str, ...] = LOOPS
+             ) -> tuple[list[str], int, float]:
+    """Run the contract programs ``names`` on this rank, on each of ``loops``: (failures,
+    passed, seconds)."""
     failures: list[str] = []
     passed = 0
     started = time.perf_counter()
     for name in names:
-        for loop in LOOPS:
+        for loop in loops:
             options = {"eager_limit": 65_536, "pool_bytes": 64 << 20, "timeout": None,
                        **OPTIONS.get(name, {})}
             try:
@@ -71,8 +73,8 @@ def _search(loop: str, examples: int) -> list[str]:
     return errors
 
 
-def suite(names: list[str], examples: int) -> list[str]:
-    """The contract programs ``names``, then ``examples`` conservation examples per loop
-    (none: 0), in this launch; this rank's failures."""
-    failures = contract(names)[0] if names else []
+def suite(names: list[str], examples: int, loops: tuple[str, ...] = LOOPS) -> list[str]:
+    """The contract programs ``names`` on each of ``loops``, then ``examples``
+    conservation examples per loop (none: 0), in this launch; this rank's failures."""
+    failures = contract(names, loops)[0] if names else []
     return failures + (conservation(examples) if examples else [])

@@ -21,22 +21,27 @@ pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 STRESS = os.environ.get("ASYNCCOMM_STRESS_EXAMPLES")
 EXAMPLES = int(STRESS or "6")
+BOTH = ("uvloop", "asyncio")
 #: (processes, contract programs, conservation examples per loop, the pure-Python path:
-#: libatomic's atomics, rendezvous data on the ring) of each launch.
-LAUNCHES = [(2, True, EXAMPLES, False), (4, True, 0, False), (2, True, 0, True)]
+#: libatomic's atomics, rendezvous data on the ring, the loops of the contract programs) of
+#: each launch.  The contract runs on both loops at 2 processes; at 4, and on the
+#: pure-Python path (whose steps are the same on either loop), on one each.
+LAUNCHES = [(2, True, EXAMPLES, False, BOTH), (4, True, 0, False, ("asyncio",)),
+            (2, True, 0, True, ("uvloop",))]
 if STRESS:
-    LAUNCHES += [(3, True, EXAMPLES, False), (4, False, EXAMPLES, False),
-                 (3, False, EXAMPLES, True)]
+    LAUNCHES += [(3, True, EXAMPLES, False, BOTH), (4, False, EXAMPLES, False, BOTH),
+                 (3, False, EXAMPLES, True, BOTH), (4, True, 0, False, BOTH),
+                 (2, True, 0, True, BOTH)]
 
 
-@pytest.mark.parametrize(("n", "with_contract", "examples", "pure"), LAUNCHES)
+@pytest.mark.parametrize(("n", "with_contract", "examples", "pure", "loops"), LAUNCHES)
 def test_contract_and_conservation_on_processes(n: int, with_contract: bool, examples: int,
-                                                pure: bool,
+                                                pure: bool, loops: tuple[str, ...],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     if pure:  # read by each process as it imports asynccomm
         monkeypatch.setenv("ASYNCCOMM_PURE_PYTHON", "1")
     names = list(PROGRAMS) if with_contract else []
-    outcomes = launch(suite, n, (names, examples))
+    outcomes = launch(suite, n, (names, examples, loops))
     failures = [f"rank {r}: {v!r}" if kind == "err" else f"rank {r}: {line}"
                 for r, (kind, v) in enumerate(outcomes)
                 for line in ([v] if kind == "err" else v)]  # type: ignore[union-attr]
