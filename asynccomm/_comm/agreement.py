@@ -33,7 +33,9 @@ rank failed (in-order delivery; a death is seen after what was published), so be
 new coordinator could count every live member's contribution: no coordinator decides
 anew, and no two ranks return different decisions.  A coordinator that dies before any
 live member holds its decision decided for nobody; the next one collects the
-contributions again (Rule P3).
+contributions again (Rule P3).  A decision may reach a member before its link sees the
+death of a member the decision names (no order between pairs of ranks): ``failed()``
+names the acknowledged members too.
 Rule P6 (shrink).  A shrink's decision names the survivors (the members not failed); each
 survivor opens a new world of them, in their old order (``Node.open_world``, through the
 family's ``child``), even if its call was cancelled meanwhile (then it closes its end at

@@ -225,7 +225,9 @@ def failed(comm: CommView) -> tuple[int, ...]:
     _ready(comm)
     ft = remote(comm)
     if ft is not None:
-        return tuple(sorted(ft.gone()))
+        # An agree or shrink may decide that a member failed before this rank's link hears
+        # of it (no order between pairs of ranks): what was acknowledged is known failed.
+        return tuple(sorted(ft.gone() | ft.acked))
     return tuple(sorted(_group(comm).failed(comm.rank)))
 
 
