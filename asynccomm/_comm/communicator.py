@@ -873,7 +873,9 @@ class Communicator:
 
     def failed(self) -> tuple[int, ...]:
         """The ranks of this communicator known here to have failed (their end closed:
-        their program raised, returned or closed it), sorted.  It only grows.
+        their program raised, returned or closed it; or an ``agree`` or ``shrink`` here
+        decided they had, which a rank may learn before it sees their end close), sorted.
+        It only grows.
 
         Raises:
             RuntimeError, CommClosedError, NotImplementedError: as ``revoke``.
