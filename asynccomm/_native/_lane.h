@@ -261,6 +261,7 @@ int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);
+char *recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok);
 
 /* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
  * its engine (for the MPI and the shared-memory link alike). */

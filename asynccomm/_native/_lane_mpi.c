@@ -1058,15 +1058,8 @@ match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes
         goto done;
     }
     Py_INCREF(recv);
-    PyObject *rd = SLOT(recv, M.dtype), *dtype = SLOT(msg, M.dtype);
-    long long rn;
-    Py_ssize_t cap;
-    char *dst;
-    if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
-        || rd == NULL || (rd != Py_None && rd != dtype
-                          && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
-        || slot_ll(recv, M.nbytes, &rn) < 0 || rn < nbytes
-        || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL || cap < nbytes) {
+    char *dst = recv_fits(recv, SLOT(msg, M.dtype), nbytes, 0);
+    if (dst == NULL) {
         rc = PyErr_Occurred() ? -1 : 0;  /* a misfit, a recv_new: the Python steps */
         goto done;
     }
@@ -1166,8 +1159,8 @@ rendezvous(Path *p, PyObject *endpoint, const char *b, long kind)
     return rc;
 }
 
-/* fetch(msg, rank, into, ready): ``MPITransport.fetch`` for a payload of one piece; any
- * other, or a traced engine's: the Python ``fetch``. */
+/* fetch(msg, rank, into, ready): ``MPITransport.fetch`` (in chunks where the payload is
+ * larger than one); a traced engine's: the Python ``fetch``. */
 static PyObject *
 path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
 {

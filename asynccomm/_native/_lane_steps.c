@@ -74,6 +74,27 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
     return settle(engine, recv, stream, 1);
 }
 
+/* Where ``recv``, the head of an exact bucket, takes a payload of ``nbytes`` of ``dtype``
+ * here: a POSTED ``Request`` of that dtype (or none) whose writable array has room for it.
+ * A recv with no size of its own (``recv_new``) fits only if ``new_ok``.  NULL: it does not
+ * fit (the Python steps take it), or an error is set. */
+char *
+recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok)
+{
+    PyObject *rd = SLOT(recv, M.dtype);
+    long long rn;
+    Py_ssize_t cap;
+    char *dst;
+    if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
+        || rd == NULL || (rd != Py_None && rd != dtype
+                          && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
+        || slot_ll(recv, M.nbytes, &rn) < 0 || (rn < nbytes && (rn >= 0 || !new_ok))
+        || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL || cap < nbytes) {
+        return NULL;
+    }
+    return dst;
+}
+
 /* What ends a request whose outcome is set (``Request._wake``, then the engine's
  * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its timer
  * stopped, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
@@ -214,16 +235,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
             }
-            PyObject *rd = SLOT(recv, M.dtype);
-            long long rn;
-            Py_ssize_t cap;
-            char *dst;
-            if (!PyObject_TypeCheck(recv, RequestType) || SLOT(recv, R.state) != S_POSTED
-                || rd == NULL || (rd != Py_None && rd != dtype
-                                  && PyObject_RichCompareBool(rd, dtype, Py_EQ) != 1)
-                || slot_ll(recv, M.nbytes, &rn) < 0 || (0 <= rn && rn < nbytes)
-                || (dst = array_bytes(SLOT(recv, R.array), 1, &cap)) == NULL
-                || cap < nbytes) {
+            char *dst = recv_fits(recv, dtype, nbytes, 1);
+            if (dst == NULL) {
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
             }
