@@ -73,6 +73,10 @@ SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
+#: ... or, before that (the core not given away), this many times (a few microseconds:
+#: a turn of the loop costs more than a look, and a record found early in a turn is
+#: taken in it, not after another turn).
+SPIN_BURST = 64
 #: ... once it has spun this long with nothing found (an answer comes sooner on a core of
 #: its own, and yielding then could only delay it behind another process).
 SHARE_AFTER = 50e-6
@@ -1080,6 +1084,7 @@ class Node:
         spin = 0.0 if self.crowded else SPIN
         spin_until = 0.0
         woke = False
+        rushed = False  # the last turn found a record and went on to take it at once
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
@@ -1087,7 +1092,7 @@ class Node:
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
             if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
-                woke = False
+                woke = rushed = False
                 spin_until = clock() + spin
                 await yield_now()
                 continue
@@ -1097,15 +1102,24 @@ class Node:
                 # it on this core (other processes compete for the cores too): each look
                 # that found nothing then gives the core away.
                 share = now - spin_until + spin > SHARE_AFTER
+                burst = BURST if share else SPIN_BURST
                 if native is not None:
-                    native.spin(BURST, share)
+                    found = native.spin(burst, share)
                 else:
+                    found = False
                     peek = self._peek
-                    for _ in range(BURST):
+                    for _ in range(burst):
                         if peek():
+                            found = True
                             break
                         if share:
                             sched_yield()
+                # Found: taken now, not a turn of the loop later (once: a record the poll
+                # does not take, a stopped link's, must not keep the loop from turning).
+                if found and not rushed:
+                    rushed = True
+                    continue
+                rushed = False
                 await yield_now()
                 continue
             if native.arm() if native is not None else self._arm():
