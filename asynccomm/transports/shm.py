@@ -207,9 +207,7 @@ class Channels:
                 and (self.closing or raw[0] == CLOSE or raw[0] == FIN)):
             self._data[dest].append(bytes(raw))
             self._blocked.add(dest)
-        elif not self._ctrl[dest] and self.out[dest].put((raw,), len(raw)):  # type: ignore[union-attr]
-            self.ring(dest)
-        else:
+        elif self._ctrl[dest] or not self._put(dest, raw):
             self._ctrl[dest].append(bytes(raw))
             self._blocked.add(dest)
         self.node.kick()
@@ -275,14 +273,21 @@ class Channels:
         """An offer's answer: ahead of what waits behind data (a ``CLOSE`` waits for it)."""
         if dest in self.dead:
             return
-        ring = self.out[dest]
-        assert ring is not None
-        if not self._ctrl[dest] and ring.put((raw,), len(raw)):
-            self.ring(dest)
-        else:
+        if self._ctrl[dest] or not self._put(dest, raw):
             self._ctrl[dest].append(raw)
             self._blocked.add(dest)
         self.node.kick()
+
+    def _put(self, dest: int, raw: bytes | bytearray) -> bool:
+        """Put the record ``raw`` on ``dest``'s ring and wake ``dest`` if it sleeps; False
+        (nothing written) if the ring has no room for it now (the C lane's
+        ``ShmPath.put`` once the link is ``accelerate``d)."""
+        ring = self.out[dest]
+        assert ring is not None
+        if not ring.put((raw,), len(raw)):
+            return False
+        self.ring(dest)
+        return True
 
     def deliver(self) -> None:
         """(The MPI link calls this after a fast send: the node's poll does it here.)"""
@@ -552,6 +557,7 @@ class ShmTransport(MPITransport):
             RING_BYTES, WRAP, ARMED)
         self.send_now = path.send_now  # type: ignore[method-assign]
         channels.poll = path.poll  # type: ignore[method-assign]
+        channels._put = path.put  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)
 
