@@ -3,15 +3,16 @@
  *
  * ``send_now`` is ``ShmTransport.send_now`` (the wire's ``eager_header``, then the record
  * put on the destination's ring: ``Ring.put``, and its doorbell rung if the receiver armed
- * it: ``Channels.ring``) with no Python frame; ``poll`` is ``Channels.poll``: the records
- * of the incoming rings (``Ring.take``), an eager one handed to the receiving engine as
- * ``_mpi_lane``'s ``land_eager`` hands it (into a posted recv, or as a ``Message``), every
- * other one to ``Channels._handle``; then, if anything waits to go or to be read,
- * ``Channels._poll_rest``.  Every send it does not judge (a dtype not seen yet, a buffer
- * that is not one piece, a ring with no room or with control messages queued, a dead
- * peer) goes to the Python ``send_now``.  The state stays where the Python steps keep it
- * (each ring's ``_pos`` and ``_seen``, the words of the segment, the wire's credit lists),
- * so both kinds of step can run in one world.
+ * it: ``Channels.ring``) with no Python frame; ``put`` is ``Channels._put`` (a control
+ * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
+ * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
+ * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
+ * posted recv, or as a ``Message``), every other one to ``Channels._handle``; then, if
+ * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
+ * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
+ * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
+ * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
+ * segment, the wire's credit lists), so both kinds of step can run in one world.
  *
  * The accesses to the words (``tail``, ``head``, ``want``, the doorbells) are sequentially
  * consistent, as ``Words``' are: the armed-doorbell protocol of ``_shm_ring`` holds as it
