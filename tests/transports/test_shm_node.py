@@ -121,6 +121,15 @@ async def test_a_segment_handed_over_is_not_taken_for_a_ring() -> None:
         node.sock.close()
 
 
+async def _stop(task: asyncio.Task[None], node: Node, peer: socket.socket) -> None:
+    """End a node's poll task, and the node."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    node._links.clear()
+    peer.close()
+    node.sock.close()
+
+
 async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank with a core of its own spins after activity; the records that woke it were
@@ -144,11 +153,7 @@ async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
             await asyncio.sleep(0)
         assert channels.polls > 2 and channels.arms == 1 and node._waiter is None
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        node._links.clear()
-        peer.close()
-        node.sock.close()
+        await _stop(task, node, peer)
 
 
 class _Ring:
@@ -201,11 +206,7 @@ async def _spin_with_a_record(monkeypatch: pytest.MonkeyPatch, stuck: bool) -> l
             await asyncio.sleep(0)
         return events
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        node._links.clear()
-        peer.close()
-        node.sock.close()
+        await _stop(task, node, peer)
 
 
 async def test_a_record_found_while_spinning_is_taken_in_the_same_turn(
