@@ -73,13 +73,13 @@ SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
-#: ... or, before that (the core not given away), this many times (a few microseconds:
-#: a turn of the loop costs more than a look, and a record found early in a turn is
-#: taken in it, not after another turn).
-SPIN_BURST = 64
 #: ... once it has spun this long with nothing found (an answer comes sooner on a core of
 #: its own, and yielding then could only delay it behind another process).
 SHARE_AFTER = 50e-6
+#: Before that (the core kept), the rings are looked at up to this many times per turn (a
+#: few microseconds: a turn of the loop costs more than a look); a look that finds a
+#: record has it taken in the same turn.
+SPIN_BURST = 64
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
 #: How long ``open_world`` waits for a peer whose socket is full before trying again.

@@ -1,7 +1,8 @@
 """A node's doorbell socket (``transports.shm.Node``): a ring that finds the node asleep
 has its records taken in the socket's callback, before the poll task runs again, and the
 poll task counts that wake as activity; a ring that finds it awake leaves them to the poll
-task; a segment handed over still arrives."""
+task; a segment handed over still arrives.  A spinning node takes a record it finds in the
+same turn of the loop, and the loop still turns."""
 
 from __future__ import annotations
 
