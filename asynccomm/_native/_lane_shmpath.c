@@ -3,15 +3,16 @@
  *
  * ``send_now`` is ``ShmTransport.send_now`` (the wire's ``eager_header``, then the record
  * put on the destination's ring: ``Ring.put``, and its doorbell rung if the receiver armed
- * it: ``Channels.ring``) with no Python frame; ``poll`` is ``Channels.poll``: the records
- * of the incoming rings (``Ring.take``), an eager one handed to the receiving engine as
- * ``_mpi_lane``'s ``land_eager`` hands it (into a posted recv, or as a ``Message``), every
- * other one to ``Channels._handle``; then, if anything waits to go or to be read,
- * ``Channels._poll_rest``.  Every send it does not judge (a dtype not seen yet, a buffer
- * that is not one piece, a ring with no room or with control messages queued, a dead
- * peer) goes to the Python ``send_now``.  The state stays where the Python steps keep it
- * (each ring's ``_pos`` and ``_seen``, the words of the segment, the wire's credit lists),
- * so both kinds of step can run in one world.
+ * it: ``Channels.ring``) with no Python frame; ``put`` is ``Channels._put`` (a control
+ * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
+ * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
+ * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
+ * posted recv, or as a ``Message``), every other one to ``Channels._handle``; then, if
+ * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
+ * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
+ * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
+ * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
+ * segment, the wire's credit lists), so both kinds of step can run in one world.
  *
  * The accesses to the words (``tail``, ``head``, ``want``, the doorbells) are sequentially
  * consistent, as ``Words``' are: the armed-doorbell protocol of ``_shm_ring`` holds as it
@@ -83,6 +84,63 @@ ring_bell(ShmPath *p, char *base, long dest)
 
 /* -- sending --------------------------------------------------------------------------- */
 
+/* Room for a record of ``n`` bytes on the ring ``r`` (``Ring.put``'s check, ``_seen``
+ * loaded again when it says there is none): 1 room (``*tail``, ``*off``, ``*skip``: where
+ * it goes), 0 none, -1 error. */
+static int
+reserve(ShmPath *p, RingAt *r, char *base, unsigned long long n, unsigned long long *tail,
+        unsigned long long *off, unsigned long long *skip)
+{
+    unsigned long long seen;
+    if (get_pos(r->ring, a_ring_pos, tail) < 0 || get_pos(r->ring, a_ring_seen, &seen) < 0) {
+        return -1;
+    }
+    unsigned long long rb = p->ring_bytes, need = 8 + ((n + 7) & ~7ULL);
+    *off = *tail & (rb - 1);
+    *skip = *off + need > rb ? rb - *off : 0;
+    if (*tail + *skip + need - seen > rb) {
+        seen = atomic_load(word(base, r->head));
+        if (set_pos(r->ring, a_ring_seen, seen) < 0) {
+            return -1;
+        }
+        if (*tail + *skip + need - seen > rb) {
+            return 0;  /* no room: it queues */
+        }
+    }
+    return 1;
+}
+
+/* The record of ``n`` bytes written at ``off`` of ``d``'s ring (``reserve``'s answer):
+ * its length stored, its ``tail`` published, its doorbell rung.  -1 error. */
+static int
+publish(ShmPath *p, long d, char *base, unsigned long long tail, unsigned long long off,
+        unsigned long long skip, unsigned long long n)
+{
+    RingAt *r = &p->out[d];
+    unsigned long long end = tail + skip + 8 + ((n + 7) & ~7ULL);
+    PyObject *pos = PyLong_FromUnsignedLongLong(end);
+    if (pos == NULL) {
+        return -1;
+    }
+    *(uint64_t *)(base + r->data + off) = n;
+    atomic_store(word(base, r->tail), end);  /* published */
+    int rc = PyObject_SetAttr(r->ring, a_ring_pos, pos);
+    Py_DECREF(pos);
+    return rc < 0 ? -1 : ring_bell(p, base, d);
+}
+
+/* Where a record goes at ``off`` of ring ``r`` (a ``WRAP`` written first if ``skip``). */
+static char *
+record_at(ShmPath *p, RingAt *r, char *base, unsigned long long *off, unsigned long long skip)
+{
+    char *data = base + r->data;
+    if (skip) {
+        *(uint64_t *)(data + *off) = p->wrap;
+        *off = 0;
+    }
+    return data + *off + 8;
+}
+
 /* ``send_now``'s send, once judged eager with a dtype of field ``field`` (held): the record
  * on ``d``'s ring, its doorbell rung, the node kicked.  1 sent; 2 not eager now (no
  * credit: False); 0 not judged here (nothing done: the Python steps run); -1 error. */
@@ -110,24 +168,13 @@ put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
         return 0;  /* its control messages queue in order, or it is gone */
     }
     RingAt *r = &p->out[d];
-    unsigned long long tail, seen;
-    if (get_pos(r->ring, a_ring_pos, &tail) < 0 || get_pos(r->ring, a_ring_seen, &seen) < 0) {
-        return -1;
-    }
-    unsigned long long rb = p->ring_bytes, n = (unsigned long long)(H_SIZE + nbytes);
-    unsigned long long need = 8 + ((n + 7) & ~7ULL), off = tail & (rb - 1);
-    unsigned long long skip = off + need > rb ? rb - off : 0;
-    if (need > rb / 2) {
+    unsigned long long tail, off, skip, n = (unsigned long long)(H_SIZE + nbytes);
+    if (8 + ((n + 7) & ~7ULL) > p->ring_bytes / 2) {
         return 0;
     }
-    if (tail + skip + need - seen > rb) {  /* (``Ring.put``) */
-        seen = atomic_load(word(base, r->head));
-        if (set_pos(r->ring, a_ring_seen, seen) < 0) {
-            return -1;
-        }
-        if (tail + skip + need - seen > rb) {
-            return 0;  /* no room: it queues */
-        }
+    int room = reserve(p, r, base, n, &tail, &off, &skip);
+    if (room <= 0) {
+        return room;
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) {
@@ -138,24 +185,13 @@ put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
         PyBuffer_Release(&view);
         return 0;
     }
-    PyObject *pos = PyLong_FromUnsignedLongLong(tail + skip + need);
-    if (pos == NULL || list_add(p->credit, d, -cost) < 0) {
-        Py_XDECREF(pos);
+    if (list_add(p->credit, d, -cost) < 0) {
         PyBuffer_Release(&view);
         return -1;
     }
-    char *data = base + r->data;
-    if (skip) {
-        *(uint64_t *)(data + off) = p->wrap;
-        off = 0;
-    }
-    frame_eager(data + off + 8, p->rank, t, view.buf, nbytes, count, field);
+    frame_eager(record_at(p, r, base, &off, skip), p->rank, t, view.buf, nbytes, count, field);
     PyBuffer_Release(&view);
-    *(uint64_t *)(data + off) = n;
-    atomic_store(word(base, r->tail), tail + skip + need);  /* published */
-    int rc = PyObject_SetAttr(r->ring, a_ring_pos, pos);
-    Py_DECREF(pos);
-    if (rc < 0 || ring_bell(p, base, d) < 0) {
+    if (publish(p, d, base, tail, off, skip, n) < 0) {
         return -1;
     }
     PyObject *k = PyObject_CallMethodNoArgs(p->node, a_kick);
@@ -164,6 +200,44 @@ put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
     }
     Py_DECREF(k);
     return 1;
+}
+
+/* put(dest, raw) -> bool: ``Channels._put``: the record ``raw`` (bytes-like) on ``dest``'s
+ * ring and its doorbell rung; False (nothing written) if the ring has no room for it now. */
+static PyObject *
+shm_put(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "put(dest, raw)");
+        return NULL;
+    }
+    long d = PyLong_AsLong(args[0]);
+    if (d == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (d < 0 || d >= p->size || d == p->rank) {
+        PyErr_SetString(PyExc_ValueError, "put: dest is another rank of the world");
+        return NULL;
+    }
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    if (base == NULL) {
+        PyErr_SetString(PyExc_ValueError, "put: the segment is released");
+        return NULL;
+    }
+    Py_buffer raw;
+    if (PyObject_GetBuffer(args[1], &raw, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    RingAt *r = &p->out[d];
+    unsigned long long tail, off, skip, n = (unsigned long long)raw.len;
+    int room = reserve(p, r, base, n, &tail, &off, &skip);
+    if (room > 0) {
+        memcpy(record_at(p, r, base, &off, skip), raw.buf, (size_t)n);
+        room = publish(p, d, base, tail, off, skip, n) < 0 ? -1 : 1;
+    }
+    PyBuffer_Release(&raw);
+    return room < 0 ? NULL : PyBool_FromLong(room);
 }
 
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
@@ -625,6 +699,9 @@ shmpath_dealloc(ShmPath *p)
 static PyMethodDef shmpath_methods[] = {
     {"send_now", (PyCFunction)(void (*)(void))shm_send_now, METH_FASTCALL,
      "send_now(dest, tag, array, nbytes, count, dtype) -> bool: ShmTransport.send_now"},
+    {"put", (PyCFunction)(void (*)(void))shm_put, METH_FASTCALL,
+     "put(dest, raw) -> bool: a control record on dest's ring, its doorbell rung "
+     "(Channels._put)"},
     {"poll", (PyCFunction)shm_poll, METH_NOARGS,
      "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
     {NULL, NULL, 0, NULL},

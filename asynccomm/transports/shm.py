@@ -76,6 +76,10 @@ BURST = 8
 #: ... once it has spun this long with nothing found (an answer comes sooner on a core of
 #: its own, and yielding then could only delay it behind another process).
 SHARE_AFTER = 50e-6
+#: Before that (the core kept), the rings are looked at up to this many times per turn (a
+#: few microseconds: a turn of the loop costs more than a look); a look that finds a
+#: record has it taken in the same turn.
+SPIN_BURST = 64
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = 2**64 - 1
 #: How long ``open_world`` waits for a peer whose socket is full before trying again.
@@ -203,9 +207,7 @@ class Channels:
                 and (self.closing or raw[0] == CLOSE or raw[0] == FIN)):
             self._data[dest].append(bytes(raw))
             self._blocked.add(dest)
-        elif not self._ctrl[dest] and self.out[dest].put((raw,), len(raw)):  # type: ignore[union-attr]
-            self.ring(dest)
-        else:
+        elif self._ctrl[dest] or not self._put(dest, raw):
             self._ctrl[dest].append(bytes(raw))
             self._blocked.add(dest)
         self.node.kick()
@@ -271,14 +273,21 @@ class Channels:
         """An offer's answer: ahead of what waits behind data (a ``CLOSE`` waits for it)."""
         if dest in self.dead:
             return
-        ring = self.out[dest]
-        assert ring is not None
-        if not self._ctrl[dest] and ring.put((raw,), len(raw)):
-            self.ring(dest)
-        else:
+        if self._ctrl[dest] or not self._put(dest, raw):
             self._ctrl[dest].append(raw)
             self._blocked.add(dest)
         self.node.kick()
+
+    def _put(self, dest: int, raw: bytes | bytearray) -> bool:
+        """Put the record ``raw`` on ``dest``'s ring and wake ``dest`` if it sleeps; False
+        (nothing written) if the ring has no room for it now (the C lane's
+        ``ShmPath.put`` once the link is ``accelerate``d)."""
+        ring = self.out[dest]
+        assert ring is not None
+        if not ring.put((raw,), len(raw)):
+            return False
+        self.ring(dest)
+        return True
 
     def deliver(self) -> None:
         """(The MPI link calls this after a fast send: the node's poll does it here.)"""
@@ -548,6 +557,7 @@ class ShmTransport(MPITransport):
             RING_BYTES, WRAP, ARMED)
         self.send_now = path.send_now  # type: ignore[method-assign]
         channels.poll = path.poll  # type: ignore[method-assign]
+        channels._put = path.put  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)
 
@@ -1080,6 +1090,7 @@ class Node:
         spin = 0.0 if self.crowded else SPIN
         spin_until = 0.0
         woke = False
+        rushed = False  # the last turn found a record and went on to take it at once
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
@@ -1087,7 +1098,7 @@ class Node:
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
             if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
-                woke = False
+                woke = rushed = False
                 spin_until = clock() + spin
                 await yield_now()
                 continue
@@ -1097,15 +1108,24 @@ class Node:
                 # it on this core (other processes compete for the cores too): each look
                 # that found nothing then gives the core away.
                 share = now - spin_until + spin > SHARE_AFTER
+                burst = BURST if share else SPIN_BURST
                 if native is not None:
-                    native.spin(BURST, share)
+                    found = native.spin(burst, share)
                 else:
+                    found = False
                     peek = self._peek
-                    for _ in range(BURST):
+                    for _ in range(burst):
                         if peek():
+                            found = True
                             break
                         if share:
                             sched_yield()
+                # Found: taken now, not a turn of the loop later (once: a record the poll
+                # does not take, a stopped link's, must not keep the loop from turning).
+                if found and not rushed:
+                    rushed = True
+                    continue
+                rushed = False
                 await yield_now()
                 continue
             if native.arm() if native is not None else self._arm():

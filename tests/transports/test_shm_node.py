@@ -1,7 +1,8 @@
 """A node's doorbell socket (``transports.shm.Node``): a ring that finds the node asleep
 has its records taken in the socket's callback, before the poll task runs again, and the
 poll task counts that wake as activity; a ring that finds it awake leaves them to the poll
-task; a segment handed over still arrives."""
+task; a segment handed over still arrives.  A spinning node takes a record it finds in the
+same turn of the loop, and the loop still turns."""
 
 from __future__ import annotations
 
@@ -121,6 +122,15 @@ async def test_a_segment_handed_over_is_not_taken_for_a_ring() -> None:
         node.sock.close()
 
 
+async def _stop(task: asyncio.Task[None], node: Node, peer: socket.socket) -> None:
+    """End a node's poll task, and the node."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    node._links.clear()
+    peer.close()
+    node.sock.close()
+
+
 async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank with a core of its own spins after activity; the records that woke it were
@@ -144,8 +154,73 @@ async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
             await asyncio.sleep(0)
         assert channels.polls > 2 and channels.arms == 1 and node._waiter is None
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        node._links.clear()
-        peer.close()
-        node.sock.close()
+        await _stop(task, node, peer)
+
+
+class _Ring:
+    """A ring whose record lands while the node looks at it (``ready``), after its poll
+    found nothing; with ``stuck``, a record always there that no poll takes."""
+
+    def __init__(self, events: list[str], channels: Channels, stuck: bool) -> None:
+        self.events = events
+        self.channels = channels
+        self.stuck = stuck
+        self.coming = False
+
+    def ready(self) -> bool:
+        self.events.append("ready")
+        if self.coming:
+            self.coming = False
+            self.channels.records = 1
+        return self.stuck or self.channels.records > 0
+
+
+async def _spin_with_a_record(monkeypatch: pytest.MonkeyPatch, stuck: bool) -> list[str]:
+    """What a spinning node does (the Python steps) while another task runs: a record
+    comes each time that task runs (``tick``), or (``stuck``) one is always there that the
+    poll never takes (a stopped link's).  The events, in order."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    node.crowded = False
+    channels = link.channels
+    events: list[str] = []
+    channels.records = 1  # activity: it spins from then on
+    ring = _Ring(events, channels, stuck)
+    channels.incoming = [(1, ring)]
+    polled = channels.poll
+
+    def poll() -> bool:
+        events.append("poll")
+        hit = polled()
+        channels.records = 0  # taken
+        return hit
+
+    channels.poll = poll  # type: ignore[method-assign]
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0)
+        events.clear()
+        for _ in range(6):
+            ring.coming = not stuck
+            events.append("tick")
+            await asyncio.sleep(0)
+        return events
+    finally:
+        await _stop(task, node, peer)
+
+
+async def test_a_record_found_while_spinning_is_taken_in_the_same_turn(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events = await _spin_with_a_record(monkeypatch, stuck=False)
+    turns = "".join(e[0] for e in events).split("t")[1:]
+    # Each turn of the loop: the poll finds nothing, a look finds the record, and the poll
+    # takes it at once, before the loop turns (the other task runs again).
+    assert len(turns) == 6 and all(t == "prp" for t in turns), events
+
+
+async def test_a_record_the_poll_never_takes_does_not_keep_the_loop_from_turning(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    events = await _spin_with_a_record(monkeypatch, stuck=True)
+    turns = "".join(e[0] for e in events).split("t")[1:]
+    assert len(turns) == 6 and all(t.count("p") <= 2 for t in turns), events

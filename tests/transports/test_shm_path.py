@@ -192,6 +192,34 @@ def test_send_now_and_poll_do_what_the_python_steps_do(state: dict[str, Any]) ->
     assert run_steps(state, True) == run_steps(state, False)
 
 
+#: Control records (``Channels._put``): a header alone, with a payload, odd lengths, one
+#: of half a ring, one that never fits.
+RECORDS = st.lists(st.sampled_from([w.HEADER.size, w.HEADER.size + 8, 61, 1000,
+                                    RING_BYTES // 2 - 8, RING_BYTES]), min_size=1, max_size=6)
+
+
+def run_puts(state: dict[str, Any], sizes: list[int], native: bool) -> tuple[Any, ...]:
+    segment, links, node = pair(state, native)
+    results: list[object] = []
+    try:
+        for i, n in enumerate(sizes):
+            raw = (bytes(range(i, 251)) * (n // 200 + 1))[:n]
+            results.append(links[0].channels._put(1, raw if i % 2 else bytearray(raw)))
+        return observe(segment, links, node, results)
+    finally:
+        for link in links:
+            link.channels.close()
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(state=STATES, sizes=RECORDS)
+def test_put_does_what_the_python_steps_do(state: dict[str, Any], sizes: list[int]) -> None:
+    """A control record put on a ring in C (``ShmPath.put``: the offers' ``RTS`` and their
+    answers) leaves the segment, the ring's positions and the doorbell as ``Ring.put`` and
+    ``Channels.ring`` do."""
+    assert run_puts(state, sizes, True) == run_puts(state, sizes, False)
+
+
 def test_the_c_steps_run_where_the_lane_is_built() -> None:
     state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
              "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
@@ -199,6 +227,7 @@ def test_the_c_steps_run_where_the_lane_is_built() -> None:
     try:
         assert links[0].send_now.__qualname__ == "ShmPath.send_now"
         assert links[1].channels.poll.__qualname__ == "ShmPath.poll"
+        assert links[0].channels._put.__qualname__ == "ShmPath.put"
     finally:
         for link in links:
             link.channels.close()
