@@ -253,12 +253,12 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
  * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
- * eager; with ``head_done``, the head's recv is known to be complete (not tested again).
- * 1 if any landed, 0 if none, -1 error. */
+ * eager; with ``head_done``, only the head, whose recv is known to be complete (not
+ * tested again).  1 if any landed, 0 if none, -1 error. */
 static int
 land(Path *p, int eager_only, int head_done)
 {
-    int hit = 0;
+    int hit = 0, only = head_done;
     for (;;) {
         PyObject *head = PySequence_GetItem(p->slots, 0);
         PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
@@ -312,7 +312,7 @@ land(Path *p, int eager_only, int head_done)
         Py_XDECREF(buf);
         Py_XDECREF(req);
         Py_XDECREF(head);
-        if (rc <= 0) {
+        if (rc <= 0 || only) {
             return rc < 0 ? -1 : hit;
         }
     }
@@ -1341,9 +1341,9 @@ out:
 }
 
 /* spin(until, share) -> bool: ``Progress._spin``: poll back to back (the head control
- * recv's ``Test``; then, if it landed or data requests are in flight, ``land`` and
- * ``test``) until something completed (True) or the clock passes ``until`` (False);
- * ``share`` (None, or ``sched_yield``) is called between two polls. */
+ * recv's ``Test``; then, if it landed, that message handed on, and if data requests are in
+ * flight, ``test``) until something completed (True) or the clock passes ``until``
+ * (False); ``share`` (None, or ``sched_yield``) is called between two polls. */
 static PyObject *
 path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1370,24 +1370,21 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
         if (landed < 0 || moving < 0) {
             return NULL;
         }
-        if (landed || moving) {  /* what Progress._poll does */
-            int hit = landed ? land(p, 0, 1) : 0;
-            if (hit < 0) {
+        if (landed || moving) {
+            if (landed && land(p, 0, 1) < 0) {
                 return NULL;
             }
-            if (moving) {
-                reqs = PyObject_GetAttr(p->progress, a_reqs);  /* (a landing may change it) */
-                moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
-                Py_XDECREF(reqs);
-                PyObject *r = moving > 0 ? path_test(p, NULL) : NULL;
-                int tested = moving <= 0 ? moving : r == NULL ? -1 : PyObject_IsTrue(r);
-                Py_XDECREF(r);
-                if (tested < 0) {
-                    return NULL;
-                }
-                hit |= tested;
+            /* the data requests, if any (a landing may have added some) */
+            reqs = PyObject_GetAttr(p->progress, a_reqs);
+            moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
+            Py_XDECREF(reqs);
+            PyObject *r = moving > 0 ? path_test(p, NULL) : NULL;
+            int tested = moving <= 0 ? moving : r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (tested < 0) {
+                return NULL;
             }
-            if (hit) {
+            if (landed || tested) {
                 Py_RETURN_TRUE;
             }
         }

@@ -226,18 +226,26 @@ class Progress(Mover):
         return True
 
     def _spin(self, until: float, share: Callable[[], None] | None) -> bool:
-        """Poll back to back until something completes (acted on as ``_poll`` does: True)
-        or the clock passes ``until`` (False), calling ``share`` between two polls.  The
-        head control recv is tested first, and the rest only if it landed or data moves.
-        (The MPI link may put the C lane's ``Path.spin`` here, which does the same.)"""
+        """Poll back to back until something completes (True) or the clock passes
+        ``until`` (False), calling ``share`` between two polls.  A control message that
+        lands is handed on alone, and the turn ends: the task it woke runs one test of MPI
+        sooner, and any that landed behind it land at the next turn (``_land``); data
+        requests are acted on as ``_poll`` does.  (The MPI link may put the C lane's
+        ``Path.spin`` here, which does the same.)"""
         slots = self._slots
         clock = time.perf_counter
-        while not ((slots[0].req.Test() or self._reqs) and self._poll()):
+        while True:
+            if (head := slots[0]).req.Test():
+                self._dispatch(head)
+                if self._reqs:
+                    self._test_requests()
+                return True
+            if self._reqs and self._test_requests():
+                return True
             if share is not None:
                 share()
             if clock() >= until:
                 return False
-        return True
 
     async def _run(self) -> None:
         backoff = Backoff(spin=SPIN)
