@@ -17,7 +17,8 @@
  * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
  * ``CLOSE``, ...) take the Python steps, which stay the reference.  So does the progress
  * task's burst of polls between two turns of the loop (``spin``, ``Progress._spin``): the
- * head control recv tested, then ``land`` and ``test`` when something is there.
+ * head control recv tested, the message found there handed on alone, and ``test`` while
+ * data moves.
  *
  * Every other control message, and every eager one this file does not judge (a closed
  * engine, a shape, a dtype not seen yet, a traced engine, a large payload), goes to the

@@ -711,9 +711,9 @@ def _spin_once(state: dict[str, Any], native: bool,
 @given(state=SPIN_STATES)
 def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
     """``Progress._spin`` with its deadline passed (one poll, then False unless something
-    completed): the control messages that landed handed on, the data requests that
-    completed acted on, the rest left, ``share`` called between polls, an MPI error
-    raised; alike on both lanes."""
+    completed): the head control message handed on if it landed (any behind it left for
+    the next turn), the data requests that completed acted on, the rest left, ``share``
+    called between polls, an MPI error raised; alike on both lanes."""
     loop = asyncio.new_event_loop()
     try:
         seen = [_spin_once(state, native, loop) for native in (False, True)]
@@ -727,3 +727,4 @@ def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]
         assert result is bool(state["landed"] or any(state["data"]))
         assert fired == [i for i, done in enumerate(state["data"]) if done]
         assert shared == (0 if result else int(state["share"]))
+        assert sum(seen[0][0][-1]) == max(0, len(state["landed"]) - 1)  # slots still landed
