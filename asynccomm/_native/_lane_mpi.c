@@ -15,7 +15,10 @@
  * than one, and once all are in completes the recv, through the engine's ``ready`` or
  * here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
  * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
- * ``CLOSE``, ...) take the Python steps, which stay the reference.
+ * ``CLOSE``, ...) take the Python steps, which stay the reference.  So does the progress
+ * task's burst of polls between two turns of the loop (``spin``, ``Progress._spin``): the
+ * head control recv tested, the message found there handed on alone, and ``test`` while
+ * data moves.
  *
  * Every other control message, and every eager one this file does not judge (a closed
  * engine, a shape, a dtype not seen yet, a traced engine, a large payload), goes to the
@@ -251,15 +254,18 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
  * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
- * eager.  1 if any landed, 0 if none, -1 error. */
+ * eager; with ``head_done``, only the head, whose recv is known to be complete (not
+ * tested again).  1 if any landed, 0 if none, -1 error. */
 static int
-land(Path *p, int eager_only)
+land(Path *p, int eager_only, int head_done)
 {
-    int hit = 0;
+    int hit = 0, only = head_done;
     for (;;) {
         PyObject *head = PySequence_GetItem(p->slots, 0);
         PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
-        PyObject *t = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        PyObject *t = req == NULL ? NULL
+            : head_done ? Py_NewRef(Py_True) : PyObject_CallMethodNoArgs(req, a_Test);
+        head_done = 0;
         int done = t == NULL ? -1 : PyObject_IsTrue(t);
         Py_XDECREF(t);
         PyObject *buf = done > 0 ? PyObject_GetAttr(head, a_buf) : NULL;
@@ -307,7 +313,7 @@ land(Path *p, int eager_only)
         Py_XDECREF(buf);
         Py_XDECREF(req);
         Py_XDECREF(head);
-        if (rc <= 0) {
+        if (rc <= 0 || only) {
             return rc < 0 ? -1 : hit;
         }
     }
@@ -349,7 +355,7 @@ deliver(Path *p)
     if (busy != 0) {
         return busy < 0 ? -1 : 0;
     }
-    if (land(p, 1) >= 0) {
+    if (land(p, 1, 0) >= 0) {
         return 0;
     }
     return pass_failure(p->progress);
@@ -369,7 +375,7 @@ pass_failure(PyObject *to)
 static PyObject *
 path_land(Path *p, PyObject *unused)
 {
-    int r = land(p, 0);
+    int r = land(p, 0, 0);
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
@@ -1335,6 +1341,70 @@ out:
     return result;
 }
 
+/* spin(until, share) -> bool: ``Progress._spin``: poll back to back (the head control
+ * recv's ``Test``; then, if it landed, that message handed on, and if data requests are in
+ * flight, ``test``) until something completed (True) or the clock passes ``until``
+ * (False); ``share`` (None, or ``sched_yield``) is called between two polls. */
+static PyObject *
+path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "spin(until, share)");
+        return NULL;
+    }
+    double until = PyFloat_AsDouble(args[0]), now;
+    PyObject *share = args[1];
+    if (until == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (;;) {
+        PyObject *head = PySequence_GetItem(p->slots, 0);
+        PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
+        PyObject *t = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        Py_XDECREF(req);
+        Py_XDECREF(head);
+        int landed = t == NULL ? -1 : PyObject_IsTrue(t);
+        Py_XDECREF(t);
+        PyObject *reqs = landed < 0 ? NULL : PyObject_GetAttr(p->progress, a_reqs);
+        int moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
+        Py_XDECREF(reqs);
+        if (landed < 0 || moving < 0) {
+            return NULL;
+        }
+        if (landed || moving) {
+            if (landed && land(p, 0, 1) < 0) {
+                return NULL;
+            }
+            /* the data requests, if any (a landing may have added some) */
+            reqs = PyObject_GetAttr(p->progress, a_reqs);
+            moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
+            Py_XDECREF(reqs);
+            PyObject *r = moving > 0 ? path_test(p, NULL) : NULL;
+            int tested = moving <= 0 ? moving : r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (tested < 0) {
+                return NULL;
+            }
+            if (landed || tested) {
+                Py_RETURN_TRUE;
+            }
+        }
+        if (share != Py_None) {
+            PyObject *r = PyObject_CallNoArgs(share);
+            if (r == NULL) {
+                return NULL;
+            }
+            Py_DECREF(r);
+        }
+        if (perf_clock(&now) < 0) {
+            return NULL;
+        }
+        if (now >= until) {
+            Py_RETURN_FALSE;
+        }
+    }
+}
+
 /* -- the type ---------------------------------------------------------------------------- */
 
 /* ``*out = o.<name>``, an int; -1 error. */
@@ -1500,6 +1570,9 @@ static PyMethodDef path_methods[] = {
     {"test", (PyCFunction)path_test, METH_NOARGS,
      "test() -> bool: the data requests that completed, and their callbacks "
      "(Progress._test_requests)"},
+    {"spin", (PyCFunction)(void (*)(void))path_spin, METH_FASTCALL,
+     "spin(until, share) -> bool: poll back to back until something completed or the "
+     "clock passed until (Progress._spin)"},
     {NULL, NULL, 0, NULL},
 };
 

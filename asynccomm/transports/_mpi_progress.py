@@ -225,10 +225,31 @@ class Progress(Mover):
                 cb()
         return True
 
+    def _spin(self, until: float, share: Callable[[], None] | None) -> bool:
+        """Poll back to back until something completes (True) or the clock passes
+        ``until`` (False), calling ``share`` between two polls.  A control message that
+        lands is handed on alone, and the turn ends: the task it woke runs one test of MPI
+        sooner, and any that landed behind it land at the next turn (``_land``); data
+        requests are acted on as ``_poll`` does.  (The MPI link may put the C lane's
+        ``Path.spin`` here, which does the same.)"""
+        slots = self._slots
+        clock = time.perf_counter
+        while True:
+            if (head := slots[0]).req.Test():
+                self._dispatch(head)
+                if self._reqs:
+                    self._test_requests()
+                return True
+            if self._reqs and self._test_requests():
+                return True
+            if share is not None:
+                share()
+            if clock() >= until:
+                return False
+
     async def _run(self) -> None:
         backoff = Backoff(spin=SPIN)
         clock = time.perf_counter
-        slots = self._slots
         ticker = Ticker.for_loop(asyncio.get_running_loop())
         try:
             while not self.stopped:
@@ -246,13 +267,9 @@ class Progress(Mover):
                         if await self._idle(ticker):
                             backoff.reset(clock())
                         continue
-                    until = now + (DATA_BURST if self._data else SPIN_BURST)
-                    crowded = self.crowded
-                    while not ((slots[0].req.Test() or self._reqs) and (hit := self._poll())):
-                        if crowded:  # let a rank that shares this core answer
-                            sched_yield()
-                        if clock() >= until:
-                            break
+                    # (a rank that shares this core answers sooner if given it)
+                    hit = self._spin(now + (DATA_BURST if self._data else SPIN_BURST),
+                                     sched_yield if self.crowded else None)
                     # A wake-up may have put a rank that polls too on this core (the
                     # kernel wakes a doorbell's owner near its ringer): once an answer is
                     # slow to come, take turns with it, not time slices of milliseconds.

@@ -13,6 +13,7 @@ compare, and the tests say so by skipping.
 from __future__ import annotations
 
 import asyncio
+import functools
 import mmap
 import types
 from collections import deque
@@ -674,3 +675,56 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
         assert withdrew[0] in (None, False)  # a withdrawal while the data moves loses
         assert withdrew[1:] == (None, False, 0)  # its timer stopped, nothing pending
         assert c[9:11] == (0, 0)  # nothing left in flight
+
+
+SPIN_STATES = st.fixed_dictionaries({
+    "landed": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), max_size=3),
+    "data": st.lists(st.booleans(), max_size=3),  # data requests in flight: done or not
+    "share": st.booleans(),
+    "fails": st.booleans(),  # the head control recv's Test raises
+})
+
+
+def _spin_once(state: dict[str, Any], native: bool,
+               loop: asyncio.AbstractEventLoop) -> tuple[Any, ...]:
+    """One ``Progress._spin`` with its deadline passed, on a link set up from ``state``: what
+    the steps touched, the data callbacks fired, the calls to ``share``, the requests left."""
+    link = world({"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+                  "broken": False, "bell": None, "ctrl": 0, "parked": None,
+                  "landed": state["landed"]}, native, loop)
+    progress = link.progress
+    fired: list[int] = []
+    for i, done in enumerate(state["data"]):
+        progress._track(Req(done), functools.partial(fired.append, i))  # type: ignore[arg-type]
+    progress._slots[0].req.fail = state["fails"]  # type: ignore[attr-defined]
+    shared: list[int] = []
+    result: object
+    try:
+        result = progress._spin(0.0, functools.partial(shared.append, 1) if state["share"]
+                                else None)
+    except Exception as exc:
+        result = repr(exc)
+    return observe(link, result), fired, len(shared), len(progress._reqs)
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(state=SPIN_STATES)
+def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
+    """``Progress._spin`` with its deadline passed (one poll, then False unless something
+    completed): the head control message handed on if it landed (any behind it left for
+    the next turn), the data requests that completed acted on, the rest left, ``share``
+    called between polls, an MPI error raised; alike on both lanes."""
+    loop = asyncio.new_event_loop()
+    try:
+        seen = [_spin_once(state, native, loop) for native in (False, True)]
+    finally:
+        loop.close()
+    assert seen[1] == seen[0]
+    result, fired, shared = seen[0][0][0], seen[0][1], seen[0][2]
+    if state["fails"]:
+        assert result == repr(FakeMPIError("Test failed"))
+    else:
+        assert result is bool(state["landed"] or any(state["data"]))
+        assert fired == [i for i, done in enumerate(state["data"]) if done]
+        assert shared == (0 if result else int(state["share"]))
+        assert sum(seen[0][0][-1]) == max(0, len(state["landed"]) - 1)  # slots still landed
