@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,9 @@ from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, work_of
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "fit_host", "measure_host", "measure_pingpong",
-           "measure_switch", "measure_touch", "pingpong", "preset"]
+__all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
+           "measure_pingpong", "measure_switch", "measure_touch", "pingpong", "preset",
+           "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -63,14 +64,25 @@ MAX_SEGMENTS = 6
 MIN_POINTS = 3
 
 
+def clock_of(transport: str) -> Callable[[], float]:
+    """The clock that times ``transport``: the CPU seconds of this process for in-process
+    ranks (their work is this process's and runs one piece at a time, so on a machine
+    that others share it is the wall time they would take with a core to themselves, not
+    the time they wait for one), the wall clock for ranks in processes of their own
+    (they wait for each other: a wait is part of their time)."""
+    return time.process_time if transport == "local" else time.perf_counter
+
+
 async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
-                   budget: float = BUDGET) -> dict[int, float]:
+                   budget: float = BUDGET,
+                   clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
     the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
     wait for a message rank 0 sends them at the end, as a collective's ranks wait for
     theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
     repeats go round every size in turn, so a burst of load from elsewhere on the machine
-    spoils one sample of many sizes, not every sample of one."""
+    spoils one sample of many sizes, not every sample of one.  ``clock``: ``clock_of`` the
+    transport."""
     if comm.rank > 1:
         await comm.recv(np.zeros(1, np.uint8), 0)
         return {}
@@ -78,7 +90,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     buf = np.zeros(max(sizes), np.uint8)
 
     async def bounce(nbytes: int, iters: int) -> float:
-        return await _laps(comm, buf[:nbytes], peer, peer, iters)
+        return await _laps(comm, buf[:nbytes], peer, peer, iters, clock)
 
     # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
     iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
@@ -108,8 +120,9 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
         RuntimeError: MPI asked for, and no ``mpiexec`` (or the run failed).
     """
     if transport == "local":
-        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), ranks,
-                                       backend="local")[0]
+        points: dict[int, float] = run(
+            lambda comm: pingpong(comm, sizes, repeats, clock=clock_of("local")), ranks,
+            backend="local")[0]
         return points
     if transport == "processes":
         # its ranks are processes: the program must pickle (a partial of a module function)
@@ -134,11 +147,49 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
 HOST_SIZES = (8, 256 << 10, 4 << 20)
 
 
+#: Wall seconds one repeat of a loop of collective calls should take, about.
+CALL_BUDGET = 0.05
+
+
+async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], repeats: int,
+                     clock: Callable[[], float], budget: float = CALL_BUDGET,
+                     iterations: int | None = None) -> tuple[float, float]:
+    """The loop that times a collective call, in calibration and validation alike: a
+    warm-up repeat that sizes the iterations (rank 0's choice, sent to all; or
+    ``iterations`` each time), then ``repeats`` repeats of that many calls back to back,
+    each after a barrier.  Returns the median seconds per call (on ``clock``) and this
+    process's page faults per timed call.  A rank's calls back to back take turns with the
+    other ranks' (on one CPU, or on the cores), so a call's time in the loop holds what
+    every rank does per call, where one call after a barrier may end on one rank before
+    the others have done their part.
+
+    The loop decides what a call's scratch costs: calls back to back get the memory the
+    one before freed again, where calls apart (a barrier between each) fault most of
+    their scratch's pages in afresh, several times slower on large buffers."""
+    iters = np.full(1, iterations or 1, np.int64)
+    samples, faults, timed = [], 0, 0
+    for rep in range(repeats + 1):
+        await comm.barrier()
+        before = _faults()
+        t0 = clock()
+        for _ in range(int(iters[0])):
+            await call()
+        took = clock() - t0
+        if rep == 0 and iterations is None:
+            iters[0] = max(1, min(500, int(budget / max(took, 1e-6))))
+            await comm.bcast(iters, root=0)
+        else:
+            samples.append(took / int(iters[0]))
+            faults, timed = faults + _faults() - before, timed + int(iters[0])
+    return statistics.median(samples), faults / timed
+
+
 async def _collective_calls(comm: Communicator, sizes: Sequence[int],
                             repeats: int) -> dict[str, dict[int, float]]:
-    """Median wall seconds of one ring allgather and one ring allreduce call of each size
-    (rank 0's; others {}), and under ``"faults"`` the page faults of this process per
-    allgather and allreduce of the largest size (``"allgather"``, ``"allreduce"``)."""
+    """Median seconds (this process's CPU: in-process ranks) of one ring allgather and one
+    ring allreduce call of each size, timed as ``time_calls`` does (rank 0's; others {}),
+    and under ``"faults"`` the page faults of this process per call of the largest size
+    (``"allgather"``, ``"allreduce"``)."""
     p = comm.size
     out: dict[str, dict[Any, float]] = {"allgather": {}, "allreduce": {}, "faults": {}}
     for n in sizes:
@@ -146,18 +197,9 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int],
                               np.zeros((p, max(1, n // p)), np.uint8)),
                 "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
         for name, args in bufs.items():
-            call = getattr(comm, name)
-            samples = []
-            iters = max(1, min(50, (4 << 20) // max(n, 1)))
-            faults = _faults()
-            for _ in range(repeats + 1):
-                await comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    await call(*args, algorithm="ring")
-                samples.append((time.perf_counter() - t0) / iters)
-            out[name][n] = statistics.median(samples[1:])
-            out["faults"][name] = (_faults() - faults) / (iters * (repeats + 1))
+            method = getattr(comm, name)
+            out[name][n], out["faults"][name] = await time_calls(
+                comm, partial(method, *args, algorithm="ring"), repeats, time.process_time)
     return out if comm.rank == 0 else {}
 
 
@@ -167,18 +209,18 @@ def _faults() -> int:
 
 
 def measure_touch(nbytes: int = 4 << 20, repeats: int = 7) -> float:
-    """Seconds per byte that writing fresh pages costs more than writing them again: the
-    median over ``repeats`` of a fill of ``nbytes`` of new anonymous memory less a second
-    fill of the same."""
+    """Seconds per byte (of this process's CPU) that writing fresh pages costs more than
+    writing them again: the median over ``repeats`` of a fill of ``nbytes`` of new
+    anonymous memory less a second fill of the same."""
     extra = []
     for _ in range(repeats):
         with mmap.mmap(-1, nbytes) as mem:
             view = np.frombuffer(mem, np.uint8)
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             view.fill(1)
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             view.fill(2)
-            extra.append((t1 - t0) - (time.perf_counter() - t1))
+            extra.append((t1 - t0) - (time.process_time() - t1))
             del view
     return max(0.0, statistics.median(extra)) / nbytes
 
@@ -196,10 +238,10 @@ async def _token(comm: Communicator, laps: int, repeats: int) -> float:
 
 
 async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
-                laps: int) -> float:
-    """Wall seconds of ``laps`` turns of ``buf`` around the ranks: rank 0 sends it right
-    and waits for it from the left, the others pass it on."""
-    t0 = time.perf_counter()
+                laps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds (on ``clock``) of ``laps`` turns of ``buf`` around the ranks: rank 0 sends
+    it right and waits for it from the left, the others pass it on."""
+    t0 = clock()
     for _ in range(laps):
         if comm.rank == 0:
             await comm.send(buf, right)
@@ -207,7 +249,7 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
         else:
             await comm.recv(buf, left)
             await comm.send(buf, right)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
@@ -261,9 +303,13 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
         return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2
                     - touch * work_of(f"{name}.ring", n, 2).fresh) for n in HOST_SIZES]
 
-    # the faults are part of the calls' work: never more than the largest allgather's
-    touch = min(fresh_page * faulted,
-                work("allgather", 2, 0.0)[-1] / work_of("allgather.ring", n_top, 2).fresh)
+    # The faults are part of the calls' work: never more than what the largest allgather
+    # leaves once it has copied at the rate of the cached calls (whose scratch the
+    # allocator hands back warm), so a large call still copies at a finite rate.
+    bare = work("allgather", 2, 0.0)
+    cached_copy = max(0.0, bare[1] - bare[0]) / HOST_SIZES[1] / 1.5  # seconds per byte
+    touch = min(fresh_page * faulted, max(0.0, bare[-1] - bare[0] - 1.5 * n_top * cached_copy)
+                / work_of("allgather.ring", n_top, 2).fresh)
     gather, reduce = work("allgather", 2, touch), work("allreduce", 4, touch)
     per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
     for i, n in enumerate(HOST_SIZES[1:], 1):

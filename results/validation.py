@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm.calibrate import SIZES, calibrate, measure_pingpong, mpi_run, mpiexec
+from asynccomm.calibrate import (SIZES, calibrate, clock_of, measure_pingpong, mpi_run, mpiexec,
+                                time_calls)
 from asynccomm.sim import Cluster, HostSpec
 
 from ._common import finish, format_table, parser, progress, size_label
@@ -46,7 +47,7 @@ RANKS = (2, 3, 4)
 COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
 P2P_TARGET, COLL_TARGET = 0.05, 0.10
 REPEATS = 5
-BUDGET = 0.05  # wall seconds per repeat, about
+MODEL_CALLS = 4  # calls back to back per size on the model (its clock does not vary)
 
 
 def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
@@ -68,29 +69,20 @@ async def _call(comm: ac.Communicator, name: str, bufs: tuple[Any, ...]) -> None
 
 
 async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: bool,
-                      repeats: int = REPEATS) -> dict[str, dict[int, float]]:
+                      repeats: int = REPEATS, transport: str = "mpi"
+                      ) -> dict[str, dict[int, float]]:
     """Seconds per call of each collective and size (rank 0's; the median of ``repeats``;
-    on the model's clock with ``model``, once, else on the wall clock)."""
-    clock = comm.model_time if model else time.perf_counter
+    on the model's clock with ``model``, once, else on ``transport``'s clock: ``clock_of``,
+    as the calibration times it)."""
     out: dict[str, dict[int, float]] = {}
     for name in COLLECTIVES:
         out[name] = {}
         for nbytes in sizes:
-            bufs = _buffers(name, nbytes, comm.size)
-            iters = np.ones(1, np.int64)
-            samples = []
-            for rep in range(1 if model else repeats + 1):
-                await comm.barrier()
-                t0 = clock()
-                for _ in range(int(iters[0])):
-                    await _call(comm, name, bufs)
-                took = clock() - t0
-                if rep == 0 and not model:  # a warm-up that sizes the iterations
-                    iters[0] = max(1, min(500, int(BUDGET / max(took, 1e-6))))
-                    await comm.bcast(iters, root=0)
-                else:
-                    samples.append(took / int(iters[0]))
-            out[name][nbytes] = statistics.median(samples)
+            call = partial(_call, comm, name, _buffers(name, nbytes, comm.size))
+            # the calibration's loop; on the model's clock a few calls say it all
+            out[name][nbytes] = (await time_calls(
+                comm, call, 1, comm.model_time, iterations=MODEL_CALLS) if model else
+                await time_calls(comm, call, repeats, clock_of(transport)))[0]
     return out
 
 
@@ -116,8 +108,8 @@ def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
 def _collectives_measured(transport: str, p: int, sizes: tuple[int, ...]
                           ) -> dict[str, dict[int, float]]:
     if transport in ("local", "processes"):  # processes: the program must pickle
-        return ac.run(partial(collectives, sizes=sizes, model=False), p,
-                      backend=transport)[0]
+        return ac.run(partial(collectives, sizes=sizes, model=False, transport=transport),
+                      p, backend=transport)[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "coll.json"
         mpi_run(["-m", "results.validation", "--mpi-worker", str(out),

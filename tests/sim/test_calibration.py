@@ -176,5 +176,40 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
     assert (got.call, got.step) == pytest.approx((2e-5, 4e-6), rel=1e-3)  # 8 B copies aside
     assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
     assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)
-    # a first touch measured dearer than the calls' whole work is capped by it
-    assert fit_host(2e-5, two, halves, 1.0).touch < 1e-9
+    # a first touch measured dearer than the calls' whole work is capped by what the
+    # largest calls leave once they have copied at the cached calls' rate: they still copy
+    capped = fit_host(2e-5, two, halves, 1.0)
+    assert 0 < capped.touch < 1e-9
+    assert math.isfinite(capped.copy_bandwidth) and capped.copy_bandwidth <= 1e10 * 1.001
+
+
+def test_in_process_ranks_are_timed_on_the_process_cpu_clock() -> None:
+    import time
+
+    from asynccomm.calibrate import clock_of
+
+    # in-process ranks: the time they would take with a core to themselves, not the time
+    # they wait for one on a shared machine; processes wait for each other: the wall clock
+    assert clock_of("local") is time.process_time
+    assert clock_of("processes") is clock_of("mpi") is time.perf_counter
+
+
+def test_the_loop_of_calls_times_every_rank_s_share_of_a_call() -> None:
+    import numpy as np
+
+    import asynccomm as ac
+    from asynccomm.calibrate import time_calls
+    from asynccomm.sim.host import HostSpec
+
+    # two ranks on one core, each call costs a millisecond of CPU per rank: back to back,
+    # a call takes both ranks' work; the messages of 8 bytes are nearly free
+    cluster = calibrated_cluster([Segment(1 << 20, 1e-9, 0.0)], name="x",
+                                 host=HostSpec(cores=1, call=1e-3))
+
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        buf = np.zeros(2, np.float32)
+        return await time_calls(comm, lambda: comm.allreduce(buf, algorithm="ring"), 2,
+                                comm.model_time, iterations=3)
+
+    per_call, faults = ac.run(main, 2, cluster=cluster, clock="virtual")[0]
+    assert per_call == pytest.approx(2e-3, rel=1e-3) and faults >= 0
