@@ -252,13 +252,27 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
     return clock() - t0
 
 
-def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
+def measure_switch(cores: int, repeats: int = 7, laps: int = 50,
+                   transport: str = "processes") -> float:
     """Seconds more per hop of a token passed around ``cores + 1`` processes than around
-    ``cores`` (at least two): what a step costs more on more ranks than cores (``HostSpec``
-    ``switch``), where a rank that waits holds a core another needs."""
-    fit, over = (float(run(partial(_token, laps=laps, repeats=repeats), p,
-                           backend="processes")[0]) for p in (max(2, cores), max(2, cores) + 1))
+    ``cores`` (at least two) on ``transport`` (``processes`` or ``mpi``: how its processes
+    wait decides what a turn costs): what a step costs more on more ranks than cores
+    (``HostSpec`` ``switch``), where a rank that waits holds a core another needs."""
+    fit, over = (_token_hop(transport, p, laps, repeats)
+                 for p in (max(2, cores), max(2, cores) + 1))
     return max(0.0, over - fit)
+
+
+def _token_hop(transport: str, ranks: int, laps: int, repeats: int) -> float:
+    """``_token`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
+    if transport != "mpi":
+        return float(run(partial(_token, laps=laps, repeats=repeats), ranks,
+                         backend="processes")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "hop.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--token", str(path),
+                 "--laps", str(laps), "--repeats", str(repeats)], ranks)
+        return float(json.loads(path.read_text()))
 
 
 def measure_host(transport: str, repeats: int = 7) -> HostSpec:
@@ -285,7 +299,8 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
-    return dataclasses.replace(host, cores=cores, switch=measure_switch(cores, repeats))
+    return dataclasses.replace(host, cores=cores,
+                               switch=measure_switch(cores, repeats, transport=transport))
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
@@ -420,6 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the preset file (default: calibrated-<transport>"
                    ".json here)")
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
+    p.add_argument("--token", type=Path, help=argparse.SUPPRESS)  # the same, of _token
+    p.add_argument("--laps", type=int, default=50, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -427,6 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = measure_pingpong(args.transport, sorted(set(args.sizes)), args.repeats)
         if points:
             args.points.write_text(json.dumps(points))
+        return 0
+    if args.token is not None:
+        hop = run(lambda comm: _token(comm, args.laps, args.repeats), backend="mpi")
+        if hop:  # rank 0's
+            args.token.write_text(json.dumps(hop))
         return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")

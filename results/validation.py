@@ -130,13 +130,16 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
     predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
     for transport in progress(transports, NAME):
+        walls, started = {}, time.perf_counter()
         doc = calibrate(transport, p2p_sizes, repeats)
+        walls["calibrate"] = time.perf_counter() - started
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"
             preset.write_text(json.dumps(doc))
             cluster = Cluster.load(preset)
         measured = measure_pingpong(transport, p2p_sizes, repeats)
         predicted = _p2p_model(cluster, p2p_sizes)
+        walls["p2p"] = time.perf_counter() - started - sum(walls.values())
         p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
                for n in p2p_sizes]
         bare = copy.copy(cluster)  # the same messages, no CPU work of the calls
@@ -144,9 +147,11 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
         cells = []
         for p in ranks:
             real = _collectives_measured(transport, p, coll_sizes)
+            walls[f"measured {p}"] = time.perf_counter() - started - sum(walls.values())
             model, messages = (ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
                                       p, cluster=c, clock="virtual")[0]
                                for c in (cluster, bare))
+            walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
             for name in COLLECTIVES:
                 rows = [{"nbytes": n, "measured_s": real[name][n],
                          "predicted_s": model[name][n],
@@ -160,7 +165,7 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
             "p2p": p2p,
             "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
-            "cells": cells}
+            "cells": cells, "wall_s": {k: round(v, 2) for k, v in walls.items()}}
     return data
 
 
@@ -191,6 +196,9 @@ def report(data: dict[str, Any]) -> str:
             f"{transport}: collectives, measured/predicted us per call, geomean error per "
             f"cell (target {COLL_TARGET:.0%})",
             ["collective", "ranks", *sizes, "error", "met", "messages only"], rows))
+        if "wall_s" in d:
+            parts.append(f"{transport}: wall seconds, " + ", ".join(
+                f"{part} {wall:.1f}" for part, wall in d["wall_s"].items()))
     return "\n\n".join(parts)
 
 

@@ -213,3 +213,19 @@ def test_the_loop_of_calls_times_every_rank_s_share_of_a_call() -> None:
 
     per_call, faults = ac.run(main, 2, cluster=cluster, clock="virtual")[0]
     assert per_call == pytest.approx(2e-3, rel=1e-3) and faults >= 0
+
+
+def test_the_switch_of_mpi_is_measured_on_mpi_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+
+    launched: list[tuple[list[str], int]] = []
+
+    def fake_mpi_run(args: list[str], ranks: int) -> None:  # a hop of 10 us, 15 on 3 ranks
+        launched.append((list(args), ranks))
+        Path(args[args.index("--token") + 1]).write_text(json.dumps(5e-6 * ranks))
+
+    monkeypatch.setattr(calibrate, "mpi_run", fake_mpi_run)
+    assert calibrate.measure_switch(2, 1, transport="mpi") == pytest.approx(5e-6)
+    assert [ranks for _, ranks in launched] == [2, 3]
+    assert all(args[:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--token"]
+               for args, _ in launched)
