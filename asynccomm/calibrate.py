@@ -1,7 +1,8 @@
 """``python -m asynccomm.calibrate``: calibrate the cluster model from a real transport.
 
 Measures one-way message times on this machine (half a ping-pong round trip between two
-ranks, the median of ``--repeats`` runs) for sizes from 8 B to 64 MiB on a real transport:
+ranks, the median of ``--repeats`` runs; in-process ranks on this process's CPU clock,
+``clock_of``) for sizes from 8 B to 64 MiB on a real transport:
 ``local`` (in-process ranks on one event loop, no model) or ``mpi`` (two processes; started
 under ``mpiexec`` itself when not already under a launcher).  It fits a piecewise
 alpha-beta model with break points found from the data (``asynccomm.sim.calibration``,
@@ -400,12 +401,12 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
     leaves out the CPU work of collective calls (messages only)."""
     points = measure_pingpong(transport, sizes, repeats)
     segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                            min_points=MIN_POINTS)
+                            min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
     extra = [n for n in near_breaks(sorted(points), segments) if n not in points]
     if extra:  # a second pass where the first found its breaks, then the fit again
         points.update(measure_pingpong(transport, extra, repeats))
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                                min_points=MIN_POINTS)
+                                min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
     return preset(transport, points, segments,
                   host=measure_host(transport, repeats) if host else None)
 

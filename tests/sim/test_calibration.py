@@ -229,3 +229,16 @@ def test_the_switch_of_mpi_is_measured_on_mpi_ranks(monkeypatch: pytest.MonkeyPa
     assert [ranks for _, ranks in launched] == [2, 3]
     assert all(args[:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--token"]
                for args, _ in launched)
+
+
+def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:
+    # 10 us + n / 40 GB/s up to the eager limit, 0.1 us more past it (a clear-to-send):
+    # within the tolerance of one segment, which the fit alone keeps
+    sizes = [*SIZES[:14], 65544, *SIZES[14:]]
+    points = [(n, 10e-6 + n / 40e9 + (1e-7 if n > 65536 else 0.0)) for n in sizes]
+    assert len(fit_segments(points, max_segments=6)) == 1
+    broken = fit_segments(points, max_segments=6, breaks=(65536,))
+    assert broken[0].up_to == 65536
+    assert all(predict(broken, n) == pytest.approx(t, rel=1e-6) for n, t in points)
+    # a break with too few points on one side is left out
+    assert fit_segments(points[:5], breaks=(points[3][0],)) == fit_segments(points[:5])
