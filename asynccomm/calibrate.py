@@ -276,7 +276,8 @@ def _token_hop(transport: str, ranks: int, laps: int, repeats: int) -> float:
         return float(json.loads(path.read_text()))
 
 
-def measure_host(transport: str, repeats: int = 7) -> HostSpec:
+def measure_host(transport: str, repeats: int = 7,
+                 in_process: HostSpec | None = None) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
     in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
@@ -288,20 +289,30 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
     scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
-    token takes around one process more than the cores (``measure_switch``)."""
-    repeats *= 3  # differences of medians: more samples steady them, at little cost
-    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
-               backend="local")[0]["allgather"][8]
-    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
-              backend="local")[0]
-    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
-    host = fit_host(call, two, halves, measure_touch(HOST_SIZES[-1], repeats))
+    token takes around one process more than the cores (``measure_switch``).
+    ``in_process``: ``measure_host("local")`` measured already (it is the same for every
+    transport), to which processes and MPI add what is theirs.
+
+    More repeats do not steady the calls' medians: what moves them from run to run is the
+    state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
+    runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's."""
+    host = in_process if in_process is not None else _in_process_host(repeats)
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
     return dataclasses.replace(host, cores=cores,
                                switch=measure_switch(cores, repeats, transport=transport))
+
+
+def _in_process_host(repeats: int) -> HostSpec:
+    """The part of ``measure_host`` measured on in-process ranks."""
+    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
+               backend="local")[0]["allgather"][8]
+    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
+              backend="local")[0]
+    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
+    return fit_host(call, two, halves, measure_touch(HOST_SIZES[-1], repeats))
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
@@ -396,9 +407,10 @@ def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
 
 
 def calibrate(transport: str, sizes: Sequence[int] = SIZES,
-              repeats: int = 7, *, host: bool = True) -> dict[str, Any]:
+              repeats: int = 7, *, host: bool | HostSpec = True) -> dict[str, Any]:
     """Measure, fit and return the preset document (see the module docs); ``host=False``
-    leaves out the CPU work of collective calls (messages only)."""
+    leaves out the CPU work of collective calls (messages only), a ``HostSpec`` is its
+    in-process part measured already (``measure_host``'s ``in_process``)."""
     points = measure_pingpong(transport, sizes, repeats)
     segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                             min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
@@ -407,8 +419,9 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
         points.update(measure_pingpong(transport, extra, repeats))
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                                 min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
+    in_process = host if isinstance(host, HostSpec) else None
     return preset(transport, points, segments,
-                  host=measure_host(transport, repeats) if host else None)
+                  host=measure_host(transport, repeats, in_process) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
