@@ -35,8 +35,16 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm.calibrate import (SIZES, calibrate, clock_of, measure_host, measure_pingpong,
-                                mpi_run, mpiexec, time_calls)
+from asynccomm.calibrate import (
+    SIZES,
+    calibrate,
+    clock_of,
+    measure_host,
+    measure_pingpong,
+    mpi_run,
+    mpiexec,
+    time_calls,
+)
 from asynccomm.sim import Cluster, HostSpec
 
 from ._common import finish, format_table, parser, progress, size_label
