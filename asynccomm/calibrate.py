@@ -295,14 +295,16 @@ def measure_host(transport: str, repeats: int = 7,
 
     More repeats do not steady the calls' medians: what moves them from run to run is the
     state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
-    runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's."""
+    runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
+    difference of wall-clock medians, takes three times as many)."""
     host = in_process if in_process is not None else _in_process_host(repeats)
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
+    # a difference of two wall-clock medians, which load moves: three times the samples
     return dataclasses.replace(host, cores=cores,
-                               switch=measure_switch(cores, repeats, transport=transport))
+                               switch=measure_switch(cores, 3 * repeats, transport=transport))
 
 
 def _in_process_host(repeats: int) -> HostSpec:
