@@ -21,7 +21,10 @@ fit's error alone would not pay a segment for) always ends a segment, when at le
 Rule 3 (the cluster).  ``calibrated_cluster`` gives one node whose devices are joined by a
 link with those segments, free copies (the measured times hold every copy), and zero
 control latency (the handshake is in the measured times too): a message of n bytes then
-takes exactly its segment's alpha + n beta in the model.
+takes exactly its segment's alpha + n beta in the model.  A ``shared`` node (in-process
+ranks: one CPU) puts every transfer on one resource, first come first served (``"fifo"``
+sharing), which with a host of one core is that core too (``sim/host.py`` Rule 2): one
+CPU that copies each message and does the ranks' work in turn.
 
 Nothing here measures: ``python -m asynccomm.calibrate`` does, and writes the preset.
 """
@@ -144,8 +147,9 @@ def predict(segments: Sequence[Segment], nbytes: int) -> float:
 def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8,
                        shared: bool = False, host: HostSpec | None = None) -> Cluster:
     """One node of ``ranks`` devices joined by a link with ``segments`` (Rule 3);
-    ``shared``: every transfer of the node crosses one resource (in-process ranks on one
-    event loop share its one CPU); ``host``: the CPU work of collective calls.
+    ``shared``: every transfer of the node crosses one resource in turn (in-process ranks
+    on one event loop share its one CPU, Rule 3); ``host``: the CPU work of collective
+    calls.
 
     Raises:
         ValueError: no segments, ``ranks`` < 1.
@@ -155,7 +159,7 @@ def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8
     last = segments[-1]
     link = LinkSpec(name, last.bandwidth if last.beta > 0 else 1e15, 0.0,
                     segments=tuple((s.up_to, s.alpha, s.bandwidth if s.beta > 0 else 1e15)
-                                   for s in segments))
+                                   for s in segments), sharing="fifo" if shared else "fair")
     return Cluster(nodes=1, devices_per_node=ranks, intra=link, inter=None,
                    device=DeviceSpec("host", 1e11, 1 << 40, math.inf, 0.0),
                    shared_intra=shared, name=name, host=host)
