@@ -4,7 +4,9 @@ On each real transport of this machine (in-process; ``processes``, ranks in proc
 their own that move data through shared memory; MPI when ``mpiexec`` is there), the model
 is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta, and the
 CPU work of a collective call), then a second, fresh measurement is set against what the
-calibrated model predicts, run as the same program on the virtual clock:
+calibrated model predicts, run as the same program on the virtual clock, timed as the
+calibration times it (the same loop of calls; in-process ranks on the process's CPU clock,
+processes and MPI on the wall clock: ``asynccomm.calibrate.clock_of``):
 
 - point-to-point, one way, 8 B to 64 MiB;
 - ring allreduce, ring allgather and (pairwise) alltoall at 2, 3 and 4 ranks, at a few
@@ -79,9 +81,9 @@ async def _call(comm: ac.Communicator, name: str, bufs: tuple[Any, ...]) -> None
 async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: bool,
                       repeats: int = REPEATS, transport: str = "mpi"
                       ) -> dict[str, dict[int, float]]:
-    """Seconds per call of each collective and size (rank 0's; the median of ``repeats``;
-    on the model's clock with ``model``, once, else on ``transport``'s clock: ``clock_of``,
-    as the calibration times it)."""
+    """Seconds per call of each collective and size (rank 0's), in the calibration's loop
+    (``time_calls``): on the model's clock with ``model``, ``MODEL_CALLS`` calls back to
+    back, else the median of ``repeats`` on ``transport``'s clock (``clock_of``)."""
     out: dict[str, dict[int, float]] = {}
     for name in COLLECTIVES:
         out[name] = {}
