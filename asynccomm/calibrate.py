@@ -51,8 +51,8 @@ from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
-           "measure_pingpong", "measure_switch", "measure_touch", "pingpong", "preset",
-           "time_calls"]
+           "in_process_host", "measure_pingpong", "measure_switch", "measure_touch",
+           "pingpong", "preset", "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -185,10 +185,10 @@ async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], 
     return statistics.median(samples), faults / timed
 
 
-async def _collective_calls(comm: Communicator, sizes: Sequence[int],
-                            repeats: int) -> dict[str, dict[int, float]]:
-    """Median seconds (this process's CPU: in-process ranks) of one ring allgather and one
-    ring allreduce call of each size, timed as ``time_calls`` does (rank 0's; others {}),
+async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: int,
+                            clock: Callable[[], float]) -> dict[str, dict[int, float]]:
+    """Median seconds (on ``clock``) of one ring allgather and one ring allreduce call of
+    each size, timed as ``time_calls`` does (rank 0's; others {}),
     and under ``"faults"`` the page faults of this process per call of the largest size
     (``"allgather"``, ``"allreduce"``)."""
     p = comm.size
@@ -200,7 +200,7 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int],
         for name, args in bufs.items():
             method = getattr(comm, name)
             out[name][n], out["faults"][name] = await time_calls(
-                comm, partial(method, *args, algorithm="ring"), repeats, time.process_time)
+                comm, partial(method, *args, algorithm="ring"), repeats, clock)
     return out if comm.rank == 0 else {}
 
 
@@ -209,19 +209,20 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def measure_touch(nbytes: int = 4 << 20, repeats: int = 7) -> float:
-    """Seconds per byte (of this process's CPU) that writing fresh pages costs more than
-    writing them again: the median over ``repeats`` of a fill of ``nbytes`` of new
-    anonymous memory less a second fill of the same."""
+def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
+                  clock: Callable[[], float] = time.process_time) -> float:
+    """Seconds per byte (on ``clock``) that writing fresh pages costs more than writing
+    them again: the median over ``repeats`` of a fill of ``nbytes`` of new anonymous memory
+    less a second fill of the same."""
     extra = []
     for _ in range(repeats):
         with mmap.mmap(-1, nbytes) as mem:
             view = np.frombuffer(mem, np.uint8)
-            t0 = time.process_time()
+            t0 = clock()
             view.fill(1)
-            t1 = time.process_time()
+            t1 = clock()
             view.fill(2)
-            extra.append((t1 - t0) - (time.process_time() - t1))
+            extra.append((t1 - t0) - (clock() - t1))
             del view
     return max(0.0, statistics.median(extra)) / nbytes
 
@@ -290,14 +291,18 @@ def measure_host(transport: str, repeats: int = 7,
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
     scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
     token takes around one process more than the cores (``measure_switch``).
-    ``in_process``: ``measure_host("local")`` measured already (it is the same for every
-    transport), to which processes and MPI add what is theirs.
+    Everything is timed on ``transport``'s clock (``clock_of``), as its collectives are:
+    on a machine that others share, the wall clock of processes and MPI holds the turns
+    their ranks wait for a core, and so must the rates that predict them.
+    ``in_process``: ``in_process_host`` measured already on that clock (the same for
+    transports of one clock), to which processes and MPI add what is theirs.
 
     More repeats do not steady the calls' medians: what moves them from run to run is the
     state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
     runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
     difference of wall-clock medians, takes three times as many)."""
-    host = in_process if in_process is not None else _in_process_host(repeats)
+    host = (in_process if in_process is not None
+            else in_process_host(repeats, clock_of(transport)))
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
@@ -307,14 +312,17 @@ def measure_host(transport: str, repeats: int = 7,
                                switch=measure_switch(cores, 3 * repeats, transport=transport))
 
 
-def _in_process_host(repeats: int) -> HostSpec:
-    """The part of ``measure_host`` measured on in-process ranks."""
-    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
+def in_process_host(repeats: int = 7,
+                    clock: Callable[[], float] = time.process_time) -> HostSpec:
+    """The part of ``measure_host`` measured on in-process ranks, on ``clock``."""
+    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
                backend="local")[0]["allgather"][8]
-    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
+    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats, clock=clock), 2,
               backend="local")[0]
-    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
-    return fit_host(call, two, halves, measure_touch(HOST_SIZES[-1], repeats))
+    halves = sorted({max(1, n // 2) for n in HOST_SIZES})
+    half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
+                                 backend="local")[0]
+    return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock))
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
@@ -412,7 +420,7 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
               repeats: int = 7, *, host: bool | HostSpec = True) -> dict[str, Any]:
     """Measure, fit and return the preset document (see the module docs); ``host=False``
     leaves out the CPU work of collective calls (messages only), a ``HostSpec`` is its
-    in-process part measured already (``measure_host``'s ``in_process``)."""
+    in-process part measured already on the transport's clock (``in_process_host``)."""
     points = measure_pingpong(transport, sizes, repeats)
     segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                             min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))

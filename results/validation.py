@@ -41,7 +41,7 @@ from asynccomm.calibrate import (
     SIZES,
     calibrate,
     clock_of,
-    measure_host,
+    in_process_host,
     measure_pingpong,
     mpi_run,
     mpiexec,
@@ -140,11 +140,12 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
     predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
     started = time.perf_counter()
-    in_process = measure_host("local", repeats)  # the same for every transport: once
+    hosts = {clock: in_process_host(repeats, clock)  # once per clock, for its transports
+             for clock in dict.fromkeys(map(clock_of, transports))}
     data["wall_s"] = round(time.perf_counter() - started, 2)
     for transport in progress(transports, NAME):
         walls, started = {}, time.perf_counter()
-        doc = calibrate(transport, p2p_sizes, repeats, host=in_process)
+        doc = calibrate(transport, p2p_sizes, repeats, host=hosts[clock_of(transport)])
         walls["calibrate"] = time.perf_counter() - started
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"
