@@ -1,7 +1,8 @@
 """``python -m asynccomm.calibrate``: calibrate the cluster model from a real transport.
 
 Measures one-way message times on this machine (half a ping-pong round trip between two
-ranks, the median of ``--repeats`` runs) for sizes from 8 B to 64 MiB on a real transport:
+ranks, the median of ``--repeats`` runs; in-process ranks on this process's CPU clock,
+``clock_of``) for sizes from 8 B to 64 MiB on a real transport:
 ``local`` (in-process ranks on one event loop, no model) or ``mpi`` (two processes; started
 under ``mpiexec`` itself when not already under a launcher).  It fits a piecewise
 alpha-beta model with break points found from the data (``asynccomm.sim.calibration``,
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,9 @@ from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, work_of
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "fit_host", "measure_host", "measure_pingpong",
-           "measure_switch", "measure_touch", "pingpong", "preset"]
+__all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
+           "in_process_host", "measure_pingpong", "measure_switch", "measure_touch",
+           "pingpong", "preset", "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -63,14 +65,25 @@ MAX_SEGMENTS = 6
 MIN_POINTS = 3
 
 
+def clock_of(transport: str) -> Callable[[], float]:
+    """The clock that times ``transport``: the CPU seconds of this process for in-process
+    ranks (their work is this process's and runs one piece at a time, so on a machine
+    that others share it is the wall time they would take with a core to themselves, not
+    the time they wait for one), the wall clock for ranks in processes of their own
+    (they wait for each other: a wait is part of their time)."""
+    return time.process_time if transport == "local" else time.perf_counter
+
+
 async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
-                   budget: float = BUDGET) -> dict[int, float]:
+                   budget: float = BUDGET,
+                   clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
     the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
     wait for a message rank 0 sends them at the end, as a collective's ranks wait for
     theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
     repeats go round every size in turn, so a burst of load from elsewhere on the machine
-    spoils one sample of many sizes, not every sample of one."""
+    spoils one sample of many sizes, not every sample of one.  ``clock``: ``clock_of`` the
+    transport."""
     if comm.rank > 1:
         await comm.recv(np.zeros(1, np.uint8), 0)
         return {}
@@ -78,7 +91,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     buf = np.zeros(max(sizes), np.uint8)
 
     async def bounce(nbytes: int, iters: int) -> float:
-        return await _laps(comm, buf[:nbytes], peer, peer, iters)
+        return await _laps(comm, buf[:nbytes], peer, peer, iters, clock)
 
     # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
     iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
@@ -108,8 +121,9 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
         RuntimeError: MPI asked for, and no ``mpiexec`` (or the run failed).
     """
     if transport == "local":
-        points: dict[int, float] = run(lambda comm: pingpong(comm, sizes, repeats), ranks,
-                                       backend="local")[0]
+        points: dict[int, float] = run(
+            lambda comm: pingpong(comm, sizes, repeats, clock=clock_of("local")), ranks,
+            backend="local")[0]
         return points
     if transport == "processes":
         # its ranks are processes: the program must pickle (a partial of a module function)
@@ -134,11 +148,49 @@ def measure_pingpong(transport: str, sizes: Sequence[int] = SIZES,
 HOST_SIZES = (8, 256 << 10, 4 << 20)
 
 
-async def _collective_calls(comm: Communicator, sizes: Sequence[int],
-                            repeats: int) -> dict[str, dict[int, float]]:
-    """Median wall seconds of one ring allgather and one ring allreduce call of each size
-    (rank 0's; others {}), and under ``"faults"`` the page faults of this process per
-    allgather and allreduce of the largest size (``"allgather"``, ``"allreduce"``)."""
+#: Wall seconds one repeat of a loop of collective calls should take, about.
+CALL_BUDGET = 0.05
+
+
+async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], repeats: int,
+                     clock: Callable[[], float], budget: float = CALL_BUDGET,
+                     iterations: int | None = None) -> tuple[float, float]:
+    """The loop that times a collective call, in calibration and validation alike: a
+    warm-up repeat that sizes the iterations (rank 0's choice, sent to all; or
+    ``iterations`` each time), then ``repeats`` repeats of that many calls back to back,
+    each after a barrier.  Returns the median seconds per call (on ``clock``) and this
+    process's page faults per timed call.  A rank's calls back to back take turns with the
+    other ranks' (on one CPU, or on the cores), so a call's time in the loop holds what
+    every rank does per call, where one call after a barrier may end on one rank before
+    the others have done their part.
+
+    The loop decides what a call's scratch costs: calls back to back get the memory the
+    one before freed again, where calls apart (a barrier between each) fault most of
+    their scratch's pages in afresh, several times slower on large buffers."""
+    iters = np.full(1, iterations or 1, np.int64)
+    samples, faults, timed = [], 0, 0
+    for rep in range(repeats + 1):
+        await comm.barrier()
+        before = _faults()
+        t0 = clock()
+        for _ in range(int(iters[0])):
+            await call()
+        took = clock() - t0
+        if rep == 0 and iterations is None:
+            iters[0] = max(1, min(500, int(budget / max(took, 1e-6))))
+            await comm.bcast(iters, root=0)
+        else:
+            samples.append(took / int(iters[0]))
+            faults, timed = faults + _faults() - before, timed + int(iters[0])
+    return statistics.median(samples), faults / timed
+
+
+async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: int,
+                            clock: Callable[[], float]) -> dict[str, dict[int, float]]:
+    """Median seconds (on ``clock``) of one ring allgather and one ring allreduce call of
+    each size, timed as ``time_calls`` does (rank 0's; others {}),
+    and under ``"faults"`` the page faults of this process per call of the largest size
+    (``"allgather"``, ``"allreduce"``)."""
     p = comm.size
     out: dict[str, dict[Any, float]] = {"allgather": {}, "allreduce": {}, "faults": {}}
     for n in sizes:
@@ -146,18 +198,9 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int],
                               np.zeros((p, max(1, n // p)), np.uint8)),
                 "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
         for name, args in bufs.items():
-            call = getattr(comm, name)
-            samples = []
-            iters = max(1, min(50, (4 << 20) // max(n, 1)))
-            faults = _faults()
-            for _ in range(repeats + 1):
-                await comm.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    await call(*args, algorithm="ring")
-                samples.append((time.perf_counter() - t0) / iters)
-            out[name][n] = statistics.median(samples[1:])
-            out["faults"][name] = (_faults() - faults) / (iters * (repeats + 1))
+            method = getattr(comm, name)
+            out[name][n], out["faults"][name] = await time_calls(
+                comm, partial(method, *args, algorithm="ring"), repeats, clock)
     return out if comm.rank == 0 else {}
 
 
@@ -166,19 +209,20 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def measure_touch(nbytes: int = 4 << 20, repeats: int = 7) -> float:
-    """Seconds per byte that writing fresh pages costs more than writing them again: the
-    median over ``repeats`` of a fill of ``nbytes`` of new anonymous memory less a second
-    fill of the same."""
+def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
+                  clock: Callable[[], float] = time.process_time) -> float:
+    """Seconds per byte (on ``clock``) that writing fresh pages costs more than writing
+    them again: the median over ``repeats`` of a fill of ``nbytes`` of new anonymous memory
+    less a second fill of the same."""
     extra = []
     for _ in range(repeats):
         with mmap.mmap(-1, nbytes) as mem:
             view = np.frombuffer(mem, np.uint8)
-            t0 = time.perf_counter()
+            t0 = clock()
             view.fill(1)
-            t1 = time.perf_counter()
+            t1 = clock()
             view.fill(2)
-            extra.append((t1 - t0) - (time.perf_counter() - t1))
+            extra.append((t1 - t0) - (clock() - t1))
             del view
     return max(0.0, statistics.median(extra)) / nbytes
 
@@ -196,10 +240,10 @@ async def _token(comm: Communicator, laps: int, repeats: int) -> float:
 
 
 async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
-                laps: int) -> float:
-    """Wall seconds of ``laps`` turns of ``buf`` around the ranks: rank 0 sends it right
-    and waits for it from the left, the others pass it on."""
-    t0 = time.perf_counter()
+                laps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds (on ``clock``) of ``laps`` turns of ``buf`` around the ranks: rank 0 sends
+    it right and waits for it from the left, the others pass it on."""
+    t0 = clock()
     for _ in range(laps):
         if comm.rank == 0:
             await comm.send(buf, right)
@@ -207,19 +251,34 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
         else:
             await comm.recv(buf, left)
             await comm.send(buf, right)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def measure_switch(cores: int, repeats: int = 7, laps: int = 50) -> float:
+def measure_switch(cores: int, repeats: int = 7, laps: int = 50,
+                   transport: str = "processes") -> float:
     """Seconds more per hop of a token passed around ``cores + 1`` processes than around
-    ``cores`` (at least two): what a step costs more on more ranks than cores (``HostSpec``
-    ``switch``), where a rank that waits holds a core another needs."""
-    fit, over = (float(run(partial(_token, laps=laps, repeats=repeats), p,
-                           backend="processes")[0]) for p in (max(2, cores), max(2, cores) + 1))
+    ``cores`` (at least two) on ``transport`` (``processes`` or ``mpi``: how its processes
+    wait decides what a turn costs): what a step costs more on more ranks than cores
+    (``HostSpec`` ``switch``), where a rank that waits holds a core another needs."""
+    fit, over = (_token_hop(transport, p, laps, repeats)
+                 for p in (max(2, cores), max(2, cores) + 1))
     return max(0.0, over - fit)
 
 
-def measure_host(transport: str, repeats: int = 7) -> HostSpec:
+def _token_hop(transport: str, ranks: int, laps: int, repeats: int) -> float:
+    """``_token`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
+    if transport != "mpi":
+        return float(run(partial(_token, laps=laps, repeats=repeats), ranks,
+                         backend="processes")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "hop.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--token", str(path),
+                 "--laps", str(laps), "--repeats", str(repeats)], ranks)
+        return float(json.loads(path.read_text()))
+
+
+def measure_host(transport: str, repeats: int = 7,
+                 in_process: HostSpec | None = None) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
     in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
@@ -231,19 +290,39 @@ def measure_host(transport: str, repeats: int = 7) -> HostSpec:
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
     scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
-    token takes around one process more than the cores (``measure_switch``)."""
-    repeats *= 3  # differences of medians: more samples steady them, at little cost
-    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats), 1,
-               backend="local")[0]["allgather"][8]
-    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats), 2,
-              backend="local")[0]
-    halves = measure_pingpong("local", sorted({max(1, n // 2) for n in HOST_SIZES}), repeats)
-    host = fit_host(call, two, halves, measure_touch(HOST_SIZES[-1], repeats))
+    token takes around one process more than the cores (``measure_switch``).
+    Everything is timed on ``transport``'s clock (``clock_of``), as its collectives are:
+    on a machine that others share, the wall clock of processes and MPI holds the turns
+    their ranks wait for a core, and so must the rates that predict them.
+    ``in_process``: ``in_process_host`` measured already on that clock (the same for
+    transports of one clock), to which processes and MPI add what is theirs.
+
+    More repeats do not steady the calls' medians: what moves them from run to run is the
+    state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
+    runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
+    difference of wall-clock medians, takes three times as many)."""
+    host = (in_process if in_process is not None
+            else in_process_host(repeats, clock_of(transport)))
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
-    return dataclasses.replace(host, cores=cores, switch=measure_switch(cores, repeats))
+    # a difference of two wall-clock medians, which load moves: three times the samples
+    return dataclasses.replace(host, cores=cores,
+                               switch=measure_switch(cores, 3 * repeats, transport=transport))
+
+
+def in_process_host(repeats: int = 7,
+                    clock: Callable[[], float] = time.process_time) -> HostSpec:
+    """The part of ``measure_host`` measured on in-process ranks, on ``clock``."""
+    call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
+               backend="local")[0]["allgather"][8]
+    two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats, clock=clock), 2,
+              backend="local")[0]
+    halves = sorted({max(1, n // 2) for n in HOST_SIZES})
+    half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
+                                 backend="local")[0]
+    return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock))
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
@@ -261,9 +340,13 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
         return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2
                     - touch * work_of(f"{name}.ring", n, 2).fresh) for n in HOST_SIZES]
 
-    # the faults are part of the calls' work: never more than the largest allgather's
-    touch = min(fresh_page * faulted,
-                work("allgather", 2, 0.0)[-1] / work_of("allgather.ring", n_top, 2).fresh)
+    # The faults are part of the calls' work: never more than what the largest allgather
+    # leaves once it has copied at the rate of the cached calls (whose scratch the
+    # allocator hands back warm), so a large call still copies at a finite rate.
+    bare = work("allgather", 2, 0.0)
+    cached_copy = max(0.0, bare[1] - bare[0]) / HOST_SIZES[1] / 1.5  # seconds per byte
+    touch = min(fresh_page * faulted, max(0.0, bare[-1] - bare[0] - 1.5 * n_top * cached_copy)
+                / work_of("allgather.ring", n_top, 2).fresh)
     gather, reduce = work("allgather", 2, touch), work("allreduce", 4, touch)
     per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
     for i, n in enumerate(HOST_SIZES[1:], 1):
@@ -334,19 +417,21 @@ def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
 
 
 def calibrate(transport: str, sizes: Sequence[int] = SIZES,
-              repeats: int = 7, *, host: bool = True) -> dict[str, Any]:
+              repeats: int = 7, *, host: bool | HostSpec = True) -> dict[str, Any]:
     """Measure, fit and return the preset document (see the module docs); ``host=False``
-    leaves out the CPU work of collective calls (messages only)."""
+    leaves out the CPU work of collective calls (messages only), a ``HostSpec`` is its
+    in-process part measured already on the transport's clock (``in_process_host``)."""
     points = measure_pingpong(transport, sizes, repeats)
     segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                            min_points=MIN_POINTS)
+                            min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
     extra = [n for n in near_breaks(sorted(points), segments) if n not in points]
     if extra:  # a second pass where the first found its breaks, then the fit again
         points.update(measure_pingpong(transport, extra, repeats))
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                                min_points=MIN_POINTS)
+                                min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
+    in_process = host if isinstance(host, HostSpec) else None
     return preset(transport, points, segments,
-                  host=measure_host(transport, repeats) if host else None)
+                  host=measure_host(transport, repeats, in_process) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
@@ -374,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the preset file (default: calibrated-<transport>"
                    ".json here)")
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
+    p.add_argument("--token", type=Path, help=argparse.SUPPRESS)  # the same, of _token
+    p.add_argument("--laps", type=int, default=50, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -381,6 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = measure_pingpong(args.transport, sorted(set(args.sizes)), args.repeats)
         if points:
             args.points.write_text(json.dumps(points))
+        return 0
+    if args.token is not None:
+        hop = run(lambda comm: _token(comm, args.laps, args.repeats), backend="mpi")
+        if hop:  # rank 0's
+            args.token.write_text(json.dumps(hop))
         return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")

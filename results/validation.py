@@ -4,7 +4,9 @@ On each real transport of this machine (in-process; ``processes``, ranks in proc
 their own that move data through shared memory; MPI when ``mpiexec`` is there), the model
 is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta, and the
 CPU work of a collective call), then a second, fresh measurement is set against what the
-calibrated model predicts, run as the same program on the virtual clock:
+calibrated model predicts, run as the same program on the virtual clock, timed as the
+calibration times it (the same loop of calls; in-process ranks on the process's CPU clock,
+processes and MPI on the wall clock: ``asynccomm.calibrate.clock_of``):
 
 - point-to-point, one way, 8 B to 64 MiB;
 - ring allreduce, ring allgather and (pairwise) alltoall at 2, 3 and 4 ranks, at a few
@@ -35,7 +37,16 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm.calibrate import SIZES, calibrate, measure_pingpong, mpi_run, mpiexec
+from asynccomm.calibrate import (
+    SIZES,
+    calibrate,
+    clock_of,
+    in_process_host,
+    measure_pingpong,
+    mpi_run,
+    mpiexec,
+    time_calls,
+)
 from asynccomm.sim import Cluster, HostSpec
 
 from ._common import finish, format_table, parser, progress, size_label
@@ -46,7 +57,7 @@ RANKS = (2, 3, 4)
 COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
 P2P_TARGET, COLL_TARGET = 0.05, 0.10
 REPEATS = 5
-BUDGET = 0.05  # wall seconds per repeat, about
+MODEL_CALLS = 4  # calls back to back per size on the model (its clock does not vary)
 
 
 def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
@@ -68,29 +79,20 @@ async def _call(comm: ac.Communicator, name: str, bufs: tuple[Any, ...]) -> None
 
 
 async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: bool,
-                      repeats: int = REPEATS) -> dict[str, dict[int, float]]:
-    """Seconds per call of each collective and size (rank 0's; the median of ``repeats``;
-    on the model's clock with ``model``, once, else on the wall clock)."""
-    clock = comm.model_time if model else time.perf_counter
+                      repeats: int = REPEATS, transport: str = "mpi"
+                      ) -> dict[str, dict[int, float]]:
+    """Seconds per call of each collective and size (rank 0's), in the calibration's loop
+    (``time_calls``): on the model's clock with ``model``, ``MODEL_CALLS`` calls back to
+    back, else the median of ``repeats`` on ``transport``'s clock (``clock_of``)."""
     out: dict[str, dict[int, float]] = {}
     for name in COLLECTIVES:
         out[name] = {}
         for nbytes in sizes:
-            bufs = _buffers(name, nbytes, comm.size)
-            iters = np.ones(1, np.int64)
-            samples = []
-            for rep in range(1 if model else repeats + 1):
-                await comm.barrier()
-                t0 = clock()
-                for _ in range(int(iters[0])):
-                    await _call(comm, name, bufs)
-                took = clock() - t0
-                if rep == 0 and not model:  # a warm-up that sizes the iterations
-                    iters[0] = max(1, min(500, int(BUDGET / max(took, 1e-6))))
-                    await comm.bcast(iters, root=0)
-                else:
-                    samples.append(took / int(iters[0]))
-            out[name][nbytes] = statistics.median(samples)
+            call = partial(_call, comm, name, _buffers(name, nbytes, comm.size))
+            # the calibration's loop; on the model's clock a few calls say it all
+            out[name][nbytes] = (await time_calls(
+                comm, call, 1, comm.model_time, iterations=MODEL_CALLS) if model else
+                await time_calls(comm, call, repeats, clock_of(transport)))[0]
     return out
 
 
@@ -116,8 +118,8 @@ def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
 def _collectives_measured(transport: str, p: int, sizes: tuple[int, ...]
                           ) -> dict[str, dict[int, float]]:
     if transport in ("local", "processes"):  # processes: the program must pickle
-        return ac.run(partial(collectives, sizes=sizes, model=False), p,
-                      backend=transport)[0]
+        return ac.run(partial(collectives, sizes=sizes, model=False, transport=transport),
+                      p, backend=transport)[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "coll.json"
         mpi_run(["-m", "results.validation", "--mpi-worker", str(out),
@@ -137,14 +139,21 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
     """Calibrate each transport (``repeats`` of each measurement), measure again, and
     predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
+    started = time.perf_counter()
+    hosts = {clock: in_process_host(repeats, clock)  # once per clock, for its transports
+             for clock in dict.fromkeys(map(clock_of, transports))}
+    data["wall_s"] = round(time.perf_counter() - started, 2)
     for transport in progress(transports, NAME):
-        doc = calibrate(transport, p2p_sizes, repeats)
+        walls, started = {}, time.perf_counter()
+        doc = calibrate(transport, p2p_sizes, repeats, host=hosts[clock_of(transport)])
+        walls["calibrate"] = time.perf_counter() - started
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"
             preset.write_text(json.dumps(doc))
             cluster = Cluster.load(preset)
         measured = measure_pingpong(transport, p2p_sizes, repeats)
         predicted = _p2p_model(cluster, p2p_sizes)
+        walls["p2p"] = time.perf_counter() - started - sum(walls.values())
         p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
                for n in p2p_sizes]
         bare = copy.copy(cluster)  # the same messages, no CPU work of the calls
@@ -152,9 +161,11 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
         cells = []
         for p in ranks:
             real = _collectives_measured(transport, p, coll_sizes)
+            walls[f"measured {p}"] = time.perf_counter() - started - sum(walls.values())
             model, messages = (ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
                                       p, cluster=c, clock="virtual")[0]
                                for c in (cluster, bare))
+            walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
             for name in COLLECTIVES:
                 rows = [{"nbytes": n, "measured_s": real[name][n],
                          "predicted_s": model[name][n],
@@ -168,12 +179,13 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
             "p2p": p2p,
             "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
-            "cells": cells}
+            "cells": cells, "wall_s": {k: round(v, 2) for k, v in walls.items()}}
     return data
 
 
 def report(data: dict[str, Any]) -> str:
-    parts = []
+    parts = ([f"in-process host work measured in {data['wall_s']:.1f} wall seconds"]
+             if "wall_s" in data else [])
     for transport, d in data["transports"].items():
         segs = ", ".join(f"<= {size_label(s['up_to'])}: {s['alpha'] * 1e6:.1f} us + "
                          f"n / {(1 / s['beta'] / 1e9 if s['beta'] else math.inf):.2f} GB/s"
@@ -199,6 +211,9 @@ def report(data: dict[str, Any]) -> str:
             f"{transport}: collectives, measured/predicted us per call, geomean error per "
             f"cell (target {COLL_TARGET:.0%})",
             ["collective", "ranks", *sizes, "error", "met", "messages only"], rows))
+        if "wall_s" in d:
+            parts.append(f"{transport}: wall seconds, " + ", ".join(
+                f"{part} {wall:.1f}" for part, wall in d["wall_s"].items()))
     return "\n\n".join(parts)
 
 

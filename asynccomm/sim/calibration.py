@@ -14,11 +14,17 @@ Rule 2 (break points).  For each number of segments k the best cut is found by d
 programming over the sorted sizes (each segment at least ``min_points`` points); k is the
 fewest whose root-mean-square relative error is within ``tolerance`` (2%: the noise of a
 median on a busy machine) or within 10% of the best k's: a segment more must explain
-more than noise.
+more than noise.  A size in ``breaks`` (the eager limit: past it a message waits for a
+clear-to-send, a step of a few microseconds between two sizes 8 bytes apart, which the
+fit's error alone would not pay a segment for) always ends a segment, when at least
+``min_points`` points lie on either side of it.
 Rule 3 (the cluster).  ``calibrated_cluster`` gives one node whose devices are joined by a
 link with those segments, free copies (the measured times hold every copy), and zero
 control latency (the handshake is in the measured times too): a message of n bytes then
-takes exactly its segment's alpha + n beta in the model.
+takes exactly its segment's alpha + n beta in the model.  A ``shared`` node (in-process
+ranks: one CPU) puts every transfer on one resource, first come first served (``"fifo"``
+sharing), which with a host of one core is that core too (``sim/host.py`` Rule 2): one
+CPU that copies each message and does the ranks' work in turn.
 
 Nothing here measures: ``python -m asynccomm.calibrate`` does, and writes the preset.
 """
@@ -80,9 +86,11 @@ def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
 
 
 def fit_segments(points: Sequence[tuple[int, float]], *, max_segments: int = 4,
-                 min_points: int = 3, tolerance: float = 0.02) -> list[Segment]:
-    """The piecewise alpha-beta model of ``points`` (bytes, seconds) (Rules 1-2); the
-    last segment's ``up_to`` is the largest size measured (larger sizes use it too).
+                 min_points: int = 3, tolerance: float = 0.02,
+                 breaks: Sequence[int] = ()) -> list[Segment]:
+    """The piecewise alpha-beta model of ``points`` (bytes, seconds) (Rules 1-2), a
+    segment ending at each of ``breaks``; the last segment's ``up_to`` is the largest
+    size measured (larger sizes use it too).
 
     Raises:
         ValueError: fewer than ``min_points`` points, a size repeated, a time <= 0,
@@ -96,8 +104,12 @@ def fit_segments(points: Sequence[tuple[int, float]], *, max_segments: int = 4,
     if len({n for n, _ in pts}) != len(pts):
         raise ValueError("each size must appear once (give the median of its repeats)")
     m = len(pts)
+    # a break splits the points at its index, when both sides can hold a segment
+    cuts_at = [i for i in (sum(1 for n, _ in pts if n <= b) for b in breaks)
+               if min_points <= i <= m - min_points]
     cost = {(i, j): fit_line(pts[i:j])[2] for i in range(m) for j in range(i + min_points,
-                                                                             m + 1)}
+                                                                             m + 1)
+            if not any(i < c < j for c in cuts_at)}
     # best[k][j]: (cost, cut positions) of the first j points in k segments
     best: list[dict[int, tuple[float, tuple[int, ...]]]] = [{0: (0.0, ())}]
     for k in range(1, max_segments + 1):
@@ -135,8 +147,9 @@ def predict(segments: Sequence[Segment], nbytes: int) -> float:
 def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8,
                        shared: bool = False, host: HostSpec | None = None) -> Cluster:
     """One node of ``ranks`` devices joined by a link with ``segments`` (Rule 3);
-    ``shared``: every transfer of the node crosses one resource (in-process ranks on one
-    event loop share its one CPU); ``host``: the CPU work of collective calls.
+    ``shared``: every transfer of the node crosses one resource in turn (in-process ranks
+    on one event loop share its one CPU, Rule 3); ``host``: the CPU work of collective
+    calls.
 
     Raises:
         ValueError: no segments, ``ranks`` < 1.
@@ -146,7 +159,7 @@ def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8
     last = segments[-1]
     link = LinkSpec(name, last.bandwidth if last.beta > 0 else 1e15, 0.0,
                     segments=tuple((s.up_to, s.alpha, s.bandwidth if s.beta > 0 else 1e15)
-                                   for s in segments))
+                                   for s in segments), sharing="fifo" if shared else "fair")
     return Cluster(nodes=1, devices_per_node=ranks, intra=link, inter=None,
                    device=DeviceSpec("host", 1e11, 1 << 40, math.inf, 0.0),
                    shared_intra=shared, name=name, host=host)

@@ -28,7 +28,10 @@ core ``r % cores``, and its CPU work queues on that core first come, first serve
 ranks on one core take twice as long for their work as one.  On more ranks than cores
 each step of a call costs ``switch`` more: processes that wait for a message hold a core
 another rank needs until the system's scheduler moves them (0 where ranks share one
-event loop, which switches between them itself).
+event loop, which switches between them itself).  Where that one core also moves every
+message of the node in turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
+in-process ranks, whose one CPU copies each message), the work and the messages queue on
+one resource, so a call's work and the other ranks' messages never overlap.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """

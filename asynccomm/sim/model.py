@@ -361,7 +361,7 @@ class ClusterModel:
         kind = c.link_kind(src, dst)
         name = f"{kind}:{c.link(src, dst).name}"
         if kind == "intra" and c.shared_intra:  # one bus per node
-            return (self._resource(f"{name}[node{c.node_of(src)}]"),)
+            return (self._bus(c.node_of(src)),)
         if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
             return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
         if kind == "cross_group":  # one per node and directed group pair
@@ -371,12 +371,23 @@ class ClusterModel:
 
     def core(self, rank: int) -> Resource:
         """The FIFO resource of the core ``rank`` runs on (``Cluster.host``, Rule 2 of
-        ``sim/host.py``): the ranks' own CPU work queues on it.
+        ``sim/host.py``): the ranks' own CPU work queues on it.  On a node whose transfers
+        take turns on one bus (``shared_intra`` with a ``"fifo"`` link) and whose ranks
+        share one core, that core is the bus: the work and the messages take turns.
 
         Raises:
             TypeError, ValueError: a bad rank.
         """
-        return self._resource(f"core[{self.cluster.host.core(self._rank('rank', rank))}]")
+        c, r = self.cluster, self._rank("rank", rank)
+        if c.shared_intra and c.intra.sharing == "fifo" and c.host.cores == 1:
+            # one CPU moves every message of the node in turn and does the ranks' work:
+            # in-process ranks on one event loop (``calibrated_cluster``)
+            return self._bus(c.node_of(r))
+        return self._resource(f"core[{c.host.core(r)}]")
+
+    def _bus(self, node: int) -> Resource:
+        """The one resource of a ``shared_intra`` node's transfers."""
+        return self._resource(f"intra:{self.cluster.intra.name}[node{node}]")
 
     @property
     def resources(self) -> MappingProxyType[str, Resource]:

@@ -95,7 +95,30 @@ def test_a_shared_node_puts_every_transfer_on_one_resource() -> None:
     a = model.start(0, 1, 1000, now=0)
     b = model.start(2, 3, 1000, now=0)
     model.settle()
-    assert (a.end, b.end) == (2000, 2000)  # two pairs, one bus
+    assert (a.end, b.end) == (1000, 2000)  # two pairs, one bus: in turn
+
+
+def test_in_process_ranks_work_and_move_messages_in_turn_on_one_cpu() -> None:
+    from asynccomm.calibrate import time_calls
+    from asynccomm.sim.host import HostSpec
+
+    # two in-process ranks: a call costs each a millisecond of CPU, and each of the four
+    # messages of a ring allreduce 0.1 ms of the same CPU: 2.4 ms a call, back to back
+    segments = [Segment(1 << 20, 1e-4, 0.0)]
+    host = HostSpec(cores=1, call=1e-3)
+    one_cpu = calibrated_cluster(segments, name="cpu", ranks=2, shared=True, host=host)
+    model = ClusterModel(one_cpu, 2)
+    assert model.core(0) is model.core(1) is model._link_resources(0, 1)[0]
+    # a node of its own core per rank, or of fair links, keeps the two apart
+    assert ClusterModel(calibrated_cluster(segments, name="x", ranks=2, host=host),
+                        2).core(0).name.startswith("core")
+
+    async def main(comm: ac.Communicator) -> float:
+        buf = np.zeros(2, np.float32)
+        return (await time_calls(comm, lambda: comm.allreduce(buf, algorithm="ring"), 1,
+                                 comm.model_time, iterations=3))[0]
+
+    assert ac.run(main, 2, cluster=one_cpu)[0] == pytest.approx(2.4e-3, rel=1e-3)
 
 
 @pytest.mark.parametrize(("segments", "error", "message"), [
@@ -176,5 +199,69 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
     assert (got.call, got.step) == pytest.approx((2e-5, 4e-6), rel=1e-3)  # 8 B copies aside
     assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
     assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)
-    # a first touch measured dearer than the calls' whole work is capped by it
-    assert fit_host(2e-5, two, halves, 1.0).touch < 1e-9
+    # a first touch measured dearer than the calls' whole work is capped by what the
+    # largest calls leave once they have copied at the cached calls' rate: they still copy
+    capped = fit_host(2e-5, two, halves, 1.0)
+    assert 0 < capped.touch < 1e-9
+    assert math.isfinite(capped.copy_bandwidth) and capped.copy_bandwidth <= 1e10 * 1.001
+
+
+def test_in_process_ranks_are_timed_on_the_process_cpu_clock() -> None:
+    import time
+
+    from asynccomm.calibrate import clock_of
+
+    # in-process ranks: the time they would take with a core to themselves, not the time
+    # they wait for one on a shared machine; processes wait for each other: the wall clock
+    assert clock_of("local") is time.process_time
+    assert clock_of("processes") is clock_of("mpi") is time.perf_counter
+
+
+def test_the_loop_of_calls_times_every_rank_s_share_of_a_call() -> None:
+    import numpy as np
+
+    import asynccomm as ac
+    from asynccomm.calibrate import time_calls
+    from asynccomm.sim.host import HostSpec
+
+    # two ranks on one core, each call costs a millisecond of CPU per rank: back to back,
+    # a call takes both ranks' work; the messages of 8 bytes are nearly free
+    cluster = calibrated_cluster([Segment(1 << 20, 1e-9, 0.0)], name="x",
+                                 host=HostSpec(cores=1, call=1e-3))
+
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        buf = np.zeros(2, np.float32)
+        return await time_calls(comm, lambda: comm.allreduce(buf, algorithm="ring"), 2,
+                                comm.model_time, iterations=3)
+
+    per_call, faults = ac.run(main, 2, cluster=cluster, clock="virtual")[0]
+    assert per_call == pytest.approx(2e-3, rel=1e-3) and faults >= 0
+
+
+def test_the_switch_of_mpi_is_measured_on_mpi_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+
+    launched: list[tuple[list[str], int]] = []
+
+    def fake_mpi_run(args: list[str], ranks: int) -> None:  # a hop of 10 us, 15 on 3 ranks
+        launched.append((list(args), ranks))
+        Path(args[args.index("--token") + 1]).write_text(json.dumps(5e-6 * ranks))
+
+    monkeypatch.setattr(calibrate, "mpi_run", fake_mpi_run)
+    assert calibrate.measure_switch(2, 1, transport="mpi") == pytest.approx(5e-6)
+    assert [ranks for _, ranks in launched] == [2, 3]
+    assert all(args[:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--token"]
+               for args, _ in launched)
+
+
+def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:
+    # 10 us + n / 40 GB/s up to the eager limit, 0.1 us more past it (a clear-to-send):
+    # within the tolerance of one segment, which the fit alone keeps
+    sizes = [*SIZES[:14], 65544, *SIZES[14:]]
+    points = [(n, 10e-6 + n / 40e9 + (1e-7 if n > 65536 else 0.0)) for n in sizes]
+    assert len(fit_segments(points, max_segments=6)) == 1
+    broken = fit_segments(points, max_segments=6, breaks=(65536,))
+    assert broken[0].up_to == 65536
+    assert all(predict(broken, n) == pytest.approx(t, rel=1e-6) for n, t in points)
+    # a break with too few points on one side is left out
+    assert fit_segments(points[:5], breaks=(points[3][0],)) == fit_segments(points[:5])
