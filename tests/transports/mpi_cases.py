@@ -1,5 +1,7 @@
 """Failure cases under MPI, one per command: ``mpiexec -n 2 python -m
 tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the job ends.
+Cases that end normally can share a job, one after another: ``... mpi_cases CASE CASE ...``
+runs each as a section of ``tests.mpi_sections`` (its lines tagged with its name).
 
 - ``raise``: rank 1 raises while rank 0 waits for it; rank 0 must get ``CommBrokenError``
   naming the failure, and the job must exit non-zero.
@@ -37,6 +39,7 @@ tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import sys
@@ -49,6 +52,8 @@ import numpy as np
 import asynccomm as ac
 from asynccomm import open_mpi_world
 from asynccomm.testing import fail_next_mpi_call, posted
+
+from ..mpi_sections import run_sections
 
 
 async def raise_on_rank_1(comm: ac.Communicator) -> str:
@@ -356,11 +361,17 @@ async def links(comm: ac.Communicator) -> str:
 
 
 def traced_shm() -> str:
+    was = os.environ.get("ASYNCCOMM_TRANSPORT")
     os.environ["ASYNCCOMM_TRANSPORT"] = "shm"
     try:
         ac.run(nothing, trace=os.devnull)
     except ValueError as exc:
         return f"ValueError: {exc}"
+    finally:  # as it was, for the cases after this one in the same process
+        if was is None:
+            del os.environ["ASYNCCOMM_TRANSPORT"]
+        else:
+            os.environ["ASYNCCOMM_TRANSPORT"] = was
     return "no error"
 
 
@@ -430,4 +441,6 @@ def main(case: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) == 2:
+        sys.exit(main(sys.argv[1]))
+    sys.exit(run_sections([(case, functools.partial(main, case)) for case in sys.argv[1:]]))
