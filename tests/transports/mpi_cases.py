@@ -1,7 +1,8 @@
 """Failure cases under MPI, one per command: ``mpiexec -n 2 python -m
 tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the job ends.
-Cases that end normally can share a job, one after another: ``... mpi_cases CASE CASE ...``
-runs each as a section of ``tests.mpi_sections`` (its lines tagged with its name).
+Cases that end normally can share a job, one after another, as sections of
+``tests.mpi_sections``: ``mpiexec -n 2 python -m tests.mpi_sections
+"tests.transports.mpi_cases CASE" ...``.
 
 - ``raise``: rank 1 raises while rank 0 waits for it; rank 0 must get ``CommBrokenError``
   naming the failure, and the job must exit non-zero.
@@ -39,12 +40,11 @@ runs each as a section of ``tests.mpi_sections`` (its lines tagged with its name
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import signal
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,8 +52,6 @@ import numpy as np
 import asynccomm as ac
 from asynccomm import open_mpi_world
 from asynccomm.testing import fail_next_mpi_call, posted
-
-from ..mpi_sections import run_sections
 
 
 async def raise_on_rank_1(comm: ac.Communicator) -> str:
@@ -390,7 +388,8 @@ def run_rules() -> str:
     return f"plain={plain!r} sized={sized!r} wrong={wrong!r} local={local!r}"
 
 
-def main(case: str) -> int:
+def main(argv: Sequence[str]) -> int:
+    (case,) = argv
     if case == "raise":
         sys.stdout.write(f"{ac.run(raise_on_rank_1)}\n")
     elif case == "sigint":
@@ -441,6 +440,4 @@ def main(case: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 2:
-        sys.exit(main(sys.argv[1]))
-    sys.exit(run_sections([(case, functools.partial(main, case)) for case in sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

@@ -63,37 +63,44 @@ def _output(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
-#: The cases of ``mpi_cases`` that end normally, in one job per place, one after another in
-#: the same processes (each opens and closes its own world); the others need a process of
-#: their own.  ``send-error`` comes first: its small send must find a fast lane that has
-#: never sent (a lane that knows the dtype sends it without the failing call).
-TOGETHER = {"mpi": (2, MPI, ("send-error", "lane", "answer-landed", "doorbell")),
-            "shm": (2, {}, ("links", "size-mismatch", "run-rules", "two-worlds",
-                            "unmatched-at-close")),
-            "hybrid": (4, TWO_HOSTS, ("links", "unmatched-at-close"))}
+def cases(*names: str) -> tuple[str, ...]:
+    return tuple(f"tests.transports.mpi_cases {name}" for name in names)
 
 
-#: A case's part of a job of several (``together``).
+CONTRACT = "tests.transports.mpi_contract_runner --loops uvloop,asyncio"
+CONSERVATION = "tests.transports.mpi_conservation_runner"
+#: The runs that end normally, in one job per place, one after another in the same
+#: processes (``tests.mpi_sections``; each opens and closes its own worlds); the others
+#: need a process of their own.  ``send-error`` comes first: its small send must find a
+#: fast lane that has not sent yet (one that knows the dtype sends it without the failing
+#: call).
+TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "answer-landed", "doorbell")),
+            "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
+                                   "unmatched-at-close"), CONTRACT, CONSERVATION)),
+            "hybrid": (4, TWO_HOSTS, (*cases("links", "unmatched-at-close"), CONSERVATION))}
+#: A run's part of a job of several (``together``): ``(place, spec or case name)``.
 Case = Callable[[str, str], subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="module")
 def together() -> Case:
-    """``case(place, name)``: that case's part of the job of ``TOGETHER[place]``, which
-    starts the first time it is asked for (``mpi_sections.section``)."""
+    """``case(place, name)``: that run's part of the job of ``TOGETHER[place]``, which
+    starts the first time it is asked for (``mpi_sections.section``); ``name`` is a
+    case of ``mpi_cases`` or a runner's spec."""
     jobs: dict[str, subprocess.CompletedProcess[str] | str] = {}
 
     def case(place: str, name: str) -> subprocess.CompletedProcess[str]:
-        n, env, names = TOGETHER[place]
+        n, env, specs = TOGETHER[place]
         if place not in jobs:
             try:
-                jobs[place] = mpiexec(n, "-m", "tests.transports.mpi_cases", *names, **env)
-            except pytest.fail.Exception as exc:  # hung: every case of it fails so
+                jobs[place] = mpiexec(n, "-m", "tests.mpi_sections", *specs, **env)
+            except pytest.fail.Exception as exc:  # hung: every run of it fails so
                 jobs[place] = str(exc)
         job = jobs[place]
         if isinstance(job, str):
             pytest.fail(job)
-        return section(job, name, n)
+        spec = name if " " in name or "." in name else cases(name)[0]
+        return section(job, spec, n)
 
     return case
 
@@ -102,8 +109,12 @@ def together() -> Case:
 @pytest.mark.parametrize(("n", "env", "loops"), [
     (2, {}, "uvloop,asyncio"), (3, MPI, "uvloop,asyncio"),
     (4, {"ASYNCCOMM_TEST_HOSTS": "a,a,b,b"}, "uvloop")], ids=["shm", "mpi", "hybrid"])
-def test_contract_on_mpi(n: int, env: dict[str, str], loops: str) -> None:
-    proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", "--loops", loops, **env)
+def test_contract_on_mpi(n: int, env: dict[str, str], loops: str, together: Case) -> None:
+    if n == 2:  # within a host, in the job of several runs
+        proc = together("shm", CONTRACT)
+    else:
+        proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", "--loops", loops,
+                       **env)
     assert proc.returncode == 0, _output(proc)
     assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
@@ -128,9 +139,10 @@ def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
 
 
 @pytest.mark.parametrize("place", ["shm", "hybrid"])
-def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(place: str) -> None:
-    n, env = PLACES[place]
-    proc = mpiexec(n, "-m", "tests.transports.mpi_conservation_runner", **env)
+def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(
+        place: str, together: Case) -> None:
+    n, _ = PLACES[place]
+    proc = together(place, CONSERVATION)
     assert proc.returncode == 0, _output(proc)
     assert f"conservation on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
