@@ -55,8 +55,11 @@ demo: $(RUNTIME)
 PURE_TESTS := tests/engine tests/api/test_bad_input.py tests/transports/test_local.py \
 	tests/transports/test_conservation.py tests/core/test_fastlane.py tests/api/test_logging.py \
 	tests/api/test_send_buffers.py tests/faults/test_contract.py
+# The whole suite on two pytest-xdist workers, a test file to each at a time (its module
+# fixtures, such as the shared mpiexec jobs of tests/transports/test_mpi.py, run once); the
+# short pure-Python pass in one process (two would spend more collecting than they save).
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 	ASYNCCOMM_PURE_PYTHON=1 $(PY) -m pytest -q -p no:cacheprovider -m "not native" $(PURE_TESTS)
 
 test-core: $(STAMP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping
 
 import pytest
@@ -14,6 +15,13 @@ import uvloop
 # starts): the examples' training in several processes at once, on a machine of few
 # cores, otherwise keeps more BLAS threads spinning than there are cores.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+# A run started in the background of a script (``make test &``, nohup) ignores Ctrl-C, and
+# so would every process a test starts (an ignored signal stays ignored across exec, and
+# Python then installs no KeyboardInterrupt handler): the tests that interrupt a process
+# they started would wait for it in vain.  Their processes get Python's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _debug_asyncio_loop() -> asyncio.AbstractEventLoop:

@@ -3,6 +3,7 @@ against its port."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -38,8 +39,17 @@ def test_one_server_does_not_scale(data: dict) -> None:
 
 
 def test_the_command_writes_json_and_a_picture(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
-    scaling.main(["--quick", "--out", str(tmp_path)])
-    doc = json.loads((tmp_path / "scaling.json").read_text())
+    """Twice, the second time with its picture: the same JSON bytes, without wall times
+    (which go to their own file; ``test_walls.py``)."""
+    picture = importlib.util.find_spec("matplotlib") is not None
+    texts = []
+    for draw in (False, picture):
+        scaling.main(["--quick", "--out", str(tmp_path), *([] if draw else ["--no-plot"])])
+        texts.append((tmp_path / "scaling.json").read_text(encoding="utf-8"))
+    assert texts[0] == texts[1] and "wall" not in texts[0]
+    assert json.loads((tmp_path / "scaling.walls.json").read_text())["wall_seconds"] >= 0
+    doc = json.loads(texts[0])
     assert doc["byte_scale"] == 64 and [r["workers"] for r in doc["series"]["single"]] == [8, 16]
+    if not picture:
+        pytest.skip("matplotlib is not installed: no picture")
     assert (tmp_path / "scaling.png").stat().st_size < 200_000

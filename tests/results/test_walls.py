@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from results import chunking, scaling
+from results import chunking
 from results._common import split_walls
 
 
@@ -20,12 +20,12 @@ def test_split_walls_takes_every_wall_field_out() -> None:
 
 
 def test_results_written_twice_are_the_same_bytes(tmp_path: Path) -> None:
-    for module, name in ((chunking, "chunking"), (scaling, "scaling")):
-        texts = []
-        for _ in range(2):
-            module.main(["--quick", "--no-plot", "--out", str(tmp_path)])
-            texts.append((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
-        assert texts[0] == texts[1], name
-        assert "wall" not in texts[0]
-        walls = json.loads((tmp_path / f"{name}.walls.json").read_text(encoding="utf-8"))
-        assert walls["wall_seconds"] >= 0
+    """(And ``results.scaling``'s: ``test_scaling.py``, whose command test writes twice.)"""
+    texts = []
+    for _ in range(2):
+        chunking.main(["--quick", "--no-plot", "--out", str(tmp_path)])
+        texts.append((tmp_path / "chunking.json").read_text(encoding="utf-8"))
+    assert texts[0] == texts[1]
+    assert "wall" not in texts[0]
+    walls = json.loads((tmp_path / "chunking.walls.json").read_text(encoding="utf-8"))
+    assert walls["wall_seconds"] >= 0

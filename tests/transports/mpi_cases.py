@@ -1,5 +1,8 @@
 """Failure cases under MPI, one per command: ``mpiexec -n 2 python -m
 tests.transports.mpi_cases CASE``.  ``test_mpi.py`` runs them and checks how the job ends.
+Cases that end normally can share a job, one after another, as sections of
+``tests.mpi_sections``: ``mpiexec -n 2 python -m tests.mpi_sections
+"tests.transports.mpi_cases CASE" ...``.
 
 - ``raise``: rank 1 raises while rank 0 waits for it; rank 0 must get ``CommBrokenError``
   naming the failure, and the job must exit non-zero.
@@ -41,7 +44,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
@@ -356,11 +359,17 @@ async def links(comm: ac.Communicator) -> str:
 
 
 def traced_shm() -> str:
+    was = os.environ.get("ASYNCCOMM_TRANSPORT")
     os.environ["ASYNCCOMM_TRANSPORT"] = "shm"
     try:
         ac.run(nothing, trace=os.devnull)
     except ValueError as exc:
         return f"ValueError: {exc}"
+    finally:  # as it was, for the cases after this one in the same process
+        if was is None:
+            del os.environ["ASYNCCOMM_TRANSPORT"]
+        else:
+            os.environ["ASYNCCOMM_TRANSPORT"] = was
     return "no error"
 
 
@@ -379,7 +388,8 @@ def run_rules() -> str:
     return f"plain={plain!r} sized={sized!r} wrong={wrong!r} local={local!r}"
 
 
-def main(case: str) -> int:
+def main(argv: Sequence[str]) -> int:
+    (case,) = argv
     if case == "raise":
         sys.stdout.write(f"{ac.run(raise_on_rank_1)}\n")
     elif case == "sigint":
@@ -430,4 +440,4 @@ def main(case: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

@@ -17,12 +17,14 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import asynccomm as ac
 
+from ..mpi_sections import section
 from .environments import mpi_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,12 +63,58 @@ def _output(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
+def cases(*names: str) -> tuple[str, ...]:
+    return tuple(f"tests.transports.mpi_cases {name}" for name in names)
+
+
+CONTRACT = "tests.transports.mpi_contract_runner --loops uvloop,asyncio"
+CONSERVATION = "tests.transports.mpi_conservation_runner"
+#: The runs that end normally, in one job per place, one after another in the same
+#: processes (``tests.mpi_sections``; each opens and closes its own worlds); the others
+#: need a process of their own.  ``send-error`` comes first: its small send must find a
+#: fast lane that has not sent yet (one that knows the dtype sends it without the failing
+#: call).
+TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "answer-landed", "doorbell")),
+            "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
+                                   "unmatched-at-close"), CONTRACT, CONSERVATION)),
+            "hybrid": (4, TWO_HOSTS, (*cases("links", "unmatched-at-close"), CONSERVATION))}
+#: A run's part of a job of several (``together``): ``(place, spec or case name)``.
+Case = Callable[[str, str], subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def together() -> Case:
+    """``case(place, name)``: that run's part of the job of ``TOGETHER[place]``, which
+    starts the first time it is asked for (``mpi_sections.section``); ``name`` is a
+    case of ``mpi_cases`` or a runner's spec."""
+    jobs: dict[str, subprocess.CompletedProcess[str] | str] = {}
+
+    def case(place: str, name: str) -> subprocess.CompletedProcess[str]:
+        n, env, specs = TOGETHER[place]
+        if place not in jobs:
+            try:
+                jobs[place] = mpiexec(n, "-m", "tests.mpi_sections", *specs, **env)
+            except pytest.fail.Exception as exc:  # hung: every run of it fails so
+                jobs[place] = str(exc)
+        job = jobs[place]
+        if isinstance(job, str):
+            pytest.fail(job)
+        spec = name if " " in name or "." in name else cases(name)[0]
+        return section(job, spec, n)
+
+    return case
+
+
 #: Each link's contract on both loops; on two hosts, whose links are those two, on one.
 @pytest.mark.parametrize(("n", "env", "loops"), [
     (2, {}, "uvloop,asyncio"), (3, MPI, "uvloop,asyncio"),
     (4, {"ASYNCCOMM_TEST_HOSTS": "a,a,b,b"}, "uvloop")], ids=["shm", "mpi", "hybrid"])
-def test_contract_on_mpi(n: int, env: dict[str, str], loops: str) -> None:
-    proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", "--loops", loops, **env)
+def test_contract_on_mpi(n: int, env: dict[str, str], loops: str, together: Case) -> None:
+    if n == 2:  # within a host, in the job of several runs
+        proc = together("shm", CONTRACT)
+    else:
+        proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", "--loops", loops,
+                       **env)
     assert proc.returncode == 0, _output(proc)
     assert f"contract on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
@@ -80,8 +128,8 @@ def test_contract_on_mpi_with_the_python_steps() -> None:
     assert "contract on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
-def test_small_messages_on_mpi_take_the_c_lane() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "lane", limit=60, **MPI)
+def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
+    proc = together("mpi", "lane")
     assert proc.returncode == 0, _output(proc)
     if "no C lane" in proc.stdout:
         pytest.skip("the C lane is not built here")
@@ -91,20 +139,22 @@ def test_small_messages_on_mpi_take_the_c_lane() -> None:
 
 
 @pytest.mark.parametrize("place", ["shm", "hybrid"])
-def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(place: str) -> None:
-    n, env = PLACES[place]
-    proc = mpiexec(n, "-m", "tests.transports.mpi_conservation_runner", **env)
+def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(
+        place: str, together: Case) -> None:
+    n, _ = PLACES[place]
+    proc = together(place, CONSERVATION)
     assert proc.returncode == 0, _output(proc)
     assert f"conservation on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
 
 
 @pytest.mark.parametrize("place", ["shm", "hybrid"])
-def test_the_default_link_is_shared_memory_within_a_host(place: str) -> None:
+def test_the_default_link_is_shared_memory_within_a_host(
+        place: str, together: Case) -> None:
     """Every communicator (split, dup, private context) too; ``=mpi`` is checked by the
     cases about MPI itself, and the variable's values by ``test_transport_choice``."""
-    n, env = PLACES[place]
+    n, _ = PLACES[place]
     link = "ShmTransport" if place == "shm" else "HybridTransport"
-    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "links", limit=60, **env)
+    proc = together(place, "links")
     assert proc.returncode == 0, _output(proc)
     for rank in range(n):
         assert f"rank {rank}: {link} {link} {link} {link}" in proc.stdout, _output(proc)
@@ -154,8 +204,9 @@ def test_a_killed_rank_ends_the_job_instead_of_hanging(place: str) -> None:
     assert proc.returncode != 0, _output(proc)
 
 
-def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "send-error", limit=60, **MPI)
+def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send(
+        together: Case) -> None:
+    proc = together("mpi", "send-error")
     assert proc.returncode == 0, _output(proc)
     assert "TransportError: rank 0: MPI send to rank 1 failed" in proc.stdout, _output(proc)
     assert "small send: TransportError, credit kept" in proc.stdout, _output(proc)
@@ -163,10 +214,9 @@ def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send() -> None:
 
 
 @pytest.mark.parametrize("place", ["shm", "hybrid"])
-def test_a_rendezvous_send_its_receiver_closed_on_fails_and_the_job_ends(place: str) -> None:
-    n, env = PLACES[place]
-    proc = mpiexec(n, "-m", "tests.transports.mpi_cases", "unmatched-at-close", limit=60,
-                   **env)
+def test_a_rendezvous_send_its_receiver_closed_on_fails_and_the_job_ends(
+        place: str, together: Case) -> None:
+    proc = together(place, "unmatched-at-close")
     assert proc.returncode == 0, _output(proc)
     assert ("unmatched send: CommBrokenError: rank 1 closed its communicator before receiving "
             "this message") in proc.stdout, _output(proc)
@@ -190,28 +240,29 @@ def test_after_an_mpi_failure_new_ops_fail_at_once_and_landed_messages_arrive() 
     assert "aborting the MPI job" in proc.stderr, _output(proc)
 
 
-def test_a_sendrecv_whose_message_already_landed_completes_without_suspending() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "answer-landed", limit=60, **MPI)
+def test_a_sendrecv_whose_message_already_landed_completes_without_suspending(
+        together: Case) -> None:
+    proc = together("mpi", "answer-landed")
     assert proc.returncode == 0, _output(proc)
     assert "rank 0 got 7 at once" in proc.stdout, _output(proc)
     assert "rank 1 got 1" in proc.stdout, _output(proc)
 
 
-def test_an_idle_rank_sleeps_until_a_peer_on_its_host_rings() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "doorbell", limit=60, **MPI)
+def test_an_idle_rank_sleeps_until_a_peer_on_its_host_rings(together: Case) -> None:
+    proc = together("mpi", "doorbell")
     assert proc.returncode == 0, _output(proc)
     assert "rank 1 sent" in proc.stdout, _output(proc)
     assert "rank 0 got 5 after 1 ring(s)" in proc.stdout, _output(proc)
 
 
-def test_world_size_must_match_the_mpi_world() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "size-mismatch", limit=60)
+def test_world_size_must_match_the_mpi_world(together: Case) -> None:
+    proc = together("shm", "size-mismatch")
     assert proc.returncode == 0, _output(proc)
     assert proc.stdout.count("ValueError: world_size=99 but MPI started 2") == 2, _output(proc)
 
 
-def test_the_run_rules_under_mpiexec() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "run-rules", limit=60)
+def test_the_run_rules_under_mpiexec(together: Case) -> None:
+    proc = together("shm", "run-rules")
     assert proc.returncode == 0, _output(proc)
     lines = sorted(proc.stdout.strip().splitlines())
     for rank, line in enumerate(lines):
@@ -221,8 +272,8 @@ def test_the_run_rules_under_mpiexec() -> None:
         assert "local=['sim 0/3', 'sim 1/3', 'sim 2/3']" in line, _output(proc)
 
 
-def test_worlds_open_at_once_do_not_see_each_others_messages() -> None:
-    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "two-worlds", limit=60)
+def test_worlds_open_at_once_do_not_see_each_others_messages(together: Case) -> None:
+    proc = together("shm", "two-worlds")
     assert proc.returncode == 0, _output(proc)
     for rank in (0, 1):
         assert f"rank {rank}: world a got 1, world b got 2" in proc.stdout, _output(proc)
