@@ -11,6 +11,8 @@ import pytest
 import structlog
 import uvloop
 
+from . import mpich_segments
+
 # One BLAS thread per process (read as numpy loads, here and in every process a test
 # starts): the examples' training in several processes at once, on a machine of few
 # cores, otherwise keeps more BLAS threads spinning than there are cores.
@@ -22,6 +24,24 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # they started would wait for it in vain.  Their processes get Python's default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_SEGMENTS = pytest.StashKey[set[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Note MPICH's segments in ``/dev/shm`` (in the process that runs the session, not in
+    a pytest-xdist worker's): see ``pytest_sessionfinish``."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_SEGMENTS] = mpich_segments.segments()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the segments MPICH left behind from the jobs that the MPI failure cases end
+    on purpose (``tests/mpich_segments.py``), once every worker is done."""
+    before = session.config.stash.get(_SEGMENTS, None)
+    if before is not None:
+        mpich_segments.remove_orphans(before)
 
 
 def _debug_asyncio_loop() -> asyncio.AbstractEventLoop:
