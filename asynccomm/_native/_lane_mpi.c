@@ -451,6 +451,24 @@ after_isend(Path *p, PyObject *req, long dest)
     return wake(p->progress);
 }
 
+/* ``Progress.send``: the control message ``raw`` to ``dest`` (rank ``d``) on the control
+ * tag, ``progress.comm`` looked up each time as the Python does (a test may put a faulty
+ * one there), then ``after_isend``.  0 sent, -1 error (an MPI one is ``p->mpi_exc``). */
+static int
+send_control(Path *p, PyObject *raw, PyObject *dest, long d)
+{
+    PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
+    if (comm == NULL) {
+        return -1;
+    }
+    PyObject *argv[4] = {comm, raw, dest, zero};
+    PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    Py_DECREF(comm);
+    int rc = req == NULL ? -1 : after_isend(p, req, d);
+    Py_XDECREF(req);
+    return rc;
+}
+
 /* ``Progress._wake``: poll now, if the task is parked waiting for the idle tick. */
 static int
 wake(PyObject *progress)
@@ -569,18 +587,8 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     frame_eager(PyBytes_AS_STRING(raw), p->rank, t, view.buf, nbytes, count, field);
     Py_DECREF(field);
     PyBuffer_Release(&view);
-    /* progress.comm.Isend(raw, dest, 0): the control tag; the communicator looked up each
-     * time, as Progress.send does (a test may put a faulty one there) */
-    PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
-    PyObject *req = NULL;
-    if (comm != NULL) {
-        PyObject *argv[4] = {comm, raw, dest, zero};
-        req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
-        Py_DECREF(comm);
-    }
+    int rc = send_control(p, raw, dest, d);
     Py_DECREF(raw);
-    int rc = req == NULL ? -1 : after_isend(p, req, d);
-    Py_XDECREF(req);
     if (rc < 0) {
         if (!PyErr_ExceptionMatches(p->mpi_exc)) {
             return NULL;
@@ -650,7 +658,7 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     next = v == NULL ? -1 : PyLong_AsLongLong(v);
     Py_XDECREF(v);
     PyObject *ident = next == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(next + 1);
-    PyObject *raw = NULL, *comm = NULL, *req = NULL;
+    PyObject *raw = NULL;
     int rc = -1;
     if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
         || PyDict_SetItem(p->announced, ident, dest) < 0
@@ -672,19 +680,14 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     put_ref(msg, M.ident, ident);
-    if (PyDict_SetItem(p->sends, ident, msg) < 0
-        || (comm = PyObject_GetAttr(p->progress, a_comm)) == NULL) {
+    if (PyDict_SetItem(p->sends, ident, msg) < 0) {
         goto done;
     }
-    PyObject *argv[4] = {comm, raw, dest, zero};
-    req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
-    rc = req == NULL ? -1 : after_isend(p, req, d);
+    rc = send_control(p, raw, dest, d);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_send_failed, msg, dest);
     }
 done:
-    Py_XDECREF(req);
-    Py_XDECREF(comm);
     Py_XDECREF(raw);
     Py_XDECREF(ident);
     Py_DECREF(field);
@@ -1211,7 +1214,7 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
 {
     PyObject *source = SLOT(msg, M.source), *ident = SLOT(msg, M.ident);
     PyObject *key = PyTuple_Pack(2, source, ident);
-    PyObject *tag = NULL, *raw = NULL, *comm = NULL, *ctl = NULL;
+    PyObject *tag = NULL, *raw = NULL;
     int rc = -1;
     long s = PyLong_AsLong(source);
     long long id = PyLong_AsLongLong(ident);
@@ -1235,18 +1238,14 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_IDENT, (unsigned long long)id, 8);
-    if (move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv) == 0
-        && (comm = PyObject_GetAttr(p->progress, a_comm)) != NULL) {
-        PyObject *argv[4] = {comm, raw, source, zero};
-        ctl = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    rc = move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv);
+    if (rc == 0) {
+        rc = send_control(p, raw, source, s);
     }
-    rc = ctl == NULL ? -1 : after_isend(p, ctl, s);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_fetch_failed, source, NULL);
     }
 done:
-    Py_XDECREF(ctl);
-    Py_XDECREF(comm);
     Py_XDECREF(raw);
     Py_XDECREF(tag);
     Py_XDECREF(key);
