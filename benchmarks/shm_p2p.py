@@ -15,7 +15,7 @@ asynccomm's worlds open on it, with no MPI underneath.
   (``BANDWIDTH_TARGETS``, a share of raw mpi4py's).  Beside the bandwidth, alternating with
   raw mpi4py and asynccomm repeat by repeat, the floor a single copy sets (``copy_stream``):
   one bare ``process_vm_readv`` of the whole message from the sender's buffer, acknowledged
-  by a datagram the sender waits for as asynccomm waits (``BANDWIDTH_FLOOR_TARGET``:
+  by a datagram the sender waits for as asynccomm waits (``BANDWIDTH_FLOOR_TARGETS``:
   asynccomm's share of it).
 - At every count: the 8 KiB ring (``sendrecv`` to rank+1; per hop, against raw mpi4py's
   ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).
@@ -78,8 +78,13 @@ RING_BYTES = 8 * KiB
 IDLE_SECONDS = 10.0
 IDLE_CPU_TARGET = 0.01
 WAKE_TARGET_MS = 0.2
-#: Bandwidth, as a share of the single-copy floor's (``copy_stream``) measured beside it.
-BANDWIDTH_FLOOR_TARGET = 0.90
+#: Bandwidth, as a share of the single-copy floor's (``copy_stream``) measured beside it,
+#: by message size.  The floor moves a message with one copy and one datagram; the link
+#: adds its announcement and the copy's answer: two small messages (one-way 8 B: ~4 us
+#: here) on a 1 MiB copy of ~85 us leave it ~91% at best, so 85%; from 16 MiB on, what a
+#: message costs besides its copy is under 1% (90%: the copy goes in 4 MiB chunks, a turn
+#: of the loop each).
+BANDWIDTH_FLOOR_TARGETS = {1 * MiB: 0.85, 16 * MiB: 0.90, 256 * MiB: 0.90}
 #: Rounds of the wake from idle (asynccomm's and the bare datagram's, alternating), and
 #: the idle seconds before each.
 WAKE_ROUNDS = 5
@@ -297,13 +302,14 @@ def checks(result: dict[str, Any], crowded: bool) -> list[dict[str, Any]]:
             out.append({"what": f"bandwidth {size_label(row.nbytes)}", "value": ratio,
                         "unit": "of raw", "target": f">= {need:.0%} of raw mpi4py",
                         "passed": ratio >= need, "binding": True})
-        if row.kind == "bandwidth" and row.floor:
+        floor = BANDWIDTH_FLOOR_TARGETS.get(row.nbytes) if row.kind == "bandwidth" else None
+        if floor is not None and row.floor:
             share = median(row.floor) / row.ac_median()
             out.append({"what": f"bandwidth {size_label(row.nbytes)}, of the single copy",
                         "value": share, "unit": "of floor",
                         "floor_of_raw": row.raw_median() / median(row.floor),
-                        "target": f">= {BANDWIDTH_FLOOR_TARGET:.0%} of the single-copy floor",
-                        "passed": share >= BANDWIDTH_FLOOR_TARGET, "binding": True})
+                        "target": f">= {floor:.0%} of the single-copy floor",
+                        "passed": share >= floor, "binding": True})
     ring = result["ring"]
     out.append({"what": f"{size_label(ring.nbytes)} ring hop", "value": ring.ratio(),
                 "unit": "x raw", "target": f"<= {RING_RATIO_TARGET:g}x raw mpi4py"

@@ -64,6 +64,14 @@ def test_bandwidth_is_judged_against_the_single_copy_floor(floor_share: float,
         assert got["bandwidth 16 MiB"] is (share >= 1.0)
 
 
+def test_a_1_mib_message_is_judged_against_85_percent_of_the_floor() -> None:
+    for floor_share, passed in ((0.86, True), (0.84, False)):
+        result = _result(ac_us=2.9, share=1.01, hop_us=4.9, cpu=0.001, wake_ms=0.1)
+        result["p2p"][1] = mpi_p2p.Row("bandwidth", MiB, 10, raw=[1.0] * 3,  # type: ignore[index]
+                                       asynccomm=[1.0] * 3, floor=[floor_share] * 3)
+        assert _verdicts(result)["bandwidth 1 MiB, of the single copy"] is passed
+
+
 @pytest.mark.parametrize(("wake_ms", "bare_ms", "within", "over"),
                          [(0.14, 0.05, True, True), (0.16, 0.05, True, False),
                           (0.29, 0.2, False, True), (0.31, 0.2, False, False)])
