@@ -278,6 +278,9 @@ async def bare_wake(comm: ac.Communicator, seconds: float) -> float:
         if comm.rank != 0:
             await asyncio.sleep(seconds)
             sock.sendto(repr(mpi_ring.monotonic()).encode(), address(dest))
+        # The barrier's messages wait till the next rank is awake: they would wake it too,
+        # and its loop, busy with the link, would take the datagram late.
+        await asyncio.sleep(mpi_ring.SEND_MARGIN)
         await comm.barrier()  # no socket closes while a datagram is on its way to it
         return wake_ms
     finally:
