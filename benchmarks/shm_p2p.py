@@ -346,7 +346,7 @@ def _value(c: dict[str, Any]) -> str:
     if c["unit"] == "of floor":
         return f"{c['value']:.1%} (floor: {c['floor_of_raw']:.1%} of raw)"
     if c["unit"] == "ms over floor":
-        return f"+{c['value']:.3f} ms" if c["value"] >= 0 else f"{c['value']:.3f} ms"
+        return f"{c['value']:+.3f} ms"
     return f"{c['value']:.2f}x"
 
 
