@@ -83,6 +83,12 @@ SUITES: tuple[Suite, ...] = (
             "ring (its target set for more ranks than cores), idle ranks' CPU and wake-up "
             "time.")
       for n in (2, 3, 4)),
+    Suite("ps_ceiling", "ps_ceiling.json", "Parameter server beside its compute ceiling",
+          "python -m benchmarks.ps_ceiling",
+          "the parameter-server example (4 workers and a server, the MLP trained for real) "
+          "in-process, one process per rank on shared memory and under `mpiexec -n 5`, each "
+          "beside the compute ceiling measured in the same run: the same ranks doing the "
+          "same numpy work with nothing exchanged. No target."),
 )
 
 
@@ -135,6 +141,7 @@ VERDICTS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "mpi_p2p": _formatted(mpi_p2p._value),
     "mpi_ring": _formatted(mpi_ring._value),
     "shm_p2p": _formatted(shm_p2p._value),
+    "ps_ceiling": _shown_already,
 }
 
 

@@ -19,7 +19,7 @@ printing a ``result:`` line for each (see ``ps/simulated.py``).
 
 Run: python examples/parameter_server.py [--mode sync|async|ssp] [--staleness S]
      [--workers N] [--compression none|fp16|int8|onebit|topk] [--epochs E]
-     [--no-overlap] [--loop uvloop|asyncio] [--seed S] [--processes]
+     [--no-overlap] [--no-exchange] [--loop uvloop|asyncio] [--seed S] [--processes]
      [--cluster none|ascend910|ascend910b|nvlink4|roce100g] [--clock auto|wall|virtual]
  or, one rank per process: mpiexec -n N+1 .venv/bin/python examples/parameter_server.py
  or: python examples/parameter_server.py --workload resnet50|dlrm [--cluster PRESET]
@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--no-overlap", action="store_true",
                         help="push after the whole backward pass; pull after the push")
+    parser.add_argument("--no-exchange", action="store_true",
+                        help="the compute ceiling: the workers run the same numpy work on "
+                        "the same ranks and push and pull nothing (nothing is trained)")
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--processes", action="store_true",
                         help="each rank in a process of its own on this machine "
@@ -131,7 +134,8 @@ def print_report(report: Report) -> None:
     cfg = report.config
     model, wire = report.model, report.push_bytes
     print(f"parameter server: {cfg.mode} mode, {cfg.workers} workers + 1 server "
-          f"(world size {cfg.world_size}), overlap {'on' if cfg.overlap else 'off'}")
+          f"(world size {cfg.world_size}), overlap {'on' if cfg.overlap else 'off'}"
+          f"{'' if cfg.exchange else '; compute only: nothing exchanged, nothing trained'}")
     print(f"model {'-'.join(map(str, model.sizes))} ({model.parameters:,} parameters); "
           f"push per worker step: {wire / 1024:,.1f} KiB with {cfg.compression} "
           f"({wire / (4 * model.parameters):.1%} of fp32)")
@@ -145,7 +149,8 @@ def print_report(report: Report) -> None:
     reached = report.test_accuracy >= TARGET_ACCURACY
     print(f"result: mode={cfg.mode} compression={cfg.compression} "
           f"overlap={'on' if cfg.overlap else 'off'} workers={cfg.workers} "
-          f"epochs={cfg.epochs} test_accuracy={report.test_accuracy:.4f} "
+          f"epochs={cfg.epochs} exchange={'on' if cfg.exchange else 'off'} "
+          f"samples_per_s={report.samples_per_s:.0f} test_accuracy={report.test_accuracy:.4f} "
           f"target={TARGET_ACCURACY:.2f} reached={'yes' if reached else 'no'} "
           f"comm_share={report.comm_share:.3f} max_ahead={report.max_gap} "
           f"retries={report.retries} seconds={report.seconds:.1f}")
@@ -187,8 +192,9 @@ def run_surviving(cfg: Config, args: argparse.Namespace) -> None:
     """``--kill-worker-at``: train with a worker dying, and say what happened."""
     steps = cfg.epochs * cfg.steps_per_epoch()
     if (args.mode != "sync" or not 1 <= args.kill_worker <= cfg.workers
-            or not 0 <= args.kill_worker_at < steps or cfg.workers < 2):
+            or not 0 <= args.kill_worker_at < steps or cfg.workers < 2 or not cfg.exchange):
         raise SystemExit("parameter_server.py: error: --kill-worker-at needs --mode sync, "
+                         "the exchange, "
                          f"2 or more workers, 0 <= STEP < {steps} and 1 <= --kill-worker "
                          f"<= {cfg.workers}")
     print(f"parameter server: sync mode, {cfg.workers} workers + 1 server; worker rank "
@@ -215,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
                      overlap=not args.no_overlap, seed=args.seed,
                      train_samples=args.train_samples,
                      batch_size=64 if args.batch_size is None else args.batch_size,
-                     lr=args.lr, retry=RetryPolicy(on_retry=_retry_notice))
+                     lr=args.lr, retry=RetryPolicy(on_retry=_retry_notice),
+                     exchange=not args.no_exchange)
     except ValueError as exc:
         raise SystemExit(f"parameter_server.py: error: {exc}") from None
     if args.kill_worker_at is not None:

@@ -62,6 +62,11 @@ class Report:
         return float(np.mean([r.comm_share for r in self.rows]))
 
     @property
+    def samples_per_s(self) -> float:
+        """The median epoch's samples per second, over every worker."""
+        return float(np.median([r.samples_per_s for r in self.rows]))
+
+    @property
     def push_bytes(self) -> int:
         """Bytes a worker pushes per step (every layer's compressed gradient)."""
         comp = make_compressor(self.config.compression)

@@ -45,6 +45,10 @@ class Config:
     train_samples: int = 24_000
     test_samples: int = 4_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    exchange: bool = True
+    """False: the compute ceiling: the workers run the same numpy work (forward, backward,
+    compression) on the parameters they pulled once, and push and pull nothing; nothing is
+    trained."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -29,7 +29,10 @@ async def serve(comm: ac.Communicator, cfg: Config, model: MLP) -> ServerLog:
     """Run the server for ``cfg.mode`` until every worker has pushed its last step."""
     server = _Server(comm, cfg, model)
     await ac.wait_all([req for w in range(cfg.workers) for req in server.reply(w)])
-    if cfg.mode == "sync":
+    if not cfg.exchange:  # the compute ceiling: the workers push nothing
+        for _ in range(cfg.epochs):
+            server.snapshot()
+    elif cfg.mode == "sync":
         await _serve_sync(server)
     else:
         await _serve_async(server)

@@ -7,6 +7,9 @@ goes on with the next layer; and the next step's parameters are prefetched: thei
 Without overlap the same messages go out after the whole backward pass, and the
 parameters are received after the push.
 
+With ``cfg.exchange`` off the worker only computes: the same kernels every step on the
+parameters it pulled once, no push and no pull (the ceiling communication can approach).
+
 ``comm_time`` is the wall time the worker spends in communication: posting messages,
 waiting for pushes to complete and parameters to arrive, retry back-off; the rest of a
 step is its compute (and waiting for a core to compute on).
@@ -119,19 +122,21 @@ class _Worker:
     async def step(self, device: ComputeStream, step: int) -> None:
         start, last = self.now(), step + 1 == self.steps
         with self.timer:
-            prefetch = self.pull(self.spare) if self.cfg.overlap and not last else []
+            prefetch = (self.pull(self.spare) if self.cfg.overlap and self.cfg.exchange
+                        and not last else [])
         kernels = _Step(self.model, self.params, *next(self.batches), self.feedback)
         loss = device.submit(kernels.forward)
         if self.modelled:
             await self.comm.compute(flops=self.model.forward_flops(len(kernels.y)))
         sent = await self._backward(device, kernels)
-        with self.timer:
-            await self._push(sent)
-            if prefetch:
-                await ac.wait_all(prefetch)
-                self.params, self.spare = self.spare, self.params
-            elif not last:
-                await ac.wait_all(self.pull(self.params))
+        if self.cfg.exchange:
+            with self.timer:
+                await self._push(sent)
+                if prefetch:
+                    await ac.wait_all(prefetch)
+                    self.params, self.spare = self.spare, self.params
+                elif not last:
+                    await ac.wait_all(self.pull(self.params))
         self.log.table[:, step] = start, self.now(), self.timer.lap(), loss.result()
 
     async def _backward(self, device: ComputeStream, kernels: _Step) -> _Sent:
@@ -147,7 +152,7 @@ class _Worker:
             got, wire = await ready
             assert got == layer, (got, layer)
             req = None
-            if self.cfg.overlap:
+            if self.cfg.overlap and self.cfg.exchange:
                 with self.timer:
                     req = self.comm.isend(wire, SERVER, GRAD_TAG + layer, stream=self.pushes,
                                           timeout=self.cfg.retry.timeout)

@@ -56,3 +56,20 @@ def test_bad_configurations_are_refused() -> None:
         Config(compression="zip")
     with pytest.raises(ValueError, match="at least one batch"):
         Config(workers=8, train_samples=100)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_the_compute_ceiling_computes_and_exchanges_nothing(loop: str) -> None:
+    """``exchange=False``: every step's kernels run (a loss per step, from the batches) but
+    no gradient reaches the server: the parameters stay as initialised, so every epoch's
+    accuracy is the untrained model's, and next to no time goes to communication."""
+    cfg = replace(SMALL, exchange=False)
+    report = train(cfg, loop=loop)
+    assert len(report.rows) == cfg.epochs
+    assert len({row.test_accuracy for row in report.rows}) == 1
+    assert report.test_accuracy < 0.5  # the untrained model's (the trained one's: >= 0.95)
+    losses = [row.loss for row in report.rows]
+    assert min(losses) > 0.9 * max(losses)  # nothing learned from one epoch to the next
+    for row in report.rows:
+        assert row.comm_share < 0.01 and row.samples_per_s > 0
+    assert report.samples_per_s > 0

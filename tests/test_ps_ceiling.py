@@ -1,0 +1,52 @@
+"""``python -m benchmarks.ps_ceiling`` puts each transport's samples/s beside the compute
+ceiling of the same ranks (figures given here; nothing is run or timed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import ps_ceiling
+
+ENV = {"cpus_usable": 2, "cpu_count": 2, "loadavg_1min": 0.5}
+
+
+def _samples(mpi: float, ceiling: float) -> dict[str, list[float]]:
+    return {"in_process": [60_000, 70_000, 65_000], "processes": [50_000] * 3,
+            "mpi": [mpi] * 3, "ceiling_in_process": [100_000] * 3,
+            "ceiling_processes": [ceiling, ceiling + 5_000, ceiling - 5_000]}
+
+
+def test_each_transport_is_set_beside_its_own_ceiling() -> None:
+    rows = {r["key"]: r for r in ps_ceiling.rows(_samples(40_000, 80_000))}
+    assert set(rows) == {"in_process", "processes", "mpi"}
+    assert (rows["in_process"]["samples_per_s"], rows["in_process"]["ceiling"]) == (65_000,
+                                                                                     100_000)
+    assert rows["processes"]["of_ceiling"] == pytest.approx(50_000 / 80_000)
+    assert rows["mpi"]["of_ceiling"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("mpi", "reachable"), [(40_000, False), (30_000, True)])
+def test_the_report_says_whether_twice_the_mpi_figure_is_within_the_ceiling(
+        capsys: pytest.CaptureFixture[str], mpi: float, reachable: bool) -> None:
+    ps_ceiling.print_report(_samples(mpi, 70_000), ENV, 3, 5, False)
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("mpiexec"))
+    assert row[-3:] == [f"{mpi:,.0f}", "70,000", f"{mpi / 70_000:.1%}"]
+    assert f"2x the MPI figure is {2 * mpi:,.0f} samples/s" in out
+    assert ("out of reach of any transport" in out) is not reachable
+
+
+def test_the_example_result_line_is_read() -> None:
+    out = "epoch ...\nresult: mode=sync exchange=off samples_per_s=101678 seconds=1.2\n"
+    assert ps_ceiling.result_fields(out)["samples_per_s"] == "101678"
+    with pytest.raises(ValueError, match="one result line"):
+        ps_ceiling.result_fields("no result here")
+
+
+def test_the_ceiling_runs_the_example_without_the_exchange() -> None:
+    runs = {key: (args, mpi) for key, _what, args, mpi, _of in ps_ceiling.RUNS}
+    for key in ("ceiling_in_process", "ceiling_processes"):
+        assert "--no-exchange" in runs[key][0]
+    cmd = ps_ceiling.command(runs["mpi"][0], runs["mpi"][1])
+    assert cmd[1:3] == ["-n", "5"] and cmd[0].endswith("mpiexec")
+    assert ps_ceiling.command(("--processes",), False)[-3:] == ["--workers", "4", "--processes"]
