@@ -182,12 +182,17 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
             goto done;
         }
         long long owed = PyLong_AsLongLong(PyList_GET_ITEM(l->owed, s));
-        int gone = PyDict_Contains(l->closed_by, src);
-        if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
+        if (owed == -1 && PyErr_Occurred()) {
             rc = -1;
             goto done;
         }
         owed += charge(nbytes);
+        /* (whether the source closed matters only once a CREDIT is due) */
+        int gone = owed < l->return_at ? 0 : PyDict_Contains(l->closed_by, src);
+        if (gone < 0) {
+            rc = -1;
+            goto done;
+        }
         if (owed < l->return_at || gone) {
             PyObject *v = PyLong_FromLongLong(owed);
             rc = v == NULL || PyList_SetItem(l->owed, s, v) < 0 ? -1 : 1;
