@@ -712,8 +712,9 @@ def _spin_once(state: dict[str, Any], native: bool,
 def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
     """``Progress._spin`` with its deadline passed (one poll, then False unless something
     completed): the head control message handed on if it landed (its slot posted again at
-    the next poll, any behind it left for the next turn), the data requests that completed acted on, the rest left, ``share``
-    called between polls, an MPI error raised; alike on both lanes."""
+    the next poll, any behind it left for the next turn), the data requests that completed
+    acted on, the rest left, ``share`` called between polls, an MPI error raised; alike on
+    both lanes."""
     loop = asyncio.new_event_loop()
     try:
         seen = [_spin_once(state, native, loop) for native in (False, True)]
