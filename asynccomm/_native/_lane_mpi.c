@@ -25,7 +25,10 @@
  * link's Python ``_on_control``; every send it does not judge (a dtype not seen yet, a buffer
  * that is not one piece) to the Python ``send_now``.  The state stays where the Python
  * steps keep it (the wire's credit lists, the progress task's flags), so both kinds of
- * step can run in one world.
+ * step can run in one world; but for two things only the steps that hand control messages
+ * on need, and which only these do where they run: whether one is being handed on
+ * (``_dispatching``), and how many slots ``spin`` handed on wait to be posted again at the
+ * next poll (``_restart``; ``repost`` is ``Progress._repost``).
  *
  * The wire's header is ``wire.HEADER``, written and read here field by field,
  * little-endian, at the offsets ``configure`` was given (``native.NUMBERS``: H_SIZE, H_SRC,
