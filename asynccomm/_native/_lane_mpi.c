@@ -294,23 +294,23 @@ repost(Path *p)
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
  * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
- * eager; with ``head_done``, only the head, whose recv is known to be complete (not
- * tested again), and its slot is posted again at the next poll (``_dispatch`` with
- * ``later``: the caller reposted the waiting ones first); else the slots waiting for that
- * are posted first.  1 if any landed, 0 if none, -1 error. */
+ * eager; with ``known``, only that slot, the head, whose recv is known to be complete (not
+ * tested again), and it is posted again at the next poll (``_dispatch`` with ``later``:
+ * the caller reposted the waiting ones first); else the slots waiting for that are posted
+ * first.  1 if any landed, 0 if none, -1 error. */
 static int
-land(Path *p, int eager_only, int head_done)
+land(Path *p, int eager_only, PyObject *known)
 {
-    int hit = 0, only = head_done;
-    if (!head_done && repost(p) < 0) {
+    int hit = 0, only = known != NULL;
+    if (!only && repost(p) < 0) {
         return -1;
     }
     for (;;) {
-        PyObject *head = PySequence_GetItem(p->slots, 0);
-        PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
-        PyObject *t = req == NULL ? NULL
-            : head_done ? Py_NewRef(Py_True) : PyObject_CallMethodNoArgs(req, a_Test);
-        head_done = 0;
+        PyObject *head = known != NULL ? Py_NewRef(known) : PySequence_GetItem(p->slots, 0);
+        PyObject *req = head == NULL || known != NULL ? NULL : PyObject_GetAttr(head, a_req);
+        PyObject *t = known != NULL ? Py_NewRef(Py_True)
+            : req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        known = NULL;
         int done = t == NULL ? -1 : PyObject_IsTrue(t);
         Py_XDECREF(t);
         PyObject *buf = done > 0 ? PyObject_GetAttr(head, a_buf) : NULL;
@@ -392,7 +392,7 @@ deliver(Path *p)
     if (busy != 0) {
         return busy < 0 ? -1 : 0;
     }
-    if (land(p, 1, 0) >= 0) {
+    if (land(p, 1, NULL) >= 0) {
         return 0;
     }
     return pass_failure(p->progress);
@@ -412,7 +412,7 @@ pass_failure(PyObject *to)
 static PyObject *
 path_land(Path *p, PyObject *unused)
 {
-    int r = land(p, 0, 0);
+    int r = land(p, 0, NULL);
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
@@ -1412,7 +1412,6 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
     PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
     PyObject *test = req == NULL ? NULL : PyObject_GetAttr(req, a_Test);
     Py_XDECREF(req);
-    Py_XDECREF(head);
     PyObject *reqs = test == NULL ? NULL : PyObject_GetAttr(p->progress, a_reqs);
     int moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
     Py_XDECREF(reqs);
@@ -1428,7 +1427,7 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
             goto out;
         }
         if (landed || moving) {
-            if (landed && land(p, 0, 1) < 0) {
+            if (landed && land(p, 0, head) < 0) {
                 goto out;
             }
             /* the data requests, if any (a landing may have added some) */
@@ -1463,6 +1462,7 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
 out:
     Py_XDECREF(test);
+    Py_XDECREF(head);
     return result;
 }
 
