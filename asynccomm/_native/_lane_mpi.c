@@ -25,7 +25,10 @@
  * link's Python ``_on_control``; every send it does not judge (a dtype not seen yet, a buffer
  * that is not one piece) to the Python ``send_now``.  The state stays where the Python
  * steps keep it (the wire's credit lists, the progress task's flags), so both kinds of
- * step can run in one world.
+ * step can run in one world; but for two things only the steps that hand control messages
+ * on need, and which only these do where they run: whether one is being handed on
+ * (``_dispatching``), and how many slots ``spin`` handed on wait to be posted again at the
+ * next poll (``_restart``; ``repost`` is ``Progress._repost``).
  *
  * The wire's header is ``wire.HEADER``, written and read here field by field,
  * little-endian, at the offsets ``configure`` was given (``native.NUMBERS``: H_SIZE, H_SRC,
@@ -44,6 +47,10 @@ typedef struct {
     long rank, inline_max, return_at, ctrl_slots;
     Py_ssize_t chunk_bytes;
     long max_inflight;  /* a transfer's chunks in flight at most */
+    /* ``Progress._dispatching`` and ``_restart`` of the C steps, which alone hand control
+     * messages on where the lane runs (``land``, ``deliver``, ``spin``) */
+    int dispatching;
+    Py_ssize_t restart;
 } Path;
 
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
@@ -107,6 +114,10 @@ frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
 
 /* -- receiving ------------------------------------------------------------------------- */
 
+/* The dtype field of the last eager message landed here whose name was known: the next
+ * message of that dtype looks its name up with this bytes (its hash kept), not a new one. */
+static PyObject *last_field;
+
 /* An eager message landed at ``b`` (its header, then ``len - H_SIZE`` bytes of payload),
  * for the link ``l->link``: hand it to the engine as ``_on_control`` does (the shared-memory
  * link's ``ShmPath`` lands its records here too).  ``payload(arg)`` makes the payload's
@@ -130,16 +141,14 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
     }
     int rc = 0;
     PyObject *field = NULL, *dtype = NULL, *src = NULL, *tag = NULL, *nb = NULL;
-    PyObject *cnt = NULL, *closed = NULL, *out = NULL;
+    PyObject *cnt = NULL, *out = NULL;
+    /* (a closed engine: ``offer`` leaves it to the Python steps, which drop it) */
     if (Py_TYPE(endpoint) != DeviceEngineType || SLOT(endpoint, EN.tracer) != Py_None) {
         goto done;  /* traced: the Python steps number what arrives */
     }
-    closed = PyObject_GetAttr(endpoint, a_closed);
-    if (closed == NULL || (rc = PyObject_IsTrue(closed)) != 0) {
-        rc = closed == NULL || rc < 0 ? -1 : 0;  /* closed: the Python steps drop it */
-        goto done;
-    }
-    field = PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
+    field = last_field != NULL && memcmp(PyBytes_AS_STRING(last_field), b + H_DTYPE,
+                                         DTYPE_MAX) == 0
+        ? Py_NewRef(last_field) : PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
     if (field == NULL) {
         rc = -1;
         goto done;
@@ -152,6 +161,9 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
         goto done;
     }
     Py_INCREF(dtype);
+    if (field != last_field) {
+        Py_XSETREF(last_field, Py_NewRef(field));
+    }
     src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
     tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
     if (src == NULL || tag == NULL) {
@@ -173,12 +185,17 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
             goto done;
         }
         long long owed = PyLong_AsLongLong(PyList_GET_ITEM(l->owed, s));
-        int gone = PyDict_Contains(l->closed_by, src);
-        if ((owed == -1 && PyErr_Occurred()) || gone < 0) {
+        if (owed == -1 && PyErr_Occurred()) {
             rc = -1;
             goto done;
         }
         owed += charge(nbytes);
+        /* (whether the source closed matters only once a CREDIT is due) */
+        int gone = owed < l->return_at ? 0 : PyDict_Contains(l->closed_by, src);
+        if (gone < 0) {
+            rc = -1;
+            goto done;
+        }
         if (owed < l->return_at || gone) {
             PyObject *v = PyLong_FromLongLong(owed);
             rc = v == NULL || PyList_SetItem(l->owed, s, v) < 0 ? -1 : 1;
@@ -210,7 +227,6 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
     rc = out == NULL ? -1 : 1;
 done:
     Py_XDECREF(out);
-    Py_XDECREF(closed);
     Py_XDECREF(field);
     Py_XDECREF(dtype);
     Py_XDECREF(src);
@@ -252,20 +268,49 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
     return land_eager(&l, b, PyByteArray_GET_SIZE(buf), slot_payload, head);
 }
 
+/* ``Progress._repost``: the last ``restart`` slots of the queue, handed on by ``spin``,
+ * posted again in their order.  0 done (or none was waiting), -1 error. */
+static int
+repost(Path *p)
+{
+    Py_ssize_t size = p->restart > 0 ? PySequence_Size(p->slots) : 0;
+    if (size < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = size - p->restart; i < size; i++) {
+        p->restart--;
+        PyObject *slot = PySequence_GetItem(p->slots, i);
+        PyObject *req = slot == NULL ? NULL : PyObject_GetAttr(slot, a_req);
+        PyObject *r = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Start);
+        Py_XDECREF(r);
+        Py_XDECREF(req);
+        Py_XDECREF(slot);
+        if (r == NULL) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Hand the control messages that landed to the link, head first, reposting each slot at
  * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
- * eager; with ``head_done``, only the head, whose recv is known to be complete (not
- * tested again).  1 if any landed, 0 if none, -1 error. */
+ * eager; with ``known``, only that slot, the head, whose recv is known to be complete (not
+ * tested again), and it is posted again at the next poll (``_dispatch`` with ``later``:
+ * the caller reposted the waiting ones first); else the slots waiting for that are posted
+ * first.  1 if any landed, 0 if none, -1 error. */
 static int
-land(Path *p, int eager_only, int head_done)
+land(Path *p, int eager_only, PyObject *known)
 {
-    int hit = 0, only = head_done;
+    int hit = 0, only = known != NULL;
+    if (!only && repost(p) < 0) {
+        return -1;
+    }
     for (;;) {
-        PyObject *head = PySequence_GetItem(p->slots, 0);
-        PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
-        PyObject *t = req == NULL ? NULL
-            : head_done ? Py_NewRef(Py_True) : PyObject_CallMethodNoArgs(req, a_Test);
-        head_done = 0;
+        PyObject *head = known != NULL ? Py_NewRef(known) : PySequence_GetItem(p->slots, 0);
+        PyObject *req = head == NULL || known != NULL ? NULL : PyObject_GetAttr(head, a_req);
+        PyObject *t = known != NULL ? Py_NewRef(Py_True)
+            : req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        known = NULL;
         int done = t == NULL ? -1 : PyObject_IsTrue(t);
         Py_XDECREF(t);
         PyObject *buf = done > 0 ? PyObject_GetAttr(head, a_buf) : NULL;
@@ -281,31 +326,20 @@ land(Path *p, int eager_only, int head_done)
         int rc = done;
         if (done > 0) {
             hit = 1;
-            rc = set_flag(p->progress, a_dispatching, 1);
+            p->dispatching = 1;  /* (errors or not, it drops after) */
+            rc = dispatch(p, head, buf);
             if (rc == 0) {
-                rc = dispatch(p, head, buf);
-                if (rc == 0) {
-                    PyObject *r = PyObject_CallOneArg(p->on_control, head);
-                    rc = r == NULL ? -1 : 1;
-                    Py_XDECREF(r);
-                }
-                PyObject *et, *ev, *tb;  /* finally: the flag drops, errors or not */
-                PyErr_Fetch(&et, &ev, &tb);
-                if (set_flag(p->progress, a_dispatching, 0) < 0) {
-                    rc = -1;
-                    Py_XDECREF(et);
-                    Py_XDECREF(ev);
-                    Py_XDECREF(tb);
-                }
-                else {
-                    PyErr_Restore(et, ev, tb);
-                }
+                PyObject *r = PyObject_CallOneArg(p->on_control, head);
+                rc = r == NULL ? -1 : 1;
+                Py_XDECREF(r);
             }
+            p->dispatching = 0;
             if (rc > 0) {
-                PyObject *s = PyObject_CallMethodNoArgs(req, a_Start);
+                PyObject *s = only ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(req, a_Start);
                 PyObject *r = s == NULL ? NULL
                     : PyObject_CallMethodOneArg(p->slots, a_rotate, minus_one);
                 rc = r == NULL ? -1 : 1;
+                p->restart += only && r != NULL;
                 Py_XDECREF(s);
                 Py_XDECREF(r);
             }
@@ -344,6 +378,9 @@ hand_on(PyObject *to, PyObject *name, PyObject *arg, PyObject *more)
 static int
 deliver(Path *p)
 {
+    if (p->dispatching) {
+        return 0;
+    }
     PyObject *v = PyObject_GetAttr(p->progress, a_dispatching);
     int busy = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
@@ -355,7 +392,7 @@ deliver(Path *p)
     if (busy != 0) {
         return busy < 0 ? -1 : 0;
     }
-    if (land(p, 1, 0) >= 0) {
+    if (land(p, 1, NULL) >= 0) {
         return 0;
     }
     return pass_failure(p->progress);
@@ -375,8 +412,17 @@ pass_failure(PyObject *to)
 static PyObject *
 path_land(Path *p, PyObject *unused)
 {
-    int r = land(p, 0, 0);
+    int r = land(p, 0, NULL);
     return r < 0 ? NULL : PyBool_FromLong(r);
+}
+
+static PyObject *
+path_repost(Path *p, PyObject *unused)
+{
+    if (repost(p) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -563,7 +609,11 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     long long cost = charge(nbytes);  /* (``field`` held: a collection may run) */
     long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
     Py_buffer view;
+    /* a C-contiguous ndarray (the fast lane's): its bytes as they are, else its buffer */
+    view.buf = array_bytes(args[2], 0, &view.len);
+    view.obj = NULL;
     int eager = have == -1 && PyErr_Occurred() ? -1 : have < cost ? 0
+        : view.buf != NULL ? 1
         : PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0 ? 2 : 1;
     if (eager == 1 && view.len != nbytes) {
         PyBuffer_Release(&view);
@@ -1353,26 +1403,32 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
     double until = PyFloat_AsDouble(args[0]), now;
     PyObject *share = args[1];
-    if (until == -1.0 && PyErr_Occurred()) {
+    if ((until == -1.0 && PyErr_Occurred()) || repost(p) < 0) {
         return NULL;
     }
+    /* The head's ``Test``, and whether data moves, found once: between two polls nothing
+     * but ``share`` runs, and a poll that changes either ends the burst. */
+    PyObject *head = PySequence_GetItem(p->slots, 0);
+    PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
+    PyObject *test = req == NULL ? NULL : PyObject_GetAttr(req, a_Test);
+    Py_XDECREF(req);
+    PyObject *reqs = test == NULL ? NULL : PyObject_GetAttr(p->progress, a_reqs);
+    int moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
+    Py_XDECREF(reqs);
+    PyObject *result = NULL;
+    if (moving < 0) {
+        goto out;
+    }
     for (;;) {
-        PyObject *head = PySequence_GetItem(p->slots, 0);
-        PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
-        PyObject *t = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
-        Py_XDECREF(req);
-        Py_XDECREF(head);
+        PyObject *t = PyObject_CallNoArgs(test);
         int landed = t == NULL ? -1 : PyObject_IsTrue(t);
         Py_XDECREF(t);
-        PyObject *reqs = landed < 0 ? NULL : PyObject_GetAttr(p->progress, a_reqs);
-        int moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
-        Py_XDECREF(reqs);
-        if (landed < 0 || moving < 0) {
-            return NULL;
+        if (landed < 0) {
+            goto out;
         }
         if (landed || moving) {
-            if (landed && land(p, 0, 1) < 0) {
-                return NULL;
+            if (landed && land(p, 0, head) < 0) {
+                goto out;
             }
             /* the data requests, if any (a landing may have added some) */
             reqs = PyObject_GetAttr(p->progress, a_reqs);
@@ -1382,26 +1438,32 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
             int tested = moving <= 0 ? moving : r == NULL ? -1 : PyObject_IsTrue(r);
             Py_XDECREF(r);
             if (tested < 0) {
-                return NULL;
+                goto out;
             }
             if (landed || tested) {
-                Py_RETURN_TRUE;
+                result = Py_NewRef(Py_True);
+                goto out;
             }
         }
         if (share != Py_None) {
             PyObject *r = PyObject_CallNoArgs(share);
             if (r == NULL) {
-                return NULL;
+                goto out;
             }
             Py_DECREF(r);
         }
         if (perf_clock(&now) < 0) {
-            return NULL;
+            goto out;
         }
         if (now >= until) {
-            Py_RETURN_FALSE;
+            result = Py_NewRef(Py_False);
+            goto out;
         }
     }
+out:
+    Py_XDECREF(test);
+    Py_XDECREF(head);
+    return result;
 }
 
 /* -- the type ---------------------------------------------------------------------------- */
@@ -1560,6 +1622,8 @@ static PyMethodDef path_methods[] = {
      "send_now(dest, tag, array, nbytes, count, dtype) -> bool: MPITransport.send_now"},
     {"land", (PyCFunction)path_land, METH_NOARGS,
      "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
+    {"repost", (PyCFunction)path_repost, METH_NOARGS,
+     "repost(): post again the slots spin handed on (Progress._repost)"},
     {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
      "deliver(): the eager messages that landed, now (Progress.deliver)"},
     {"send", (PyCFunction)(void (*)(void))path_send, METH_FASTCALL,

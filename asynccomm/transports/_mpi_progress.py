@@ -107,6 +107,10 @@ class Progress(Mover):
         self._error: Exception | None = None  # raised by a poll at the idle tick
         self._woke = False  # the ticker (or a send) woke the parked task: activity
         self._dispatching = False  # a control message is being handed to the link
+        #: The last slots of the queue, handed on by ``_spin`` and not posted again yet:
+        #: their ``Start`` waits for the next poll (``_repost``), so that the task a
+        #: landing woke runs one MPI call sooner (the other slots stay posted meanwhile).
+        self._restart = 0
         #: The link has begun to close: from now on, ask ``finished`` when idle.
         self.closing = False
 
@@ -148,21 +152,36 @@ class Progress(Mover):
             return
         slots = self._slots
         try:
+            if self._restart:
+                self._repost()
             while (head := slots[0]).req.Test() and head.buf[0] == EAGER:
                 self._dispatch(head)
         except Exception as exc:
             self._failed(exc)
 
-    def _dispatch(self, slot: Slot) -> None:
+    def _dispatch(self, slot: Slot, *, later: bool = False) -> None:
         """Hand the control message that landed in ``slot`` (the head) to the link, and
-        post the slot again at the back."""
+        post the slot again at the back (``later``: at the next poll, ``_repost``)."""
         self._dispatching = True
         try:
             self._on_control(slot)
         finally:
             self._dispatching = False
-        slot.req.Start()
+        if later:
+            self._restart += 1
+        else:
+            slot.req.Start()
         self._slots.rotate(-1)
+
+    def _repost(self) -> None:
+        """Post again, in their order, the slots at the back that ``_spin`` handed on.
+        (The MPI link may put the C lane's ``Path.repost`` here, which does the same for
+        the slots its ``spin`` handed on: it keeps their count.)"""
+        slots = self._slots
+        n = len(slots)
+        for i in range(n - self._restart, n):
+            self._restart -= 1
+            slots[i].req.Start()
 
     @property
     def dozable(self) -> bool:
@@ -203,6 +222,8 @@ class Progress(Mover):
         (The MPI link may put the C lane's ``Path.land`` here, which does the same.)"""
         slots = self._slots
         hit = False
+        if self._restart:
+            self._repost()
         while (head := slots[0]).req.Test():  # a completed slot stays so until restarted
             hit = True
             self._dispatch(head)
@@ -228,15 +249,17 @@ class Progress(Mover):
     def _spin(self, until: float, share: Callable[[], None] | None) -> bool:
         """Poll back to back until something completes (True) or the clock passes
         ``until`` (False), calling ``share`` between two polls.  A control message that
-        lands is handed on alone, and the turn ends: the task it woke runs one test of MPI
-        sooner, and any that landed behind it land at the next turn (``_land``); data
-        requests are acted on as ``_poll`` does.  (The MPI link may put the C lane's
-        ``Path.spin`` here, which does the same.)"""
+        lands is handed on alone, its slot posted again at the next poll, and the turn
+        ends: the task it woke runs two MPI calls sooner, and any that landed behind it
+        land at the next turn (``_land``); data requests are acted on as ``_poll`` does.
+        (The MPI link may put the C lane's ``Path.spin`` here, which does the same.)"""
         slots = self._slots
         clock = time.perf_counter
+        if self._restart:
+            self._repost()
         while True:
             if (head := slots[0]).req.Test():
-                self._dispatch(head)
+                self._dispatch(head, later=True)
                 if self._reqs:
                     self._test_requests()
                 return True
@@ -275,11 +298,12 @@ class Progress(Mover):
                     # slow to come, take turns with it, not time slices of milliseconds.
                     if not hit and clock() - backoff.spin_until + backoff.spin > SHARE_AFTER:
                         sched_yield()
-                if hit or self.sent:
+                active = hit or self.sent
+                await yield_now()  # first: a task that a landing woke runs now
+                if active:  # (a send in that turn is seen: it came before this reset)
                     self.sent = False
                     backoff.spin_until = clock() + backoff.spin  # backoff.reset, inlined
                     backoff.tval = 0.0
-                await yield_now()
             if not self.stopped:
                 await self._teardown(backoff)
         except asyncio.CancelledError:
@@ -321,6 +345,7 @@ class Progress(Mover):
     async def _teardown(self, backoff: Backoff) -> None:
         # Every rank has sent its last message to this one: the control recvs can only be
         # cancelled now, and this rank's own last sends complete without anyone's help.
+        self._repost()
         slots = [s.req for s in self._slots]
         for req in slots:
             req.Cancel()

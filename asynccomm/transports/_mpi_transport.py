@@ -116,7 +116,8 @@ class MPITransport(Link):
         (``Progress._test_requests``: the chunks of a larger payload, as ``_mpi_chunks``
         moves them, and the recv's or the send's completion); a withdrawal under way and a
         traced engine's take the Python steps.  The progress task's polls between two turns
-        of the loop run there too (``Progress._spin``)."""
+        of the loop run there too (``Progress._spin``), and the reposting of the slots they
+        handed on (``Progress._repost``)."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
                          MAX_INFLIGHT)
@@ -125,6 +126,7 @@ class MPITransport(Link):
         self.fetch = path.fetch  # type: ignore[method-assign]
         self.progress._land = path.land  # type: ignore[method-assign]
         self.progress.deliver = path.deliver  # type: ignore[method-assign]
+        self.progress._repost = path.repost  # type: ignore[method-assign]
         self.progress._test_requests = path.test  # type: ignore[method-assign]
         self.progress._spin = path.spin  # type: ignore[method-assign]
 

@@ -711,9 +711,10 @@ def _spin_once(state: dict[str, Any], native: bool,
 @given(state=SPIN_STATES)
 def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]) -> None:
     """``Progress._spin`` with its deadline passed (one poll, then False unless something
-    completed): the head control message handed on if it landed (any behind it left for
-    the next turn), the data requests that completed acted on, the rest left, ``share``
-    called between polls, an MPI error raised; alike on both lanes."""
+    completed): the head control message handed on if it landed (its slot posted again at
+    the next poll, any behind it left for the next turn), the data requests that completed
+    acted on, the rest left, ``share`` called between polls, an MPI error raised; alike on
+    both lanes."""
     loop = asyncio.new_event_loop()
     try:
         seen = [_spin_once(state, native, loop) for native in (False, True)]
@@ -727,4 +728,70 @@ def test_the_poll_burst_in_c_does_what_the_python_steps_do(state: dict[str, Any]
         assert result is bool(state["landed"] or any(state["data"]))
         assert fired == [i for i, done in enumerate(state["data"]) if done]
         assert shared == (0 if result else int(state["share"]))
-        assert sum(seen[0][0][-1]) == max(0, len(state["landed"]) - 1)  # slots still landed
+        # the head handed on waits at the back to be posted again at the next poll (its
+        # recv still complete); any that landed behind it are left for the next turn
+        assert sum(seen[0][0][-1]) == len(state["landed"])
+        if state["landed"]:
+            assert seen[0][0][-1][-1]
+
+
+def _spin_then(state: dict[str, Any], native: bool,
+               loop: asyncio.AbstractEventLoop) -> tuple[Any, ...]:
+    """Two ``Progress._spin``s that hand a control message on (the second one after
+    ``state["landed_after"]`` more landed), then ``state["next"]``: the slots in their order
+    (by where each began) and which are complete, after each step, and what the steps did."""
+    link = world({"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+                  "broken": False, "bell": None, "ctrl": 0, "parked": None,
+                  "landed": state["landed"]}, native, loop)
+    progress = link.progress
+    slots = progress._slots
+    where = {id(s): i for i, s in enumerate(slots)}
+    seen = []
+    for step in ("spin", "spin", state["next"]):
+        if step == "spin" and seen:  # more land behind those already in
+            for kind in state["landed_after"]:
+                slot = next(s for s in slots if not s.req.done)  # type: ignore[attr-defined]
+                if kind == w.EAGER:
+                    land(slot, w.HEADER.pack(w.EAGER, 3, 0, 9, 16, 2, 0, b"<f8"),
+                         bytes(range(16)))
+                else:
+                    land(slot, w.HEADER.pack(w.CREDIT, 0, 0, 0, 640, 0, 0, b""))
+        call = {"spin": lambda: progress._spin(0.0, None), "land": progress._land,
+                "deliver": progress.deliver, "repost": progress._repost}[step]
+        result = call()
+        seen.append((step, result, [where[id(s)] for s in slots],
+                     [s.req.done for s in slots]))  # type: ignore[attr-defined]
+    return (*seen, observe(link, None))
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(state=st.fixed_dictionaries({
+    "landed": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), min_size=1, max_size=3),
+    "landed_after": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), max_size=2),
+    "next": st.sampled_from(["land", "deliver", "spin", "repost"]),
+}))
+def test_the_slot_a_poll_burst_hands_on_is_posted_again_at_the_next_poll(
+        state: dict[str, Any]) -> None:
+    """A poll burst leaves the slot of the message it handed on unposted at the back; the
+    next poll (``_land``, ``deliver``, ``_spin``, or ``_repost`` at the teardown) posts the
+    waiting ones again first, in their order, before it tests the head; alike on both
+    lanes."""
+    loop = asyncio.new_event_loop()
+    try:
+        seen = [_spin_then(state, native, loop) for native in (False, True)]
+    finally:
+        loop.close()
+    assert seen[1] == seen[0]
+    first, second, after = seen[0][:3]
+    n = CTRL_SLOTS
+    assert first[1] is True and first[2] == [*range(1, n), 0]
+    assert first[3][-1] is True  # handed on, still complete: not posted again yet
+    if second[1]:  # the next one handed on the same way; the first posted again before
+        assert second[3][-2:] == [False, True]
+    else:
+        assert second[3][-1] is False
+    # after the third step nothing handed on waits at the back (bar a spin's own)
+    waiting = 1 if after[0] == "spin" and after[1] else 0
+    assert after[3][n - 1 - waiting] is False
+    if after[0] == "repost":
+        assert after[2] == second[2] and after[3][-1] is False
