@@ -66,6 +66,12 @@ DATA_REFUSED = 14
 OFFER = struct.Struct("<Q")
 #: The receiver of a single copy copies this much per turn of its loop.
 READ_CHUNK = 4 << 20
+#: Rendezvous messages this big or bigger are copied once (an offer, or ``DATA_AT``);
+#: smaller ones come on the ring (both processes copy, at once: the sender into the ring,
+#: the receiver out of it, each fragment while it is in the cache), which is faster below
+#: this size (buffers of a few MiB are in pages too small for ``process_vm_readv`` to
+#: keep up: numpy asks for huge pages from 4 MiB on).
+SINGLE_COPY_MIN = 4 << 20
 #: Rendezvous data moves in fragments of this many bytes (a ring holds several).
 FRAGMENT = 128 << 10
 #: After activity, a process with a core of its own polls this long before it sleeps.
@@ -225,7 +231,7 @@ class Channels:
             return
         push = _Push(_bytes(view), tag, done)
         if (self.node.single_copy and not self._on_ring.pop((dest, tag), False)
-                and len(push.view)):  # (nothing to copy: its recv is done already)
+                and len(push.view) >= SINGLE_COPY_MIN):
             # The receiver copies it from here (not after it refused an offer).
             self._lent[(dest, tag)] = push
             self.send(dest, HEADER.pack(DATA_AT, 0, self.rank, tag, len(push.view), 0,
@@ -313,22 +319,17 @@ class Channels:
             ctrl.popleft()
             moved = True
         data = self._data[dest]
-        header = HEADER.pack
         while data and not ctrl:
             item = data[0]
             if isinstance(item, bytes):
                 if (self._reading and self._copying(dest)) or not ring.put((item,), len(item)):
                     break
             else:
-                view, n = item.view, len(item.view)
-                while item.off < n:
-                    piece = view[item.off:item.off + FRAGMENT]
-                    head = header(DATA, 0, self.rank, item.tag, len(piece), 0, 0, b"")
-                    if not ring.put((head, piece), len(head) + len(piece)):
-                        break
-                    item.off += len(piece)
+                off = self._fragments(dest, item.view, item.off, item.tag)
+                if off != item.off:
+                    item.off = off
                     moved = True
-                if item.off < n:
+                if off < len(item.view):
                     break
                 item.done()
             data.popleft()
@@ -336,6 +337,24 @@ class Channels:
         if moved:
             self.ring(dest)
         return moved
+
+    def _fragments(self, dest: int, view: memoryview, off: int, tag: int) -> int:
+        """Put ``view[off:]`` on ``dest``'s ring as ``DATA`` records of up to ``FRAGMENT``
+        bytes while it has room; the offset reached (the C lane's ``ShmPath.fragments``
+        once the link is ``accelerate``d: it waits a little for room while the receiver
+        takes them, so that both copy at once)."""
+        ring = self.out[dest]
+        assert ring is not None
+        header = HEADER.pack
+        n = len(view)
+        while off < n:
+            piece = view[off:off + FRAGMENT]
+            head = header(DATA, 0, self.rank, tag, len(piece), 0, 0, b"")
+            if not ring.put((head, piece), len(head) + len(piece)):
+                break
+            self.ring(dest)  # (asleep, its receiver takes the first while this copies on)
+            off += len(piece)
+        return off
 
     # -- polling --------------------------------------------------------------------------
 
@@ -558,6 +577,8 @@ class ShmTransport(MPITransport):
         self.send_now = path.send_now  # type: ignore[method-assign]
         channels.poll = path.poll  # type: ignore[method-assign]
         channels._put = path.put  # type: ignore[method-assign]
+        path.fragmenting(DATA, FRAGMENT, channels._pulls, self.node.crowded)
+        channels._fragments = path.fragments  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)
 
@@ -593,7 +614,8 @@ class ShmTransport(MPITransport):
             self._finished.set_result(None)
 
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
-        if msg[0] == RTS and dest != self.rank and self.node.single_copy:
+        if (msg[0] == RTS and dest != self.rank and self.node.single_copy
+                and HEADER.unpack_from(msg)[4] >= SINGLE_COPY_MIN):
             msg = self._offer(msg)
         self.channels.send(dest, msg)
 
