@@ -7,8 +7,13 @@
  * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
- * posted recv, or as a ``Message``), every other one to ``Channels._handle``; then, if
- * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
+ * posted recv, or as a ``Message``), a rendezvous fragment copied into its recv (what
+ * ``Channels._handle`` does with it), every other one to ``Channels._handle``; then, if
+ * anything waits to go or to be read, ``Channels._poll_rest``.  ``fragments`` is
+ * ``Channels._fragments``: a rendezvous payload put on a ring in fragments.  While a
+ * payload moves this way both processes copy at once, and each waits a little
+ * (``wait_change``) for the other's progress (room freed, the next fragment) rather than
+ * turn its loop.  Every send it does not
  * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
  * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
  * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
@@ -62,21 +67,18 @@ now_ns(void)
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Wait (at most PEER_WAIT_NS) for the word ``w`` to be other than ``v``; its value. */
+/* Wait (at most PEER_WAIT_NS) for the word ``w`` to be other than ``v``; its value.  The
+ * core is given away between looks (at once if ``crowded``, else after a few looks): the
+ * peer may be waiting for it. */
 static uint64_t
 wait_change(_Atomic uint64_t *w, uint64_t v, int crowded)
 {
     uint64_t now = atomic_load(w);
     long long until = 0;
     for (unsigned i = 0; now == v; i++) {
-        if (crowded) {
+        if (crowded || i >= 64) {
             sched_yield();
         }
-#if defined(__x86_64__) || defined(__i386__)
-        else {
-            __builtin_ia32_pause();
-        }
-#endif
         if ((i & 63) == 0) {
             long long t = now_ns();
             if (until == 0) {
@@ -570,11 +572,14 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         if (words_base(p->words, &(Py_ssize_t){0}) != base) {
             return n;  /* the segment went while a record was handed on */
         }
-        if (more && head == tail) {  /* its sender is copying the next one: wait for it */
+        if (more) {  /* its room free at once (the sender waits for it), and if the
+                      * sender is copying the next one, that waited for */
             if (free_room(p, r, base, head) < 0) {
                 return -1;
             }
-            tail = wait_change(word(base, r->tail), tail, p->crowded);
+            if (head == tail) {
+                tail = wait_change(word(base, r->tail), tail, p->crowded);
+            }
         }
     }
     return free_room(p, r, base, head) < 0 ? -1 : n;

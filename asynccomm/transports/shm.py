@@ -6,10 +6,13 @@ world the group opens has a segment of rings, one per ordered pair of ranks
 (``_shm_ring``), that carries the wire protocol of ``_core/wire.py``: control messages
 (eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
 receiver matched it, is copied once: the receiver reads it from the sender's buffer
-(``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
-ring in fragments that land straight in the recv buffer.  Its announcement (``RTS``)
-carries the buffer's address (``OFFER``), so the receiver copies as soon as a recv matches
-and answers once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.
+(``process_vm_readv``, with the C extension).  Its announcement (``RTS``) carries the
+buffer's address (``OFFER``), so the receiver copies as soon as a recv matches and answers
+once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.  Where that copy
+is refused, the message comes on the ring after the ``CTS``, in fragments that land
+straight in the recv buffer: both processes copy at once, the sender into the ring and
+the receiver out of it (in C, each waits a little for the other's progress rather than
+turn its loop).
 The protocol's shell (turning the wire's events into the endpoint's, and the link's
 ``send``, ``fetch`` and ``withdraw``) is the MPI link's; only the channels underneath
 differ.
@@ -66,14 +69,9 @@ DATA_REFUSED = 14
 OFFER = struct.Struct("<Q")
 #: The receiver of a single copy copies this much per turn of its loop.
 READ_CHUNK = 4 << 20
-#: Rendezvous messages this big or bigger are copied once (an offer, or ``DATA_AT``);
-#: smaller ones come on the ring (both processes copy, at once: the sender into the ring,
-#: the receiver out of it, each fragment while it is in the cache), which is faster below
-#: this size (buffers of a few MiB are in pages too small for ``process_vm_readv`` to
-#: keep up: numpy asks for huge pages from 4 MiB on).
-SINGLE_COPY_MIN = 4 << 20
-#: Rendezvous data moves in fragments of this many bytes (a ring holds several).
-FRAGMENT = 128 << 10
+#: Rendezvous data moves in fragments of this many bytes: records of a quarter of a ring
+#: (four at once on it: one being written, one read, two waiting), a multiple of 64.
+FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
@@ -231,7 +229,7 @@ class Channels:
             return
         push = _Push(_bytes(view), tag, done)
         if (self.node.single_copy and not self._on_ring.pop((dest, tag), False)
-                and len(push.view) >= SINGLE_COPY_MIN):
+                and len(push.view)):  # (nothing to copy: its recv is done already)
             # The receiver copies it from here (not after it refused an offer).
             self._lent[(dest, tag)] = push
             self.send(dest, HEADER.pack(DATA_AT, 0, self.rank, tag, len(push.view), 0,
@@ -557,8 +555,9 @@ class ShmTransport(MPITransport):
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
         ``start``): ``send_now`` and the poll of the rings run with no Python frame
         (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
-        message that lands goes straight into the recv posted for it; everything else
-        takes the Python steps)."""
+        message that lands goes straight into the recv posted for it, a rendezvous
+        fragment into its recv; everything else takes the Python steps), and the
+        fragments go on the ring in C (``Channels._fragments``)."""
         channels = self.channels
         segment = channels.segment
         if not isinstance(segment.words, lane.Words):  # the rings' words are libatomic's
@@ -614,8 +613,7 @@ class ShmTransport(MPITransport):
             self._finished.set_result(None)
 
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
-        if (msg[0] == RTS and dest != self.rank and self.node.single_copy
-                and HEADER.unpack_from(msg)[4] >= SINGLE_COPY_MIN):
+        if msg[0] == RTS and dest != self.rank and self.node.single_copy:
             msg = self._offer(msg)
         self.channels.send(dest, msg)
 

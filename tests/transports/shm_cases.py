@@ -110,9 +110,8 @@ class _Refusing:
 
 
 async def large_both_ways(comm: ac.Communicator) -> bool:
-    """A message just above the single copy's least size (``SINGLE_COPY_MIN`` + 5 bytes)
-    from rank 0 to 1 and back, checked; whether this rank still copies once."""
-    data = np.arange(shm.SINGLE_COPY_MIN + 5, dtype=np.uint8)
+    """1 MiB + 5 from rank 0 to 1 and back, checked; whether this rank still copies once."""
+    data = np.arange((1 << 20) + 5, dtype=np.uint8)
     out = np.zeros_like(data)
     peer = 1 - comm.rank
     if comm.rank == 0:

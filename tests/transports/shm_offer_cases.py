@@ -307,6 +307,54 @@ def sizes_and_orders(loop: str, examples: int, refuse: bool) -> object:
     return errors, node.single_copy
 
 
+def both_ways(plan: Plan) -> Callable[[ac.Communicator], Any]:
+    """Both ranks send the plan's messages to each other at once (on the rings: each
+    rank's fragments going on its ring while it takes its peer's), and post their recvs
+    in the plan's order, each before or after its peer's send as it happens; both check
+    theirs."""
+
+    async def main(comm: ac.Communicator) -> None:
+        peer = 1 - comm.rank
+        bufs = [np.full(SIZES[s] + 64, SENTINEL, np.uint8) for s, _ in plan.msgs]
+        sends = [comm.isend(data(SIZES[s], i + 10 * comm.rank), peer, i)
+                 for i, (s, first) in enumerate(plan.msgs) if first]
+        recvs = [comm.irecv(bufs[i][:SIZES[plan.msgs[i][0]]], peer, i) for i in plan.order]
+        sends += [comm.isend(data(SIZES[s], i + 10 * comm.rank), peer, i)
+                  for i, (s, first) in enumerate(plan.msgs) if not first]
+        await ac.wait_all(sends + recvs)
+        for i, (s, _) in enumerate(plan.msgs):
+            n = SIZES[s]
+            check(np.array_equal(bufs[i][:n], data(n, i + 10 * peer)),
+                  f"message {i} corrupted")
+            check(not (bufs[i][n:] != SENTINEL).any(), f"message {i}: written past it")
+
+    return main
+
+
+def sizes_both_ways(loop: str, examples: int, refuse: bool) -> object:
+    """``both_ways`` over ``examples`` plans (the ranks draw the same ones), each in a world
+    with the C lane's steps or the Python ones, every single copy refused if ``refuse``
+    (all rendezvous data on the rings): this rank's first failure."""
+    if refuse:
+        shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
+    errors: list[str] = []
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(plan=plans(), native=st.sampled_from([None, False]))
+    @example(plan=Plan(((3, True), (3, False), (2, True)), (2, 0, 1)), native=None)
+    def holds(plan: Plan, native: bool | None) -> None:
+        if errors:
+            return
+        try:
+            run_rank(bounded(both_ways(plan), 20.0), loop, {**OPTIONS, "native": native})
+        except Exception as exc:
+            errors.append(f"{plan} (native={native}): {type(exc).__name__}: {exc}")
+
+    holds()
+    return errors
+
+
 async def empty_rendezvous(comm: ac.Communicator) -> int:
     """Rank 0 sends empty messages faster than its credit allows (a pool of 1 KiB: one
     eager message at a time), so that some go rendezvous (an ``RTS`` with nothing to

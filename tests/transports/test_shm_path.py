@@ -260,8 +260,8 @@ def run_fragments(state: dict[str, Any], nbytes: int, start: int, turns: int,
        turns=st.sampled_from([1, 6]))
 def test_fragments_go_and_land_as_the_python_steps_do(state: dict[str, Any], nbytes: int,
                                                       start: int, turns: int) -> None:
-    """A rendezvous payload that comes on the ring (below ``SINGLE_COPY_MIN``, or a single
-    copy refused), its fragments put in C (``ShmPath.fragments``) and landed in the recv
+    """A rendezvous payload that comes on the ring (its single copy refused), its
+    fragments put in C (``ShmPath.fragments``) and landed in the recv
     in C (``ShmPath.poll``), leaves the segment, the rings' positions, the doorbells, the
     recv's bytes and its completion as the Python steps do."""
     start = min(start, nbytes - 1)
