@@ -287,21 +287,8 @@ def sizes_and_orders(loop: str, examples: int, refuse: bool) -> object:
     ``refuse``: this rank's first failure, and whether it copies once."""
     if refuse and current_process().name == "asynccomm-rank-1":
         shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
-    errors: list[str] = []
-
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), print_blob=False)
-    @given(plan=plans(), native=st.sampled_from([None, False]))
-    @example(plan=Plan(((3, False), (4, True)), (0, 1)), native=None)  # (rendezvous twice)
-    def holds(plan: Plan, native: bool | None) -> None:
-        if errors:
-            return
-        try:
-            run_rank(bounded(exchange(plan), 20.0), loop, {**OPTIONS, "native": native})
-        except Exception as exc:
-            errors.append(f"{plan} (native={native}): {type(exc).__name__}: {exc}")
-
-    holds()
+    errors = _holds(loop, examples, exchange,
+                    Plan(((3, False), (4, True)), (0, 1)))  # (rendezvous twice)
     node = Node.current()
     assert node is not None
     return errors, node.single_copy
@@ -337,17 +324,26 @@ def sizes_both_ways(loop: str, examples: int, refuse: bool) -> object:
     (all rendezvous data on the rings): this rank's first failure."""
     if refuse:
         shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
+    return _holds(loop, examples, both_ways, Plan(((3, True), (3, False), (2, True)),
+                                                  (2, 0, 1)))
+
+
+def _holds(loop: str, examples: int, program: Callable[[Plan], Callable[[ac.Communicator], Any]],
+           first: Plan) -> list[str]:
+    """``program(plan)`` runs over ``examples`` plans (``first`` among them; the ranks draw
+    the same ones), each in a world with the C lane's steps or the Python ones: this
+    rank's first failure, if any."""
     errors: list[str] = []
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(plan=plans(), native=st.sampled_from([None, False]))
-    @example(plan=Plan(((3, True), (3, False), (2, True)), (2, 0, 1)), native=None)
+    @example(plan=first, native=None)
     def holds(plan: Plan, native: bool | None) -> None:
         if errors:
             return
         try:
-            run_rank(bounded(both_ways(plan), 20.0), loop, {**OPTIONS, "native": native})
+            run_rank(bounded(program(plan), 20.0), loop, {**OPTIONS, "native": native})
         except Exception as exc:
             errors.append(f"{plan} (native={native}): {type(exc).__name__}: {exc}")
 
