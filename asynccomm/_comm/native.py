@@ -207,6 +207,7 @@ NAMES: Final[Mapping[str, Name]] = {
     "pull_view": _a("view", _Pull),
     "pull_off": _a("off", _Pull),
     "pull_done": _a("done", _Pull),
+    "copying": _a("copying", Channels),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -610,6 +610,9 @@ shmpath_poll(PyObject *self)
     if (rest == 0) {
         rest = waiting(p->channels, a_reading);
     }
+    if (rest == 0) {
+        rest = waiting(p->channels, a_copying);
+    }
     if (rest < 0) {
         return -1;
     }

@@ -62,6 +62,16 @@ DATA = 11
 DATA_AT = 12
 DATA_DONE = 13
 DATA_REFUSED = 14
+#: The receiver of offer ``ident`` (``nbytes``) copies it now: its sender keeps its loop
+#: awake (it spins rather than sleeps) until the answer, or until the copy would have
+#: taken ``nbytes / COPY_LEAST_RATE`` seconds (``Channels.copying``).  Sent for copies of
+#: more than one ``READ_CHUNK``: those outlast the sender's ``SPIN``, and its doorbell's
+#: wake would come on the answer's way.
+DATA_COPYING = 15
+#: The least rate (bytes per second) a copy announced by ``DATA_COPYING`` is waited for
+#: at, awake; ``COPY_GRACE`` seconds more (an answer that never comes: a bound).
+COPY_LEAST_RATE = 1e9
+COPY_GRACE = 10e-3
 #: An offer: where single copy is on, an ``RTS`` carries its send buffer's address after
 #: its header, so that the receiver, once a recv matches, copies at once and answers only
 #: ``DATA_DONE`` (no ``CTS``, no ``DATA_AT``).  Until that answer (or ``WITHDRAWN``, or
@@ -190,6 +200,9 @@ class Channels:
         self.offers: dict[tuple[int, int], int] = {}
         #: The data tags of offers whose receiver could not copy: those go on the ring.
         self._on_ring: dict[tuple[int, int], bool] = {}
+        #: This rank's offers being copied (``DATA_COPYING``), by (receiver, message id):
+        #: until when its loop stays awake for the answer.
+        self.copying: dict[tuple[int, int], float] = {}
         self._bell = segment.bell(rank)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
@@ -263,6 +276,9 @@ class Channels:
             self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, ident,
                                              b""))
             return
+        if len(pull.view) > READ_CHUNK and not self.node.crowded:
+            self._answer(source, HEADER.pack(DATA_COPYING, 0, self.rank, 0, len(pull.view),
+                                             0, ident, b""))
         self._reading.append((source, tag, pull))
         if len(self._reading) == 1:  # its first chunk now, not a turn of the loop later
             self._read()
@@ -371,8 +387,9 @@ class Channels:
 
     def _poll_rest(self) -> bool:
         """What ``poll`` does after the rings: this rank's messages to itself, what waited
-        for room, the single copies under way (the C lane's ``ShmPath.poll`` calls it when
-        any of them waits); True if anything happened."""
+        for room, the single copies under way, this rank's offers being copied (the C
+        lane's ``ShmPath.poll`` calls it when any of them waits); True if anything
+        happened (or an offer's copy is under way: the loop stays awake for its answer)."""
         hit = False
         handle = self._handle
         local = self._local
@@ -384,7 +401,17 @@ class Channels:
         if self._reading:
             self._read()
             hit = True
+        if self.copying:
+            hit = self._awaiting_copy() or hit
         return hit
+
+    def _awaiting_copy(self) -> bool:
+        """Whether a receiver still copies one of this rank's offers (``DATA_COPYING``):
+        its answer comes soon, and the loop stays awake for it (not past the bound)."""
+        now = time.perf_counter()
+        for key in [k for k, until in self.copying.items() if until < now]:
+            del self.copying[key]
+        return bool(self.copying)
 
     def _read(self) -> None:
         """Copy the next chunk of the first single copy under way."""
@@ -452,14 +479,20 @@ class Channels:
             pull.address = address
             self._reading.append((source, tag, pull))
             return
+        if kind == DATA_COPYING:  # (``ident``: an offer being copied)
+            self.copying[(source, address)] = (time.perf_counter() + COPY_GRACE
+                                               + nbytes / COPY_LEAST_RATE)
+            return
         if kind == DATA_DONE:
             if address:  # ``ident``: an offer copied
+                self.copying.pop((source, address), None)
                 self._on_answer(source, address, 0)  # type: ignore[misc]
             else:
                 self._lent.pop((source, tag)).done()
             return
         if kind == DATA_REFUSED:
             if address:  # an offer the receiver could not copy: on the ring, on ``tag``
+                self.copying.pop((source, address), None)
                 self._on_ring[(source, tag)] = True
                 self._on_answer(source, address, tag)  # type: ignore[misc]
             else:
@@ -508,6 +541,8 @@ class Channels:
             del self._pulls[key]
         for key in [k for k in self.offers if k[0] == rank]:
             del self.offers[key]
+        for key in [k for k in self.copying if k[0] == rank]:
+            del self.copying[key]
         return moving
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,14 @@ from asynccomm._exceptions import TransportError
 from asynccomm.sim.device import Device
 from asynccomm.transports import _shm_ring
 from asynccomm.transports._shm_ring import ARMED, RING_BYTES, Segment, segment_bytes
-from asynccomm.transports.shm import FRAGMENT, Node, ShmTransport, missing
+from asynccomm.transports.shm import (
+    DATA_COPYING,
+    DATA_DONE,
+    FRAGMENT,
+    Node,
+    ShmTransport,
+    missing,
+)
 
 pytestmark = [pytest.mark.native,
               pytest.mark.skipif(LANE is None or _native.CONFIGURED is None
@@ -267,6 +275,43 @@ def test_fragments_go_and_land_as_the_python_steps_do(state: dict[str, Any], nby
     start = min(start, nbytes - 1)
     assert (run_fragments(state, nbytes, start, turns, True)
             == run_fragments(state, nbytes, start, turns, False))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sender_stays_awake_while_its_offer_is_copied(native: bool) -> None:
+    """Told that its offer is being copied (``DATA_COPYING``), a sender's poll says there
+    is activity (its loop spins, and does not sleep until a doorbell wakes it for the
+    answer) until the answer comes, its receiver dies, or the bound passes; on either
+    lane."""
+    state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
+             "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
+    segment, links, _ = pair(state, native)
+    sender, receiver = links[0].channels, links[1].channels
+    try:
+        def copying(ident: int, nbytes: int) -> None:
+            receiver._answer(0, w.HEADER.pack(DATA_COPYING, 0, 1, 0, nbytes, 0, ident, b""))
+
+        assert sender.poll() is False
+        copying(42, 64 << 20)
+        assert sender.poll() is True  # the record
+        assert sender.poll() is True  # (nothing came: awake all the same)
+        assert list(sender.copying) == [(1, 42)]
+        receiver._answer(0, w.HEADER.pack(DATA_DONE, 0, 1, 0, 0, 0, 42, b""))
+        assert sender.poll() is True
+        assert sender.copying == {}
+        assert sender.poll() is False
+        copying(43, 0)  # an answer that never comes: awake until the bound
+        assert sender.poll() is True
+        sender.copying[(1, 43)] = time.perf_counter() - 1e-6
+        assert sender.poll() is False
+        assert sender.copying == {}
+        copying(44, 64 << 20)
+        assert sender.poll() is True
+        sender.peer_died(1)
+        assert sender.copying == {}
+    finally:
+        for link in links:
+            link.channels.close()
 
 
 def test_the_c_steps_run_where_the_lane_is_built() -> None:
