@@ -46,7 +46,7 @@ from ..transports._mpi_progress import Progress, Slot
 from ..transports._mpi_transport import MPITransport
 from ..transports._shm_ring import Ring
 from ..transports.base import Link
-from ..transports.shm import Channels, Node, ShmTransport
+from ..transports.shm import Channels, Node, ShmTransport, _Pull
 
 __all__ = ["CLASSES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
            "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "numbers",
@@ -203,6 +203,11 @@ NAMES: Final[Mapping[str, Name]] = {
     "send_waiting": _m("_send_waiting", Channels),
     "kicked": _a("_kicked", Node),
     "waiter": _a("_waiter", Node),
+    # the shared-memory link's fragments landing (``ShmPath.poll``)
+    "pull_view": _a("view", _Pull),
+    "pull_off": _a("off", _Pull),
+    "pull_done": _a("done", _Pull),
+    "copying": _a("copying", Channels),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -91,6 +91,7 @@ extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
 extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
+extern PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -273,6 +274,9 @@ typedef struct {
 int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
                void *arg);
 int list_add(PyObject *list, Py_ssize_t i, long long delta);
+/* The wire header's little-endian fields: ``n`` bytes at ``at``. */
+void put_le(char *at, unsigned long long v, int n);
+long long get_le(const char *at, int n);
 int long_attr(PyObject *o, PyObject *name, long *out);
 int pass_failure(PyObject *to);
 int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_max, long self,

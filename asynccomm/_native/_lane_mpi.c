@@ -57,7 +57,7 @@ static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
 static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
                       PyObject *ready_cb, PyObject *recv);
 
-static void
+void
 put_le(char *at, unsigned long long v, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -65,7 +65,7 @@ put_le(char *at, unsigned long long v, int n)
     }
 }
 
-static long long
+long long
 get_le(const char *at, int n)
 {
     unsigned long long v = 0;

@@ -7,8 +7,13 @@
  * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
- * posted recv, or as a ``Message``), every other one to ``Channels._handle``; then, if
- * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
+ * posted recv, or as a ``Message``), a rendezvous fragment copied into its recv (what
+ * ``Channels._handle`` does with it), every other one to ``Channels._handle``; then, if
+ * anything waits to go or to be read, ``Channels._poll_rest``.  ``fragments`` is
+ * ``Channels._fragments``: a rendezvous payload put on a ring in fragments.  While a
+ * payload moves this way both processes copy at once, and each waits a little
+ * (``wait_change``) for the other's progress (room freed, the next fragment) rather than
+ * turn its loop.  Every send it does not
  * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
  * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
  * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
@@ -19,9 +24,11 @@
  * is. */
 #include "_lane.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* One ring as this rank sees it: the ``Ring``, its words' and records' offsets. */
 typedef struct {
@@ -39,7 +46,51 @@ typedef struct {
     Py_ssize_t n_in, *bells;
     long rank, size, inline_max, return_at;
     unsigned long long ring_bytes, wrap, armed;
+    /* Rendezvous fragments (``fragmenting``): their record kind (-1: not set, the Python
+     * steps land them), their size, the recvs they land in (``Channels._pulls``), and
+     * whether the core is shared (each look for the peer's progress then yields it). */
+    PyObject *pulls;
+    long data_kind;
+    Py_ssize_t fragment;
+    int crowded;
 } ShmPath;
+
+/* A peer that copies fragments at the same time as this process is waited for this long
+ * with no progress (a fragment's copy takes a few microseconds) before the loop turns. */
+#define PEER_WAIT_NS 20000
+
+static long long
+now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Wait (at most PEER_WAIT_NS) for the word ``w`` to be other than ``v``; its value.  The
+ * core is given away between looks (at once if ``crowded``, else after a few looks): the
+ * peer may be waiting for it. */
+static uint64_t
+wait_change(_Atomic uint64_t *w, uint64_t v, int crowded)
+{
+    uint64_t now = atomic_load(w);
+    long long until = 0;
+    for (unsigned i = 0; now == v; i++) {
+        if (crowded || i >= 64) {
+            sched_yield();
+        }
+        if ((i & 63) == 0) {
+            long long t = now_ns();
+            if (until == 0) {
+                until = t + PEER_WAIT_NS;
+            } else if (t > until) {
+                break;
+            }
+        }
+        now = atomic_load(w);
+    }
+    return now;
+}
 
 static _Atomic uint64_t *
 word(char *base, Py_ssize_t off)
@@ -240,6 +291,100 @@ shm_put(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     return room < 0 ? NULL : PyBool_FromLong(room);
 }
 
+/* fragments(dest, view, off, tag) -> int: ``Channels._fragments``: ``view[off:]`` on
+ * ``dest``'s ring as data records of ``fragment`` bytes while it has room, waiting for
+ * room while the receiver takes them (``wait_change``); the offset reached. */
+static PyObject *
+shm_fragments(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fragments(dest, view, off, tag)");
+        return NULL;
+    }
+    long d = PyLong_AsLong(args[0]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[2]);
+    long t = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (d < 0 || d >= p->size || d == p->rank || off < 0 || p->data_kind < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "fragments: dest is another rank, off >= 0, fragmenting() called");
+        return NULL;
+    }
+    Py_ssize_t len;
+    char *base = words_base(p->words, &len);
+    if (base == NULL) {
+        PyErr_SetString(PyExc_ValueError, "fragments: the segment is released");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    RingAt *r = &p->out[d];
+    const char *from = view.buf;
+    while (off < view.len) {
+        Py_ssize_t k = view.len - off < p->fragment ? view.len - off : p->fragment;
+        unsigned long long tail, at, skip, n = (unsigned long long)(H_SIZE + k);
+        int room = reserve(p, r, base, n, &tail, &at, &skip);
+        if (room == 0) {  /* the receiver may be taking them: wait for it a little */
+            uint64_t head = atomic_load(word(base, r->head));
+            if (wait_change(word(base, r->head), head, p->crowded) == head) {
+                break;
+            }
+            continue;
+        }
+        if (room < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        char *h = record_at(p, r, base, &at, skip);
+        memset(h, 0, (size_t)H_SIZE);
+        h[H_KIND] = (char)p->data_kind;
+        put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+        put_le(h + H_TAG, (unsigned long long)t, 4);
+        put_le(h + H_NBYTES, (unsigned long long)k, 8);
+        memcpy(h + H_SIZE, from + off, (size_t)k);
+        if (publish(p, d, base, tail, at, skip, n) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        off += k;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(off);
+}
+
+/* fragmenting(kind, fragment, pulls, crowded): data records of this ``kind`` are
+ * rendezvous fragments of at most ``fragment`` bytes, for the recvs ``pulls`` (by
+ * (source, data tag)); ``crowded``: the ranks outnumber the cores. */
+static PyObject *
+shm_fragmenting(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "fragmenting(kind, fragment, pulls: dict, crowded)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    Py_ssize_t fragment = PyLong_AsSsize_t(args[1]);
+    int crowded = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || crowded < 0) {
+        return NULL;
+    }
+    unsigned long long most = p->ring_bytes / 2 - 8 - (unsigned long long)H_SIZE;
+    if (kind < 0 || kind > 255 || fragment <= 0 || (unsigned long long)fragment > most) {
+        PyErr_SetString(PyExc_ValueError, "fragmenting: a kind of one byte, and fragments "
+                        "that fit in half a ring");
+        return NULL;
+    }
+    p->data_kind = kind;
+    p->fragment = fragment;
+    p->crowded = crowded;
+    Py_XSETREF(p->pulls, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
 static PyObject *
 shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
@@ -291,6 +436,64 @@ record_payload(void *arg)
     return PySequence_GetSlice(rec->view, rec->start + H_SIZE, rec->end);
 }
 
+/* A rendezvous fragment at ``b`` (``len`` bytes with its header) landed: copied into its
+ * recv (``Channels._handle``'s last steps: the recv done once it is all in).  1 landed,
+ * 2 landed and its recv wants more, 0 not judged here (``Channels._handle`` takes it),
+ * -1 error. */
+static int
+land_fragment(ShmPath *p, const char *b, Py_ssize_t len)
+{
+    if (p->pulls == NULL || len < H_SIZE || (unsigned char)b[H_KIND] != p->data_kind) {
+        return 0;
+    }
+    long long nbytes = get_le(b + H_NBYTES, 8);
+    if (nbytes < 0 || nbytes > len - H_SIZE) {
+        return 0;
+    }
+    PyObject *key = Py_BuildValue("(LL)", get_le(b + H_SRC, 4), get_le(b + H_TAG, 4));
+    PyObject *pull = key == NULL ? NULL : PyDict_GetItemWithError(p->pulls, key);
+    if (pull == NULL) {
+        Py_XDECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(pull);
+    int rc = 0;
+    Py_ssize_t off;
+    Py_buffer into;
+    into.obj = NULL;
+    PyObject *v = PyObject_GetAttr(pull, a_pull_view);
+    PyObject *o = v == NULL ? NULL : PyObject_GetAttr(pull, a_pull_off);
+    if (o == NULL || (off = PyLong_AsSsize_t(o)) < 0) {
+        rc = -1;
+    } else if (PyObject_GetBuffer(v, &into, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();  /* (its view is not one writable piece: the Python steps) */
+        into.obj = NULL;
+    } else if (off + nbytes <= into.len) {
+        memcpy((char *)into.buf + off, b + H_SIZE, (size_t)nbytes);
+        off += (Py_ssize_t)nbytes;
+        PyObject *at = PyLong_FromSsize_t(off);
+        rc = at == NULL || PyObject_SetAttr(pull, a_pull_off, at) < 0 ? -1 : 2;
+        Py_XDECREF(at);
+        if (rc > 0 && off >= into.len) {
+            rc = 1;
+            PyObject *done = PyDict_DelItem(p->pulls, key) < 0 ? NULL
+                : PyObject_GetAttr(pull, a_pull_done);
+            PyObject *r = done == NULL ? NULL : PyObject_CallNoArgs(done);
+            rc = r == NULL ? -1 : 1;
+            Py_XDECREF(r);
+            Py_XDECREF(done);
+        }
+    }
+    if (into.obj != NULL) {
+        PyBuffer_Release(&into);
+    }
+    Py_XDECREF(o);
+    Py_XDECREF(v);
+    Py_DECREF(pull);
+    Py_DECREF(key);
+    return rc;
+}
+
 /* Whether ``channels``' attribute ``name`` is true (-1 error). */
 int
 waiting(PyObject *channels, PyObject *name)
@@ -301,8 +504,21 @@ waiting(PyObject *channels, PyObject *name)
     return rc;
 }
 
-/* Take every record of the ring ``r`` (``Ring.take``, each handed on); the number taken,
- * -1 error. */
+/* The records of ring ``r`` before ``head`` are taken: their room is free (the sender
+ * woken if it waits for it).  -1 error. */
+static int
+free_room(ShmPath *p, RingAt *r, char *base, unsigned long long head)
+{
+    atomic_store(word(base, r->head), head);
+    if (atomic_load(word(base, r->want))) {  /* the sender waits for room */
+        atomic_store(word(base, r->want), 0);
+        return ring_bell(p, base, r->source);
+    }
+    return 0;
+}
+
+/* Take every record of the ring ``r`` (``Ring.take``, each handed on; while a recv takes
+ * fragments, the next is waited for a little); the number taken, -1 error. */
 static Py_ssize_t
 take_ring(ShmPath *p, RingAt *r, char *base)
 {
@@ -333,6 +549,11 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         Record rec = {p->view, r->data + (Py_ssize_t)off + 8,
                       r->data + (Py_ssize_t)(off + 8 + length)};
         int rc = land_eager(&l, base + rec.start, (Py_ssize_t)length, record_payload, &rec);
+        int more = 0;
+        if (rc == 0) {
+            rc = land_fragment(p, base + rec.start, (Py_ssize_t)length);
+            more = rc == 2;
+        }
         if (rc == 0) {  /* ``Channels._handle`` */
             PyObject *v = PySequence_GetSlice(p->view, rec.start, rec.end);
             PyObject *h = v == NULL ? NULL : PyObject_CallOneArg(p->handle, v);
@@ -351,15 +572,17 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         if (words_base(p->words, &(Py_ssize_t){0}) != base) {
             return n;  /* the segment went while a record was handed on */
         }
-    }
-    atomic_store(word(base, r->head), head);
-    if (atomic_load(word(base, r->want))) {  /* the sender waits for room */
-        atomic_store(word(base, r->want), 0);
-        if (ring_bell(p, base, r->source) < 0) {
-            return -1;
+        if (more) {  /* its room free at once (the sender waits for it), and if the
+                      * sender is copying the next one, that waited for */
+            if (free_room(p, r, base, head) < 0) {
+                return -1;
+            }
+            if (head == tail) {
+                tail = wait_change(word(base, r->tail), tail, p->crowded);
+            }
         }
     }
-    return n;
+    return free_room(p, r, base, head) < 0 ? -1 : n;
 }
 
 /* ``Channels.poll``: 1 if anything happened, 0 if not, -1 error. */
@@ -386,6 +609,9 @@ shmpath_poll(PyObject *self)
     }
     if (rest == 0) {
         rest = waiting(p->channels, a_reading);
+    }
+    if (rest == 0) {
+        rest = waiting(p->channels, a_copying);
     }
     if (rest < 0) {
         return -1;
@@ -569,6 +795,7 @@ shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->wrap = wrap;
     p->armed = armed;
     p->n_in = PyList_GET_SIZE(ins);
+    p->data_kind = -1;
     p->out = PyMem_Calloc((size_t)size, sizeof(RingAt));
     p->in = PyMem_Calloc((size_t)p->n_in + 1, sizeof(RingAt));
     p->bells = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
@@ -647,6 +874,7 @@ shmpath_traverse(ShmPath *p, visitproc visit, void *arg)
     Py_VISIT(p->closed_by);
     Py_VISIT(p->py_send_now);
     Py_VISIT(p->handle);
+    Py_VISIT(p->pulls);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_VISIT(p->out[i].ring);
     }
@@ -676,6 +904,7 @@ shmpath_clear(ShmPath *p)
     Py_CLEAR(p->closed_by);
     Py_CLEAR(p->py_send_now);
     Py_CLEAR(p->handle);
+    Py_CLEAR(p->pulls);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_CLEAR(p->out[i].ring);
     }
@@ -702,6 +931,11 @@ static PyMethodDef shmpath_methods[] = {
     {"put", (PyCFunction)(void (*)(void))shm_put, METH_FASTCALL,
      "put(dest, raw) -> bool: a control record on dest's ring, its doorbell rung "
      "(Channels._put)"},
+    {"fragments", (PyCFunction)(void (*)(void))shm_fragments, METH_FASTCALL,
+     "fragments(dest, view, off, tag) -> int: view[off:] on dest's ring as data records "
+     "while it has room (Channels._fragments); the offset reached"},
+    {"fragmenting", (PyCFunction)(void (*)(void))shm_fragmenting, METH_FASTCALL,
+     "fragmenting(kind, fragment, pulls, crowded): how rendezvous fragments go and land"},
     {"poll", (PyCFunction)shm_poll, METH_NOARGS,
      "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
     {NULL, NULL, 0, NULL},

@@ -6,10 +6,13 @@ world the group opens has a segment of rings, one per ordered pair of ranks
 (``_shm_ring``), that carries the wire protocol of ``_core/wire.py``: control messages
 (eager payloads inline, announcements, answers, closes).  A rendezvous message, once its
 receiver matched it, is copied once: the receiver reads it from the sender's buffer
-(``process_vm_readv``, with the C extension), or, where that is refused, it comes on the
-ring in fragments that land straight in the recv buffer.  Its announcement (``RTS``)
-carries the buffer's address (``OFFER``), so the receiver copies as soon as a recv matches
-and answers once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.
+(``process_vm_readv``, with the C extension).  Its announcement (``RTS``) carries the
+buffer's address (``OFFER``), so the receiver copies as soon as a recv matches and answers
+once (``DATA_DONE``): no ``CTS`` and no round trip before the data moves.  Where that copy
+is refused, the message comes on the ring after the ``CTS``, in fragments that land
+straight in the recv buffer: both processes copy at once, the sender into the ring and
+the receiver out of it (in C, each waits a little for the other's progress rather than
+turn its loop).
 The protocol's shell (turning the wire's events into the endpoint's, and the link's
 ``send``, ``fetch`` and ``withdraw``) is the MPI link's; only the channels underneath
 differ.
@@ -59,6 +62,16 @@ DATA = 11
 DATA_AT = 12
 DATA_DONE = 13
 DATA_REFUSED = 14
+#: The receiver of offer ``ident`` (``nbytes``) copies it now: its sender keeps its loop
+#: awake (it spins rather than sleeps) until the answer, or until the copy would have
+#: taken ``nbytes / COPY_LEAST_RATE`` seconds (``Channels.copying``).  Sent for copies of
+#: more than one ``READ_CHUNK``: those outlast the sender's ``SPIN``, and its doorbell's
+#: wake would come on the answer's way.
+DATA_COPYING = 15
+#: The least rate (bytes per second) a copy announced by ``DATA_COPYING`` is waited for
+#: at, awake; ``COPY_GRACE`` seconds more (an answer that never comes: a bound).
+COPY_LEAST_RATE = 1e9
+COPY_GRACE = 10e-3
 #: An offer: where single copy is on, an ``RTS`` carries its send buffer's address after
 #: its header, so that the receiver, once a recv matches, copies at once and answers only
 #: ``DATA_DONE`` (no ``CTS``, no ``DATA_AT``).  Until that answer (or ``WITHDRAWN``, or
@@ -66,8 +79,9 @@ DATA_REFUSED = 14
 OFFER = struct.Struct("<Q")
 #: The receiver of a single copy copies this much per turn of its loop.
 READ_CHUNK = 4 << 20
-#: Rendezvous data moves in fragments of this many bytes (a ring holds several).
-FRAGMENT = 128 << 10
+#: Rendezvous data moves in fragments of this many bytes: records of a quarter of a ring
+#: (four at once on it: one being written, one read, two waiting), a multiple of 64.
+FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
@@ -186,6 +200,9 @@ class Channels:
         self.offers: dict[tuple[int, int], int] = {}
         #: The data tags of offers whose receiver could not copy: those go on the ring.
         self._on_ring: dict[tuple[int, int], bool] = {}
+        #: This rank's offers being copied (``DATA_COPYING``), by (receiver, message id):
+        #: until when its loop stays awake for the answer.
+        self.copying: dict[tuple[int, int], float] = {}
         self._bell = segment.bell(rank)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
@@ -259,6 +276,9 @@ class Channels:
             self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, ident,
                                              b""))
             return
+        if len(pull.view) > READ_CHUNK and not self.node.crowded:
+            self._answer(source, HEADER.pack(DATA_COPYING, 0, self.rank, 0, len(pull.view),
+                                             0, ident, b""))
         self._reading.append((source, tag, pull))
         if len(self._reading) == 1:  # its first chunk now, not a turn of the loop later
             self._read()
@@ -313,22 +333,17 @@ class Channels:
             ctrl.popleft()
             moved = True
         data = self._data[dest]
-        header = HEADER.pack
         while data and not ctrl:
             item = data[0]
             if isinstance(item, bytes):
                 if (self._reading and self._copying(dest)) or not ring.put((item,), len(item)):
                     break
             else:
-                view, n = item.view, len(item.view)
-                while item.off < n:
-                    piece = view[item.off:item.off + FRAGMENT]
-                    head = header(DATA, 0, self.rank, item.tag, len(piece), 0, 0, b"")
-                    if not ring.put((head, piece), len(head) + len(piece)):
-                        break
-                    item.off += len(piece)
+                off = self._fragments(dest, item.view, item.off, item.tag)
+                if off != item.off:
+                    item.off = off
                     moved = True
-                if item.off < n:
+                if off < len(item.view):
                     break
                 item.done()
             data.popleft()
@@ -336,6 +351,24 @@ class Channels:
         if moved:
             self.ring(dest)
         return moved
+
+    def _fragments(self, dest: int, view: memoryview, off: int, tag: int) -> int:
+        """Put ``view[off:]`` on ``dest``'s ring as ``DATA`` records of up to ``FRAGMENT``
+        bytes while it has room; the offset reached (the C lane's ``ShmPath.fragments``
+        once the link is ``accelerate``d: it waits a little for room while the receiver
+        takes them, so that both copy at once)."""
+        ring = self.out[dest]
+        assert ring is not None
+        header = HEADER.pack
+        n = len(view)
+        while off < n:
+            piece = view[off:off + FRAGMENT]
+            head = header(DATA, 0, self.rank, tag, len(piece), 0, 0, b"")
+            if not ring.put((head, piece), len(head) + len(piece)):
+                break
+            self.ring(dest)  # (asleep, its receiver takes the first while this copies on)
+            off += len(piece)
+        return off
 
     # -- polling --------------------------------------------------------------------------
 
@@ -354,8 +387,9 @@ class Channels:
 
     def _poll_rest(self) -> bool:
         """What ``poll`` does after the rings: this rank's messages to itself, what waited
-        for room, the single copies under way (the C lane's ``ShmPath.poll`` calls it when
-        any of them waits); True if anything happened."""
+        for room, the single copies under way, this rank's offers being copied (the C
+        lane's ``ShmPath.poll`` calls it when any of them waits); True if anything
+        happened (or an offer's copy is under way: the loop stays awake for its answer)."""
         hit = False
         handle = self._handle
         local = self._local
@@ -367,7 +401,17 @@ class Channels:
         if self._reading:
             self._read()
             hit = True
+        if self.copying:
+            hit = self._awaiting_copy() or hit
         return hit
+
+    def _awaiting_copy(self) -> bool:
+        """Whether a receiver still copies one of this rank's offers (``DATA_COPYING``):
+        its answer comes soon, and the loop stays awake for it (not past the bound)."""
+        now = time.perf_counter()
+        for key in [k for k, until in self.copying.items() if until < now]:
+            del self.copying[key]
+        return bool(self.copying)
 
     def _read(self) -> None:
         """Copy the next chunk of the first single copy under way."""
@@ -435,14 +479,20 @@ class Channels:
             pull.address = address
             self._reading.append((source, tag, pull))
             return
+        if kind == DATA_COPYING:  # (``ident``: an offer being copied)
+            self.copying[(source, address)] = (time.perf_counter() + COPY_GRACE
+                                               + nbytes / COPY_LEAST_RATE)
+            return
         if kind == DATA_DONE:
             if address:  # ``ident``: an offer copied
+                self.copying.pop((source, address), None)
                 self._on_answer(source, address, 0)  # type: ignore[misc]
             else:
                 self._lent.pop((source, tag)).done()
             return
         if kind == DATA_REFUSED:
             if address:  # an offer the receiver could not copy: on the ring, on ``tag``
+                self.copying.pop((source, address), None)
                 self._on_ring[(source, tag)] = True
                 self._on_answer(source, address, tag)  # type: ignore[misc]
             else:
@@ -491,6 +541,8 @@ class Channels:
             del self._pulls[key]
         for key in [k for k in self.offers if k[0] == rank]:
             del self.offers[key]
+        for key in [k for k in self.copying if k[0] == rank]:
+            del self.copying[key]
         return moving
 
     def close(self) -> None:
@@ -538,8 +590,9 @@ class ShmTransport(MPITransport):
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
         ``start``): ``send_now`` and the poll of the rings run with no Python frame
         (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
-        message that lands goes straight into the recv posted for it; everything else
-        takes the Python steps)."""
+        message that lands goes straight into the recv posted for it, a rendezvous
+        fragment into its recv; everything else takes the Python steps), and the
+        fragments go on the ring in C (``Channels._fragments``)."""
         channels = self.channels
         segment = channels.segment
         if not isinstance(segment.words, lane.Words):  # the rings' words are libatomic's
@@ -558,6 +611,8 @@ class ShmTransport(MPITransport):
         self.send_now = path.send_now  # type: ignore[method-assign]
         channels.poll = path.poll  # type: ignore[method-assign]
         channels._put = path.put  # type: ignore[method-assign]
+        path.fragmenting(DATA, FRAGMENT, channels._pulls, self.node.crowded)
+        channels._fragments = path.fragments  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)
 

@@ -287,24 +287,68 @@ def sizes_and_orders(loop: str, examples: int, refuse: bool) -> object:
     ``refuse``: this rank's first failure, and whether it copies once."""
     if refuse and current_process().name == "asynccomm-rank-1":
         shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
+    errors = _holds(loop, examples, exchange,
+                    Plan(((3, False), (4, True)), (0, 1)))  # (rendezvous twice)
+    node = Node.current()
+    assert node is not None
+    return errors, node.single_copy
+
+
+def both_ways(plan: Plan) -> Callable[[ac.Communicator], Any]:
+    """Both ranks send the plan's messages to each other at once (on the rings: each
+    rank's fragments going on its ring while it takes its peer's), and post their recvs
+    in the plan's order, each before or after its peer's send as it happens; both check
+    theirs."""
+
+    async def main(comm: ac.Communicator) -> None:
+        peer = 1 - comm.rank
+        bufs = [np.full(SIZES[s] + 64, SENTINEL, np.uint8) for s, _ in plan.msgs]
+        sends = [comm.isend(data(SIZES[s], i + 10 * comm.rank), peer, i)
+                 for i, (s, first) in enumerate(plan.msgs) if first]
+        recvs = [comm.irecv(bufs[i][:SIZES[plan.msgs[i][0]]], peer, i) for i in plan.order]
+        sends += [comm.isend(data(SIZES[s], i + 10 * comm.rank), peer, i)
+                  for i, (s, first) in enumerate(plan.msgs) if not first]
+        await ac.wait_all(sends + recvs)
+        for i, (s, _) in enumerate(plan.msgs):
+            n = SIZES[s]
+            check(np.array_equal(bufs[i][:n], data(n, i + 10 * peer)),
+                  f"message {i} corrupted")
+            check(not (bufs[i][n:] != SENTINEL).any(), f"message {i}: written past it")
+
+    return main
+
+
+def sizes_both_ways(loop: str, examples: int, refuse: bool) -> object:
+    """``both_ways`` over ``examples`` plans (the ranks draw the same ones), each in a world
+    with the C lane's steps or the Python ones, every single copy refused if ``refuse``
+    (all rendezvous data on the rings): this rank's first failure."""
+    if refuse:
+        shm.single_copy = _Refusing(shm.single_copy)  # type: ignore[assignment]
+    return _holds(loop, examples, both_ways, Plan(((3, True), (3, False), (2, True)),
+                                                  (2, 0, 1)))
+
+
+def _holds(loop: str, examples: int, program: Callable[[Plan], Callable[[ac.Communicator], Any]],
+           first: Plan) -> list[str]:
+    """``program(plan)`` runs over ``examples`` plans (``first`` among them; the ranks draw
+    the same ones), each in a world with the C lane's steps or the Python ones: this
+    rank's first failure, if any."""
     errors: list[str] = []
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(plan=plans(), native=st.sampled_from([None, False]))
-    @example(plan=Plan(((3, False), (4, True)), (0, 1)), native=None)  # (rendezvous twice)
+    @example(plan=first, native=None)
     def holds(plan: Plan, native: bool | None) -> None:
         if errors:
             return
         try:
-            run_rank(bounded(exchange(plan), 20.0), loop, {**OPTIONS, "native": native})
+            run_rank(bounded(program(plan), 20.0), loop, {**OPTIONS, "native": native})
         except Exception as exc:
             errors.append(f"{plan} (native={native}): {type(exc).__name__}: {exc}")
 
     holds()
-    node = Node.current()
-    assert node is not None
-    return errors, node.single_copy
+    return errors
 
 
 async def empty_rendezvous(comm: ac.Communicator) -> int:

@@ -17,6 +17,7 @@ from .shm_offer_cases import (
     empty_messages_over_rendezvous,
     lent_copies,
     sizes_and_orders,
+    sizes_both_ways,
 )
 
 pytestmark = [pytest.mark.skipif(missing() is not None, reason=str(missing())),
@@ -62,6 +63,17 @@ def test_any_sizes_in_any_order_arrive_intact(refuse: bool) -> None:
     (and rank 1 copies once no more)."""
     outcomes = launch(sizes_and_orders, 2, ("uvloop", EXAMPLES, refuse))
     assert outcomes == [("ok", ([], True)), ("ok", ([], not refuse))]
+
+
+@pytest.mark.parametrize("refuse", [True, False] if STRESS else [True])
+def test_messages_both_ways_at_once_arrive_intact(refuse: bool) -> None:
+    """A hypothesis property (the ranks draw the same plans): both ranks send to each other
+    at once, messages of eager and rendezvous sizes, the recvs posted in any order, on the
+    C lane's steps or the Python ones; the single copies refused, every rendezvous payload
+    comes on the rings (both processes putting fragments on theirs while they take their
+    peer's)."""
+    assert launch(sizes_both_ways, 2, ("uvloop", EXAMPLES, refuse)) == [("ok", []),
+                                                                         ("ok", [])]
 
 
 def test_empty_messages_that_go_rendezvous_arrive() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import time
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,14 @@ from asynccomm._exceptions import TransportError
 from asynccomm.sim.device import Device
 from asynccomm.transports import _shm_ring
 from asynccomm.transports._shm_ring import ARMED, RING_BYTES, Segment, segment_bytes
-from asynccomm.transports.shm import Node, ShmTransport, missing
+from asynccomm.transports.shm import (
+    DATA_COPYING,
+    DATA_DONE,
+    FRAGMENT,
+    Node,
+    ShmTransport,
+    missing,
+)
 
 pytestmark = [pytest.mark.native,
               pytest.mark.skipif(LANE is None or _native.CONFIGURED is None
@@ -47,6 +55,7 @@ class FakeNode:
     """What a link asks of its node, recorded."""
 
     single_copy = False
+    crowded = False
 
     def __init__(self) -> None:
         self.kicks = 0
@@ -220,6 +229,91 @@ def test_put_does_what_the_python_steps_do(state: dict[str, Any], sizes: list[in
     assert run_puts(state, sizes, True) == run_puts(state, sizes, False)
 
 
+#: Rendezvous payloads on the ring (``Channels._fragments``): less than a fragment, one,
+#: a bit more, several, more than a ring holds.
+FRAGMENTED = st.sampled_from([1, 4095, FRAGMENT, FRAGMENT + 1, 3 * FRAGMENT + 5,
+                              RING_BYTES + 3 * FRAGMENT // 2])
+
+
+def run_fragments(state: dict[str, Any], nbytes: int, start: int, turns: int,
+                  native: bool) -> tuple[Any, ...]:
+    """``nbytes`` from rank 0 to rank 1's recv on a data tag, from offset ``start``: the
+    sender's fragments put on the ring and the receiver's polls taking them, ``turns``
+    times (or until all is in)."""
+    segment, links, node = pair(state, native)
+    payload = memoryview((bytes(range(251)) * (nbytes // 251 + 1))[:nbytes])
+    into = bytearray(nbytes)
+    done: list[int] = []
+    results: list[object] = []
+    try:
+        links[1].channels.pull(memoryview(into), 0, 77, lambda: done.append(len(done)))
+        links[1].channels._pulls[(0, 77)].off = start
+        off = start
+        for _ in range(turns):
+            off = links[0].channels._fragments(1, payload, off, 77)
+            results.append(off)
+            results.append(links[1].channels.poll())
+            if off == nbytes:
+                break
+        results.append(links[1].channels.poll())  # nothing more
+        pulls = {k: p.off for k, p in links[1].channels._pulls.items()}
+        return (observe(segment, links, node, results), bytes(into), done, pulls)
+    finally:
+        for link in links:
+            link.channels.close()
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(state=STATES, nbytes=FRAGMENTED, start=st.sampled_from([0, 0, 1, FRAGMENT]),
+       turns=st.sampled_from([1, 6]))
+def test_fragments_go_and_land_as_the_python_steps_do(state: dict[str, Any], nbytes: int,
+                                                      start: int, turns: int) -> None:
+    """A rendezvous payload that comes on the ring (its single copy refused), its
+    fragments put in C (``ShmPath.fragments``) and landed in the recv
+    in C (``ShmPath.poll``), leaves the segment, the rings' positions, the doorbells, the
+    recv's bytes and its completion as the Python steps do."""
+    start = min(start, nbytes - 1)
+    assert (run_fragments(state, nbytes, start, turns, True)
+            == run_fragments(state, nbytes, start, turns, False))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sender_stays_awake_while_its_offer_is_copied(native: bool) -> None:
+    """Told that its offer is being copied (``DATA_COPYING``), a sender's poll says there
+    is activity (its loop spins, and does not sleep until a doorbell wakes it for the
+    answer) until the answer comes, its receiver dies, or the bound passes; on either
+    lane."""
+    state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
+             "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
+    segment, links, _ = pair(state, native)
+    sender, receiver = links[0].channels, links[1].channels
+    try:
+        def copying(ident: int, nbytes: int) -> None:
+            receiver._answer(0, w.HEADER.pack(DATA_COPYING, 0, 1, 0, nbytes, 0, ident, b""))
+
+        assert sender.poll() is False
+        copying(42, 64 << 20)
+        assert sender.poll() is True  # the record
+        assert sender.poll() is True  # (nothing came: awake all the same)
+        assert list(sender.copying) == [(1, 42)]
+        receiver._answer(0, w.HEADER.pack(DATA_DONE, 0, 1, 0, 0, 0, 42, b""))
+        assert sender.poll() is True
+        assert sender.copying == {}
+        assert sender.poll() is False
+        copying(43, 0)  # an answer that never comes: awake until the bound
+        assert sender.poll() is True
+        sender.copying[(1, 43)] = time.perf_counter() - 1e-6
+        assert sender.poll() is False
+        assert sender.copying == {}
+        copying(44, 64 << 20)
+        assert sender.poll() is True
+        sender.peer_died(1)
+        assert sender.copying == {}
+    finally:
+        for link in links:
+            link.channels.close()
+
+
 def test_the_c_steps_run_where_the_lane_is_built() -> None:
     state = {"start": RING_BYTES, "used": 0, "credit": 1 << 15, "closed": False, "broken": False,
              "dead": False, "queued": 0, "armed": False, "want": False, "sends": []}
@@ -228,6 +322,7 @@ def test_the_c_steps_run_where_the_lane_is_built() -> None:
         assert links[0].send_now.__qualname__ == "ShmPath.send_now"
         assert links[1].channels.poll.__qualname__ == "ShmPath.poll"
         assert links[0].channels._put.__qualname__ == "ShmPath.put"
+        assert links[0].channels._fragments.__qualname__ == "ShmPath.fragments"
     finally:
         for link in links:
             link.channels.close()
