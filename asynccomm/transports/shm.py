@@ -70,6 +70,12 @@ READ_CHUNK = 4 << 20
 FRAGMENT = 128 << 10
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
+#: A process of a group with more processes than cores polls this long, giving its core
+#: away (``sched_yield``) after each look that found nothing: the peer it waits for may be
+#: queued behind it, and a yield hands the core over at once, where a sleep in the kernel
+#: costs both a wake-up (the peer's doorbell) and a turn of its loop.  Short, so that a
+#: rank waiting longer sleeps, and its core stays free for the others.
+CROWDED_SPIN = 200e-6
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
@@ -1087,7 +1093,7 @@ class Node:
 
     async def _run(self) -> None:
         clock = time.perf_counter
-        spin = 0.0 if self.crowded else SPIN
+        spin = CROWDED_SPIN if self.crowded else SPIN
         spin_until = 0.0
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
@@ -1107,7 +1113,7 @@ class Node:
                 # An answer slow to come: the rank this one waits for may be queued behind
                 # it on this core (other processes compete for the cores too): each look
                 # that found nothing then gives the core away.
-                share = now - spin_until + spin > SHARE_AFTER
+                share = self.crowded or now - spin_until + spin > SHARE_AFTER
                 burst = BURST if share else SPIN_BURST
                 if native is not None:
                     found = native.spin(burst, share)

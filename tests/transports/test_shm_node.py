@@ -224,3 +224,53 @@ async def test_a_record_the_poll_never_takes_does_not_keep_the_loop_from_turning
     events = await _spin_with_a_record(monkeypatch, stuck=True)
     turns = "".join(e[0] for e in events).split("t")[1:]
     assert len(turns) == 6 and all(t.count("p") <= 2 for t in turns), events
+
+
+class _Clock:
+    """``time`` for the node's poll task: a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more processes than cores, after activity a node looks at its rings for
+    ``CROWDED_SPIN``, giving its core away after each look that found nothing, a burst of
+    looks per turn of the loop (the loop keeps turning); then it arms and sleeps, and
+    gives nothing away any more."""
+    clock = _Clock()
+    monkeypatch.setattr(shm, "time", clock)
+    yields = [0]
+    monkeypatch.setattr(shm, "sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
+    node, link, peer = _node()
+    node.crowded = True
+    channels = link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        turns = []
+        while node._waiter is None and len(turns) < 100:
+            before = yields[0]
+            await asyncio.sleep(0)
+            turns.append((clock.now, yields[0] - before, channels.arms))
+            clock.now += step
+        # A burst of looks each turn while the spin lasts, each giving the core away...
+        spinning = [t for t in turns if t[0] < shm.CROWDED_SPIN]
+        assert len(spinning) >= 7, turns
+        assert all(n == shm.BURST and arms == 0 for _, n, arms in spinning[1:]), turns
+        # ... then, its bound passed, it arms at once and sleeps.
+        assert node._waiter is not None and channels.arms == 1, turns
+        assert turns[-1][0] <= shm.CROWDED_SPIN + step, turns
+        asleep = yields[0]
+        for _ in range(5):
+            clock.now += step
+            await asyncio.sleep(0)
+        assert yields[0] == asleep and channels.arms == 1
+    finally:
+        await _stop(task, node, peer)
