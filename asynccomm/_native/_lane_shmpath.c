@@ -7,7 +7,8 @@
  * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
- * posted recv, or as a ``Message``), every other one to ``Channels._handle``; then, if
+ * posted recv, else staged in its pool, else as a ``Message``), every other one to
+ * ``Channels._handle``; then, if
  * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
  * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
  * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
@@ -315,7 +316,7 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         return 0;
     }
     Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
-                 p->return_at};
+                 p->return_at, 1};
     unsigned long long rb = p->ring_bytes;
     Py_ssize_t n = 0;
     while (head != tail) {

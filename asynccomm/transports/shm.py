@@ -15,9 +15,10 @@ The protocol's shell (turning the wire's events into the endpoint's, and the lin
 differ.
 
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
-after activity when it has a core of its own: ranks no more than usable cores); once idle
-it arms its doorbell words, looks once more, and sleeps in its loop on a datagram socket
-until a sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
+after activity: where it has a core of its own, ranks no more than usable cores, ``SPIN``;
+else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
+doorbell words, looks once more, and sleeps in its loop on a datagram socket until a
+sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
 ``CommBrokenError`` (as if it had closed, saying it died).
 """
@@ -544,8 +545,9 @@ class ShmTransport(MPITransport):
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
         ``start``): ``send_now`` and the poll of the rings run with no Python frame
         (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
-        message that lands goes straight into the recv posted for it; everything else
-        takes the Python steps)."""
+        message that lands goes straight into the recv posted for it, or, with none
+        posted, into the engine's staging pool; everything else takes the Python
+        steps)."""
         channels = self.channels
         segment = channels.segment
         if not isinstance(segment.words, lane.Words):  # the rings' words are libatomic's
