@@ -75,7 +75,9 @@ SPIN = 1e-3
 #: away (``sched_yield``) after each look that found nothing: the peer it waits for may be
 #: queued behind it, and a yield hands the core over at once, where a sleep in the kernel
 #: costs both a wake-up (the peer's doorbell) and a turn of its loop.  Short, so that a
-#: rank waiting longer sleeps, and its core stays free for the others.
+#: rank waiting longer sleeps, and its core stays free for the others; and only while it
+#: pays: once a wait outlasted it (the cores are busy with other work, or the peers are
+#: slow to answer), the process sleeps at once, until a wait shorter than it comes again.
 CROWDED_SPIN = 200e-6
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
@@ -1095,8 +1097,10 @@ class Node:
 
     async def _run(self) -> None:
         clock = time.perf_counter
-        spin = CROWDED_SPIN if self.crowded else SPIN
+        crowded = self.crowded
+        spin = CROWDED_SPIN if crowded else SPIN
         spin_until = 0.0
+        active = clock()  # when activity was last seen
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
         loop = asyncio.get_running_loop()
@@ -1107,7 +1111,11 @@ class Node:
             # its answers are yet to be sent: activity all the same.)
             if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
                 woke = rushed = False
-                spin_until = clock() + spin
+                now = clock()
+                if crowded:  # a spin only while the waits end within one
+                    spin = CROWDED_SPIN if now - active < CROWDED_SPIN else 0.0
+                active = now
+                spin_until = now + spin
                 await yield_now()
                 continue
             now = clock()
@@ -1115,7 +1123,7 @@ class Node:
                 # An answer slow to come: the rank this one waits for may be queued behind
                 # it on this core (other processes compete for the cores too): each look
                 # that found nothing then gives the core away.
-                share = self.crowded or now - spin_until + spin > SHARE_AFTER
+                share = crowded or now - spin_until + spin > SHARE_AFTER
                 burst = BURST if share else SPIN_BURST
                 if native is not None:
                     found = native.spin(burst, share)

@@ -274,3 +274,46 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         assert yields[0] == asleep and channels.arms == 1
     finally:
         await _stop(task, node, peer)
+
+
+async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait that outlasted ``CROWDED_SPIN`` (the cores busy with other work, or a slow
+    peer) turns the spin off: after the next activity the node arms at once, giving
+    nothing away; a wait shorter than it turns it on again."""
+    clock = _Clock()
+    monkeypatch.setattr(shm, "time", clock)
+    yields = [0]
+    monkeypatch.setattr(shm, "sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
+    node, link, peer = _node()
+    node.crowded = True
+    channels = link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+
+    async def wait_for_sleep() -> int:
+        """Turns of the loop (the clock moving a step each) until the node sleeps: the
+        ``sched_yield``s it made meanwhile."""
+        before = yields[0]
+        for _ in range(100):
+            await asyncio.sleep(0)
+            clock.now += step
+            if node._waiter is not None:
+                break
+        assert node._waiter is not None
+        return yields[0] - before
+
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        assert await wait_for_sleep() >= 7 * shm.BURST  # a spin
+        arms = channels.arms
+        clock.now += 10 * shm.CROWDED_SPIN  # a long wait
+        node.kick()
+        assert await wait_for_sleep() == 0 and channels.arms == arms + 1  # no spin
+        clock.now += step  # a short wait
+        node.kick()
+        assert await wait_for_sleep() >= 7 * shm.BURST  # spinning again
+        assert channels.arms == arms + 2
+    finally:
+        await _stop(task, node, peer)
