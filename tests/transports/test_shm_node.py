@@ -226,14 +226,23 @@ async def test_a_record_the_poll_never_takes_does_not_keep_the_loop_from_turning
     assert len(turns) == 6 and all(t.count("p") <= 2 for t in turns), events
 
 
-class _Clock:
-    """``time`` for the node's poll task: a clock the test moves."""
+class _Crowded:
+    """A node of a group with more processes than cores, whose poll task's clock the test
+    moves (``now``), its ``sched_yield``s counted (``yields``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = 0.0
+        self.yields = 0
+        monkeypatch.setattr(shm, "time", self)
+        monkeypatch.setattr(shm, "sched_yield", self.sched_yield)
+        self.node, self.link, self.peer = _node()
+        self.node.crowded = True
 
     def perf_counter(self) -> float:
         return self.now
+
+    def sched_yield(self) -> None:
+        self.yields += 1
 
 
 async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
@@ -242,13 +251,8 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
     ``CROWDED_SPIN``, giving its core away after each look that found nothing, a burst of
     looks per turn of the loop (the loop keeps turning); then it arms and sleeps, and
     gives nothing away any more."""
-    clock = _Clock()
-    monkeypatch.setattr(shm, "time", clock)
-    yields = [0]
-    monkeypatch.setattr(shm, "sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
-    node, link, peer = _node()
-    node.crowded = True
-    channels = link.channels
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
     task = asyncio.get_running_loop().create_task(node._run())
     try:
@@ -256,9 +260,9 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         channels.records = 0
         turns = []
         while node._waiter is None and len(turns) < 100:
-            before = yields[0]
+            before = clock.yields
             await asyncio.sleep(0)
-            turns.append((clock.now, yields[0] - before, channels.arms))
+            turns.append((clock.now, clock.yields - before, channels.arms))
             clock.now += step
         # A burst of looks each turn while the spin lasts, each giving the core away...
         spinning = [t for t in turns if t[0] < shm.CROWDED_SPIN]
@@ -267,13 +271,13 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         # ... then, its bound passed, it arms at once and sleeps.
         assert node._waiter is not None and channels.arms == 1, turns
         assert turns[-1][0] <= shm.CROWDED_SPIN + step, turns
-        asleep = yields[0]
+        asleep = clock.yields
         for _ in range(5):
             clock.now += step
             await asyncio.sleep(0)
-        assert yields[0] == asleep and channels.arms == 1
+        assert clock.yields == asleep and channels.arms == 1
     finally:
-        await _stop(task, node, peer)
+        await _stop(task, node, clock.peer)
 
 
 async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
@@ -281,27 +285,22 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
     """A wait that outlasted ``CROWDED_SPIN`` (the cores busy with other work, or a slow
     peer) turns the spin off: after the next activity the node arms at once, giving
     nothing away; a wait shorter than it turns it on again."""
-    clock = _Clock()
-    monkeypatch.setattr(shm, "time", clock)
-    yields = [0]
-    monkeypatch.setattr(shm, "sched_yield", lambda: yields.__setitem__(0, yields[0] + 1))
-    node, link, peer = _node()
-    node.crowded = True
-    channels = link.channels
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
     task = asyncio.get_running_loop().create_task(node._run())
 
     async def wait_for_sleep() -> int:
         """Turns of the loop (the clock moving a step each) until the node sleeps: the
         ``sched_yield``s it made meanwhile."""
-        before = yields[0]
+        before = clock.yields
         for _ in range(100):
             await asyncio.sleep(0)
             clock.now += step
             if node._waiter is not None:
                 break
         assert node._waiter is not None
-        return yields[0] - before
+        return clock.yields - before
 
     try:
         await asyncio.sleep(0)  # activity: its poll found a record at time 0
@@ -316,4 +315,4 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
         assert await wait_for_sleep() >= 7 * shm.BURST  # spinning again
         assert channels.arms == arms + 2
     finally:
-        await _stop(task, node, peer)
+        await _stop(task, node, clock.peer)
