@@ -73,9 +73,11 @@ BANDWIDTH_TARGETS = {1 * MiB: 1.0, 16 * MiB: 1.0, 256 * MiB: 1.0}
 #: The 8 KiB ring's hop: at most this many times raw mpi4py's (ranks outnumbering cores).
 RING_RATIO_TARGET = 0.5
 #: The same hop: at most this many times the kernel-wait floor measured beside it (ranks
-#: outnumbering cores).  With more processes than cores, waiting on the kernel costs more
-#: than ``RING_RATIO_TARGET`` allows on its own (about 1.9x raw mpi4py's hop on two cores):
-#: this is what a link that sleeps until its peer writes can be held to.
+#: outnumbering cores).  Waiting on the kernel alone costs more than ``RING_RATIO_TARGET``
+#: allows (about 1.5-1.9x raw mpi4py's hop at 3 and 4 processes on two cores); a link that
+#: spins briefly, giving its core away, and sleeps on the kernel when its peer is slow
+#: comes near that floor (0.6-1.2x at 3 processes, 1.0-1.8x at 4 here; 2-4x where it
+#: always slept).
 KERNEL_FLOOR_TARGET = 1.5
 RING_BYTES = 8 * KiB
 IDLE_SECONDS = 10.0

@@ -8,8 +8,8 @@
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
  * posted recv, else staged in its pool, else as a ``Message``), every other one to
- * ``Channels._handle``; then, if
- * anything waits to go or to be read, ``Channels._poll_rest``.  Every send it does not
+ * ``Channels._handle``; then, if anything waits to go or to be read,
+ * ``Channels._poll_rest``.  Every send it does not
  * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
  * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
  * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
