@@ -35,7 +35,7 @@ import datetime
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -166,7 +166,10 @@ async def ac_ring(comm: ac.Communicator, sbuf: np.ndarray[Any, Any],
 
 
 async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: int,
-                       share_core: bool) -> RingRow:
+                       share_core: bool,
+                       beside: Callable[[int], Awaitable[None]] | None = None) -> RingRow:
+    """The ring's row; ``beside(iters)``, where given, measures more in each repeat, after
+    the three here (``shm_p2p``'s floors)."""
     from mpi4py import MPI
 
     sbuf, rbuf = fill_array(nbytes, 1), fill_array(nbytes, 0)
@@ -184,6 +187,8 @@ async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: in
         seconds, cpu = await floor_ring(raw, sbuf, rbuf, iters, share_core)
         row.floor.append(seconds)
         row.floor_cpu.append(float(raw.allreduce(cpu)))
+        if beside is not None:
+            await beside(iters)
     return row
 
 

@@ -18,7 +18,12 @@ asynccomm's worlds open on it, with no MPI underneath.
   by a datagram the sender waits for as asynccomm waits (``BANDWIDTH_FLOOR_TARGETS``:
   asynccomm's share of it).
 - At every count: the 8 KiB ring (``sendrecv`` to rank+1; per hop, against raw mpi4py's
-  ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).
+  ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).  Beside
+  it, alternating repeat by repeat, the floors of a ring with no library (``_ring_floors``):
+  the kernel-wait floor, a datagram per hop that each rank's loop waits for on its socket
+  (what a process that sleeps until its peer writes pays at least:
+  ``KERNEL_FLOOR_TARGET``, judged where the ranks outnumber the cores), and the yield-spin
+  floor, a shared counter looked at with ``sched_yield`` between looks (how MPICH waits).
 - Idle: each rank waits in a recv for ``IDLE_SECONDS``; its CPU share over that time
   (``IDLE_CPU_TARGET``) and its wake time, from the sender's clock before ``send`` to the
   receiver's after ``recv``.  Then ``WAKE_ROUNDS`` rounds after ``WAKE_IDLE_SECONDS`` of
@@ -43,7 +48,7 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -67,6 +72,7 @@ from ._common import (
     size_label,
     write_json,
 )
+from ._ring_floors import BareRings
 
 #: One-way 8 B latency: at most this many times the asyncio floor on mpi4py.
 FLOOR_RATIO_TARGET = 1.0
@@ -74,6 +80,13 @@ FLOOR_RATIO_TARGET = 1.0
 BANDWIDTH_TARGETS = {1 * MiB: 1.0, 16 * MiB: 1.0, 256 * MiB: 1.0}
 #: The 8 KiB ring's hop: at most this many times raw mpi4py's (ranks outnumbering cores).
 RING_RATIO_TARGET = 0.5
+#: The same hop: at most this many times the kernel-wait floor measured beside it (ranks
+#: outnumbering cores).  Waiting on the kernel alone costs more than ``RING_RATIO_TARGET``
+#: allows (about 1.5-1.9x raw mpi4py's hop at 3 and 4 processes on two cores); a link that
+#: spins briefly, giving its core away, and sleeps on the kernel when its peer is slow
+#: comes near that floor (0.6-1.2x at 3 processes, 1.0-1.8x at 4 here; 2-4x where it
+#: always slept).
+KERNEL_FLOOR_TARGET = 1.5
 RING_BYTES = 8 * KiB
 IDLE_SECONDS = 10.0
 IDLE_CPU_TARGET = 0.01
@@ -91,6 +104,26 @@ WAKE_ROUNDS = 5
 WAKE_IDLE_SECONDS = 1.0
 #: A rank's median wake: at most this many ms over the bare datagram's median.
 WAKE_OVER_FLOOR_MS = 0.1
+
+
+@dataclass
+class RingFloors:
+    """The ring's floors measured beside it (``_ring_floors``), per repeat: seconds per hop,
+    and the CPU seconds per hop of all the ranks together."""
+
+    kernel: list[float] = field(default_factory=list)
+    kernel_cpu: list[float] = field(default_factory=list)
+    spin: list[float] = field(default_factory=list)
+    spin_cpu: list[float] = field(default_factory=list)
+
+    async def measure(self, bare: BareRings, iters: int) -> None:
+        """One repeat of each floor, on ``bare``."""
+        seconds, cpu = await bare.kernel_ring(iters)
+        self.kernel.append(seconds)
+        self.kernel_cpu.append(float(bare.raw.allreduce(cpu)))  # outside the timed loops
+        seconds, cpu = bare.spin_ring(iters)
+        self.spin.append(seconds)
+        self.spin_cpu.append(float(bare.raw.allreduce(cpu)))
 
 
 def join_group(world: Any) -> None:
@@ -146,9 +179,17 @@ async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
         rows, _ = await mpi_p2p.measure(comm, dataclasses.replace(p2p, bandwidth_sizes=()))
         out["p2p"] = rows + await measure_bandwidth(comm, p2p)
     raw = MPI.COMM_WORLD.Dup()
+    rings = BareRings(raw, RING_BYTES)
+    floors = out["ring_floors"] = RingFloors()
+
+    async def beside(iters: int) -> None:
+        await floors.measure(rings, iters)
+
     try:
-        out["ring"] = await mpi_ring.measure_ring(comm, raw, RING_BYTES, repeats, crowded)
+        out["ring"] = await mpi_ring.measure_ring(comm, raw, RING_BYTES, repeats, crowded,
+                                                  beside)
     finally:
+        rings.close()
         raw.Free()
     out["idle"] = await mpi_ring.measure_idle(comm, idle)
     out["wakes"] = await measure_wakes(comm, *wake_plan(quick))
@@ -318,6 +359,14 @@ def checks(result: dict[str, Any], crowded: bool) -> list[dict[str, Any]]:
                 "unit": "x raw", "target": f"<= {RING_RATIO_TARGET:g}x raw mpi4py"
                 + ("" if crowded else " (judged only with more ranks than cores)"),
                 "passed": ring.ratio() <= RING_RATIO_TARGET, "binding": crowded})
+    floors = result.get("ring_floors")
+    if floors is not None and floors.kernel:
+        ratio = median(ring.asynccomm) / median(floors.kernel)
+        out.append({"what": f"{size_label(ring.nbytes)} ring hop, against the kernel",
+                    "value": ratio, "unit": "x kernel floor",
+                    "target": f"<= {KERNEL_FLOOR_TARGET:g}x the kernel-wait floor"
+                    + ("" if crowded else " (judged only with more ranks than cores)"),
+                    "passed": ratio <= KERNEL_FLOOR_TARGET, "binding": crowded})
     idle = result["idle"]
     out.append({"what": "idle rank's CPU", "value": max(idle.cpu_share), "unit": "of a core",
                 "target": f"<= {IDLE_CPU_TARGET:.0%} of a core",
@@ -377,14 +426,7 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
                       f"{median(r.floor) / r.ac_median():.1%}" if r.floor else "-",
                       f"{r.raw_median() / median(r.floor):.1%}" if r.floor else "-"]
                      for r in rows if r.kind == "bandwidth"])
-    ring = result["ring"]
-    print_table(f"Ring, {size} processes (per hop, median, us; CPU: all ranks)",
-                ["size", "raw mpi4py", "asyncio floor", "asynccomm shm", "shm/raw",
-                 "CPU raw", "CPU shm"],
-                [[size_label(ring.nbytes), f"{median(ring.raw) * 1e6:.1f}",
-                  f"{median(ring.floor) * 1e6:.1f}", f"{median(ring.asynccomm) * 1e6:.1f}",
-                  f"{ring.ratio():.2f}x", f"{median(ring.raw_cpu) * 1e6:.1f}",
-                  f"{median(ring.asynccomm_cpu) * 1e6:.1f}"]])
+    print_ring(result)
     idle = result["idle"]
     wakes = result.get("wakes")
     none = ["-"] * len(idle.wake_ms)
@@ -406,6 +448,25 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
                   f"({'pass' if c['passed'] else 'miss'}, not judged)"] for c in judged])
     print(f"\n{sum(c['passed'] for c in judged if c['binding'])}/"
           f"{sum(c['binding'] for c in judged)} targets met")
+
+
+def print_ring(result: dict[str, Any]) -> None:
+    """The ring's table: asynccomm beside raw mpi4py, the asyncio floor on mpi4py and the
+    floors with no library (where measured)."""
+    ring = result["ring"]
+    floors = result.get("ring_floors") or RingFloors()
+    kernel = median(floors.kernel) if floors.kernel else float("nan")
+    ways = [("raw mpi4py (Sendrecv)", ring.raw, ring.raw_cpu),
+            ("asyncio floor on mpi4py", ring.floor, ring.floor_cpu),
+            ("kernel-wait floor (datagram, loop)", floors.kernel, floors.kernel_cpu),
+            ("yield-spin floor (shared counter)", floors.spin, floors.spin_cpu),
+            ("asynccomm shm", ring.asynccomm, ring.asynccomm_cpu)]
+    print_table(f"Ring {size_label(ring.nbytes)}, {ring.iters} hops a repeat (per hop, "
+                "median, us; CPU: all ranks, per hop)",
+                ["way", "hop", "x raw", "x kernel floor", "CPU"],
+                [[name, f"{median(hops) * 1e6:.1f}", f"{median(hops) / median(ring.raw):.2f}x",
+                  f"{median(hops) / kernel:.2f}x", f"{median(cpu) * 1e6:.1f}" if cpu else "-"]
+                 for name, hops, cpu in ways if hops])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -447,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "quick": args.quick, "loop": args.loop, "processes": size,
            "elapsed_seconds": elapsed, "environment": env,
            "p2p": [asdict(r) for r in result.get("p2p", [])],
-           "ring": asdict(result["ring"]), "idle": asdict(result["idle"]),
+           "ring": asdict(result["ring"]),
+           "ring_floors": asdict(result["ring_floors"]), "idle": asdict(result["idle"]),
            "wakes": asdict(result["wakes"]),
            "checks": judged,
            "targets_met": sum(c["passed"] for c in judged if c["binding"]),

@@ -270,6 +270,8 @@ extern PyTypeObject PathType;
 typedef struct {
     PyObject *link, *wire, *names, *owed, *closed_by, *inline_where;
     long return_at;
+    int stage;  /* (no recv posted for it: staged here, where the pool has room; else the
+                 * engine's ``arrived`` stages it) */
 } Landing;
 int land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
                void *arg);

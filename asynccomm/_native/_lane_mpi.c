@@ -120,8 +120,9 @@ static PyObject *last_field;
 
 /* An eager message landed at ``b`` (its header, then ``len - H_SIZE`` bytes of payload),
  * for the link ``l->link``: hand it to the engine as ``_on_control`` does (the shared-memory
- * link's ``ShmPath`` lands its records here too).  ``payload(arg)`` makes the payload's
- * view, only where it arrives as a ``Message``.  1 done, 0 not judged here (nothing done:
+ * link's ``ShmPath`` lands its records here too).  With no recv posted for it, staged
+ * (``l->stage``, where the pool has room), else ``payload(arg)`` makes the payload's view,
+ * and it arrives as a ``Message``.  1 done, 0 not judged here (nothing done:
  * ``_on_control`` runs), -1 error. */
 int
 land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)(void *),
@@ -171,12 +172,16 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
         goto done;
     }
     double when;
-    int r = offer(endpoint, src, tag, (char *)b + H_SIZE, nbytes, count, dtype, NULL, 0, &when);
+    int r = offer(endpoint, src, tag, (char *)b + H_SIZE, nbytes, count, dtype, NULL, l->stage,
+                  &when);
     if (r <= 0) {
         rc = r;  /* 0: the Python steps judge */
         goto done;
     }
     rc = 1;
+    if (r == 3) {  /* staged: its charge is owed back once a recv takes it (``received``) */
+        goto done;
+    }
     if (r == 1) {  /* taken: its charge is owed back (``wire.consumed``) */
         long s = PyLong_AsLong(src);
         if (s < 0 || s >= PyList_GET_SIZE(l->owed)) {
@@ -264,7 +269,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         return rc;
     }
     Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
-                 p->return_at};
+                 p->return_at, 0};
     return land_eager(&l, b, PyByteArray_GET_SIZE(buf), slot_payload, head);
 }
 

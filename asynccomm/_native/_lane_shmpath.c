@@ -7,13 +7,13 @@
  * record, such as an offer's ``RTS`` or its answer, put on a ring the same way); ``poll``
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
- * posted recv, or as a ``Message``), a rendezvous fragment copied into its recv (what
- * ``Channels._handle`` does with it), every other one to ``Channels._handle``; then, if
- * anything waits to go or to be read, ``Channels._poll_rest``.  ``fragments`` is
- * ``Channels._fragments``: a rendezvous payload put on a ring in fragments.  While a
- * payload moves this way both processes copy at once, and each waits a little
- * (``wait_change``) for the other's progress (room freed, the next fragment) rather than
- * turn its loop.  Every send it does not
+ * posted recv, else staged in its pool, else as a ``Message``), a rendezvous fragment
+ * copied into its recv (what ``Channels._handle`` does with it), every other one to
+ * ``Channels._handle``; then, if anything waits to go or to be read,
+ * ``Channels._poll_rest``.  ``fragments`` is ``Channels._fragments``: a rendezvous payload
+ * put on a ring in fragments.  While a payload moves this way both processes copy at once,
+ * and each waits a little (``wait_change``) for the other's progress (room freed, the next
+ * fragment) rather than turn its loop.  Every send it does not
  * judge (a dtype not seen yet, a buffer that is not one piece, a ring with no room or with
  * control messages queued, a dead peer) goes to the Python ``send_now``.  The state stays
  * where the Python steps keep it (each ring's ``_pos`` and ``_seen``, the words of the
@@ -531,7 +531,7 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         return 0;
     }
     Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
-                 p->return_at};
+                 p->return_at, 1};
     unsigned long long rb = p->ring_bytes;
     Py_ssize_t n = 0;
     while (head != tail) {

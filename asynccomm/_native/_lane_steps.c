@@ -180,7 +180,7 @@ settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
 }
 
 /* What ``steps.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
- * traced world, else NULL): 1 if a posted recv took the message or the pool staged it,
+ * traced world, else NULL): 1 if a posted recv took the message, 3 if the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
  * a posted recv may take it, and 2 says that none is posted that could (no recv for its
  * source and tag, and no wildcard recv), having changed nothing. */
@@ -396,7 +396,7 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         }
         Py_DECREF(r);
     }
-    rc = 1;
+    rc = 3;
 done:
     Py_XDECREF(buf);
     Py_XDECREF(msg);

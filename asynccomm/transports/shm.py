@@ -18,9 +18,10 @@ The protocol's shell (turning the wire's events into the endpoint's, and the lin
 differ.
 
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
-after activity when it has a core of its own: ranks no more than usable cores); once idle
-it arms its doorbell words, looks once more, and sleeps in its loop on a datagram socket
-until a sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
+after activity: where it has a core of its own, ranks no more than usable cores, ``SPIN``;
+else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
+doorbell words, looks once more, and sleeps in its loop on a datagram socket until a
+sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
 ``CommBrokenError`` (as if it had closed, saying it died).
 """
@@ -84,6 +85,14 @@ READ_CHUNK = 4 << 20
 FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
 #: After activity, a process with a core of its own polls this long before it sleeps.
 SPIN = 1e-3
+#: A process of a group with more processes than cores polls this long, giving its core
+#: away (``sched_yield``) after each look that found nothing: the peer it waits for may be
+#: queued behind it, and a yield hands the core over at once, where a sleep in the kernel
+#: costs both a wake-up (the peer's doorbell) and a turn of its loop.  Short, so that a
+#: rank waiting longer sleeps, and its core stays free for the others; and only while it
+#: pays: once a wait outlasted it (the cores are busy with other work, or the peers are
+#: slow to answer), the process sleeps at once, until a wait shorter than it comes again.
+CROWDED_SPIN = 200e-6
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
@@ -590,9 +599,10 @@ class ShmTransport(MPITransport):
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
         ``start``): ``send_now`` and the poll of the rings run with no Python frame
         (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
-        message that lands goes straight into the recv posted for it, a rendezvous
-        fragment into its recv; everything else takes the Python steps), and the
-        fragments go on the ring in C (``Channels._fragments``)."""
+        message that lands goes straight into the recv posted for it, or, with none
+        posted, into the engine's staging pool, a rendezvous fragment into its recv;
+        everything else takes the Python steps), and the fragments go on the ring in C
+        (``Channels._fragments``)."""
         channels = self.channels
         segment = channels.segment
         if not isinstance(segment.words, lane.Words):  # the rings' words are libatomic's
@@ -1142,8 +1152,10 @@ class Node:
 
     async def _run(self) -> None:
         clock = time.perf_counter
-        spin = 0.0 if self.crowded else SPIN
+        crowded = self.crowded
+        spin = CROWDED_SPIN if crowded else SPIN
         spin_until = 0.0
+        active = clock()  # when activity was last seen
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
         loop = asyncio.get_running_loop()
@@ -1154,7 +1166,11 @@ class Node:
             # its answers are yet to be sent: activity all the same.)
             if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
                 woke = rushed = False
-                spin_until = clock() + spin
+                now = clock()
+                if crowded:  # a spin only while the waits end within one
+                    spin = CROWDED_SPIN if now - active < CROWDED_SPIN else 0.0
+                active = now
+                spin_until = now + spin
                 await yield_now()
                 continue
             now = clock()
@@ -1162,7 +1178,7 @@ class Node:
                 # An answer slow to come: the rank this one waits for may be queued behind
                 # it on this core (other processes compete for the cores too): each look
                 # that found nothing then gives the core away.
-                share = now - spin_until + spin > SHARE_AFTER
+                share = crowded or now - spin_until + spin > SHARE_AFTER
                 burst = BURST if share else SPIN_BURST
                 if native is not None:
                     found = native.spin(burst, share)

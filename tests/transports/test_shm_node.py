@@ -224,3 +224,95 @@ async def test_a_record_the_poll_never_takes_does_not_keep_the_loop_from_turning
     events = await _spin_with_a_record(monkeypatch, stuck=True)
     turns = "".join(e[0] for e in events).split("t")[1:]
     assert len(turns) == 6 and all(t.count("p") <= 2 for t in turns), events
+
+
+class _Crowded:
+    """A node of a group with more processes than cores, whose poll task's clock the test
+    moves (``now``), its ``sched_yield``s counted (``yields``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 0.0
+        self.yields = 0
+        monkeypatch.setattr(shm, "time", self)
+        monkeypatch.setattr(shm, "sched_yield", self.sched_yield)
+        self.node, self.link, self.peer = _node()
+        self.node.crowded = True
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sched_yield(self) -> None:
+        self.yields += 1
+
+
+async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With more processes than cores, after activity a node looks at its rings for
+    ``CROWDED_SPIN``, giving its core away after each look that found nothing, a burst of
+    looks per turn of the loop (the loop keeps turning); then it arms and sleeps, and
+    gives nothing away any more."""
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        turns = []
+        while node._waiter is None and len(turns) < 100:
+            before = clock.yields
+            await asyncio.sleep(0)
+            turns.append((clock.now, clock.yields - before, channels.arms))
+            clock.now += step
+        # A burst of looks each turn while the spin lasts, each giving the core away...
+        spinning = [t for t in turns if t[0] < shm.CROWDED_SPIN]
+        assert len(spinning) >= 7, turns
+        assert all(n == shm.BURST and arms == 0 for _, n, arms in spinning[1:]), turns
+        # ... then, its bound passed, it arms at once and sleeps.
+        assert node._waiter is not None and channels.arms == 1, turns
+        assert turns[-1][0] <= shm.CROWDED_SPIN + step, turns
+        asleep = clock.yields
+        for _ in range(5):
+            clock.now += step
+            await asyncio.sleep(0)
+        assert clock.yields == asleep and channels.arms == 1
+    finally:
+        await _stop(task, node, clock.peer)
+
+
+async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait that outlasted ``CROWDED_SPIN`` (the cores busy with other work, or a slow
+    peer) turns the spin off: after the next activity the node arms at once, giving
+    nothing away; a wait shorter than it turns it on again."""
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+
+    async def wait_for_sleep() -> int:
+        """Turns of the loop (the clock moving a step each) until the node sleeps: the
+        ``sched_yield``s it made meanwhile."""
+        before = clock.yields
+        for _ in range(100):
+            await asyncio.sleep(0)
+            clock.now += step
+            if node._waiter is not None:
+                break
+        assert node._waiter is not None
+        return clock.yields - before
+
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        assert await wait_for_sleep() >= 7 * shm.BURST  # a spin
+        arms = channels.arms
+        clock.now += 10 * shm.CROWDED_SPIN  # a long wait
+        node.kick()
+        assert await wait_for_sleep() == 0 and channels.arms == arms + 1  # no spin
+        clock.now += step  # a short wait
+        node.kick()
+        assert await wait_for_sleep() >= 7 * shm.BURST  # spinning again
+        assert channels.arms == arms + 2
+    finally:
+        await _stop(task, node, clock.peer)

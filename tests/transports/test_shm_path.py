@@ -29,6 +29,8 @@ from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._comm.process_runner import _ProcessFamily
 from asynccomm._core import wire as w
+from asynccomm._core.descriptors import STAGED
+from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
 from asynccomm.sim.device import Device
@@ -368,21 +370,32 @@ def test_a_closed_segment_is_left_to_the_python_steps() -> None:
 # -- a world of two links on real engines ---------------------------------------------------
 
 
-async def _world(native: bool) -> tuple[Any, ...]:
-    """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
-    ``native=``: ping-pongs of small messages both ways, a recv posted before its message
-    lands and one after, a dtype of its own shape, and a large one."""
+def _nodes() -> list[Node]:
     group = secrets.token_hex(6)
     nodes = [Node(group, r, 2) for r in range(2)]
     for node in nodes:
         node.watch([os.getpid()] * 2)  # (the single copy reads this process)
+    return nodes
+
+
+async def _open(nodes: list[Node], native: bool) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """The links and communicators of ranks 0 and 1 of a world on ``nodes``, opened with
+    ``native=``."""
     lane = _communicator.world_lane(native)
     fams = [_ProcessFamily(node, "w1", [0, 1], [POOL, POOL], eager_limit=4096,
                            pool_bytes=POOL, timeout=None, registry=[], lane=lane)
             for node in nodes]
+    return await asyncio.wait_for(asyncio.gather(  # type: ignore[return-value]
+        fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
+
+
+async def _world(native: bool) -> tuple[Any, ...]:
+    """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
+    ``native=``: ping-pongs of small messages both ways, a recv posted before its message
+    lands and one after, a dtype of its own shape, and a large one."""
+    nodes = _nodes()
     try:
-        (l0, c0), (l1, c1) = await asyncio.wait_for(asyncio.gather(
-            fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
+        (l0, c0), (l1, c1) = await _open(nodes, native)
         kinds = (l0.send_now.__qualname__, l1.channels.poll.__qualname__)
 
         async def ping(comm: Any, peer: int, first: bool) -> list[float]:
@@ -439,3 +452,58 @@ def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
     assert c[1] == [[float(i) + 0.5 for i in range(50)], [float(i) for i in range(50)]]
     assert c[2:5] == ([0, 1, 2], [[1.0] * 3] * 2, 700_000)
     assert c[6] == [0, 0]
+
+
+async def _early(native: bool, handed: list[int]) -> tuple[Any, ...]:
+    """An eager message that lands before its recv is posted, on a world opened with
+    ``native=``: what the receiving engine was handed (``arrived``: the tags in
+    ``handed``), the message as it waits, the charge owed back to its sender then and once
+    a recv took it, and what the recv got."""
+    nodes = _nodes()
+    try:
+        (_, c0), (l1, c1) = await _open(nodes, native)
+        engine = l1.endpoint
+        first = np.zeros(3, dtype=np.int32)  # (a dtype's first message takes the Python steps)
+        await asyncio.wait_for(asyncio.gather(c1.recv(first, 0, 7),
+                                              c0.send(np.arange(3, dtype=np.int32), 1, 7)), 30)
+        handed.clear()
+        await c0.send(np.arange(300, dtype=np.int32), 1, 8)
+        for _ in range(1000):  # the receiver's poll task takes it
+            if engine.matcher.statistics().unexpected_messages:
+                break
+            await asyncio.sleep(0)
+        [msg] = engine.matcher.unexpected()
+        waiting = (msg.where, type(msg.view).__name__, bytes(msg.view[:16]))
+        owed_before = l1.wire._owed[0]
+        got = np.zeros(300, dtype=np.int32)
+        status = await asyncio.wait_for(c1.recv(got, 0, 8), 30)
+        result = (list(handed), waiting, owed_before, l1.wire._owed[0], got.tolist(), tuple(status),
+                  engine.pool.statistics().in_use_bytes)
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return result
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
+def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C lane stages an eager message for which no recv is posted itself (no Python
+    frame: the engine's ``arrived`` is not called), as the engine would: in the staging
+    pool, its charge owed back to its sender only once a recv takes it."""
+    handed: list[int] = []
+    arrived = DeviceEngine.arrived
+
+    def counted(engine: DeviceEngine, msg: Any) -> None:
+        handed.append(msg.tag)
+        arrived(engine, msg)
+
+    monkeypatch.setattr(DeviceEngine, "arrived", counted)
+    seen = {native: asyncio.run(_early(native, handed)) for native in (True, False)}
+    c, python = seen[True], seen[False]
+    assert c[0] == [] and python[0] == [8]
+    assert c[1:] == python[1:]
+    assert c[1] == (STAGED, "bytearray", np.arange(4, dtype=np.int32).tobytes())
+    assert c[3] - c[2] == w.charge(1200)  # owed back once a recv took it, not before
+    assert c[4] == list(range(300)) and c[6] == 0
