@@ -286,6 +286,10 @@ int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inlin
                Py_ssize_t *count, PyObject **field);
 void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
                  Py_ssize_t count, PyObject *field);
+/* (a rendezvous send's steps: the engine's own untraced class; ``activate``; ``sent``) */
+int plain_engine(PyObject *endpoint);
+int activate_send(PyObject *engine, PyObject *sent, PyObject *active);
+int send_complete(PyObject *engine, PyObject *req, PyObject *active);
 
 /* _lane_shmpath.c: the shared-memory link's per-message steps. */
 extern PyTypeObject ShmPathType;

@@ -839,15 +839,14 @@ moved_more(Moved *m)
     return wake(m->progress);
 }
 
-/* What ``engine.sent(msg)`` does (``_finish``: the send DONE, its flight record and tally,
- * its waiters woken, it leaves its stream) for an ACTIVE send of an untraced engine on its
- * fast lane (no logging, not broken).  1 done, 0 not judged here (nothing changed: the
- * engine's ``sent`` runs), -1 error. */
-static int
-send_done(Moved *m)
+/* What ``engine.sent(req)`` does (``_finish``: the send DONE, its flight record and tally,
+ * its waiters woken, it leaves its stream) for an ACTIVE send (``active``: the state) of an
+ * untraced engine on its fast lane (no logging, not broken).  1 done, 0 not judged here
+ * (nothing changed: the engine's ``sent`` runs), -1 error. */
+int
+send_complete(PyObject *engine, PyObject *req, PyObject *active)
 {
-    PyObject *engine = m->engine, *req = m->msg;
-    if (Py_TYPE(req) != RequestType || SLOT(req, R.state) != m->active
+    if (Py_TYPE(req) != RequestType || SLOT(req, R.state) != active
         || Py_TYPE(engine) != DeviceEngineType || SLOT(engine, EN.tracer) != Py_None) {
         return 0;
     }
@@ -878,6 +877,12 @@ send_done(Moved *m)
                     t_post, t_match, t, NULL) < 0 ? -1 : settle(engine, req, stream, 0);
     Py_DECREF(stream);
     return rc < 0 ? -1 : 1;
+}
+
+static int
+send_done(Moved *m)
+{
+    return send_complete(m->engine, m->msg, m->active);
 }
 
 static int
@@ -1023,7 +1028,7 @@ move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
 
 /* The engine the C steps serve: the engine's own class, untraced (else the Python steps
  * number what arrives).  1 yes, 0 no, -1 error. */
-static int
+int
 plain_engine(PyObject *endpoint)
 {
     if (Py_TYPE(endpoint) != DeviceEngineType || SLOT(endpoint, EN.tracer) != Py_None) {
@@ -1033,6 +1038,23 @@ plain_engine(PyObject *endpoint)
     int t = closed == NULL ? -1 : PyObject_IsTrue(closed);
     Py_XDECREF(closed);
     return t < 0 ? -1 : !t;
+}
+
+/* The engine's ``activate``: a recv matched this rank's send ``sent`` (POSTED: now
+ * ``active``, its match time set; a withdrawal under way, if any, lost).  -1 error. */
+int
+activate_send(PyObject *engine, PyObject *sent, PyObject *active)
+{
+    double t;
+    if (SLOT(sent, R.state) == S_POSTED) {
+        PyObject *tm = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+        if (tm == NULL) {
+            return -1;
+        }
+        put_ref(sent, R.state, active);
+        put(sent, R.t_match, tm);
+    }
+    return 0;
 }
 
 /* A ``CTS`` landed (``_on_control``'s ``ClearToSend``): the send it answers is active, and
@@ -1062,14 +1084,8 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
     if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
         goto done;
     }
-    double t;  /* the engine's ``activate``: a withdrawal under way, if any, lost */
-    if (SLOT(sent, R.state) == S_POSTED) {
-        PyObject *tm = now_of(endpoint, &t) < 0 ? NULL : PyFloat_FromDouble(t);
-        if (tm == NULL) {
-            goto done;
-        }
-        put_ref(sent, R.state, p->active);
-        put(sent, R.t_match, tm);
+    if (activate_send(endpoint, sent, p->active) < 0) {
+        goto done;
     }
     rc = move(p, a_Isend, mv, dest, data_tag, endpoint, sent, NULL, NULL);
 done:

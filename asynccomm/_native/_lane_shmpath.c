@@ -8,7 +8,9 @@
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
  * posted recv, else staged in its pool, else as a ``Message``), a rendezvous fragment
- * copied into its recv (what ``Channels._handle`` does with it), every other one to
+ * copied into its recv (what ``Channels._handle`` does with it), the answer to this
+ * rank's offer (``DATA_DONE``) completing its send (``ShmTransport._answered``, with
+ * ``_lane_mpi.c``'s rendezvous steps), every other one to
  * ``Channels._handle``; then, if anything waits to go or to be read,
  * ``Channels._poll_rest``.  ``fragments`` is ``Channels._fragments``: a rendezvous payload
  * put on a ring in fragments.  While a payload moves this way both processes copy at once,
@@ -53,6 +55,11 @@ typedef struct {
     long data_kind;
     Py_ssize_t fragment;
     int crowded;
+    /* The answer to an offer (``answering``): its record kind (-1: not set, the Python
+     * steps land it), the state ACTIVE, the channels' offers being copied
+     * (``Channels.copying``), the wire's announced sends and the link's (``_sends``). */
+    long done_kind;
+    PyObject *active, *copying, *announced, *sends;
 } ShmPath;
 
 /* A peer that copies fragments at the same time as this process is waited for this long
@@ -385,6 +392,41 @@ shm_fragmenting(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* answering(kind, active): the answer to this rank's offer, a record of ``kind``
+ * (``DATA_DONE``), lands in C (``active``: the state ACTIVE). */
+static PyObject *
+shm_answering(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "answering(kind, active)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    if (kind == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *copying = PyObject_GetAttr(p->channels, a_copying);
+    PyObject *announced = copying == NULL ? NULL : PyObject_GetAttr(p->wire, a_announced);
+    PyObject *sends = announced == NULL ? NULL : PyObject_GetAttr(p->link, a_sends);
+    if (sends == NULL || kind < 0 || kind > 255 || !PyDict_CheckExact(copying)
+        || !PyDict_CheckExact(announced) || !PyDict_CheckExact(sends)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "answering: a kind of one byte; the channels' "
+                            "copying, the wire's announced and the link's sends dicts");
+        }
+        Py_XDECREF(copying);
+        Py_XDECREF(announced);
+        Py_XDECREF(sends);
+        return NULL;
+    }
+    p->done_kind = kind;
+    Py_XSETREF(p->active, Py_NewRef(args[1]));
+    Py_XSETREF(p->copying, copying);
+    Py_XSETREF(p->announced, announced);
+    Py_XSETREF(p->sends, sends);
+    Py_RETURN_NONE;
+}
+
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``ShmTransport.send_now``. */
 static PyObject *
 shm_send_now(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
@@ -494,6 +536,68 @@ land_fragment(ShmPath *p, const char *b, Py_ssize_t len)
     return rc;
 }
 
+/* The answer to this rank's offer landed at ``b`` (``len`` bytes): ``DATA_DONE`` with the
+ * offer's ``ident`` (``Channels._handle``, then ``ShmTransport._answered``: the wire's
+ * ``CTS`` steps, the send activated and complete).  1 landed, 0 not judged here (nothing
+ * changed: ``Channels._handle`` takes it: a lent buffer's answer, a send being withdrawn,
+ * a traced engine's), -1 error. */
+static int
+land_done(ShmPath *p, const char *b, Py_ssize_t len)
+{
+    if (p->done_kind < 0 || len < H_SIZE || (unsigned char)b[H_KIND] != p->done_kind) {
+        return 0;
+    }
+    long long id = get_le(b + H_IDENT, 8);
+    if (id == 0) {
+        return 0;
+    }
+    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    if (endpoint == NULL) {
+        return -1;
+    }
+    PyObject *src = NULL, *ident = NULL, *key = NULL, *sent = NULL;
+    int rc = plain_engine(endpoint);
+    if (rc <= 0) {
+        goto done;
+    }
+    src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
+    ident = PyLong_FromLongLong(id);
+    key = src == NULL || ident == NULL ? NULL : PyTuple_Pack(2, src, ident);
+    if (key == NULL) {
+        rc = -1;
+        goto done;
+    }
+    sent = PyDict_GetItemWithError(p->announced, ident) == NULL ? NULL
+        : PyDict_GetItemWithError(p->sends, ident);
+    if (sent == NULL || Py_TYPE(sent) != RequestType) {
+        sent = NULL;
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    Py_INCREF(sent);
+    rc = -1;
+    int copying = PyDict_Contains(p->copying, key);
+    if (copying < 0 || (copying && PyDict_DelItem(p->copying, key) < 0)
+        || PyDict_DelItem(p->announced, ident) < 0
+        || PyDict_DelItem(p->sends, ident) < 0
+        || activate_send(endpoint, sent, p->active) < 0) {
+        goto done;
+    }
+    rc = send_complete(endpoint, sent, p->active);
+    if (rc == 0) {  /* (not on the fast lane: the engine's ``sent``) */
+        PyObject *r = PyObject_CallMethodOneArg(endpoint, a_engine_sent, sent);
+        rc = r == NULL ? -1 : 1;
+        Py_XDECREF(r);
+    }
+done:
+    Py_XDECREF(sent);
+    Py_XDECREF(key);
+    Py_XDECREF(ident);
+    Py_XDECREF(src);
+    Py_DECREF(endpoint);
+    return rc;
+}
+
 /* Whether ``channels``' attribute ``name`` is true (-1 error). */
 int
 waiting(PyObject *channels, PyObject *name)
@@ -553,6 +657,9 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         if (rc == 0) {
             rc = land_fragment(p, base + rec.start, (Py_ssize_t)length);
             more = rc == 2;
+        }
+        if (rc == 0) {
+            rc = land_done(p, base + rec.start, (Py_ssize_t)length);
         }
         if (rc == 0) {  /* ``Channels._handle`` */
             PyObject *v = PySequence_GetSlice(p->view, rec.start, rec.end);
@@ -796,6 +903,7 @@ shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->armed = armed;
     p->n_in = PyList_GET_SIZE(ins);
     p->data_kind = -1;
+    p->done_kind = -1;
     p->out = PyMem_Calloc((size_t)size, sizeof(RingAt));
     p->in = PyMem_Calloc((size_t)p->n_in + 1, sizeof(RingAt));
     p->bells = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
@@ -875,6 +983,10 @@ shmpath_traverse(ShmPath *p, visitproc visit, void *arg)
     Py_VISIT(p->py_send_now);
     Py_VISIT(p->handle);
     Py_VISIT(p->pulls);
+    Py_VISIT(p->active);
+    Py_VISIT(p->copying);
+    Py_VISIT(p->announced);
+    Py_VISIT(p->sends);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_VISIT(p->out[i].ring);
     }
@@ -905,6 +1017,10 @@ shmpath_clear(ShmPath *p)
     Py_CLEAR(p->py_send_now);
     Py_CLEAR(p->handle);
     Py_CLEAR(p->pulls);
+    Py_CLEAR(p->active);
+    Py_CLEAR(p->copying);
+    Py_CLEAR(p->announced);
+    Py_CLEAR(p->sends);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_CLEAR(p->out[i].ring);
     }
@@ -936,6 +1052,8 @@ static PyMethodDef shmpath_methods[] = {
      "while it has room (Channels._fragments); the offset reached"},
     {"fragmenting", (PyCFunction)(void (*)(void))shm_fragmenting, METH_FASTCALL,
      "fragmenting(kind, fragment, pulls, crowded): how rendezvous fragments go and land"},
+    {"answering", (PyCFunction)(void (*)(void))shm_answering, METH_FASTCALL,
+     "answering(kind, active): the answer to this rank's offer (DATA_DONE) lands in C"},
     {"poll", (PyCFunction)shm_poll, METH_NOARGS,
      "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
     {NULL, NULL, 0, NULL},

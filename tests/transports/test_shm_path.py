@@ -507,3 +507,85 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
     assert c[1] == (STAGED, "bytearray", np.arange(4, dtype=np.int32).tobytes())
     assert c[3] - c[2] == w.charge(1200)  # owed back once a recv took it, not before
     assert c[4] == list(range(300)) and c[6] == 0
+
+
+# -- a large message's offer: its answer lands in C -------------------------------------------
+
+OFFERED = [5000, 100_000, 1 << 20]  # (over the eager limit: each an offer)
+
+
+async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
+    """Rank 0 sends ``OFFERED`` (rendezvous with an offer: the receiver copies, and answers
+    ``DATA_DONE``) to rank 1, its recvs posted before the offers land and after, on a world
+    opened with ``native=``: the messages, the statuses, the sends' ends, what the sender
+    keeps of its offers after them, its flight record (times aside) and tallies, and its
+    offers answered by the Python steps (``answered``)."""
+    nodes = _nodes()
+    try:
+        (l0, c0), (l1, c1) = await _open(nodes, native)
+        assert l0.channels.node.single_copy and l1.channels.node.single_copy
+        out: list[Any] = []
+        for before in (True, False):
+            bufs = [np.zeros(n, np.uint8) for n in OFFERED]
+            recvs = [c1.irecv(b, 0, 20 + i) for i, b in enumerate(bufs)] if before else []
+            sends = [c0.isend(np.full(n, i + 1, np.uint8), 1, 20 + i)
+                     for i, n in enumerate(OFFERED)]
+            if not before:
+                for _ in range(1000):  # every offer landed at rank 1 first
+                    if len(l1.channels.offers) == len(OFFERED):
+                        break
+                    await asyncio.sleep(0)
+                assert len(l1.channels.offers) == len(OFFERED)
+                recvs = [c1.irecv(b, 0, 20 + i) for i, b in enumerate(bufs)]
+            statuses = await asyncio.wait_for(asyncio.gather(*recvs, *sends), 30)
+            out.append(([tuple(s) for s in statuses[:len(OFFERED)]],
+                        [int(b.sum()) for b in bufs],
+                        [(s.done(), s.cancelled(), s.t_post <= s.t_match <= s.t_fin)
+                         for s in sends]))
+        kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
+                dict(l1.channels.offers), c0.statistics().pending_ops)
+        flight = [{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                  for d in c0.flight_record()]
+        tally = (c0._engine.flight.sends[1].n, c0._engine.flight.sends[1].nbytes)
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return out, kept, flight, tally, list(answered)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender's C poll lands the receiver's ``DATA_DONE`` for its offer (the send
+    activated and complete, its flight record and tally, the wire and the link forget the
+    offer) with no Python frame (``ShmTransport._answered`` is not called), and everything
+    the sender and the receiver see is what the Python steps give."""
+    answered: list[int] = []
+    original = ShmTransport._answered
+
+    def counted(link: ShmTransport, dest: int, ident: int, tag: int) -> None:
+        answered.append(ident)
+        original(link, dest, ident, tag)
+
+    monkeypatch.setattr(ShmTransport, "_answered", counted)
+    seen = {}
+    for native in (True, False):
+        answered.clear()
+        if loop == "uvloop":
+            import uvloop
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                seen[native] = runner.run(_offers(native, answered))
+        else:
+            with asyncio.Runner() as runner:
+                seen[native] = runner.run(_offers(native, answered))
+    c, python = seen[True], seen[False]
+    assert c[:4] == python[:4]
+    assert c[4] == [] and len(python[4]) == 2 * len(OFFERED)
+    statuses, sums, ends = c[0][0]
+    assert sums == [n * (i + 1) for i, n in enumerate(OFFERED)]
+    assert statuses == [(0, 20 + i, n, n, (n,)) for i, n in enumerate(OFFERED)]
+    assert ends == [(True, False, True)] * len(OFFERED)
+    assert c[1] == ({}, {}, {}, {}, 0)
+    assert c[3] == (2 * len(OFFERED), 2 * sum(OFFERED))
