@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._comm.process_runner import _ProcessFamily
@@ -547,6 +548,17 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
                         [int(b.sum()) for b in bufs],
                         [(s.done(), s.cancelled(), s.t_post <= s.t_match <= s.t_fin)
                          for s in sends]))
+        # A recv too small (truncation: the message waits for one that fits) and a
+        # wildcard one: the Python steps, alike.
+        small, fits, wild = (np.zeros(n, np.uint8) for n in (100, 5000, 5000))
+        sent = c0.isend(np.ones(5000, np.uint8), 1, 30)
+        odd = await asyncio.wait_for(asyncio.gather(c1.recv(small, 0, 30),
+                                                    return_exceptions=True), 30)
+        odd += await asyncio.wait_for(asyncio.gather(
+            c1.recv(fits, 0, 30), sent, c1.recv(wild, ac.ANY_SOURCE, 31),
+            c0.send(np.ones(5000, np.uint8), 1, 31)), 30)
+        out.append([type(o).__name__ if isinstance(o, BaseException) else o for o in odd]
+                   + [int(fits.sum()), int(wild.sum())])
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), c0.statistics().pending_ops)
         flight = [{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
@@ -596,13 +608,16 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
                 seen[native] = runner.run(_offers(native, answered))
     c, python = seen[True], seen[False]
     assert c[:4] == python[:4]
-    # (C: only the offers that landed before their recvs were posted take ``fetch``)
-    assert c[4] == [-1] * len(OFFERED)
-    assert sorted(python[4]) == [-1] * 2 * len(OFFERED) + sorted(python[4])[2 * len(OFFERED):]
-    assert len(python[4]) == 4 * len(OFFERED)
+    # (C: only the offers that landed before their recvs were posted, and the truncated
+    # and the wildcard recvs', take ``fetch``)
+    assert c[4] == [-1] * (len(OFFERED) + 2)
+    assert python[4].count(-1) == 2 * len(OFFERED) + 2
+    assert len(python[4]) == 4 * len(OFFERED) + 4
+    assert c[0][2][0] == "TruncationError" and c[0][2][2] is None
+    assert c[0][2][5:] == [5000, 5000]
     statuses, sums, ends = c[0][0]
     assert sums == [n * (i + 1) for i, n in enumerate(OFFERED)]
     assert statuses == [(0, 20 + i, n, n, (n,)) for i, n in enumerate(OFFERED)]
     assert ends == [(True, False, True)] * len(OFFERED)
     assert c[1] == ({}, {}, {}, {}, 0)
-    assert c[3] == (2 * len(OFFERED) + 1, 2 * sum(OFFERED) + 5000)  # (and the first)
+    assert c[3] == (2 * len(OFFERED) + 3, 2 * sum(OFFERED) + 3 * 5000)  # (and the others)
