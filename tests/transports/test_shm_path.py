@@ -39,9 +39,9 @@ from asynccomm.transports import _shm_ring
 from asynccomm.transports._shm_ring import ARMED, RING_BYTES, Segment, segment_bytes
 from asynccomm.transports.shm import (
     DATA_COPYING,
-    Channels,
     DATA_DONE,
     FRAGMENT,
+    Channels,
     Node,
     ShmTransport,
     missing,
