@@ -652,16 +652,6 @@ pid_of(ShmPath *p, long s)
     return v;
 }
 
-/* Whether ``o``'s attribute ``name`` is true (-1 error). */
-static int
-attr_true(PyObject *o, PyObject *name)
-{
-    PyObject *v = PyObject_GetAttr(o, name);
-    int t = v == NULL ? -1 : PyObject_IsTrue(v);
-    Py_XDECREF(v);
-    return t;
-}
-
 /* An offer (an ``RTS`` with its sender's buffer address) landed at ``b`` (``len`` bytes),
  * and an exact recv is posted for it: ``Channels._handle`` and the engine's ``arrived``
  * (the match), ``ShmTransport.fetch`` and ``Channels.take`` (the single copy, in one piece
@@ -692,8 +682,8 @@ land_offer(ShmPath *p, const char *b, Py_ssize_t len)
     Posted at = {0};
     /* (copies under way: this one in order, after them; the single copy off; closing) */
     int reading = waiting(p->channels, a_reading);
-    int on = reading != 0 ? 0 : attr_true(p->node, a_single_copy);
-    int closing = on != 1 ? 0 : attr_true(p->wire, a_close_sent);
+    int on = reading != 0 ? 0 : waiting(p->node, a_single_copy);
+    int closing = on != 1 ? 0 : waiting(p->wire, a_close_sent);
     int rc = reading < 0 || on < 0 || closing < 0 ? -1 : on == 1 && closing == 0;
     if (rc == 1) {
         src = PyLong_FromLong(s);
@@ -749,7 +739,7 @@ done:
     return rc;
 }
 
-/* Whether ``channels``' attribute ``name`` is true (-1 error). */
+/* Whether ``channels``' (or any object's) attribute ``name`` is true (-1 error). */
 int
 waiting(PyObject *channels, PyObject *name)
 {

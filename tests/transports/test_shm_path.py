@@ -520,8 +520,9 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
     """Rank 0 sends ``OFFERED`` (rendezvous with an offer: the receiver copies, and answers
     ``DATA_DONE``) to rank 1, its recvs posted before the offers land and after, on a world
     opened with ``native=``: the messages, the statuses, the sends' ends, what the sender
-    keeps of its offers after them, its flight record (times aside) and tallies, and its
-    offers answered by the Python steps (``answered``)."""
+    keeps of its offers after them, the flight records (times aside) and the matchers'
+    statistics, the sender's tallies, and its offers answered by the Python steps
+    (``answered``)."""
     nodes = _nodes()
     try:
         (l0, c0), (l1, c1) = await _open(nodes, native)
@@ -561,8 +562,9 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
                    + [int(fits.sum()), int(wild.sum())])
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), c0.statistics().pending_ops)
-        flight = [{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
-                  for d in c0.flight_record()]
+        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                   for d in c.flight_record()] for c in (c0, c1)]
+        flight.append([c.statistics().matcher for c in (c0, c1)])
         tally = (c0._engine.flight.sends[1].n, c0._engine.flight.sends[1].nbytes)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return out, kept, flight, tally, list(answered)
