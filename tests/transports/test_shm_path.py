@@ -560,6 +560,11 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
             c0.send(np.ones(5000, np.uint8), 1, 31)), 30)
         out.append([type(o).__name__ if isinstance(o, BaseException) else o for o in odd]
                    + [int(fits.sum()), int(wild.sum())])
+        l1.channels.node.single_copy = False  # (refused: the bytes come on the ring)
+        refused = np.zeros(5000, np.uint8)
+        out.append(await asyncio.wait_for(asyncio.gather(
+            c1.recv(refused, 0, 32), c0.send(np.full(5000, 3, np.uint8), 1, 32)), 30)
+            + [int(refused.sum())])
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), c0.statistics().pending_ops)
         flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
@@ -608,11 +613,12 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
                 seen[native] = runner.run(_offers(native, answered))
     c, python = seen[True], seen[False]
     assert c[:4] == python[:4]
-    # (C: only the offers that landed before their recvs were posted, and the truncated
-    # and the wildcard recvs', take ``fetch``)
-    assert c[4] == [-1] * (len(OFFERED) + 2)
-    assert python[4].count(-1) == 2 * len(OFFERED) + 2
-    assert len(python[4]) == 4 * len(OFFERED) + 4
+    # (C: only the offers that landed before their recvs were posted, and the truncated,
+    # the wildcard and the refused recvs', take ``fetch``)
+    assert c[4][:len(OFFERED) + 3] == [-1] * (len(OFFERED) + 3)  # (then the refusal's
+    assert len(c[4]) == len(OFFERED) + 4  # answer: on the ring, the Python steps)
+    assert python[4].count(-1) == 2 * len(OFFERED) + 3
+    assert c[0][3][2] == 15000
     assert c[0][2][0] == "TruncationError" and c[0][2][2] is None
     assert c[0][2][5:] == [5000, 5000]
     statuses, sums, ends = c[0][0]
@@ -620,4 +626,4 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
     assert statuses == [(0, 20 + i, n, n, (n,)) for i, n in enumerate(OFFERED)]
     assert ends == [(True, False, True)] * len(OFFERED)
     assert c[1] == ({}, {}, {}, {}, 0)
-    assert c[3] == (2 * len(OFFERED) + 3, 2 * sum(OFFERED) + 3 * 5000)  # (and the others)
+    assert c[3] == (2 * len(OFFERED) + 4, 2 * sum(OFFERED) + 4 * 5000)  # (and the others)
