@@ -208,6 +208,9 @@ NAMES: Final[Mapping[str, Name]] = {
     "pull_off": _a("off", _Pull),
     "pull_done": _a("done", _Pull),
     "copying": _a("copying", Channels),
+    # the shared-memory link's offers landing (``ShmPath.poll``)
+    "single_copy": _a("single_copy", Node),
+    "pids": _a("pids", Node),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -91,7 +91,8 @@ extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
 extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
-extern PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying;
+extern PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying, *a_single_copy,
+    *a_pids;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -286,6 +287,19 @@ int judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inlin
                Py_ssize_t *count, PyObject **field);
 void frame_eager(char *h, long rank, long tag, const void *data, Py_ssize_t nbytes,
                  Py_ssize_t count, PyObject *field);
+/* (a rendezvous send's steps: the engine's own untraced class; ``activate``; ``sent``) */
+int plain_engine(PyObject *endpoint);
+int activate_send(PyObject *engine, PyObject *sent, PyObject *active);
+int send_complete(PyObject *engine, PyObject *req, PyObject *active);
+/* (the exact recv posted for a rendezvous message: found, then taken) */
+typedef struct {
+    PyObject *matcher, *index, *key, *bucket, *recv;  /* (key and recv held) */
+    char *dst;
+} Posted;
+int posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
+                Py_ssize_t nbytes, Posted *at);
+int posted_take(PyObject *engine, Posted *at, PyObject *active);
+void posted_clear(Posted *at);
 
 /* _lane_shmpath.c: the shared-memory link's per-message steps. */
 extern PyTypeObject ShmPathType;

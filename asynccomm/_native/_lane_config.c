@@ -43,7 +43,7 @@ PyObject *a_next_ident, *a_send_failed, *a_link_send;
 PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *a_local,
     *a_blocked, *a_reading;
 PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
-PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying;
+PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying, *a_single_copy, *a_pids;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -98,7 +98,7 @@ static PyObject **const name_vars[] = {
     &a_ring_pos, &a_ring_seen, &a_wake, &a_kick, &a_handle, &a_poll_rest, &a_local,
     &a_blocked, &a_reading,
     &a_closing, &a_check_finished, &a_send_waiting, &a_kicked, &a_waiter,
-    &a_pull_view, &a_pull_off, &a_pull_done, &a_copying,
+    &a_pull_view, &a_pull_off, &a_pull_done, &a_copying, &a_single_copy, &a_pids,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

@@ -839,15 +839,14 @@ moved_more(Moved *m)
     return wake(m->progress);
 }
 
-/* What ``engine.sent(msg)`` does (``_finish``: the send DONE, its flight record and tally,
- * its waiters woken, it leaves its stream) for an ACTIVE send of an untraced engine on its
- * fast lane (no logging, not broken).  1 done, 0 not judged here (nothing changed: the
- * engine's ``sent`` runs), -1 error. */
-static int
-send_done(Moved *m)
+/* What ``engine.sent(req)`` does (``_finish``: the send DONE, its flight record and tally,
+ * its waiters woken, it leaves its stream) for an ACTIVE send (``active``: the state) of an
+ * untraced engine on its fast lane (no logging, not broken).  1 done, 0 not judged here
+ * (nothing changed: the engine's ``sent`` runs), -1 error. */
+int
+send_complete(PyObject *engine, PyObject *req, PyObject *active)
 {
-    PyObject *engine = m->engine, *req = m->msg;
-    if (Py_TYPE(req) != RequestType || SLOT(req, R.state) != m->active
+    if (Py_TYPE(req) != RequestType || SLOT(req, R.state) != active
         || Py_TYPE(engine) != DeviceEngineType || SLOT(engine, EN.tracer) != Py_None) {
         return 0;
     }
@@ -878,6 +877,12 @@ send_done(Moved *m)
                     t_post, t_match, t, NULL) < 0 ? -1 : settle(engine, req, stream, 0);
     Py_DECREF(stream);
     return rc < 0 ? -1 : 1;
+}
+
+static int
+send_done(Moved *m)
+{
+    return send_complete(m->engine, m->msg, m->active);
 }
 
 static int
@@ -1023,7 +1028,7 @@ move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
 
 /* The engine the C steps serve: the engine's own class, untraced (else the Python steps
  * number what arrives).  1 yes, 0 no, -1 error. */
-static int
+int
 plain_engine(PyObject *endpoint)
 {
     if (Py_TYPE(endpoint) != DeviceEngineType || SLOT(endpoint, EN.tracer) != Py_None) {
@@ -1033,6 +1038,23 @@ plain_engine(PyObject *endpoint)
     int t = closed == NULL ? -1 : PyObject_IsTrue(closed);
     Py_XDECREF(closed);
     return t < 0 ? -1 : !t;
+}
+
+/* The engine's ``activate``: a recv matched this rank's send ``sent`` (POSTED: now
+ * ``active``, its match time set; a withdrawal under way, if any, lost).  -1 error. */
+int
+activate_send(PyObject *engine, PyObject *sent, PyObject *active)
+{
+    double t;
+    if (SLOT(sent, R.state) == S_POSTED) {
+        PyObject *tm = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+        if (tm == NULL) {
+            return -1;
+        }
+        put_ref(sent, R.state, active);
+        put(sent, R.t_match, tm);
+    }
+    return 0;
 }
 
 /* A ``CTS`` landed (``_on_control``'s ``ClearToSend``): the send it answers is active, and
@@ -1062,14 +1084,8 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
     if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
         goto done;
     }
-    double t;  /* the engine's ``activate``: a withdrawal under way, if any, lost */
-    if (SLOT(sent, R.state) == S_POSTED) {
-        PyObject *tm = now_of(endpoint, &t) < 0 ? NULL : PyFloat_FromDouble(t);
-        if (tm == NULL) {
-            goto done;
-        }
-        put_ref(sent, R.state, p->active);
-        put(sent, R.t_match, tm);
+    if (activate_send(endpoint, sent, p->active) < 0) {
+        goto done;
     }
     rc = move(p, a_Isend, mv, dest, data_tag, endpoint, sent, NULL, NULL);
 done:
@@ -1079,13 +1095,16 @@ done:
     return rc < 0 ? -1 : 1;
 }
 
-/* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
- * for it (``Matcher.deliver``'s hot path), and its ``_take``: the recv is active and the
- * data is fetched straight into its array, the recv completing in C as it lands.  1 done,
- * 0 not judged here (nothing changed: the engine's Python steps take it), -1 error. */
-static int
-match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes)
+/* The exact recv posted for a message from ``source`` on ``tag`` (``nbytes`` of ``dtype``)
+ * on an untraced engine's fast lane, where the engine's ``arrived`` would match it at once
+ * (``Matcher.deliver``'s hot path): 1 found (``at``: the recv and its key held, its array's
+ * bytes ``dst``; nothing changed yet), 0 none judged here (a misfit, a recv_new, a
+ * wildcard posted, events to drain: the Python steps), -1 error.  ``posted_clear`` it. */
+int
+posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
+            Py_ssize_t nbytes, Posted *at)
 {
+    *at = (Posted){0};
     int f = slot_true(engine, EN.fast);  /* not fast: logging, or a world not set up */
     if (f != 1) {
         return f < 0 ? -1 : 0;
@@ -1107,45 +1126,69 @@ match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes
     if (index == NULL || !PyDict_CheckExact(index)) {
         return 0;
     }
-    PyObject *source = SLOT(msg, M.source);
-    PyObject *key = PyTuple_Pack(2, source, tag);
-    PyObject *bucket = key == NULL ? NULL : PyDict_GetItemWithError(index, key);
-    PyObject *recv = NULL, *into = NULL;
-    int rc = -1;
-    if (bucket == NULL || PySequence_Size(bucket) <= 0) {
-        rc = PyErr_Occurred() ? -1 : 0;
-        goto done;
+    at->matcher = matcher;
+    at->index = index;
+    at->key = PyTuple_Pack(2, source, tag);
+    at->bucket = at->key == NULL ? NULL : PyDict_GetItemWithError(index, at->key);
+    if (at->bucket == NULL || PySequence_Size(at->bucket) <= 0) {
+        return PyErr_Occurred() ? -1 : 0;
     }
-    recv = live_head(bucket);
+    PyObject *recv = live_head(at->bucket);
     if (recv == NULL) {
-        rc = PyErr_Occurred() ? -1 : 0;
-        goto done;
+        return PyErr_Occurred() ? -1 : 0;
     }
-    Py_INCREF(recv);
-    char *dst = recv_fits(recv, SLOT(msg, M.dtype), nbytes, 0);
-    if (dst == NULL) {
-        rc = PyErr_Occurred() ? -1 : 0;  /* a misfit, a recv_new: the Python steps */
-        goto done;
+    at->recv = Py_NewRef(recv);
+    at->dst = recv_fits(recv, dtype, nbytes, 0);
+    if (at->dst == NULL) {
+        return PyErr_Occurred() ? -1 : 0;  /* a misfit, a recv_new: the Python steps */
     }
-    /* The recv's array outlives the transfer: the ``Moved`` tracking it holds the recv. */
-    into = PyMemoryView_FromMemory(dst, nbytes, PyBUF_WRITE);
+    return 1;
+}
+
+/* The recv ``posted_find`` found is matched: it leaves the posted index, ACTIVE (the
+ * state ``active``), its match time set.  -1 error. */
+int
+posted_take(PyObject *engine, Posted *at, PyObject *active)
+{
     double t;
-    PyObject *tm = NULL;
-    if (into == NULL || pop_head(index, key, bucket) < 0) {
-        goto done;
+    PyObject *tm = NULL, *recv = at->recv;
+    if (pop_head(at->index, at->key, at->bucket) < 0) {
+        return -1;
     }
     put_ref(recv, M.seq, minus_one);
-    if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0
+    if (slot_add(at->matcher, MA.n_posted, -1) < 0 || slot_add(at->matcher, MA.matched, 1) < 0
         || now_of(engine, &t) < 0 || (tm = PyFloat_FromDouble(t)) == NULL) {
-        goto done;
+        return -1;
     }
-    put_ref(recv, R.state, p->active);
+    put_ref(recv, R.state, active);
     put(recv, R.t_match, tm);
-    rc = fetch_into(p, engine, msg, into, NULL, recv) < 0 ? -1 : 1;
-done:
-    Py_XDECREF(into);
-    Py_XDECREF(recv);
-    Py_XDECREF(key);
+    return 0;
+}
+
+void
+posted_clear(Posted *at)
+{
+    Py_CLEAR(at->recv);
+    Py_CLEAR(at->key);
+}
+
+/* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
+ * for it (``posted_find``), and its ``_take``: the recv is active and the data is fetched
+ * straight into its array, the recv completing in C as it lands.  1 done, 0 not judged
+ * here (nothing changed: the engine's Python steps take it), -1 error. */
+static int
+match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes)
+{
+    Posted at;
+    int rc = posted_find(engine, SLOT(msg, M.source), tag, SLOT(msg, M.dtype), nbytes, &at);
+    if (rc == 1) {
+        /* The recv's array outlives the transfer: the ``Moved`` tracking it holds the recv. */
+        PyObject *into = PyMemoryView_FromMemory(at.dst, nbytes, PyBUF_WRITE);
+        rc = into == NULL || posted_take(engine, &at, p->active) < 0
+            || fetch_into(p, engine, msg, into, NULL, at.recv) < 0 ? -1 : 1;
+        Py_XDECREF(into);
+    }
+    posted_clear(&at);
     return rc;
 }
 

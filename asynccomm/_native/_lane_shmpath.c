@@ -8,7 +8,9 @@
  * is ``Channels.poll``: the records of the incoming rings (``Ring.take``), an eager one
  * handed to the receiving engine as ``_mpi_lane``'s ``land_eager`` hands it (into a
  * posted recv, else staged in its pool, else as a ``Message``), a rendezvous fragment
- * copied into its recv (what ``Channels._handle`` does with it), every other one to
+ * copied into its recv (what ``Channels._handle`` does with it), the answer to this
+ * rank's offer (``DATA_DONE``) completing its send (``ShmTransport._answered``, with
+ * ``_lane_mpi.c``'s rendezvous steps), every other one to
  * ``Channels._handle``; then, if anything waits to go or to be read,
  * ``Channels._poll_rest``.  ``fragments`` is ``Channels._fragments``: a rendezvous payload
  * put on a ring in fragments.  While a payload moves this way both processes copy at once,
@@ -28,6 +30,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <time.h>
 
 /* One ring as this rank sees it: the ``Ring``, its words' and records' offsets. */
@@ -53,6 +56,13 @@ typedef struct {
     long data_kind;
     Py_ssize_t fragment;
     int crowded;
+    /* The answer to an offer (``answering``): its record kind (-1: not set, the Python
+     * steps land it), the state ACTIVE, the channels' offers being copied
+     * (``Channels.copying``), the wire's announced sends and the link's (``_sends``). */
+    long done_kind;
+    PyObject *active, *copying, *announced, *sends;
+    /* An offer whose recv is posted is copied in C up to this many bytes (0: none). */
+    Py_ssize_t read_chunk;
 } ShmPath;
 
 /* A peer that copies fragments at the same time as this process is waited for this long
@@ -253,6 +263,21 @@ put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
     return 1;
 }
 
+/* The record of ``n`` bytes at ``raw`` on ``d``'s ring, its doorbell rung: 1 put, 0 no
+ * room for it now (nothing written), -1 error. */
+static int
+put_raw(ShmPath *p, long d, char *base, const void *raw, Py_ssize_t len)
+{
+    RingAt *r = &p->out[d];
+    unsigned long long tail, off, skip, n = (unsigned long long)len;
+    int room = reserve(p, r, base, n, &tail, &off, &skip);
+    if (room > 0) {
+        memcpy(record_at(p, r, base, &off, skip), raw, (size_t)n);
+        room = publish(p, d, base, tail, off, skip, n) < 0 ? -1 : 1;
+    }
+    return room;
+}
+
 /* put(dest, raw) -> bool: ``Channels._put``: the record ``raw`` (bytes-like) on ``dest``'s
  * ring and its doorbell rung; False (nothing written) if the ring has no room for it now. */
 static PyObject *
@@ -280,13 +305,7 @@ shm_put(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[1], &raw, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    RingAt *r = &p->out[d];
-    unsigned long long tail, off, skip, n = (unsigned long long)raw.len;
-    int room = reserve(p, r, base, n, &tail, &off, &skip);
-    if (room > 0) {
-        memcpy(record_at(p, r, base, &off, skip), raw.buf, (size_t)n);
-        room = publish(p, d, base, tail, off, skip, n) < 0 ? -1 : 1;
-    }
+    int room = put_raw(p, d, base, raw.buf, raw.len);
     PyBuffer_Release(&raw);
     return room < 0 ? NULL : PyBool_FromLong(room);
 }
@@ -382,6 +401,45 @@ shm_fragmenting(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     p->fragment = fragment;
     p->crowded = crowded;
     Py_XSETREF(p->pulls, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* answering(kind, active, read_chunk): the answer to this rank's offer, a record of
+ * ``kind`` (``DATA_DONE``), lands in C (``active``: the state ACTIVE); and an offer that
+ * lands here whose recv is posted is copied in C and answered so, up to ``read_chunk``
+ * bytes (``READ_CHUNK``: one turn's copy). */
+static PyObject *
+shm_answering(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "answering(kind, active, read_chunk)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    Py_ssize_t chunk = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *copying = PyObject_GetAttr(p->channels, a_copying);
+    PyObject *announced = copying == NULL ? NULL : PyObject_GetAttr(p->wire, a_announced);
+    PyObject *sends = announced == NULL ? NULL : PyObject_GetAttr(p->link, a_sends);
+    if (sends == NULL || kind < 0 || kind > 255 || !PyDict_CheckExact(copying)
+        || !PyDict_CheckExact(announced) || !PyDict_CheckExact(sends)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "answering: a kind of one byte; the channels' "
+                            "copying, the wire's announced and the link's sends dicts");
+        }
+        Py_XDECREF(copying);
+        Py_XDECREF(announced);
+        Py_XDECREF(sends);
+        return NULL;
+    }
+    p->done_kind = kind;
+    p->read_chunk = chunk < 0 ? 0 : chunk;
+    Py_XSETREF(p->active, Py_NewRef(args[1]));
+    Py_XSETREF(p->copying, copying);
+    Py_XSETREF(p->announced, announced);
+    Py_XSETREF(p->sends, sends);
     Py_RETURN_NONE;
 }
 
@@ -494,7 +552,194 @@ land_fragment(ShmPath *p, const char *b, Py_ssize_t len)
     return rc;
 }
 
-/* Whether ``channels``' attribute ``name`` is true (-1 error). */
+/* The answer to this rank's offer landed at ``b`` (``len`` bytes): ``DATA_DONE`` with the
+ * offer's ``ident`` (``Channels._handle``, then ``ShmTransport._answered``: the wire's
+ * ``CTS`` steps, the send activated and complete).  1 landed, 0 not judged here (nothing
+ * changed: ``Channels._handle`` takes it: a lent buffer's answer, a send being withdrawn,
+ * a traced engine's), -1 error. */
+static int
+land_done(ShmPath *p, const char *b, Py_ssize_t len)
+{
+    if (p->done_kind < 0 || len < H_SIZE || (unsigned char)b[H_KIND] != p->done_kind) {
+        return 0;
+    }
+    long long id = get_le(b + H_IDENT, 8);
+    if (id == 0) {
+        return 0;
+    }
+    PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
+    if (endpoint == NULL) {
+        return -1;
+    }
+    PyObject *src = NULL, *ident = NULL, *key = NULL, *sent = NULL;
+    int rc = plain_engine(endpoint);
+    if (rc <= 0) {
+        goto done;
+    }
+    src = PyLong_FromLongLong(get_le(b + H_SRC, 4));
+    ident = PyLong_FromLongLong(id);
+    key = src == NULL || ident == NULL ? NULL : PyTuple_Pack(2, src, ident);
+    if (key == NULL) {
+        rc = -1;
+        goto done;
+    }
+    sent = PyDict_GetItemWithError(p->announced, ident) == NULL ? NULL
+        : PyDict_GetItemWithError(p->sends, ident);
+    if (sent == NULL || Py_TYPE(sent) != RequestType) {
+        sent = NULL;
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    Py_INCREF(sent);
+    rc = -1;
+    int copying = PyDict_Contains(p->copying, key);
+    if (copying < 0 || (copying && PyDict_DelItem(p->copying, key) < 0)
+        || PyDict_DelItem(p->announced, ident) < 0
+        || PyDict_DelItem(p->sends, ident) < 0
+        || activate_send(endpoint, sent, p->active) < 0) {
+        goto done;
+    }
+    rc = send_complete(endpoint, sent, p->active);
+    if (rc == 0) {  /* (not on the fast lane: the engine's ``sent``) */
+        PyObject *r = PyObject_CallMethodOneArg(endpoint, a_engine_sent, sent);
+        rc = r == NULL ? -1 : 1;
+        Py_XDECREF(r);
+    }
+done:
+    Py_XDECREF(sent);
+    Py_XDECREF(key);
+    Py_XDECREF(ident);
+    Py_XDECREF(src);
+    Py_DECREF(endpoint);
+    return rc;
+}
+
+/* ``Channels._answer``: the record ``raw`` (bytes) on ``d``'s ring, or queued behind what
+ * waits for it (``_ctrl``, ``_blocked``); the node kicked.  -1 error. */
+static int
+answer(ShmPath *p, long d, PyObject *raw)
+{
+    PyObject *ctrl = PyList_GET_ITEM(p->ctrl, d);
+    Py_ssize_t queued = PyObject_Length(ctrl), len;
+    char *base = words_base(p->words, &len);
+    int rc = queued < 0 ? -1 : 0;
+    if (rc == 0 && queued == 0 && base != NULL) {
+        rc = put_raw(p, d, base, PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw));
+    }
+    if (rc == 0) {  /* (no room: it waits for some) */
+        PyObject *r = PyObject_CallMethodOneArg(ctrl, a_append, raw);
+        PyObject *blocked = r == NULL ? NULL : PyObject_GetAttr(p->channels, a_blocked);
+        PyObject *dest = blocked == NULL ? NULL : PyLong_FromLong(d);
+        rc = dest == NULL || PySet_Add(blocked, dest) < 0 ? -1 : 1;
+        Py_XDECREF(dest);
+        Py_XDECREF(blocked);
+        Py_XDECREF(r);
+    }
+    PyObject *k = rc < 0 ? NULL : PyObject_CallMethodNoArgs(p->node, a_kick);
+    Py_XDECREF(k);
+    return k == NULL ? -1 : 0;
+}
+
+/* The pid of the process of rank ``s`` (``Node.pids``), -1 none or error. */
+static long
+pid_of(ShmPath *p, long s)
+{
+    PyObject *pids = PyObject_GetAttr(p->node, a_pids);
+    PyObject *pid = pids == NULL ? NULL : PyObject_GetItem(pids, PyList_GET_ITEM(p->procs, s));
+    long v = pid == NULL ? -1 : PyLong_AsLong(pid);
+    Py_XDECREF(pid);
+    Py_XDECREF(pids);
+    return v;
+}
+
+/* An offer (an ``RTS`` with its sender's buffer address) landed at ``b`` (``len`` bytes),
+ * and an exact recv is posted for it: ``Channels._handle`` and the engine's ``arrived``
+ * (the match), ``ShmTransport.fetch`` and ``Channels.take`` (the single copy, in one piece
+ * of at most ``read_chunk`` bytes), ``_read`` (``DATA_DONE`` answered, the recv complete),
+ * with no Python frame.  The copy is made before anything changes: where it fails (a
+ * refusal, a dead peer) the Python steps take the offer and meet it again.  1 landed,
+ * 0 not judged here (nothing changed), -1 error. */
+static int
+land_offer(ShmPath *p, const char *b, Py_ssize_t len)
+{
+    if (p->read_chunk <= 0 || len != H_SIZE + 8 || (unsigned char)b[H_KIND] != RTS) {
+        return 0;
+    }
+    long long nbytes = get_le(b + H_NBYTES, 8), count = get_le(b + H_COUNT, 8);
+    long long id = get_le(b + H_IDENT, 8);
+    long s = (long)get_le(b + H_SRC, 4), t = (long)get_le(b + H_TAG, 4);
+    uint64_t address;
+    memcpy(&address, b + H_SIZE, 8);  /* (``OFFER``: little-endian, as this machine) */
+    if (nbytes <= 0 || nbytes > p->read_chunk || count < 0 || s < 0 || s >= p->size
+        || s == p->rank) {
+        return 0;
+    }
+    PyObject *field = PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
+    if (field == NULL) {
+        return -1;
+    }
+    PyObject *endpoint = NULL, *src = NULL, *tag = NULL, *raw = NULL, *r = NULL;
+    Posted at = {0};
+    /* (copies under way: this one in order, after them; the single copy off; closing) */
+    int reading = waiting(p->channels, a_reading);
+    int on = reading != 0 ? 0 : waiting(p->node, a_single_copy);
+    int closing = on != 1 ? 0 : waiting(p->wire, a_close_sent);
+    int rc = reading < 0 || on < 0 || closing < 0 ? -1 : on == 1 && closing == 0;
+    if (rc == 1) {
+        src = PyLong_FromLong(s);
+        int dead = src == NULL ? -1 : PySet_Contains(p->dead, src);
+        endpoint = dead != 0 ? NULL : PyObject_GetAttr(p->link, a_endpoint);
+        rc = endpoint == NULL ? (dead == 0 || dead < 0 ? -1 : 0) : plain_engine(endpoint);
+    }
+    PyObject *dtype = rc != 1 ? NULL : PyDict_GetItemWithError(p->names, field);
+    if (dtype == NULL || !PyUnicode_CheckExact(dtype)
+        || PyUnicode_FindChar(dtype, ';', 0, PyUnicode_GET_LENGTH(dtype), 1) != -1) {
+        rc = PyErr_Occurred() ? -1 : 0;  /* (a dtype not seen yet, a shape: Python) */
+        goto done;
+    }
+    long pid = pid_of(p, s);
+    tag = pid < 0 ? NULL : PyLong_FromLong(t);
+    rc = tag == NULL ? (PyErr_Occurred() ? -1 : 0)
+        : posted_find(endpoint, src, tag, dtype, (Py_ssize_t)nbytes, &at);
+    if (rc != 1) {
+        goto done;
+    }
+    struct iovec here = {at.dst, (size_t)nbytes}, there = {(void *)(uintptr_t)address,
+                                                           (size_t)nbytes};
+    if (process_vm_readv((pid_t)pid, &here, 1, &there, 1, 0) != (ssize_t)nbytes) {
+        rc = 0;  /* (refused, gone, or short: the Python steps copy, or learn why) */
+        goto done;
+    }
+    rc = -1;
+    r = posted_take(endpoint, &at, p->active) < 0 ? NULL
+        : PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);  /* (``clear_to_send``) */
+    raw = r == NULL ? NULL : PyBytes_FromStringAndSize(NULL, H_SIZE);
+    if (raw == NULL) {
+        goto done;
+    }
+    char *h = PyBytes_AS_STRING(raw);
+    memset(h, 0, (size_t)H_SIZE);
+    h[H_KIND] = (char)p->done_kind;
+    put_le(h + H_SRC, (unsigned long long)p->rank, 4);
+    put_le(h + H_IDENT, (unsigned long long)id, 8);
+    double when;
+    if (answer(p, s, raw) == 0
+        && complete(endpoint, at.recv, src, tag, (Py_ssize_t)nbytes, (Py_ssize_t)count,
+                    &when) == 0) {
+        rc = 1;
+    }
+done:
+    posted_clear(&at);
+    Py_XDECREF(raw);
+    Py_XDECREF(r);
+    Py_XDECREF(tag);
+    Py_XDECREF(src);
+    Py_XDECREF(endpoint);
+    Py_DECREF(field);
+    return rc;
+}
+
+/* Whether ``channels``' (or any object's) attribute ``name`` is true (-1 error). */
 int
 waiting(PyObject *channels, PyObject *name)
 {
@@ -553,6 +798,12 @@ take_ring(ShmPath *p, RingAt *r, char *base)
         if (rc == 0) {
             rc = land_fragment(p, base + rec.start, (Py_ssize_t)length);
             more = rc == 2;
+        }
+        if (rc == 0) {
+            rc = land_done(p, base + rec.start, (Py_ssize_t)length);
+        }
+        if (rc == 0) {
+            rc = land_offer(p, base + rec.start, (Py_ssize_t)length);
         }
         if (rc == 0) {  /* ``Channels._handle`` */
             PyObject *v = PySequence_GetSlice(p->view, rec.start, rec.end);
@@ -796,6 +1047,7 @@ shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->armed = armed;
     p->n_in = PyList_GET_SIZE(ins);
     p->data_kind = -1;
+    p->done_kind = -1;
     p->out = PyMem_Calloc((size_t)size, sizeof(RingAt));
     p->in = PyMem_Calloc((size_t)p->n_in + 1, sizeof(RingAt));
     p->bells = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
@@ -875,6 +1127,10 @@ shmpath_traverse(ShmPath *p, visitproc visit, void *arg)
     Py_VISIT(p->py_send_now);
     Py_VISIT(p->handle);
     Py_VISIT(p->pulls);
+    Py_VISIT(p->active);
+    Py_VISIT(p->copying);
+    Py_VISIT(p->announced);
+    Py_VISIT(p->sends);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_VISIT(p->out[i].ring);
     }
@@ -905,6 +1161,10 @@ shmpath_clear(ShmPath *p)
     Py_CLEAR(p->py_send_now);
     Py_CLEAR(p->handle);
     Py_CLEAR(p->pulls);
+    Py_CLEAR(p->active);
+    Py_CLEAR(p->copying);
+    Py_CLEAR(p->announced);
+    Py_CLEAR(p->sends);
     for (Py_ssize_t i = 0; p->out != NULL && i < p->size; i++) {
         Py_CLEAR(p->out[i].ring);
     }
@@ -936,6 +1196,9 @@ static PyMethodDef shmpath_methods[] = {
      "while it has room (Channels._fragments); the offset reached"},
     {"fragmenting", (PyCFunction)(void (*)(void))shm_fragmenting, METH_FASTCALL,
      "fragmenting(kind, fragment, pulls, crowded): how rendezvous fragments go and land"},
+    {"answering", (PyCFunction)(void (*)(void))shm_answering, METH_FASTCALL,
+     "answering(kind, active, read_chunk): the answer to this rank's offer (DATA_DONE) "
+     "lands in C, and an offer whose recv is posted is copied and answered in C"},
     {"poll", (PyCFunction)shm_poll, METH_NOARGS,
      "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
     {NULL, NULL, 0, NULL},

@@ -44,6 +44,7 @@ from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, Message
+from .._core.states import ACTIVE
 from .._core.wire import CLOSE, CTS, FIN, FT, HEADER, RTS, WITHDRAW, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
@@ -601,6 +602,9 @@ class ShmTransport(MPITransport):
         (``lane.ShmPath``, which does what ``send_now`` and ``Channels.poll`` do: an eager
         message that lands goes straight into the recv posted for it, or, with none
         posted, into the engine's staging pool, a rendezvous fragment into its recv;
+        an offer whose recv is posted, up to ``READ_CHUNK``, is matched, copied and
+        answered (``fetch``, ``Channels.take``), the answer to this rank's offer
+        (``DATA_DONE``) completes its send (``_answered``);
         everything else takes the Python steps), and the fragments go on the ring in C
         (``Channels._fragments``)."""
         channels = self.channels
@@ -622,6 +626,7 @@ class ShmTransport(MPITransport):
         channels.poll = path.poll  # type: ignore[method-assign]
         channels._put = path.put  # type: ignore[method-assign]
         path.fragmenting(DATA, FRAGMENT, channels._pulls, self.node.crowded)
+        path.answering(DATA_DONE, ACTIVE, READ_CHUNK)  # (offers and their answers)
         channels._fragments = path.fragments  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)

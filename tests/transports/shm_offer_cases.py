@@ -45,7 +45,7 @@ class _Gate:
     holding: asyncio.Event | None = None  # set once a copy is held
     cts = 0  # CTS sent by this rank
     taken = 0  # offers a recv matched
-    answered = 0  # this rank's offers answered
+    answered = 0  # this rank's offers answered by the Python steps
     gone_pid = 0  # once this process has ended, open (``sender_dies``)
 
     @classmethod
@@ -158,6 +158,9 @@ async def lent(comm: ac.Communicator) -> dict[str, Any]:
         req = comm.isend(data(BIG, 6), 1, 11)
         await comm.send(ready, 1, 12)
         await req
+        link = _link(comm)  # (every offer answered: nothing lent or awaited left)
+        out["lent left"] = len(link._sends) + len(link.wire.announced) + len(
+            link.channels.copying)
     else:
         channels = _link(comm).channels
         buf = np.zeros(BIG, np.uint8)
@@ -201,6 +204,7 @@ async def lent(comm: ac.Communicator) -> dict[str, Any]:
     out["cts"] = _Gate.cts
     out["taken"] = _Gate.taken
     out["answered"] = _Gate.answered
+    out["answers in C"] = _link(comm).path is not None
     return out
 
 

@@ -40,10 +40,14 @@ def test_recvs_before_and_after_the_offer_and_cancellations_while_lent(loop: str
     recv matched is never received, and its offer is forgotten."""
     (k0, sender), (k1, receiver) = launch(lent_copies, 2, (loop,))
     assert (k0, k1) == ("ok", "ok"), (sender, receiver)
-    assert sender == {"cancelled send": [True], "withdrawn": True, "cts": 0, "taken": 0,
-                      "answered": 5}
+    # (Where the C lane lands the answers, only the one to a send being withdrawn takes
+    # the Python steps.)
+    c = sender["answers in C"]
+    assert sender == {"cancelled send": [True], "withdrawn": True, "lent left": 0, "cts": 0,
+                      "taken": 0, "answered": 1 if c else 5, "answers in C": c}
     assert receiver == {"offers waiting": 1, "cancelled recv": ["Status"], "offers left": 0,
-                        "copies left": 0, "cts": 0, "taken": 5, "answered": 0}
+                        "copies left": 0, "cts": 0, "taken": 5, "answered": 0,
+                        "answers in C": c}
 
 
 def test_a_sender_killed_while_its_receiver_copies_breaks_that_recv() -> None:

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._comm.process_runner import _ProcessFamily
@@ -40,6 +41,7 @@ from asynccomm.transports.shm import (
     DATA_COPYING,
     DATA_DONE,
     FRAGMENT,
+    Channels,
     Node,
     ShmTransport,
     missing,
@@ -507,3 +509,121 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
     assert c[1] == (STAGED, "bytearray", np.arange(4, dtype=np.int32).tobytes())
     assert c[3] - c[2] == w.charge(1200)  # owed back once a recv took it, not before
     assert c[4] == list(range(300)) and c[6] == 0
+
+
+# -- a large message's offer: its answer lands in C -------------------------------------------
+
+OFFERED = [5000, 100_000, 1 << 20]  # (over the eager limit: each an offer)
+
+
+async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
+    """Rank 0 sends ``OFFERED`` (rendezvous with an offer: the receiver copies, and answers
+    ``DATA_DONE``) to rank 1, its recvs posted before the offers land and after, on a world
+    opened with ``native=``: the messages, the statuses, the sends' ends, what the sender
+    keeps of its offers after them, the flight records (times aside) and the matchers'
+    statistics, the sender's tallies, and its offers answered by the Python steps
+    (``answered``)."""
+    nodes = _nodes()
+    try:
+        (l0, c0), (l1, c1) = await _open(nodes, native)
+        assert l0.channels.node.single_copy and l1.channels.node.single_copy
+        warm = np.zeros(5000, np.uint8)  # (a dtype's first message takes the Python steps)
+        await asyncio.wait_for(asyncio.gather(c1.recv(warm, 0, 19), c0.send(warm + 1, 1, 19)),
+                               30)
+        answered.clear()
+        out: list[Any] = []
+        for before in (True, False):
+            bufs = [np.zeros(n, np.uint8) for n in OFFERED]
+            recvs = [c1.irecv(b, 0, 20 + i) for i, b in enumerate(bufs)] if before else []
+            sends = [c0.isend(np.full(n, i + 1, np.uint8), 1, 20 + i)
+                     for i, n in enumerate(OFFERED)]
+            if not before:
+                for _ in range(1000):  # every offer landed at rank 1 first
+                    if len(l1.channels.offers) == len(OFFERED):
+                        break
+                    await asyncio.sleep(0)
+                assert len(l1.channels.offers) == len(OFFERED)
+                recvs = [c1.irecv(b, 0, 20 + i) for i, b in enumerate(bufs)]
+            statuses = await asyncio.wait_for(asyncio.gather(*recvs, *sends), 30)
+            out.append(([tuple(s) for s in statuses[:len(OFFERED)]],
+                        [int(b.sum()) for b in bufs],
+                        [(s.done(), s.cancelled(), s.t_post <= s.t_match <= s.t_fin)
+                         for s in sends]))
+        # A recv too small (truncation: the message waits for one that fits) and a
+        # wildcard one: the Python steps, alike.
+        small, fits, wild = (np.zeros(n, np.uint8) for n in (100, 5000, 5000))
+        sent = c0.isend(np.ones(5000, np.uint8), 1, 30)
+        odd = await asyncio.wait_for(asyncio.gather(c1.recv(small, 0, 30),
+                                                    return_exceptions=True), 30)
+        odd += await asyncio.wait_for(asyncio.gather(
+            c1.recv(fits, 0, 30), sent, c1.recv(wild, ac.ANY_SOURCE, 31),
+            c0.send(np.ones(5000, np.uint8), 1, 31)), 30)
+        out.append([type(o).__name__ if isinstance(o, BaseException) else o for o in odd]
+                   + [int(fits.sum()), int(wild.sum())])
+        l1.channels.node.single_copy = False  # (refused: the bytes come on the ring)
+        refused = np.zeros(5000, np.uint8)
+        out.append(await asyncio.wait_for(asyncio.gather(
+            c1.recv(refused, 0, 32), c0.send(np.full(5000, 3, np.uint8), 1, 32)), 30)
+            + [int(refused.sum())])
+        kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
+                dict(l1.channels.offers), c0.statistics().pending_ops)
+        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                   for d in c.flight_record()] for c in (c0, c1)]
+        flight.append([c.statistics().matcher for c in (c0, c1)])
+        tally = (c0._engine.flight.sends[1].n, c0._engine.flight.sends[1].nbytes)
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return out, kept, flight, tally, list(answered)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver's C poll lands an offer whose recv is posted (matched, copied, answered
+    ``DATA_DONE``, the recv complete: ``Channels.take`` is not called), and the sender's
+    lands the answer (the send activated and complete, its flight record and tally, the
+    wire and the link forget the offer: ``ShmTransport._answered`` is not called), with no
+    Python frame; everything the sender and the receiver see is what the Python steps
+    give."""
+    answered: list[int] = []  # (the offers answered, then those taken, by the Python steps)
+    original, take = ShmTransport._answered, Channels.take
+
+    def counted(link: ShmTransport, dest: int, ident: int, tag: int) -> None:
+        answered.append(ident)
+        original(link, dest, ident, tag)
+
+    def counted_take(channels: Channels, *args: Any) -> None:
+        answered.append(-1)
+        take(channels, *args)
+
+    monkeypatch.setattr(ShmTransport, "_answered", counted)
+    monkeypatch.setattr(Channels, "take", counted_take)
+    seen = {}
+    for native in (True, False):
+        answered.clear()
+        if loop == "uvloop":
+            import uvloop
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                seen[native] = runner.run(_offers(native, answered))
+        else:
+            with asyncio.Runner() as runner:
+                seen[native] = runner.run(_offers(native, answered))
+    c, python = seen[True], seen[False]
+    assert c[:4] == python[:4]
+    # (C: only the offers that landed before their recvs were posted, and the truncated,
+    # the wildcard and the refused recvs', take ``fetch``)
+    assert c[4][:len(OFFERED) + 3] == [-1] * (len(OFFERED) + 3)  # (then the refusal's
+    assert len(c[4]) == len(OFFERED) + 4  # answer: on the ring, the Python steps)
+    assert python[4].count(-1) == 2 * len(OFFERED) + 3
+    assert c[0][3][2] == 15000
+    assert c[0][2][0] == "TruncationError" and c[0][2][2] is None
+    assert c[0][2][5:] == [5000, 5000]
+    statuses, sums, ends = c[0][0]
+    assert sums == [n * (i + 1) for i, n in enumerate(OFFERED)]
+    assert statuses == [(0, 20 + i, n, n, (n,)) for i, n in enumerate(OFFERED)]
+    assert ends == [(True, False, True)] * len(OFFERED)
+    assert c[1] == ({}, {}, {}, {}, 0)
+    assert c[3] == (2 * len(OFFERED) + 4, 2 * sum(OFFERED) + 4 * 5000)  # (and the others)
