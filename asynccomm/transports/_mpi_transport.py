@@ -315,9 +315,10 @@ class MPITransport(Link):
         self._announced.pop((source, ident), None)
         tag, cts = self.wire.clear_to_send(source, ident)
         try:
-            # Recvs first, so the data never lands as an MPI-level unexpected message.
-            self.progress.pull(into, source, tag, lambda: ready(None, None))
+            # The CTS first: the data recvs are posted while it travels, and the sender's
+            # data (sent once the CTS has landed there) still finds them posted.
             self._send(source, cts)
+            self.progress.pull(into, source, tag, lambda: ready(None, None))
         except self._foreign as exc:
             self._fetch_failed(exc, source)
 

@@ -33,7 +33,7 @@ from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
 from asynccomm.transports import _mpi_lib
-from asynccomm.transports._mpi_progress import CTRL_SLOTS, Slot
+from asynccomm.transports._mpi_progress import CTRL_SLOTS, CTRL_TAG, Slot
 from asynccomm.transports._mpi_transport import MPITransport
 
 pytestmark = pytest.mark.skipif(LANE is None or _native.CONFIGURED is None,
@@ -434,6 +434,23 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
     else:
         assert "TransportError" in c[-1]
         assert "TransportError" in c[2]  # the recv failed (``rts first``: in ``fetch``)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("order", ["rts first", "recv first"])
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+def test_a_matched_announcement_sends_its_cts_before_posting_the_data_recv(
+        monkeypatch: pytest.MonkeyPatch, native: bool, order: str) -> None:
+    """The ``CTS`` leaves first and the data recv is posted while it travels (the sender's
+    data comes only once the ``CTS`` has landed there): the sender starts its data one
+    MPI call sooner.  Alike on both lanes, and however the match came about."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    with asyncio.Runner() as runner:
+        sent = runner.run(_rendezvous(native, order, ""))[5]
+    steps = [("cts" if raw[0] == w.CTS else "control") if tag == CTRL_TAG
+             else "irecv" if raw.startswith(b"irecv") else "data" for raw, _, tag in sent]
+    assert steps[:2] == ["cts", "irecv"]
 
 
 async def _broken_while_moving(native: bool, how: str) -> str:
