@@ -203,6 +203,8 @@ NAMES: Final[Mapping[str, Name]] = {
     "send_waiting": _m("_send_waiting", Channels),
     "kicked": _a("_kicked", Node),
     "waiter": _a("_waiter", Node),
+    # the in-process lane's posting of a send to another process (``post_remote``)
+    "cast": _m("cast", None),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

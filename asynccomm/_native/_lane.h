@@ -91,6 +91,7 @@ extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
 extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
+extern PyObject *a_cast;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
