@@ -272,23 +272,8 @@ post_remote(struct call *c)
         }
         return req;
     }
-    long long sseq;  /* Stream._track and the engine's track, inlined */
-    PyObject *vq = slot_ll(stream, S.seq, &sseq) < 0 ? NULL : PyLong_FromLongLong(sseq + 1);
-    if (vq == NULL) {
-        Py_DECREF(req);
-        return NULL;
-    }
-    put(stream, S.seq, vq);
-    put_ref(req, R.sseq, vq);
-    PyObject *pending = SLOT(stream, S.pending);
-    if (pending == NULL || PyObject_SetItem(pending, vq, req) < 0) {
-        Py_DECREF(req);
-        return NULL;
-    }
-    put_ref(req, R.tracked, Py_True);
-    if (slot_add(engine, EN.n_pending, 1) < 0) {
-        Py_DECREF(req);
-        return NULL;
+    if (track_on(engine, stream, req) < 0) {  /* (a send with no timer: nothing more) */
+        Py_CLEAR(req);
     }
     return req;
 }
