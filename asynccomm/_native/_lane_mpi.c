@@ -1256,9 +1256,10 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
 
 /* What ``fetch`` does for the announcement ``msg`` matched, its data going to ``into``:
  * the ``CTS`` first, then the data recv, posted while the ``CTS`` travels (the sender's
- * data, sent once the ``CTS`` has landed there, still finds it posted); as the recv
- * completes, ``ready(None, None)`` runs, or the C steps complete ``recv``.  An MPI error
- * breaks the link (``_fetch_failed``).  0 done, -1 error. */
+ * data leaves only once the ``CTS`` has landed there, so it all but always finds the recv
+ * posted; MPI matches any that came sooner); as the recv completes, ``ready(None,
+ * None)`` runs, or the C steps complete ``recv``.  An MPI error breaks the link
+ * (``_fetch_failed``).  0 done, -1 error. */
 static int
 fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject *ready_cb,
            PyObject *recv)

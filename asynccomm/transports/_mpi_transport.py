@@ -315,8 +315,9 @@ class MPITransport(Link):
         self._announced.pop((source, ident), None)
         tag, cts = self.wire.clear_to_send(source, ident)
         try:
-            # The CTS first: the data recvs are posted while it travels, and the sender's
-            # data (sent once the CTS has landed there) still finds them posted.
+            # The CTS first: the data recvs are posted while it travels (the sender's data
+            # leaves only once it has landed there, so it all but always finds them posted;
+            # MPI matches any that came sooner).
             self._send(source, cts)
             self.progress.pull(into, source, tag, lambda: ready(None, None))
         except self._foreign as exc:
