@@ -217,10 +217,13 @@ class Communicator:
                 An eager message (up to the eager limit) completes as soon as it is
                 staged, so only larger messages, or ops held on their stream, time out.
         """
-        if (stream is None and timeout is None and count is None and dtype is None
-                and (lane := self._lane_send) is not None and lane(self, buf, dst, tag, False)):
+        req = (lane(self, buf, dst, tag, False)
+               if (stream is None and timeout is None and count is None and dtype is None
+                   and (lane := self._lane_send) is not None) else False)
+        if req is True:
             return  # the C lane did it all (the commonest case)
-        req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
+        if req is False:  # (else the C lane posted it: a send to another process)
+            req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
         if req is not None and (req._state is not DONE or req._exc is not None):
             await req
 

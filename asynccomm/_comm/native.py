@@ -211,6 +211,8 @@ NAMES: Final[Mapping[str, Name]] = {
     # the shared-memory link's offers landing (``ShmPath.poll``)
     "single_copy": _a("single_copy", Node),
     "pids": _a("pids", Node),
+    # the in-process lane's posting of a send to another process (``post_remote``)
+    "cast": _m("cast", None),
 }
 
 #: The MPI wire's header, field by field, as the lane frames and reads it: each field's

@@ -357,8 +357,8 @@ class Wire:
 
     def clear_to_send(self, source: int, ident: int) -> tuple[int, bytes]:
         """A recv matched the announcement ``(source, ident)``: commit to it.  Returns the
-        data tag to post the data recvs on, and the ``CTS`` to send to ``source`` (after
-        posting them, so the data never arrives unexpected)."""
+        data tag to post the data recvs on, and the ``CTS`` to send to ``source`` (the data
+        comes only once it has landed there: the recvs may be posted as it travels)."""
         self.unmatched.discard((source, ident))
         tag = self.next_data_tag()
         return tag, HEADER.pack(CTS, 0, self.rank, tag, 0, 0, ident, b"")

@@ -216,8 +216,71 @@ send_remote(struct call *c)
     return out;
 }
 
+/* What ``_send_op`` and the engine's ``start`` do for a send to another process that
+ * ``send_now`` refused (a message the link announces, or one waiting for credit): a
+ * Request, POSTED with its bytes' view, handed to the link's ``send``, then tracked on the
+ * default stream unless that finished it.  The Request; False, having done nothing, where
+ * the communicator has a default timeout (the Python steps arm it); NULL on an error. */
+static PyObject *
+post_remote(struct call *c)
+{
+    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    if (timeout == NULL || timeout != Py_None) {
+        Py_XDECREF(timeout);
+        return timeout == NULL ? NULL : Py_NewRef(Py_False);
+    }
+    PyObject *engine = c->engine, *stream = c->stream;
+    PyObject *rank = slot_get(c->comm, CO.rank);
+    PyObject *req = rank == NULL ? NULL : new_request(
+        engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, stream, timeout,
+        c->buf);
+    Py_XDECREF(rank);
+    Py_DECREF(timeout);
+    if (req == NULL) {
+        return NULL;
+    }
+    double t;
+    PyObject *tp = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+    PyObject *view = tp == NULL ? NULL : PyMemoryView_FromObject(c->buf);  /* bytes_of */
+    if (view != NULL) {
+        const char *f = PyMemoryView_GET_BUFFER(view)->format;
+        if (f != NULL && strcmp(f, "B") != 0) {
+            PyObject *b = PyUnicode_FromStringAndSize("B", 1);
+            PyObject *argv[2] = {view, b};
+            Py_SETREF(view, b == NULL ? NULL : PyObject_VectorcallMethod(a_cast, argv, 2, NULL));
+            Py_XDECREF(b);
+        }
+    }
+    PyObject *link = view == NULL ? NULL : slot_get(engine, EN.link);
+    if (link == NULL) {
+        Py_XDECREF(view);
+        Py_XDECREF(tp);
+        Py_DECREF(req);
+        return NULL;
+    }
+    put_ref(req, R.state, S_POSTED);
+    put(req, R.t_post, tp);
+    put(req, M.view, view);
+    PyObject *argv[3] = {link, req, c->peer};
+    PyObject *r = PyObject_VectorcallMethod(a_link_send, argv, 3, NULL);
+    Py_DECREF(link);
+    int finished = r == NULL ? -1 : PyObject_RichCompareBool(SLOT(req, R.state), S_DONE, Py_GE);
+    Py_XDECREF(r);
+    if (finished != 0) {  /* failed at once: never tracked (Stream._submit) */
+        if (finished < 0) {
+            Py_CLEAR(req);
+        }
+        return req;
+    }
+    if (track_on(engine, stream, req) < 0) {  /* (a send with no timer: nothing more) */
+        Py_CLEAR(req);
+    }
+    return req;
+}
+
 /* send(comm, buf, dst, tag, handle) -> bool | Request: once the message went the fast
- * lane (the send is done, and recorded), True, or with ``handle`` its Request; False,
+ * lane (the send is done, and recorded), True, or with ``handle`` its Request; a send to
+ * another process that waits for its recv: its posted Request (``post_remote``); False,
  * having done nothing, when the Python path must run. */
 static PyObject *
 lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -226,6 +289,9 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int fits = accept_call(args, nargs, 0, "send(comm, buf, dst, tag, handle)", &c);
     if (fits > 0 && c.remote) {
         PyObject *out = send_remote(&c);
+        if (out == Py_False) {  /* not sent eagerly: posted as the Python steps post it */
+            Py_SETREF(out, post_remote(&c));
+        }
         Py_DECREF(c.engine);
         return out;
     }

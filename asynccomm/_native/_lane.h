@@ -93,6 +93,7 @@ extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_
 extern PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 extern PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying, *a_single_copy,
     *a_pids;
+extern PyObject *a_cast;
 
 /* -- slots ---------------------------------------------------------------------------- */
 
@@ -260,6 +261,7 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
                PyObject **flow);
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
+int track_on(PyObject *engine, PyObject *stream, PyObject *req);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);

@@ -17,8 +17,9 @@ def configure(spec: dict[str, tuple[Any, ...]], /) -> None:
     """
 
 def send(comm: Any, buf: Any, dst: Any, tag: Any, handle: bool, /) -> Any:
-    """True, or with ``handle`` the done Request, once the message went the fast lane;
-    False, having done nothing, when the Python steps must run."""
+    """True, or with ``handle`` the done Request, once the message went the fast lane; the
+    posted Request of a send to another process that waits for its recv; False, having
+    done nothing, when the Python steps must run."""
 
 def recv(comm: Any, buf: Any, src: Any, tag: Any, handle: bool, /) -> Any:
     """The Status of a message already waiting (with ``handle``, its done Request), else

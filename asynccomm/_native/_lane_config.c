@@ -44,6 +44,7 @@ PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *
     *a_blocked, *a_reading;
 PyObject *a_closing, *a_check_finished, *a_send_waiting, *a_kicked, *a_waiter;
 PyObject *a_pull_view, *a_pull_off, *a_pull_done, *a_copying, *a_single_copy, *a_pids;
+PyObject *a_cast;
 
 /* The tables ``configure`` fills, each in the order of its part of the declaration
  * (``asynccomm._comm.native``): CLASSES, SLOTS (a class and the struct of its slots'
@@ -99,6 +100,7 @@ static PyObject **const name_vars[] = {
     &a_blocked, &a_reading,
     &a_closing, &a_check_finished, &a_send_waiting, &a_kicked, &a_waiter,
     &a_pull_view, &a_pull_off, &a_pull_done, &a_copying, &a_single_copy, &a_pids,
+    &a_cast,
 };
 
 #define COUNT(table) (sizeof(table) / sizeof((table)[0]))

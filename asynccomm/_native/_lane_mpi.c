@@ -1303,9 +1303,11 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* What ``fetch`` does for the announcement ``msg`` matched, its data going to ``into``:
- * the data recv first (so the data never lands as an MPI-level unexpected message), then
- * the ``CTS``; as the recv completes, ``ready(None, None)`` runs, or the C steps complete
- * ``recv``.  An MPI error breaks the link (``_fetch_failed``).  0 done, -1 error. */
+ * the ``CTS`` first, then the data recv, posted while the ``CTS`` travels (the sender's
+ * data leaves only once the ``CTS`` has landed there, so it all but always finds the recv
+ * posted; MPI matches any that came sooner); as the recv completes, ``ready(None,
+ * None)`` runs, or the C steps complete ``recv``.  An MPI error breaks the link
+ * (``_fetch_failed``).  0 done, -1 error. */
 static int
 fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject *ready_cb,
            PyObject *recv)
@@ -1336,9 +1338,9 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_IDENT, (unsigned long long)id, 8);
-    rc = move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv);
+    rc = send_control(p, raw, source, s);
     if (rc == 0) {
-        rc = send_control(p, raw, source, s);
+        rc = move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv);
     }
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_fetch_failed, source, NULL);

@@ -149,6 +149,30 @@ done:
     return result;
 }
 
+/* ``Stream._track`` and the engine's ``track`` for a new request on ``stream`` (the parts
+ * every kind shares: its place in the stream, tracked, one more pending).  0 done, -1
+ * error. */
+int
+track_on(PyObject *engine, PyObject *stream, PyObject *req)
+{
+    long long sseq;
+    if (slot_ll(stream, S.seq, &sseq) < 0) {
+        return -1;
+    }
+    PyObject *vq = PyLong_FromLongLong(sseq + 1);
+    if (vq == NULL) {
+        return -1;
+    }
+    put(stream, S.seq, vq);
+    put_ref(req, R.sseq, vq);
+    PyObject *pending = SLOT(stream, S.pending);
+    if (pending == NULL || PyObject_SetItem(pending, vq, req) < 0) {
+        return -1;
+    }
+    put_ref(req, R.tracked, Py_True);
+    return slot_add(engine, EN.n_pending, 1);
+}
+
 /* What ``post_now`` does for a new exact recv with no message waiting for it. */
 int
 post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
@@ -219,23 +243,7 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
             return finished < 0 ? -1 : 0;
         }
     }
-    /* Stream._track and track, inlined */
-    long long sseq;
-    if (slot_ll(stream, S.seq, &sseq) < 0) {
-        return -1;
-    }
-    PyObject *vq = PyLong_FromLongLong(sseq + 1);
-    if (vq == NULL) {
-        return -1;
-    }
-    put(stream, S.seq, vq);
-    put_ref(req, R.sseq, vq);
-    PyObject *pending = SLOT(stream, S.pending);
-    if (pending == NULL || PyObject_SetItem(pending, vq, req) < 0) {
-        return -1;
-    }
-    put_ref(req, R.tracked, Py_True);
-    if (slot_add(engine, EN.n_pending, 1) < 0) {
+    if (track_on(engine, stream, req) < 0) {
         return -1;
     }
     if (nbytes > 0) {

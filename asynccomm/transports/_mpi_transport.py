@@ -315,9 +315,11 @@ class MPITransport(Link):
         self._announced.pop((source, ident), None)
         tag, cts = self.wire.clear_to_send(source, ident)
         try:
-            # Recvs first, so the data never lands as an MPI-level unexpected message.
-            self.progress.pull(into, source, tag, lambda: ready(None, None))
+            # The CTS first: the data recvs are posted while it travels (the sender's data
+            # leaves only once it has landed there, so it all but always finds them posted;
+            # MPI matches any that came sooner).
             self._send(source, cts)
+            self.progress.pull(into, source, tag, lambda: ready(None, None))
         except self._foreign as exc:
             self._fetch_failed(exc, source)
 

@@ -33,7 +33,7 @@ from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
 from asynccomm.transports import _mpi_lib
-from asynccomm.transports._mpi_progress import CTRL_SLOTS, Slot
+from asynccomm.transports._mpi_progress import CTRL_SLOTS, CTRL_TAG, Slot
 from asynccomm.transports._mpi_transport import MPITransport
 
 pytestmark = pytest.mark.skipif(LANE is None or _native.CONFIGURED is None,
@@ -434,6 +434,85 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
     else:
         assert "TransportError" in c[-1]
         assert "TransportError" in c[2]  # the recv failed (``rts first``: in ``fetch``)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("order", ["rts first", "recv first"])
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+def test_a_matched_announcement_sends_its_cts_before_posting_the_data_recv(
+        monkeypatch: pytest.MonkeyPatch, native: bool, order: str) -> None:
+    """The ``CTS`` leaves first and the data recv is posted while it travels (the sender's
+    data comes only once the ``CTS`` has landed there): the sender starts its data one
+    MPI call sooner.  Alike on both lanes, and however the match came about."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    with asyncio.Runner() as runner:
+        sent = runner.run(_rendezvous(native, order, ""))[5]
+    steps = [("cts" if raw[0] == w.CTS else "control") if tag == CTRL_TAG
+             else "irecv" if raw.startswith(b"irecv") else "data" for raw, _, tag in sent]
+    assert steps[:2] == ["cts", "irecv"]
+
+
+async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator awaits a rendezvous ``send`` (its
+    communicator's default timeout ``timeout``): the request as posted, before its
+    ``CTS``; then, once answered and its data sent, what the send gave and what remains."""
+    from asynccomm._buffers import dtype_name
+
+    dtype_name(np.dtype("<f8"), "send")
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    link, comm = _open_rank(comm_, native)
+    comm._default_timeout = timeout
+    engine, progress = comm._engine, link.progress
+    data = np.arange(BIG // 8, dtype="<f8")
+    task = asyncio.ensure_future(comm.send(data, 0, 7))
+    await asyncio.sleep(0)
+    (req,) = engine.default_stream._pending.values()
+    posted = (task.done(), req._state.name, req.t_post >= 0, req._tracked, req.sseq,
+              req.source, req.peer, req.tag, req.nbytes, req.count, req.dtype,
+              req.view.format, bytes(req.view) == data.tobytes(), req.array is data,
+              engine._n_pending, req._timer is not None, list(comm_.sent))
+    land(progress._slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, link.wire._next_ident, b""))
+    progress._land()
+    for r in list(progress._reqs):
+        r.done = True
+    progress._test_requests()
+    outcome = await asyncio.wait_for(task, 5)
+    return posted, (outcome, req._state.name, req._exc, req._tracked, engine._n_pending,
+                    dict(engine.default_stream._pending), comm_.sent[len(posted[-1]):],
+                    comm.statistics(),
+                    [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
+                     for e in comm.flight_record()])
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_steps(
+        monkeypatch: pytest.MonkeyPatch, timeout: float | None) -> None:
+    """A ``send`` too large to go eagerly to another process is posted by the C lane
+    (the request POSTED with its bytes' view, handed to the link, tracked on the default
+    stream) as the Python steps post it; ``send`` waits for it to finish, and it finishes
+    alike.  With a default timeout the Python steps post it (they arm the timer)."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    python_steps = []
+    send_op = ac.Communicator._send_op
+    monkeypatch.setattr(ac.Communicator, "_send_op", lambda self, *args: (
+        python_steps.append(args[0].nbytes), send_op(self, *args))[1])
+    seen, took = {}, {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_posted_send(native, timeout))
+        took[native] = python_steps.count(BIG)
+        python_steps.clear()
+    assert took == {True: 0 if timeout is None else 1, False: 1}
+    assert seen[True] == seen[False]
+    posted, done = seen[True]
+    assert posted[:5] == (False, "POSTED", True, True, 1)
+    assert posted[11:16] == ("B", True, True, 1, timeout is not None)
+    assert [raw[0] for raw, _, tag in posted[-1]] == [w.RTS]
+    assert done[:6] == (None, "DONE", None, False, 0, {})
 
 
 async def _broken_while_moving(native: bool, how: str) -> str:
