@@ -248,9 +248,10 @@ slot_payload(void *head)
     return PyObject_GetAttr((PyObject *)head, a_payload);
 }
 
-/* A control message landed in ``head`` (its buffer ``buf``): an eager one ``land_eager``, a
- * rendezvous ``RTS`` or ``CTS`` ``rendezvous``.  1 done, 0 not judged here (nothing done:
- * ``_on_control`` runs), -1 error. */
+/* A control message landed in ``head`` (its buffer ``buf``): an eager one ``land_eager``
+ * (staged here when no recv is posted for it, as on shared memory), a rendezvous ``RTS`` or
+ * ``CTS`` ``rendezvous``.  1 done, 0 not judged here (nothing done: ``_on_control`` runs),
+ * -1 error. */
 static int
 dispatch(Path *p, PyObject *head, PyObject *buf)
 {
@@ -269,7 +270,7 @@ dispatch(Path *p, PyObject *head, PyObject *buf)
         return rc;
     }
     Landing l = {p->link, p->wire, p->names, p->owed, p->closed_by, p->inline_where,
-                 p->return_at, 0};
+                 p->return_at, 1};
     return land_eager(&l, b, PyByteArray_GET_SIZE(buf), slot_payload, head);
 }
 

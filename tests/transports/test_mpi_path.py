@@ -29,6 +29,7 @@ import asynccomm as ac
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._core import wire as w
+from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
 from asynccomm._exceptions import TransportError
@@ -303,11 +304,21 @@ def test_an_mpi_world_on_either_lane_does_the_same(monkeypatch: pytest.MonkeyPat
     ``Path``), one with ``native=False`` the Python steps: the same ops give the same."""
     monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
         self, "endpoint", endpoint))  # (no progress task: the test hands over what lands)
+    handed: dict[bool, list[int]] = {True: [], False: []}
+    arrived = DeviceEngine.arrived
     seen = {}
     for native in (True, False):
+        def counted(engine: DeviceEngine, msg: Any, native: bool = native) -> None:
+            handed[native].append(msg.tag)
+            arrived(engine, msg)
+
+        monkeypatch.setattr(DeviceEngine, "arrived", counted)
         with asyncio.Runner() as runner:
             seen[native] = runner.run(_mpi_world(native))
     c, python = seen[True], seen[False]
+    # The message that lands before its recv is posted: staged by the C lane itself (no
+    # Python frame), by the engine's ``arrived`` on the Python steps; alike after that.
+    assert handed == {True: [], False: [4]}
     assert c[:3] == ("Path.send_now", "offer_bytes", "C")
     assert python[:3] == ("MPITransport.send_now", "offer_bytes", "python")
     assert c[-2:] == (LANE.Ring, LANE.Tally)
