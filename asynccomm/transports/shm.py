@@ -1164,14 +1164,17 @@ class Node:
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
         self._rang = False
-        belled = False  # the last sleep ended on a peer's doorbell
+        #: Since the last sleep: woken by a peer's doorbell, or a record taken.
+        exchanging = False
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
             native = self._native  # (the turn in C: the same steps as the methods above)
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
-            if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
+            hit = native.poll() if native is not None else self._poll()
+            if hit or self._kicked or woke:
+                exchanging = exchanging or hit
                 woke = rushed = False
                 now = clock()
                 if crowded:  # a spin only while the waits end within one
@@ -1180,10 +1183,10 @@ class Node:
                 # A peer woken from its sleep (this process rang its doorbell) takes a
                 # while to run, and where the other cores are busy the kernel runs it on
                 # this one only once it is idle: this process sleeps at once rather than
-                # spin (a spin would add its length to that peer's wake-up); unless a
-                # peer's doorbell woke it (an exchange under way: the spin catches its
-                # answers, and both stay awake).
-                spin_until = now if self._rang and not belled else now + spin
+                # spin (a spin would add its length to that peer's wake-up); unless it
+                # is in an exchange (a peer's doorbell woke it, or it took a record since
+                # it slept): the spin catches the answers, and both stay awake.
+                spin_until = now if self._rang and not exchanging else now + spin
                 self._rang = False
                 await yield_now()
                 continue
@@ -1227,6 +1230,6 @@ class Node:
                 else:
                     self._disarm()
             woke = True
-            belled = self.rings_heard != heard
+            exchanging = self.rings_heard != heard
         self._task = None
 

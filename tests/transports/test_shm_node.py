@@ -211,6 +211,27 @@ async def test_a_node_a_doorbell_woke_spins_after_ringing_back(
         await _stop(task, node, peer)
 
 
+async def test_a_node_that_took_a_record_spins_after_ringing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that took a record since it last slept (woken by its own send, not a
+    doorbell) spins after ringing a sleeping peer all the same: an exchange under way."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    task = await _asleep(node, peer)
+    try:
+        link.channels.records = 1
+        node.kick()
+        await asyncio.sleep(0)
+        link.channels.records = 0
+        node.wake(1)
+        node.kick()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert node._waiter is None and link.channels.arms == 1
+    finally:
+        await _stop(task, node, peer)
+
+
 class _Ring:
     """A ring whose record lands while the node looks at it (``ready``), after its poll
     found nothing; with ``stuck``, a record always there that no poll takes."""
