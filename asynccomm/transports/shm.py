@@ -21,8 +21,9 @@ Waiting is the kernel's.  A process polls its rings while it is busy (and spins 
 after activity: where it has a core of its own, ranks no more than usable cores, ``SPIN``;
 else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
 doorbell words, looks once more, and sleeps in its loop on a datagram socket until a
-sender rings.  A process that rang a sleeping peer, and was not itself woken by one,
-sleeps at once rather than spin: the peer may need its core.  No timer ticks while idle.  A peer that dies is known at once: each
+sender rings.  A process that rang a sleeping peer out of the blue (no peer's doorbell
+woke it, no record came since it slept) sleeps at once rather than spin: the peer may
+need its core.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
 ``CommBrokenError`` (as if it had closed, saying it died).
 """
