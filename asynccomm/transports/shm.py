@@ -1165,8 +1165,7 @@ class Node:
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
         self._rang = False
-        #: Since the last sleep: woken by a peer's doorbell, or a record taken.
-        exchanging = False
+        exchanging = False  # since the last sleep: a peer's doorbell woke it, or a record came
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
