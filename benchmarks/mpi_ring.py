@@ -217,6 +217,10 @@ async def idle_round(comm: ac.Communicator, seconds: float) -> tuple[float, floa
     if comm.rank != 0:
         await asyncio.sleep(seconds)  # idle again, so the next rank has waited too
         await comm.send(np.array([monotonic()]), dest, IDLE_TAG)
+    # Idle after the message too, as the bare datagram's round does: what a sender does
+    # next (the next round's messages, the gather of the results) would compete with the
+    # rank it woke for a core, and count in that rank's wake.
+    await asyncio.sleep(SEND_MARGIN)
     return share, wake_ms
 
 

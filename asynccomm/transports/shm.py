@@ -21,7 +21,9 @@ Waiting is the kernel's.  A process polls its rings while it is busy (and spins 
 after activity: where it has a core of its own, ranks no more than usable cores, ``SPIN``;
 else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
 doorbell words, looks once more, and sleeps in its loop on a datagram socket until a
-sender rings.  No timer ticks while idle.  A peer that dies is known at once: each
+sender rings.  A process that rang a sleeping peer out of the blue (no peer's doorbell
+woke it, no record came since it slept) sleeps at once rather than spin: the peer may
+need its core.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
 ``CommBrokenError`` (as if it had closed, saying it died).
 """
@@ -805,6 +807,9 @@ class Node:
         self._task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._kicked = False
+        #: This process rang a sleeping peer's doorbell since its poll task last saw
+        #: activity (``wake``): see ``_run``.
+        self._rang = False
         self.rings_heard = 0
         #: Rendezvous data is copied once, by its receiver, from its sender's buffer
         #: (``process_vm_readv``): where the C extension is built, until a copy is refused.
@@ -1045,6 +1050,7 @@ class Node:
 
     def wake(self, peer: int) -> None:
         """Ring group rank ``peer``'s doorbell socket (it was armed)."""
+        self._rang = True
         try:
             self.sock.sendto(b"\x01", self._addresses[peer])
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
@@ -1163,19 +1169,30 @@ class Node:
         active = clock()  # when activity was last seen
         woke = False
         rushed = False  # the last turn found a record and went on to take it at once
+        self._rang = False
+        exchanging = False  # since the last sleep: a peer's doorbell woke it, or a record came
         loop = asyncio.get_running_loop()
         while self._links:
             self._kicked = False
             native = self._native  # (the turn in C: the same steps as the methods above)
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
-            if (native.poll() if native is not None else self._poll()) or self._kicked or woke:
+            hit = native.poll() if native is not None else self._poll()
+            if hit or self._kicked or woke:
+                exchanging = exchanging or hit
                 woke = rushed = False
                 now = clock()
                 if crowded:  # a spin only while the waits end within one
                     spin = CROWDED_SPIN if now - active < CROWDED_SPIN else 0.0
                 active = now
-                spin_until = now + spin
+                # A peer woken from its sleep (this process rang its doorbell) takes a
+                # while to run, and where the other cores are busy the kernel runs it on
+                # this one only once it is idle: this process sleeps at once rather than
+                # spin (a spin would add its length to that peer's wake-up); unless it
+                # is in an exchange (a peer's doorbell woke it, or it took a record since
+                # it slept): the spin catches the answers, and both stay awake.
+                spin_until = now if self._rang and not exchanging else now + spin
+                self._rang = False
                 await yield_now()
                 continue
             now = clock()
@@ -1206,6 +1223,7 @@ class Node:
                 continue
             if native.arm() if native is not None else self._arm():
                 continue
+            heard = self.rings_heard
             self._waiter = loop.create_future()
             try:
                 await self._waiter
@@ -1217,5 +1235,6 @@ class Node:
                 else:
                     self._disarm()
             woke = True
+            exchanging = self.rings_heard != heard
         self._task = None
 

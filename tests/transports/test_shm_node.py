@@ -2,7 +2,8 @@
 has its records taken in the socket's callback, before the poll task runs again, and the
 poll task counts that wake as activity; a ring that finds it awake leaves them to the poll
 task; a segment handed over still arrives.  A spinning node takes a record it finds in the
-same turn of the loop, and the loop still turns."""
+same turn of the loop, and the loop still turns.  A node that rang a sleeping peer sleeps
+at once, unless a peer's doorbell woke it."""
 
 from __future__ import annotations
 
@@ -153,6 +154,80 @@ async def test_a_wake_whose_records_the_callback_took_counts_as_activity(
         for _ in range(10):
             await asyncio.sleep(0)
         assert channels.polls > 2 and channels.arms == 1 and node._waiter is None
+    finally:
+        await _stop(task, node, peer)
+
+
+async def _asleep(node: Node, peer: socket.socket) -> asyncio.Task[None]:
+    """The node's poll task, once it found nothing, armed and sleeps (``peer`` bound as
+    group rank 1, the node's peer)."""
+    peer.bind(node._addresses[1])
+    node.crowded = False
+    node._links[0].channels.records = 0
+    task = asyncio.get_running_loop().create_task(node._run())
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert node._waiter is not None
+    return task
+
+
+async def test_a_node_that_rang_a_sleeping_peer_sleeps_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A send from a sleeping node rings its sleeping peer's doorbell: the node then arms
+    and sleeps at once, not spin (its core is the peer's to run on, where the other cores
+    are busy), and the peer was rung."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # a spin would last past the end of the test
+    node, link, peer = _node()
+    task = await _asleep(node, peer)
+    try:
+        node.wake(1)  # what a send to the armed peer does: ring it, and kick
+        node.kick()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert peer.recv(8) == b"\x01"
+        assert node._waiter is not None and link.channels.arms == 2
+    finally:
+        await _stop(task, node, peer)
+
+
+async def test_a_node_a_doorbell_woke_spins_after_ringing_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node woken by a peer's doorbell that rings a sleeping peer back (an answer) spins
+    all the same: the exchange goes on awake, not from doorbell to doorbell."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    task = await _asleep(node, peer)
+    try:
+        peer.sendto(b"\x01", node._addresses[0])
+        node._readable()
+        await asyncio.sleep(0)
+        node.wake(1)
+        node.kick()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert node._waiter is None and link.channels.arms == 1
+        assert link.channels.polls > 3
+    finally:
+        await _stop(task, node, peer)
+
+
+async def test_a_node_that_took_a_record_spins_after_ringing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that took a record since it last slept (woken by its own send, not a
+    doorbell) spins after ringing a sleeping peer all the same: an exchange under way."""
+    monkeypatch.setattr(shm, "SPIN", 60.0)  # spins past the end of the test
+    node, link, peer = _node()
+    task = await _asleep(node, peer)
+    try:
+        link.channels.records = 1
+        node.kick()
+        await asyncio.sleep(0)
+        link.channels.records = 0
+        node.wake(1)
+        node.kick()
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert node._waiter is None and link.channels.arms == 1
     finally:
         await _stop(task, node, peer)
 
