@@ -107,7 +107,7 @@ class Check:
         """The value with its unit, as the tables print it."""
         if self.unit == "x":
             return f"{self.value:.2f}x"
-        if self.unit in ("of copyto", "of message"):
+        if self.unit in ("of copyto", "of the thread's copyto", "of message"):
             return f"{self.value:.1%} {self.unit}"
         if self.unit == "msg/s":
             return f"{self.value:,.0f} msg/s"

@@ -1,11 +1,14 @@
 """The MPI benchmarks judge the targets of DESIGN §7, on figures given here (no timing):
 one-way 8 B latency against the asyncio floor of the same run, bandwidth against raw
 mpi4py (0.9x at 1 MiB, 0.95x at 16 and 256 MiB), the ring against raw mpi4py (3x) where
-the ranks outnumber the cores."""
+the ranks outnumber the cores; and the in-process bandwidth against ``np.copyto`` inline and
+in a worker thread."""
 
 from __future__ import annotations
 
-from benchmarks import mpi_p2p, mpi_ring
+import pytest
+
+from benchmarks import bandwidth, mpi_p2p, mpi_ring
 from benchmarks._common import MiB
 
 US = 1e-6
@@ -47,3 +50,21 @@ def test_the_ring_is_judged_against_raw_where_ranks_outnumber_cores() -> None:
         ring = [c for c in mpi_ring.checks([row, slow], idle, crowded) if "ring" in c["what"]]
         assert [c["passed"] for c in ring] == [True, False]
         assert all(c["binding"] is crowded for c in ring)
+
+
+def _inprocess(nbytes: int, inline: float, threaded: float) -> dict[str, float]:
+    """An in-process bandwidth row: asynccomm at 10 GB/s, ``inline`` and ``threaded`` the
+    shares of ``np.copyto`` inline and in a worker thread it reaches."""
+    return {"nbytes": nbytes, "gbps": 10.0, "ratio": inline,
+            "baseline_gbps": 10.0 / inline, "to_thread_gbps": 10.0 / threaded}
+
+
+@pytest.mark.parametrize(("inline", "threaded"), [(0.95, 0.95), (0.5, 0.97), (0.95, 0.8)])
+def test_in_process_bandwidth_is_judged_against_both_copies(inline: float,
+                                                            threaded: float) -> None:
+    """From 16 MiB on, each size is judged against ``np.copyto`` inline and against the
+    same copy in a worker thread, each on its own side of 90%; smaller sizes are not."""
+    rows = [_inprocess(MiB, 0.1, 0.1), _inprocess(16 * MiB, inline, threaded)]
+    got = {c.what: c.passed for c in bandwidth.bandwidth_checks("uvloop", rows)}
+    assert got == {"bandwidth 16 MiB / np.copyto": inline >= 0.9,
+                   "bandwidth 16 MiB / to_thread(copyto)": threaded >= 0.9}
