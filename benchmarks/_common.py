@@ -11,6 +11,7 @@ import io
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -153,6 +154,18 @@ def fill_array(nbytes: int, value: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     arr = np.empty(nbytes, dtype=np.uint8)
     arr.fill(value)
     return arr
+
+
+def datagram_socket(*, blocking: bool = False) -> socket.socket:
+    """A Unix datagram socket, close-on-exec, non-blocking unless ``blocking``: the bare
+    floors' doorbells and acknowledgements, bound to a ``bench_address``."""
+    flags = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | (0 if blocking else socket.SOCK_NONBLOCK)
+    return socket.socket(socket.AF_UNIX, flags)
+
+
+def bench_address(name: str) -> bytes:
+    """The abstract Unix socket address ``name`` (no file: it goes with its socket)."""
+    return f"\0asynccomm-bench-{name}".encode()
 
 
 def size_label(nbytes: int) -> str:

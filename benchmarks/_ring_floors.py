@@ -19,7 +19,6 @@ import asyncio
 import mmap
 import os
 import secrets
-import socket
 import time
 from typing import Any
 
@@ -27,6 +26,8 @@ import numpy as np
 
 from asynccomm.transports._mpi_lib import sched_yield, yield_now
 from asynccomm.transports._shm_ring import words
+
+from ._common import bench_address, datagram_socket
 
 #: The yield-spin floor's slots per receiver (a rank is never more hops ahead of rank+1
 #: than the ring has ranks; a sender with no free slot waits for one the same way).
@@ -47,13 +48,9 @@ class BareRings:
         self.into = np.zeros(nbytes, dtype=np.uint8)
         token = raw.bcast(secrets.token_hex(8) if rank == 0 else None)
 
-        def address(r: int) -> bytes:
-            return f"\0asynccomm-bench-ring-{token}-{r}".encode()
-
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
-                                  | socket.SOCK_CLOEXEC)
-        self.sock.bind(address(rank))
-        self.next = address((rank + 1) % size)
+        self.sock = datagram_socket()
+        self.sock.bind(bench_address(f"ring-{token}-{rank}"))
+        self.next = bench_address(f"ring-{token}-{(rank + 1) % size}")
         # One mapping for all: per rank its counters, then its slots.
         self.inbox = _COUNTERS + SLOTS * nbytes
         span = size * self.inbox

@@ -62,6 +62,8 @@ from . import mpi_p2p, mpi_ring
 from ._common import (
     KiB,
     MiB,
+    bench_address,
+    datagram_socket,
     fill_array,
     launched_args,
     load_average,
@@ -239,8 +241,8 @@ async def measure_bandwidth(comm: ac.Communicator, plan: mpi_p2p.Plan) -> list[m
 
     raw = MPI.COMM_WORLD.Dup()
     ack = np.zeros(1, np.uint8)
-    ack_to = f"\0asynccomm-bench-ack-{raw.bcast(secrets.token_hex(8))}".encode()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+    ack_to = bench_address(f"ack-{raw.bcast(secrets.token_hex(8))}")
+    sock = datagram_socket(blocking=True)
     rows = []
     try:
         if raw.Get_rank() == 0:
@@ -296,10 +298,9 @@ async def bare_wake(comm: ac.Communicator, seconds: float) -> float:
     await comm.bcast(token, 0)
 
     def address(rank: int) -> bytes:
-        return f"\0asynccomm-bench-wake-{int(token[0]):x}-{rank}".encode()
+        return bench_address(f"wake-{int(token[0]):x}-{rank}")
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK
-                         | socket.SOCK_CLOEXEC)
+    sock = datagram_socket()
     got: asyncio.Future[float] = loop.create_future()
 
     def readable() -> None:
