@@ -861,8 +861,9 @@ shmpath_poll(PyObject *self)
     if (rest == 0) {
         rest = waiting(p->channels, a_reading);
     }
-    if (rest == 0) {
-        rest = waiting(p->channels, a_copying);
+    if (rest == 0) {  /* (``Channels.copying``, held since ``answering``: never replaced) */
+        rest = p->copying != NULL ? PyDict_GET_SIZE(p->copying) > 0
+            : waiting(p->channels, a_copying);
     }
     if (rest < 0) {
         return -1;
