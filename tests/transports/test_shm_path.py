@@ -41,6 +41,7 @@ from asynccomm.transports.shm import (
     DATA_COPYING,
     DATA_DONE,
     FRAGMENT,
+    READ_CHUNK,
     Channels,
     Node,
     ShmTransport,
@@ -627,3 +628,88 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
     assert ends == [(True, False, True)] * len(OFFERED)
     assert c[1] == ({}, {}, {}, {}, 0)
     assert c[3] == (2 * len(OFFERED) + 4, 2 * sum(OFFERED) + 4 * 5000)  # (and the others)
+
+
+# -- an offer of more than one read: matched in C, copied a read per turn -------------------
+
+BIG = 2 * READ_CHUNK + 3
+
+
+async def _big_offers(native: bool, fetched: list[int]) -> tuple[Any, ...]:
+    """Rank 0 sends messages of several reads (``BIG``) to rank 1 on a world opened with
+    ``native=``: one whose recv is posted first; two at once, their recvs posted first (the
+    second lands while the first is being copied); one whose recv is posted after its offer
+    landed.  The statuses, the payloads, the sends' ends, what either rank keeps of the
+    offers and copies after them, the flight records (times aside) and the matchers'
+    statistics; and the recvs the Python steps matched (``fetched``: ``fetch`` calls)."""
+    nodes = _nodes()
+    try:
+        (l0, c0), (l1, c1) = await _open(nodes, native)
+        warm = np.zeros(5000, np.uint8)  # (a dtype's first message takes the Python steps)
+        await asyncio.wait_for(asyncio.gather(c1.recv(warm, 0, 19), c0.send(warm + 1, 1, 19)),
+                               30)
+        fetched.clear()
+        bufs = [np.zeros(BIG, np.uint8) for _ in range(4)]
+
+        def payload(i: int) -> np.ndarray[Any, Any]:
+            return (np.arange(BIG) * 3 + i).astype(np.uint8)
+
+        ops = await asyncio.wait_for(asyncio.gather(c1.recv(bufs[0], 0, 20),
+                                                    c0.send(payload(0), 1, 20)), 30)
+        recvs = [c1.irecv(bufs[i], 0, 20 + i) for i in (1, 2)]
+        ops += await asyncio.wait_for(asyncio.gather(
+            *recvs, *(c0.isend(payload(i), 1, 20 + i) for i in (1, 2))), 30)
+        sent = c0.isend(payload(3), 1, 23)
+        for _ in range(1000):  # its offer landed at rank 1 first
+            if l1.channels.offers:
+                break
+            await asyncio.sleep(0)
+        ops += await asyncio.wait_for(asyncio.gather(c1.recv(bufs[3], 0, 23), sent), 30)
+        statuses = [tuple(s) for s in ops if s is not None]
+        intact = [bool(np.array_equal(b, payload(i))) for i, b in enumerate(bufs)]
+        kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
+                dict(l1.channels.offers), len(l1.channels._reading), dict(l1.channels._pulls),
+                c0.statistics().pending_ops, c1.statistics().pending_ops)
+        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                   for d in c.flight_record()] for c in (c0, c1)]
+        flight.append([c.statistics().matcher for c in (c0, c1)])
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return statuses, intact, kept, flight, list(fetched)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_offer_of_several_reads_is_matched_in_c_as_the_python_steps_match_it(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver's C poll matches an offer of more than one ``READ_CHUNK`` whose recv is
+    posted (no ``fetch``), hands its copy to ``Channels.take`` (a read per turn of the
+    loop) and completes the recv in C once it is in; an offer landing while a copy is
+    under way, or before its recv, takes the Python steps; everything either rank sees
+    is what the Python steps give."""
+    fetched: list[int] = []
+    original = ShmTransport.fetch
+
+    def counted(link: ShmTransport, msg: Any, *args: Any) -> None:
+        fetched.append(msg.tag)
+        original(link, msg, *args)
+
+    monkeypatch.setattr(ShmTransport, "fetch", counted)
+    seen = {}
+    for native in (True, False):
+        if loop == "uvloop":
+            import uvloop
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                seen[native] = runner.run(_big_offers(native, fetched))
+        else:
+            with asyncio.Runner() as runner:
+                seen[native] = runner.run(_big_offers(native, fetched))
+    c, python = seen[True], seen[False]
+    assert c[:4] == python[:4]
+    assert c[1] == [True] * 4
+    assert c[0] == [(0, 20 + i, BIG, BIG, (BIG,)) for i in (0, 1, 2, 3)]
+    assert c[2] == ({}, {}, {}, {}, 0, {}, 0, 0)
+    assert sorted(python[4]) == [20, 21, 22, 23]
+    assert sorted(c[4]) == [22, 23]  # (the second of two at once, and the one posted after)
