@@ -18,7 +18,8 @@ import asyncio
 import os
 import secrets
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -53,6 +54,7 @@ pytestmark = [pytest.mark.native,
                                  or not _shm_ring.NATIVE or missing() is not None,
                                  reason="the C lane is not built here (or switched off)")]
 
+T = TypeVar("T")
 POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2
 
 
@@ -392,6 +394,24 @@ async def _open(nodes: list[Node], native: bool) -> tuple[tuple[Any, Any], tuple
         fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
 
 
+def _run(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """``main`` run to its end on a new loop of kind ``loop``."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def _flights(*comms: Any) -> list[Any]:
+    """The flight records of ``comms`` (times aside), then their matchers' statistics."""
+    flight: list[Any] = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                          for d in c.flight_record()] for c in comms]
+    flight.append([c.statistics().matcher for c in comms])
+    return flight
+
+
 async def _world(native: bool) -> tuple[Any, ...]:
     """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
     ``native=``: ping-pongs of small messages both ways, a recv posted before its message
@@ -439,16 +459,7 @@ async def _world(native: bool) -> tuple[Any, ...]:
 def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
     """A world opened with ``native=True`` runs the links' per-message steps in C (their
     ``ShmPath``), one with ``native=False`` the Python steps: the same ops give the same."""
-    seen = {}
-    for native in (True, False):
-        if loop == "uvloop":
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                seen[native] = runner.run(_world(native))
-        else:
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_world(native))
-    c, python = seen[True], seen[False]
+    c, python = (_run(loop, _world(native)) for native in (True, False))
     assert c[0] == ("ShmPath.send_now", "ShmPath.poll")
     assert python[0] == ("ShmTransport.send_now", "Channels.poll")
     assert c[1:] == python[1:]
@@ -568,9 +579,7 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
             + [int(refused.sum())])
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), c0.statistics().pending_ops)
-        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
-                   for d in c.flight_record()] for c in (c0, c1)]
-        flight.append([c.statistics().matcher for c in (c0, c1)])
+        flight = _flights(c0, c1)
         tally = (c0._engine.flight.sends[1].n, c0._engine.flight.sends[1].nbytes)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return out, kept, flight, tally, list(answered)
@@ -602,17 +611,7 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
 
     monkeypatch.setattr(ShmTransport, "_answered", counted)
     monkeypatch.setattr(Channels, "take", counted_take)
-    seen = {}
-    for native in (True, False):
-        answered.clear()
-        if loop == "uvloop":
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                seen[native] = runner.run(_offers(native, answered))
-        else:
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_offers(native, answered))
-    c, python = seen[True], seen[False]
+    c, python = (_run(loop, _offers(native, answered)) for native in (True, False))
     assert c[:4] == python[:4]
     # (C: only the offers that landed before their recvs were posted, and the truncated,
     # the wildcard and the refused recvs', take ``fetch``)
@@ -670,9 +669,7 @@ async def _big_offers(native: bool, fetched: list[int]) -> tuple[Any, ...]:
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), len(l1.channels._reading), dict(l1.channels._pulls),
                 c0.statistics().pending_ops, c1.statistics().pending_ops)
-        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
-                   for d in c.flight_record()] for c in (c0, c1)]
-        flight.append([c.statistics().matcher for c in (c0, c1)])
+        flight = _flights(c0, c1)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return statuses, intact, kept, flight, list(fetched)
     finally:
@@ -697,16 +694,7 @@ def test_an_offer_of_several_reads_is_matched_in_c_as_the_python_steps_match_it(
         original(link, msg, *args)
 
     monkeypatch.setattr(ShmTransport, "fetch", counted)
-    seen = {}
-    for native in (True, False):
-        if loop == "uvloop":
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                seen[native] = runner.run(_big_offers(native, fetched))
-        else:
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_big_offers(native, fetched))
-    c, python = seen[True], seen[False]
+    c, python = (_run(loop, _big_offers(native, fetched)) for native in (True, False))
     assert c[:4] == python[:4]
     assert c[1] == [True] * 4
     assert c[0] == [(0, 20 + i, BIG, BIG, (BIG,)) for i in (0, 1, 2, 3)]
