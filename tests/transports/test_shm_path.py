@@ -15,10 +15,11 @@ world of two links on real engines then runs ping-pongs both ways (``native=``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import numpy as np
@@ -412,6 +413,18 @@ def _flights(*comms: Any) -> list[Any]:
     return flight
 
 
+@contextlib.asynccontextmanager
+async def _opened(native: bool) -> AsyncIterator[tuple[tuple[Any, Any], tuple[Any, Any]]]:
+    """``_open`` on two nodes of their own, closed after."""
+    nodes = _nodes()
+    try:
+        yield await _open(nodes, native)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
 async def _world(native: bool) -> tuple[Any, ...]:
     """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
     ``native=``: ping-pongs of small messages both ways, a recv posted before its message
@@ -641,9 +654,7 @@ async def _big_offers(native: bool, fetched: list[int]) -> tuple[Any, ...]:
     landed.  The statuses, the payloads, the sends' ends, what either rank keeps of the
     offers and copies after them, the flight records (times aside) and the matchers'
     statistics; and the recvs the Python steps matched (``fetched``: ``fetch`` calls)."""
-    nodes = _nodes()
-    try:
-        (l0, c0), (l1, c1) = await _open(nodes, native)
+    async with _opened(native) as ((l0, c0), (l1, c1)):
         warm = np.zeros(5000, np.uint8)  # (a dtype's first message takes the Python steps)
         await asyncio.wait_for(asyncio.gather(c1.recv(warm, 0, 19), c0.send(warm + 1, 1, 19)),
                                30)
@@ -672,10 +683,6 @@ async def _big_offers(native: bool, fetched: list[int]) -> tuple[Any, ...]:
         flight = _flights(c0, c1)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return statuses, intact, kept, flight, list(fetched)
-    finally:
-        for node in nodes:
-            node._detach()
-            node.sock.close()
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
