@@ -607,8 +607,7 @@ class ShmTransport(MPITransport):
         an offer whose recv is posted, up to ``READ_CHUNK``, is matched, copied and
         answered (``fetch``, ``Channels.take``), a larger one matched and handed to
         ``Channels.take`` (its recv completed in C once its copy is in), the answer to
-        this rank's offer
-        (``DATA_DONE``) completes its send (``_answered``);
+        this rank's offer (``DATA_DONE``) completes its send (``_answered``);
         everything else takes the Python steps), and the fragments go on the ring in C
         (``Channels._fragments``)."""
         channels = self.channels
