@@ -61,8 +61,10 @@ typedef struct {
      * (``Channels.copying``), the wire's announced sends and the link's (``_sends``). */
     long done_kind;
     PyObject *active, *copying, *announced, *sends;
-    /* An offer whose recv is posted is copied in C up to this many bytes (0: none). */
+    /* An offer whose recv is posted is copied in C up to this many bytes (0: none); a
+     * larger one is matched in C and its copy handed to ``take`` (``Channels.take``). */
     Py_ssize_t read_chunk;
+    PyObject *take;
 } ShmPath;
 
 /* A peer that copies fragments at the same time as this process is waited for this long
@@ -404,15 +406,24 @@ shm_fragmenting(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* answering(kind, active, read_chunk): the answer to this rank's offer, a record of
+static PyTypeObject FetchedType;
+
+/* answering(kind, active, read_chunk, take): the answer to this rank's offer, a record of
  * ``kind`` (``DATA_DONE``), lands in C (``active``: the state ACTIVE); and an offer that
  * lands here whose recv is posted is copied in C and answered so, up to ``read_chunk``
- * bytes (``READ_CHUNK``: one turn's copy). */
+ * bytes (``READ_CHUNK``: one turn's copy); a larger one is matched in C, and ``take``
+ * (``Channels.take``) copies it, a read per turn, its recv completed in C at the end. */
 static PyObject *
 shm_answering(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "answering(kind, active, read_chunk)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "answering(kind, active, read_chunk, take)");
+        return NULL;
+    }
+    if (!PyCallable_Check(args[3]) || PyType_Ready(&FetchedType) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "answering: take is Channels.take");
+        }
         return NULL;
     }
     long kind = PyLong_AsLong(args[0]);
@@ -437,6 +448,7 @@ shm_answering(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     p->done_kind = kind;
     p->read_chunk = chunk < 0 ? 0 : chunk;
     Py_XSETREF(p->active, Py_NewRef(args[1]));
+    Py_XSETREF(p->take, Py_NewRef(args[3]));
     Py_XSETREF(p->copying, copying);
     Py_XSETREF(p->announced, announced);
     Py_XSETREF(p->sends, sends);
@@ -652,12 +664,119 @@ pid_of(ShmPath *p, long s)
     return v;
 }
 
+/* ``Fetched``: the ``done`` of a large offer's copy that ``take_offer`` handed to
+ * ``Channels.take``: once the copy is all in (``DATA_DONE`` answered), the recv the C
+ * steps matched completes (``complete``, as ``land_offer``'s does), unless it failed
+ * meanwhile (a dead peer, a broken link).  It holds the recv's array: the copy's view is
+ * of its bytes. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *engine, *recv, *array, *source, *tag;
+    Py_ssize_t nbytes, count;
+} Fetched;
+
+static PyObject *
+fetched_call(Fetched *f, PyObject *args, PyObject *kwds)
+{
+    double when;
+    if (SLOT(f->recv, R.state) != S_DONE
+        && complete(f->engine, f->recv, f->source, f->tag, f->nbytes, f->count, &when) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+fetched_traverse(Fetched *f, visitproc visit, void *arg)
+{
+    Py_VISIT(f->engine);
+    Py_VISIT(f->recv);
+    Py_VISIT(f->array);
+    Py_VISIT(f->source);
+    Py_VISIT(f->tag);
+    return 0;
+}
+
+static int
+fetched_clear(Fetched *f)
+{
+    Py_CLEAR(f->engine);
+    Py_CLEAR(f->recv);
+    Py_CLEAR(f->array);
+    Py_CLEAR(f->source);
+    Py_CLEAR(f->tag);
+    return 0;
+}
+
+static void
+fetched_dealloc(Fetched *f)
+{
+    PyObject_GC_UnTrack(f);
+    fetched_clear(f);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+static PyTypeObject FetchedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asynccomm._native._lane.Fetched",
+    .tp_basicsize = sizeof(Fetched),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A large offer's recv, completed once its copy is in (made by ShmPath).",
+    .tp_call = (ternaryfunc)fetched_call,
+    .tp_traverse = (traverseproc)fetched_traverse,
+    .tp_clear = (inquiry)fetched_clear,
+    .tp_dealloc = (destructor)fetched_dealloc,
+};
+
+/* An offer of more than one read (``read_chunk``) whose exact recv ``at`` is posted: the
+ * match is the C steps' (``posted_take``: the engine's ``arrived``, ``ShmTransport.fetch``
+ * and ``wire.clear_to_send``), the copy ``Channels.take``'s (a read per turn of the loop,
+ * then ``DATA_DONE``), with a ``Fetched`` for its ``done``.  1 landed, -1 error. */
+static int
+take_offer(ShmPath *p, PyObject *endpoint, Posted *at, PyObject *src, PyObject *tag,
+           long long id, uint64_t address, Py_ssize_t nbytes, Py_ssize_t count)
+{
+    if (posted_take(endpoint, at, p->active) < 0) {
+        return -1;
+    }
+    Fetched *f = PyObject_GC_New(Fetched, &FetchedType);
+    if (f == NULL) {
+        return -1;
+    }
+    f->engine = Py_NewRef(endpoint);
+    f->recv = Py_NewRef(at->recv);
+    f->array = Py_NewRef(SLOT(at->recv, R.array));
+    f->source = Py_NewRef(src);
+    f->tag = Py_NewRef(tag);
+    f->nbytes = nbytes;
+    f->count = count;
+    PyObject_GC_Track(f);
+    PyObject *data_tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+    PyObject *view = data_tag == NULL ? NULL
+        : PyMemoryView_FromMemory(at->dst, nbytes, PyBUF_WRITE);
+    PyObject *ident = view == NULL ? NULL : PyLong_FromLongLong(id);
+    PyObject *where = ident == NULL ? NULL : PyLong_FromUnsignedLongLong(address);
+    PyObject *r = NULL;
+    if (where != NULL) {
+        PyObject *argv[6] = {view, src, ident, where, data_tag, (PyObject *)f};
+        r = PyObject_Vectorcall(p->take, argv, 6, NULL);
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(where);
+    Py_XDECREF(ident);
+    Py_XDECREF(view);
+    Py_XDECREF(data_tag);
+    Py_DECREF(f);
+    return r == NULL ? -1 : 1;
+}
+
 /* An offer (an ``RTS`` with its sender's buffer address) landed at ``b`` (``len`` bytes),
  * and an exact recv is posted for it: ``Channels._handle`` and the engine's ``arrived``
  * (the match), ``ShmTransport.fetch`` and ``Channels.take`` (the single copy, in one piece
  * of at most ``read_chunk`` bytes), ``_read`` (``DATA_DONE`` answered, the recv complete),
  * with no Python frame.  The copy is made before anything changes: where it fails (a
- * refusal, a dead peer) the Python steps take the offer and meet it again.  1 landed,
+ * refusal, a dead peer) the Python steps take the offer and meet it again.  A larger
+ * offer is matched here and copied by ``Channels.take`` (``take_offer``).  1 landed,
  * 0 not judged here (nothing changed), -1 error. */
 static int
 land_offer(ShmPath *p, const char *b, Py_ssize_t len)
@@ -670,8 +789,7 @@ land_offer(ShmPath *p, const char *b, Py_ssize_t len)
     long s = (long)get_le(b + H_SRC, 4), t = (long)get_le(b + H_TAG, 4);
     uint64_t address;
     memcpy(&address, b + H_SIZE, 8);  /* (``OFFER``: little-endian, as this machine) */
-    if (nbytes <= 0 || nbytes > p->read_chunk || count < 0 || s < 0 || s >= p->size
-        || s == p->rank) {
+    if (nbytes <= 0 || count < 0 || s < 0 || s >= p->size || s == p->rank) {
         return 0;
     }
     PyObject *field = PyBytes_FromStringAndSize(b + H_DTYPE, DTYPE_MAX);
@@ -702,6 +820,11 @@ land_offer(ShmPath *p, const char *b, Py_ssize_t len)
     rc = tag == NULL ? (PyErr_Occurred() ? -1 : 0)
         : posted_find(endpoint, src, tag, dtype, (Py_ssize_t)nbytes, &at);
     if (rc != 1) {
+        goto done;
+    }
+    if (nbytes > p->read_chunk) {  /* (more than one read: a turn of the loop between) */
+        rc = take_offer(p, endpoint, &at, src, tag, id, address, (Py_ssize_t)nbytes,
+                        (Py_ssize_t)count);
         goto done;
     }
     struct iovec here = {at.dst, (size_t)nbytes}, there = {(void *)(uintptr_t)address,
@@ -1129,6 +1252,7 @@ shmpath_traverse(ShmPath *p, visitproc visit, void *arg)
     Py_VISIT(p->handle);
     Py_VISIT(p->pulls);
     Py_VISIT(p->active);
+    Py_VISIT(p->take);
     Py_VISIT(p->copying);
     Py_VISIT(p->announced);
     Py_VISIT(p->sends);
@@ -1163,6 +1287,7 @@ shmpath_clear(ShmPath *p)
     Py_CLEAR(p->handle);
     Py_CLEAR(p->pulls);
     Py_CLEAR(p->active);
+    Py_CLEAR(p->take);
     Py_CLEAR(p->copying);
     Py_CLEAR(p->announced);
     Py_CLEAR(p->sends);
@@ -1198,8 +1323,9 @@ static PyMethodDef shmpath_methods[] = {
     {"fragmenting", (PyCFunction)(void (*)(void))shm_fragmenting, METH_FASTCALL,
      "fragmenting(kind, fragment, pulls, crowded): how rendezvous fragments go and land"},
     {"answering", (PyCFunction)(void (*)(void))shm_answering, METH_FASTCALL,
-     "answering(kind, active, read_chunk): the answer to this rank's offer (DATA_DONE) "
-     "lands in C, and an offer whose recv is posted is copied and answered in C"},
+     "answering(kind, active, read_chunk, take): the answer to this rank's offer "
+     "(DATA_DONE) lands in C, and an offer whose recv is posted is copied and answered in "
+     "C (a larger one than read_chunk matched in C and handed to take)"},
     {"poll", (PyCFunction)shm_poll, METH_NOARGS,
      "poll() -> bool: take every record that arrived, and the rest (Channels.poll)"},
     {NULL, NULL, 0, NULL},

@@ -605,8 +605,9 @@ class ShmTransport(MPITransport):
         message that lands goes straight into the recv posted for it, or, with none
         posted, into the engine's staging pool, a rendezvous fragment into its recv;
         an offer whose recv is posted, up to ``READ_CHUNK``, is matched, copied and
-        answered (``fetch``, ``Channels.take``), the answer to this rank's offer
-        (``DATA_DONE``) completes its send (``_answered``);
+        answered (``fetch``, ``Channels.take``), a larger one matched and handed to
+        ``Channels.take`` (its recv completed in C once its copy is in), the answer to
+        this rank's offer (``DATA_DONE``) completes its send (``_answered``);
         everything else takes the Python steps), and the fragments go on the ring in C
         (``Channels._fragments``)."""
         channels = self.channels
@@ -628,7 +629,7 @@ class ShmTransport(MPITransport):
         channels.poll = path.poll  # type: ignore[method-assign]
         channels._put = path.put  # type: ignore[method-assign]
         path.fragmenting(DATA, FRAGMENT, channels._pulls, self.node.crowded)
-        path.answering(DATA_DONE, ACTIVE, READ_CHUNK)  # (offers and their answers)
+        path.answering(DATA_DONE, ACTIVE, READ_CHUNK, channels.take)  # (offers, answers)
         channels._fragments = path.fragments  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)

@@ -15,10 +15,12 @@ world of two links on real engines then runs ping-pongs both ways (``native=``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -41,6 +43,7 @@ from asynccomm.transports.shm import (
     DATA_COPYING,
     DATA_DONE,
     FRAGMENT,
+    READ_CHUNK,
     Channels,
     Node,
     ShmTransport,
@@ -52,6 +55,7 @@ pytestmark = [pytest.mark.native,
                                  or not _shm_ring.NATIVE or missing() is not None,
                                  reason="the C lane is not built here (or switched off)")]
 
+T = TypeVar("T")
 POOL = 1 << 16  # each rank's staging cap: a window of 32 KiB per rank at size 2
 
 
@@ -391,6 +395,36 @@ async def _open(nodes: list[Node], native: bool) -> tuple[tuple[Any, Any], tuple
         fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
 
 
+def _run(loop: str, main: Coroutine[Any, Any, T]) -> T:
+    """``main`` run to its end on a new loop of kind ``loop``."""
+    factory = None
+    if loop == "uvloop":
+        import uvloop
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)
+
+
+def _flights(*comms: Any) -> list[Any]:
+    """The flight records of ``comms`` (times aside), then their matchers' statistics."""
+    flight: list[Any] = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
+                          for d in c.flight_record()] for c in comms]
+    flight.append([c.statistics().matcher for c in comms])
+    return flight
+
+
+@contextlib.asynccontextmanager
+async def _opened(native: bool) -> AsyncIterator[tuple[tuple[Any, Any], tuple[Any, Any]]]:
+    """``_open`` on two nodes of their own, closed after."""
+    nodes = _nodes()
+    try:
+        yield await _open(nodes, native)
+    finally:
+        for node in nodes:
+            node._detach()
+            node.sock.close()
+
+
 async def _world(native: bool) -> tuple[Any, ...]:
     """Ranks 0 and 1 of a world of two links in this process (two nodes), opened with
     ``native=``: ping-pongs of small messages both ways, a recv posted before its message
@@ -438,16 +472,7 @@ async def _world(native: bool) -> tuple[Any, ...]:
 def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
     """A world opened with ``native=True`` runs the links' per-message steps in C (their
     ``ShmPath``), one with ``native=False`` the Python steps: the same ops give the same."""
-    seen = {}
-    for native in (True, False):
-        if loop == "uvloop":
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                seen[native] = runner.run(_world(native))
-        else:
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_world(native))
-    c, python = seen[True], seen[False]
+    c, python = (_run(loop, _world(native)) for native in (True, False))
     assert c[0] == ("ShmPath.send_now", "ShmPath.poll")
     assert python[0] == ("ShmTransport.send_now", "Channels.poll")
     assert c[1:] == python[1:]
@@ -567,9 +592,7 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
             + [int(refused.sum())])
         kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
                 dict(l1.channels.offers), c0.statistics().pending_ops)
-        flight = [[{k: v for k, v in d.items() if k not in ("post", "match", "finish")}
-                   for d in c.flight_record()] for c in (c0, c1)]
-        flight.append([c.statistics().matcher for c in (c0, c1)])
+        flight = _flights(c0, c1)
         tally = (c0._engine.flight.sends[1].n, c0._engine.flight.sends[1].nbytes)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return out, kept, flight, tally, list(answered)
@@ -601,17 +624,7 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
 
     monkeypatch.setattr(ShmTransport, "_answered", counted)
     monkeypatch.setattr(Channels, "take", counted_take)
-    seen = {}
-    for native in (True, False):
-        answered.clear()
-        if loop == "uvloop":
-            import uvloop
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                seen[native] = runner.run(_offers(native, answered))
-        else:
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_offers(native, answered))
-    c, python = seen[True], seen[False]
+    c, python = (_run(loop, _offers(native, answered)) for native in (True, False))
     assert c[:4] == python[:4]
     # (C: only the offers that landed before their recvs were posted, and the truncated,
     # the wildcard and the refused recvs', take ``fetch``)
@@ -627,3 +640,71 @@ def test_an_offers_answer_lands_in_c_as_the_python_steps_land_it(
     assert ends == [(True, False, True)] * len(OFFERED)
     assert c[1] == ({}, {}, {}, {}, 0)
     assert c[3] == (2 * len(OFFERED) + 4, 2 * sum(OFFERED) + 4 * 5000)  # (and the others)
+
+
+# -- an offer of more than one read: matched in C, copied a read per turn -------------------
+
+BIG = 2 * READ_CHUNK + 3
+
+
+async def _big_offers(native: bool, fetched: list[int]) -> tuple[Any, ...]:
+    """Rank 0 sends messages of several reads (``BIG``) to rank 1 on a world opened with
+    ``native=``: one whose recv is posted first; two at once, their recvs posted first (the
+    second lands while the first is being copied); one whose recv is posted after its offer
+    landed.  The statuses, the payloads, the sends' ends, what either rank keeps of the
+    offers and copies after them, the flight records (times aside) and the matchers'
+    statistics; and the recvs the Python steps matched (``fetched``: ``fetch`` calls)."""
+    async with _opened(native) as ((l0, c0), (l1, c1)):
+        warm = np.zeros(5000, np.uint8)  # (a dtype's first message takes the Python steps)
+        await asyncio.wait_for(asyncio.gather(c1.recv(warm, 0, 19), c0.send(warm + 1, 1, 19)),
+                               30)
+        fetched.clear()
+        bufs = [np.zeros(BIG, np.uint8) for _ in range(4)]
+
+        def payload(i: int) -> np.ndarray[Any, Any]:
+            return (np.arange(BIG) * 3 + i).astype(np.uint8)
+
+        ops = await asyncio.wait_for(asyncio.gather(c1.recv(bufs[0], 0, 20),
+                                                    c0.send(payload(0), 1, 20)), 30)
+        recvs = [c1.irecv(bufs[i], 0, 20 + i) for i in (1, 2)]
+        ops += await asyncio.wait_for(asyncio.gather(
+            *recvs, *(c0.isend(payload(i), 1, 20 + i) for i in (1, 2))), 30)
+        sent = c0.isend(payload(3), 1, 23)
+        for _ in range(1000):  # its offer landed at rank 1 first
+            if l1.channels.offers:
+                break
+            await asyncio.sleep(0)
+        ops += await asyncio.wait_for(asyncio.gather(c1.recv(bufs[3], 0, 23), sent), 30)
+        statuses = [tuple(s) for s in ops if s is not None]
+        intact = [bool(np.array_equal(b, payload(i))) for i, b in enumerate(bufs)]
+        kept = (dict(l0._sends), dict(l0.wire.announced), dict(l0.channels.copying),
+                dict(l1.channels.offers), len(l1.channels._reading), dict(l1.channels._pulls),
+                c0.statistics().pending_ops, c1.statistics().pending_ops)
+        flight = _flights(c0, c1)
+        await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
+        return statuses, intact, kept, flight, list(fetched)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_offer_of_several_reads_is_matched_in_c_as_the_python_steps_match_it(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver's C poll matches an offer of more than one ``READ_CHUNK`` whose recv is
+    posted (no ``fetch``), hands its copy to ``Channels.take`` (a read per turn of the
+    loop) and completes the recv in C once it is in; an offer landing while a copy is
+    under way, or before its recv, takes the Python steps; everything either rank sees
+    is what the Python steps give."""
+    fetched: list[int] = []
+    original = ShmTransport.fetch
+
+    def counted(link: ShmTransport, msg: Any, *args: Any) -> None:
+        fetched.append(msg.tag)
+        original(link, msg, *args)
+
+    monkeypatch.setattr(ShmTransport, "fetch", counted)
+    c, python = (_run(loop, _big_offers(native, fetched)) for native in (True, False))
+    assert c[:4] == python[:4]
+    assert c[1] == [True] * 4
+    assert c[0] == [(0, 20 + i, BIG, BIG, (BIG,)) for i in (0, 1, 2, 3)]
+    assert c[2] == ({}, {}, {}, {}, 0, {}, 0, 0)
+    assert sorted(python[4]) == [20, 21, 22, 23]
+    assert sorted(c[4]) == [22, 23]  # (the second of two at once, and the one posted after)
