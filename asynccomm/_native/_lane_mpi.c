@@ -771,7 +771,7 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto python;  /* a dtype not seen yet: the wire's encode_dtype */
     }
     Py_INCREF(field);
-    int early = n > p->early_min && n <= p->early_max;
+    int early = n > p->early_min && n <= p->early_max && n <= p->chunk_bytes;  /* (one send) */
     PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
     next = v == NULL ? -1 : PyLong_AsLongLong(v);
     Py_XDECREF(v);

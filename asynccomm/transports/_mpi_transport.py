@@ -325,7 +325,7 @@ class MPITransport(Link):
                 self._send(dest, b"".join((header, view)))  # one copy of the payload
                 self.endpoint.sent(msg)
                 return
-            early = self.early_min < n <= self.early_max
+            early = self.early_min < n <= self.early_max and n <= CHUNK_BYTES  # (one send)
             ident, rts = wire.announce(dest, msg.tag, n, msg.count, dt, early=early)
             msg.ident = ident
             self._sends[ident] = msg
