@@ -423,8 +423,7 @@ class Wire:
         """A recv matched the announcement ``(source, ident)``: commit to it.  Returns the
         data tag to post the data recvs on, and the ``CTS`` to send to ``source`` (the data
         comes only once it has landed there: the recvs may be posted as it travels).
-        An early announcement's data tag is the one it named (its data may move already:
-        the shell posts the recvs first)."""
+        An early announcement's data tag is the one it named."""
         key = (source, ident)
         self.unmatched.discard(key)
         early = self.early_in.pop(key, None)

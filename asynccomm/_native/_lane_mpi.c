@@ -1454,7 +1454,7 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     if (early == NULL && PyErr_Occurred()) {
         goto done;
     }
-    if (early != NULL) {  /* its data waits for the recv alone: posted first */
+    if (early != NULL) {  /* the data tag its RTS named */
         tag = PyTuple_Check(early) && PyTuple_GET_SIZE(early) == 2
             ? Py_NewRef(PyTuple_GET_ITEM(early, 0)) : NULL;
         if (tag == NULL || PyDict_DelItem(p->early_in, key) < 0) {
@@ -1478,17 +1478,9 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
     put_le(h + H_SRC, (unsigned long long)p->rank, 4);
     put_le(h + H_TAG, (unsigned long long)t, 4);
     put_le(h + H_IDENT, (unsigned long long)id, 8);
-    if (early != NULL) {
+    rc = send_control(p, raw, source, s);
+    if (rc == 0) {
         rc = move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv);
-        if (rc == 0) {
-            rc = send_control(p, raw, source, s);
-        }
-    }
-    else {
-        rc = send_control(p, raw, source, s);
-        if (rc == 0) {
-            rc = move(p, a_Irecv, into, source, tag, endpoint, msg, ready_cb, recv);
-        }
     }
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_fetch_failed, source, NULL);
