@@ -28,8 +28,9 @@ Such data must never be left unreceived: whoever drops an early announcement (a 
 withdrawal, a closing rank) drains its data (``Drain``; ``drop_early``).
 Rule 3 (withdrawal: the receiver decides).  A sender that wants an announced message back
 sends ``WITHDRAW`` and waits for the answer.  If the announcement is still unmatched the
-receiver drops it (and drains its early data) and answers ``WITHDRAWN``; if it has already answered ``CTS`` it ignores
-the ``WITHDRAW``: the ``CTS`` was the answer and the send completes normally.  A match is
+receiver drops it (and drains its early data) and answers ``WITHDRAWN``; if it has
+already answered ``CTS`` it ignores the ``WITHDRAW``: the ``CTS`` was the answer and the
+send completes normally.  A match is
 never undone, so the receiver's matching order (MPI's non-overtaking rule) always holds, as
 with ``MPI_Cancel``, which cannot cancel a matched send.
 Rule 4 (closing, barrier-free).  A rank that closes drops the announcements it has not

@@ -8,12 +8,13 @@
  * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
  *
  * A rendezvous message's steps run here too: its announcement (``send``: the ``RTS``
- * sent, and an early message's data send right behind it), its ``RTS`` landing (the announcement arrives at the engine as a ``REMOTE``
- * message), ``fetch`` (the data recv, then the ``CTS``), the ``CTS`` landing (the send is
- * active, its data sent), and the completion of each data request (``test``,
- * ``Progress._test_requests``: a ``Moved`` starts the next chunks of a payload of more
- * than one, and once all are in completes the recv, through the engine's ``ready`` or
- * here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
+ * sent, and an early message's data send right behind it), its ``RTS`` landing (the
+ * announcement arrives at the engine as a ``REMOTE`` message), ``fetch`` (the ``CTS``,
+ * then the data recv, on the data tag an early ``RTS`` named), the ``CTS`` landing (the
+ * send is active, its data sent, or an early one's data send tracked), and the completion
+ * of each data request (``test``, ``Progress._test_requests``: a ``Moved`` starts the next
+ * chunks of a payload of more than one, and once all are in completes the recv, through
+ * the engine's ``ready`` or here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
  * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
  * ``CLOSE``, ...) take the Python steps, which stay the reference.  So does the progress
  * task's burst of polls between two turns of the loop (``spin``, ``Progress._spin``): the

@@ -7,9 +7,9 @@ rendezvous ones are announced (``REMOTE``) and their data goes from the send buf
 straight into the recv buffer, in chunks, on a data tag the receiver picks; or, up to
 ``EARLY_MAX`` bytes, in one data send posted right behind the announcement, on a tag the
 sender picks (``wire``'s early announcements: MPI's own rendezvous holds the data until
-the receiver, matching it, posts the data recv, and the ``CTS`` only settles the send).  Polling and
-data movement are ``_mpi_progress``'s; this module turns the wire's events into the
-endpoint's.
+the receiver, matching it, posts the data recv, and the ``CTS`` only settles the send).
+Polling and data movement are ``_mpi_progress``'s; this module turns the wire's events
+into the endpoint's.
 
 MPI errors become ``TransportError`` through ``_mpi_lib.translate``: at the link's entry
 points (a failed op), and in the progress task (which fails everything pending).
