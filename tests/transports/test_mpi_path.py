@@ -559,6 +559,46 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     assert done[:6] == (None, "DONE", None, False, 0, {})
 
 
+async def _announce_one(native: bool) -> list[tuple[int, int, int]]:
+    """This rank (1 of 2) on the fake communicator posts one rendezvous send of ``BIG``
+    bytes: what it handed to MPI, as (kind or data, data tag named, MPI tag)."""
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    link, comm = _open_rank(comm_, native)
+    comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    await asyncio.sleep(0)
+    return [(raw[0] if tag == CTRL_TAG else -1, w.data_tag_of(raw) if tag == CTRL_TAG else 0,
+             tag) for raw, _, tag in comm_.sent]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(("early_max", "chunk", "early"), [
+    (BIG, BIG, True), (BIG - 1, BIG, False), (BIG, BIG - 8, False)],
+    ids=["within", "above-the-limit", "chunked"])
+def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
+        monkeypatch: pytest.MonkeyPatch, early_max: int, chunk: int, early: bool) -> None:
+    """A rendezvous send posts its data right behind its ``RTS`` (which names the data
+    tag, one of the sender's half) only when it is within ``early_max`` and moves in one
+    data send; alike on both lanes."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    monkeypatch.setattr(MPITransport, "early_max", early_max)
+    monkeypatch.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", chunk)
+    monkeypatch.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", chunk)
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_announce_one(native))
+    assert seen[True] == seen[False]
+    sent = seen[True]
+    if early:
+        ((kind, named, _), (data, _, tag)) = sent
+        assert (kind, data) == (w.RTS, -1) and named == tag > 32767 // 2
+    else:
+        assert sent == [(w.RTS, 0, CTRL_TAG)]
+
+
 async def _broken_while_moving(native: bool, how: str) -> str:
     """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
     ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
