@@ -352,13 +352,18 @@ class Wire:
                  dtype: bytes, *, early: bool = False) -> tuple[int, bytes]:
         """Announce a rendezvous message: its id and the ``RTS`` to send to ``dest``.
         ``early``: its data is sent at once, on the data tag ``early[ident]`` names (the
-        ``RTS`` names it too)."""
+        ``RTS`` names it too).
+
+        Raises:
+            RuntimeError: ``early``, and every early data tag is held (nothing changed).
+        """
+        data_tag = self.next_early_tag() if early else 0
         self._next_ident += 1
         ident = self._next_ident
         self.announced[ident] = dest
         rts = HEADER.pack(RTS, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
         if early:
-            data_tag = self.early[ident] = self.next_early_tag()
+            self.early[ident] = data_tag
             self.early_tags.add(data_tag)
             rts = rts[:DATA_TAG_AT] + data_tag.to_bytes(4, "little")
         return ident, rts

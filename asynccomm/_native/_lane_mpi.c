@@ -773,15 +773,19 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_INCREF(field);
     int early = n > p->early_min && n <= p->early_max && n <= p->chunk_bytes;  /* (one send) */
+    PyObject *data_tag = early ? next_early_tag(p) : NULL;  /* (first: it may fail) */
+    if (early && data_tag == NULL) {
+        Py_DECREF(field);
+        return NULL;
+    }
     PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
     next = v == NULL ? -1 : PyLong_AsLongLong(v);
     Py_XDECREF(v);
     PyObject *ident = next == -1 && PyErr_Occurred() ? NULL : PyLong_FromLongLong(next + 1);
-    PyObject *raw = NULL, *data_tag = NULL;
+    PyObject *raw = NULL;
     int rc = -1;
     if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
         || PyDict_SetItem(p->announced, ident, dest) < 0
-        || (early && (data_tag = next_early_tag(p)) == NULL)
         || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
                       || PySet_Add(p->early_tags, data_tag) < 0))
         || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {

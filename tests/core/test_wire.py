@@ -213,11 +213,12 @@ def test_an_early_data_tag_is_not_reused_until_its_message_is_answered() -> None
     assert sorted(pair.a.early.values()) == [5, 6, 7, 8, 9]
     with pytest.raises(RuntimeError, match="every early data tag is in use"):
         pair.a.announce(1, 7, 1 << 20, 1 << 20, DT, early=True)
+    assert sorted(pair.a.announced) == idents  # (the refused one left nothing)
     pair.flush()
     tag, cts = pair.b.clear_to_send(0, idents[2])
     pair.post(1, [(0, cts)])
     pair.flush()
-    assert announce(pair, early=True) and pair.a.early[idents[-1] + 2] == tag
+    assert pair.a.early[announce(pair, early=True)] == tag
 
 
 def test_rendezvous_clear_to_send_names_the_data_tag() -> None:
