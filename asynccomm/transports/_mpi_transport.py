@@ -53,10 +53,11 @@ __all__ = ["EARLY_MAX", "MPITransport", "OfferBytes", "deliver"]
 #: right behind the ``RTS`` (see module docs): the data moves as soon as the receiver has
 #: matched, not a ``CTS`` landing and a data send later, and MPICH (5.0, shared memory)
 #: finds the transfer already announced when the data recv is posted.  A 1 MiB message
-#: streamed with a 1-byte ack (2 ranks, timelines of 380 messages, medians of the quiet
-#: runs): its data started moving 6.3-6.9 us after the ``RTS`` left instead of 7.0-7.8,
-#: was in 91.5-92.8 us after instead of 95.3-100.2, and the ack was back 104.5-107.6 us
-#: after instead of 108.5-117 (raw mpi4py: ~85).  Smaller rendezvous messages are those
+#: streamed with a 1-byte ack (2 ranks on one host; the medians of 7 runs, each the
+#: median of 380 messages, timed at the link's MPI calls, alternating with the ``CTS``
+#: first protocol): its data started moving 6.6 us after the ``RTS`` left instead of
+#: 7.4, was in after 93.0 us instead of 96.7, and the ack was back after 107.4 us instead
+#: of 111.9 (raw mpi4py's message and ack: ~85 us).  Smaller rendezvous messages are those
 #: of a sender out of credit (MPI would send them eagerly, staging them unbounded); from
 #: 16 MiB the data moves in chunks, and there the handshake is under 1% of the time.
 #: (Withdrawing an early message costs its receiver a scratch buffer of its size.)
