@@ -19,10 +19,18 @@ credit the message goes rendezvous, so a receiver never stages more than its cap
 Rule 2 (rendezvous).  A larger message is announced (``RTS``, with the sender's message
 id).  When a recv matches the announcement the receiver commits: it posts its data recvs
 into the recv buffer on a fresh data tag and answers ``CTS``; the sender sends the data.
+An announcement may instead name its own data tag (``early``: the sender's data send is
+posted right behind the ``RTS``, on a tag of the sender's half of the tag space, and the
+transport's own rendezvous holds the data until a recv for it is posted): the receiver
+then posts its data recvs on that tag and answers ``CTS`` all the same (the sender learns
+of the match from it, and its send completes once the ``CTS`` came and its data is out).
+Such data must never be left unreceived: whoever drops an early announcement (a granted
+withdrawal, a closing rank) drains its data (``Drain``; ``drop_early``).
 Rule 3 (withdrawal: the receiver decides).  A sender that wants an announced message back
 sends ``WITHDRAW`` and waits for the answer.  If the announcement is still unmatched the
-receiver drops it and answers ``WITHDRAWN``; if it has already answered ``CTS`` it ignores
-the ``WITHDRAW``: the ``CTS`` was the answer and the send completes normally.  A match is
+receiver drops it (and drains its early data) and answers ``WITHDRAWN``; if it has
+already answered ``CTS`` it ignores the ``WITHDRAW``: the ``CTS`` was the answer and the
+send completes normally.  A match is
 never undone, so the receiver's matching order (MPI's non-overtaking rule) always holds, as
 with ``MPI_Cancel``, which cannot cancel a matched send.
 Rule 4 (closing, barrier-free).  A rank that closes drops the announcements it has not
@@ -61,6 +69,7 @@ __all__ = [
     "ClearToSend",
     "Eager",
     "DumpAsked",
+    "Drain",
     "Dumped",
     "PeerClosed",
     "PeerFinished",
@@ -68,6 +77,7 @@ __all__ = [
     "WithdrawAnswered",
     "WithdrawRequested",
     "charge",
+    "data_tag_of",
     "decode_dtype",
     "encode_dtype",
     "split_shape",
@@ -115,6 +125,14 @@ ASKED: Final = 2
 #: payloads start 8-byte aligned.
 HEADER: Final = struct.Struct("<BBxxiiqqq48s4x")
 _DTYPE_MAX = 48
+#: An early ``RTS`` names its data tag in the header's last 4 bytes (padding in every
+#: other message, and 0 in an ``RTS`` whose data waits for the ``CTS``), little-endian.
+DATA_TAG_AT: Final = HEADER.size - 4
+
+
+def data_tag_of(header: bytes | bytearray | memoryview) -> int:
+    """The data tag an ``RTS`` names (0: its data waits for the ``CTS``)."""
+    return int.from_bytes(header[DATA_TAG_AT:DATA_TAG_AT + 4], "little")
 
 #: Caches of both directions (a program sends few dtypes); hot paths look here first.
 DTYPE_FIELDS: dict[str, bytes] = {}
@@ -211,10 +229,22 @@ class ClearToSend(NamedTuple):
 
 class WithdrawRequested(NamedTuple):
     """The sender of an announced, still unmatched message took it back: remove the
-    announcement from the matcher (``WITHDRAWN`` has been queued already)."""
+    announcement from the matcher (``WITHDRAWN`` has been queued already).  An early one
+    (``data_tag`` not 0): drain its ``nbytes`` of data from ``source`` on ``data_tag``."""
 
     source: int
     ident: int
+    data_tag: int = 0
+    nbytes: int = 0
+
+
+class Drain(NamedTuple):
+    """An early announcement was dropped as it landed (this rank has closed): receive its
+    ``nbytes`` of data from ``source`` on ``data_tag`` and throw them away."""
+
+    source: int
+    data_tag: int
+    nbytes: int
 
 
 class WithdrawAnswered(NamedTuple):
@@ -254,7 +284,7 @@ class PeerFinished(NamedTuple):
 
 
 Event = Eager | Announced | ClearToSend | WithdrawRequested | WithdrawAnswered | PeerClosed \
-    | PeerFinished | DumpAsked | Dumped | None
+    | PeerFinished | DumpAsked | Dumped | Drain | None
 
 
 class Wire:
@@ -282,11 +312,16 @@ class Wire:
         self._next_ident = 0
         self._next_data_tag = 0
         self.data_tag_ub = 32767
-        # Sender side: announced messages with no answer yet, and those being withdrawn.
+        # Sender side: announced messages with no answer yet, and those being withdrawn;
+        # the data tags of the early ones among them, by id, and those tags.
         self.announced: dict[int, int] = {}
         self.withdrawing: dict[int, int] = {}
-        # Receiver side: announcements not matched yet.
+        self.early: dict[int, int] = {}
+        self.early_tags: set[int] = set()
+        self._next_early_tag = 0
+        # Receiver side: announcements not matched yet; the early ones' data tags and sizes.
         self.unmatched: set[tuple[int, int]] = set()
+        self.early_in: dict[tuple[int, int], tuple[int, int]] = {}
         self.closed_by: dict[int, str] = {}
         self.close_sent = False
         self.fin_sent: set[int] = set()
@@ -314,16 +349,50 @@ class Wire:
         self.credit[dest] += charge(nbytes)
 
     def announce(self, dest: int, tag: int, nbytes: int, count: int,
-                 dtype: bytes) -> tuple[int, bytes]:
-        """Announce a rendezvous message: its id and the ``RTS`` to send to ``dest``."""
+                 dtype: bytes, *, early: bool = False) -> tuple[int, bytes]:
+        """Announce a rendezvous message: its id and the ``RTS`` to send to ``dest``.
+        ``early``: its data is sent at once, on the data tag ``early[ident]`` names (the
+        ``RTS`` names it too).
+
+        Raises:
+            RuntimeError: ``early``, and every early data tag is held (nothing changed).
+        """
+        data_tag = self.next_early_tag() if early else 0
         self._next_ident += 1
         ident = self._next_ident
         self.announced[ident] = dest
-        return ident, HEADER.pack(RTS, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
+        rts = HEADER.pack(RTS, len(dtype), self.rank, tag, nbytes, count, ident, dtype)
+        if early:
+            self.early[ident] = data_tag
+            self.early_tags.add(data_tag)
+            rts = rts[:DATA_TAG_AT] + data_tag.to_bytes(4, "little")
+        return ident, rts
+
+    def next_early_tag(self) -> int:
+        """A data tag of the sender's half of the tag space (above ``data_tag_ub // 2``),
+        in rotation, none that an early message still unanswered holds (its data send may
+        not be matched yet: a second send on its tag could take its place)."""
+        low = self.data_tag_ub // 2
+        span = self.data_tag_ub - low
+        tag = self._next_early_tag
+        for _ in range(span):
+            tag = tag % span + 1
+            if low + tag not in self.early_tags:
+                self._next_early_tag = tag
+                return low + tag
+        raise RuntimeError("every early data tag is in use")  # (2**14 unanswered sends)
+
+    def _settled(self, ident: int) -> None:
+        """Message ``ident`` was answered (or dropped): its early data tag is free again
+        (the receiver posted its data recvs, or drains, before it answered)."""
+        tag = self.early.pop(ident, None)
+        if tag is not None:
+            self.early_tags.discard(tag)
 
     def unsent(self, ident: int) -> None:
         """The ``RTS`` of message ``ident`` could not be sent: forget it."""
         self.announced.pop(ident, None)
+        self._settled(ident)
 
     def withdraw(self, ident: int, *, ask: bool = True) -> tuple[int, bytes | None]:
         """Take an announced message back.  Returns ``(verdict, message)``:
@@ -338,6 +407,7 @@ class Wire:
             return TOO_LATE, None
         if dest in self.closed_by:
             del self.announced[ident]
+            self._settled(ident)
             return GONE, None
         if not ask:
             return TOO_LATE, None
@@ -358,15 +428,28 @@ class Wire:
     def clear_to_send(self, source: int, ident: int) -> tuple[int, bytes]:
         """A recv matched the announcement ``(source, ident)``: commit to it.  Returns the
         data tag to post the data recvs on, and the ``CTS`` to send to ``source`` (the data
-        comes only once it has landed there: the recvs may be posted as it travels)."""
-        self.unmatched.discard((source, ident))
-        tag = self.next_data_tag()
+        comes only once it has landed there: the recvs may be posted as it travels).
+        An early announcement's data tag is the one it named."""
+        key = (source, ident)
+        self.unmatched.discard(key)
+        early = self.early_in.pop(key, None)
+        tag = self.next_data_tag() if early is None else early[0]
         return tag, HEADER.pack(CTS, 0, self.rank, tag, 0, 0, ident, b"")
 
     def next_data_tag(self) -> int:
-        """A data tag in 1..``data_tag_ub`` (0 is the control tag), in rotation."""
-        self._next_data_tag = self._next_data_tag % self.data_tag_ub + 1
+        """A data tag in 1..``data_tag_ub // 2`` (0 is the control tag; the upper half is
+        the senders' early tags), in rotation."""
+        self._next_data_tag = self._next_data_tag % (self.data_tag_ub // 2) + 1
         return self._next_data_tag
+
+    def drop_early(self) -> list[tuple[int, int, int]]:
+        """Forget every unmatched early announcement (this rank closes): their data, as
+        ``(source, data_tag, nbytes)``, for the shell to drain."""
+        drains = [(source, tag, nbytes) for (source, _), (tag, nbytes) in self.early_in.items()]
+        for key in self.early_in:
+            self.unmatched.discard(key)
+        self.early_in.clear()
+        return drains
 
     def consumed(self, source: int, nbytes: int) -> bytes | None:
         """An eager message of ``nbytes`` from ``source`` left staging (or never needed
@@ -380,26 +463,32 @@ class Wire:
         return HEADER.pack(CREDIT, 0, self.rank, 0, owed, 0, 0, b"")
 
     def receive(self, kind: int, source: int, tag: int, nbytes: int, count: int, ident: int,
-                dtype: str, payload: bytes) -> tuple[Event, list[tuple[int, bytes]]]:
+                dtype: str, payload: bytes,
+                data_tag: int = 0) -> tuple[Event, list[tuple[int, bytes]]]:
         """A control message arrived (its header fields unpacked by the shell; ``dtype``
-        decoded for ``EAGER``/``RTS``; ``payload`` only for ``CLOSE`` and ``DUMP``).
-        Returns the event for the shell and the messages to send in answer."""
+        decoded for ``EAGER``/``RTS``; ``payload`` only for ``CLOSE`` and ``DUMP``;
+        ``data_tag`` an ``RTS``'s, ``data_tag_of``).  Returns the event for the shell and
+        the messages to send in answer."""
         if kind == EAGER:
             return Eager(source, tag, nbytes, count, dtype), []
         if kind == RTS:
             if self.close_sent:  # dropped: the sender learns of it from our CLOSE
-                return None, []
+                return (Drain(source, data_tag, nbytes) if data_tag else None), []
             self.unmatched.add((source, ident))
+            if data_tag:
+                self.early_in[(source, ident)] = (data_tag, nbytes)
             return Announced(source, tag, nbytes, count, dtype, ident), []
         if kind == CTS:
             dest = self.announced.pop(ident, None)
             if dest is None:
                 dest = self.withdrawing.pop(ident, None)  # the withdrawal lost the race
+            self._settled(ident)
             return (None if dest is None else ClearToSend(dest, ident, tag)), []
         if kind == WITHDRAW:
             return self._on_withdraw(source, ident)
         if kind == WITHDRAWN:
             dest = self.withdrawing.pop(ident, None)
+            self._settled(ident)
             return (None if dest is None else WithdrawAnswered(dest, ident)), []
         if kind == CREDIT:
             self.credit[source] += nbytes
@@ -420,7 +509,8 @@ class Wire:
         answer = [(source, HEADER.pack(WITHDRAWN, 0, self.rank, 0, 0, 0, ident, b""))]
         if key in self.unmatched:
             self.unmatched.discard(key)
-            return WithdrawRequested(source, ident), answer
+            data_tag, nbytes = self.early_in.pop(key, (0, 0))
+            return WithdrawRequested(source, ident, data_tag, nbytes), answer
         if self.close_sent:  # dropped when this rank closed
             return None, answer
         return None, []  # CTS went first: it is the answer
@@ -435,9 +525,11 @@ class Wire:
         announced = tuple(i for i, d in self.announced.items() if d == source)
         for ident in announced:
             del self.announced[ident]
+            self._settled(ident)  # (the closing rank drains its data)
         withdrawing = tuple(i for i, d in self.withdrawing.items() if d == source)
         for ident in withdrawing:
             del self.withdrawing[ident]
+            self._settled(ident)
         return PeerClosed(source, reason, announced, withdrawing), out
 
     # -- hang reports ---------------------------------------------------------------------
@@ -454,10 +546,12 @@ class Wire:
     # -- closing --------------------------------------------------------------------------
 
     def close(self, reason: str) -> list[tuple[int, bytes]]:
-        """This rank closes: drop unmatched announcements; ``CLOSE`` to every rank, and
-        ``FIN`` to those that have closed already."""
+        """This rank closes: drop unmatched announcements (the early ones' data to drain:
+        ``drop_early`` first); ``CLOSE`` to every rank, and ``FIN`` to those that have
+        closed already."""
         self.close_sent = True
         self.unmatched.clear()
+        self.early_in.clear()
         raw = reason.encode("utf-8", "replace")[:INLINE_MAX]
         head = HEADER.pack(CLOSE, 0, self.rank, 0, len(raw), 0, 0, b"")
         out = []

@@ -8,12 +8,13 @@
  * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
  *
  * A rendezvous message's steps run here too: its announcement (``send``: the ``RTS``
- * sent), its ``RTS`` landing (the announcement arrives at the engine as a ``REMOTE``
- * message), ``fetch`` (the data recv, then the ``CTS``), the ``CTS`` landing (the send is
- * active, its data sent), and the completion of each data request (``test``,
- * ``Progress._test_requests``: a ``Moved`` starts the next chunks of a payload of more
- * than one, and once all are in completes the recv, through the engine's ``ready`` or
- * here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
+ * sent, and an early message's data send right behind it), its ``RTS`` landing (the
+ * announcement arrives at the engine as a ``REMOTE`` message), ``fetch`` (the ``CTS``,
+ * then the data recv, on the data tag an early ``RTS`` named), the ``CTS`` landing (the
+ * send is active, its data sent, or an early one's data send tracked), and the completion
+ * of each data request (``test``, ``Progress._test_requests``: a ``Moved`` starts the next
+ * chunks of a payload of more than one, and once all are in completes the recv, through
+ * the engine's ``ready`` or here, or the send, here as the engine's ``sent`` does).  A ``CTS`` for a send being
  * withdrawn, a closing rank, and every other control message (``WITHDRAW``, ``CREDIT``,
  * ``CLOSE``, ...) take the Python steps, which stay the reference.  So does the progress
  * task's burst of polls between two turns of the loop (``spin``, ``Progress._spin``): the
@@ -43,6 +44,10 @@ typedef struct {
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
     PyObject *py_send;  /* the link's Python send */
+    /* early messages: the wire's data tags of this rank's (by id) and the set of them, its
+     * early announcements landed and unmatched (``early_in``), the link's data sends */
+    PyObject *early, *early_tags, *early_in, *link_early;
+    long early_min, early_max;
     PyObject *active;  /* the state ACTIVE */
     long rank, inline_max, return_at, ctrl_slots;
     Py_ssize_t chunk_bytes;
@@ -54,6 +59,9 @@ typedef struct {
 } Path;
 
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
+/* Names only this file looks up (interned by ``path_new``). */
+static PyObject *s_early, *s_early_tags, *s_early_in, *s_link_early, *s_early_min,
+    *s_early_max, *s_next_early_tag, *s_data_tag_ub, *s_early_failed;
 static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
                       PyObject *ready_cb, PyObject *recv);
 
@@ -663,6 +671,60 @@ python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
 }
 
+/* ``wire.next_early_tag()``: a data tag above ``data_tag_ub // 2``, in rotation, none of
+ * ``early_tags``.  A new reference, NULL error. */
+static PyObject *
+next_early_tag(Path *p)
+{
+    long ub, at;
+    if (long_attr(p->wire, s_data_tag_ub, &ub) < 0
+        || long_attr(p->wire, s_next_early_tag, &at) < 0) {
+        return NULL;
+    }
+    long low = ub / 2, span = ub - low;
+    for (long i = 0; i < span; i++) {
+        at = at % span + 1;
+        PyObject *tag = PyLong_FromLong(low + at);
+        int busy = tag == NULL ? -1 : PySet_Contains(p->early_tags, tag);
+        if (busy == 0) {
+            PyObject *v = PyLong_FromLong(at);
+            int rc = v == NULL ? -1 : PyObject_SetAttr(p->wire, s_next_early_tag, v);
+            Py_XDECREF(v);
+            if (rc == 0) {
+                return tag;
+            }
+        }
+        Py_XDECREF(tag);
+        if (busy != 1) {
+            return NULL;
+        }
+    }
+    PyErr_SetString(PyExc_RuntimeError, "every early data tag is in use");
+    return NULL;
+}
+
+/* ``MPITransport._send_early``: the early message ``msg``'s data send, to ``dest`` on
+ * ``data_tag``, kept by the link (untested until the ``RTS`` is answered); an MPI error:
+ * ``_early_failed`` (the link breaks).  0 done, -1 error. */
+static int
+send_early(Path *p, PyObject *msg, PyObject *ident, PyObject *dest, PyObject *data_tag)
+{
+    PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
+    if (comm == NULL) {
+        return -1;
+    }
+    PyObject *argv[4] = {comm, SLOT(msg, M.view), dest, data_tag};
+    PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
+    Py_DECREF(comm);
+    if (req == NULL) {
+        return PyErr_ExceptionMatches(p->mpi_exc) ? hand_on(p->link, s_early_failed, dest, NULL)
+            : -1;
+    }
+    int rc = PyDict_SetItem(p->link_early, ident, req);
+    Py_DECREF(req);
+    return rc;
+}
+
 /* send(msg, dest) -> None: ``MPITransport.send`` for a message too large to go eagerly,
  * of a dtype seen already and with no shape: ``wire.announce`` (the next id, the message
  * announced to ``dest``), the link keeps it until its ``CTS``, and its ``RTS`` goes as
@@ -710,6 +772,12 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto python;  /* a dtype not seen yet: the wire's encode_dtype */
     }
     Py_INCREF(field);
+    int early = n > p->early_min && n <= p->early_max && n <= p->chunk_bytes;  /* (one send) */
+    PyObject *data_tag = early ? next_early_tag(p) : NULL;  /* (first: it may fail) */
+    if (early && data_tag == NULL) {
+        Py_DECREF(field);
+        return NULL;
+    }
     PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
     next = v == NULL ? -1 : PyLong_AsLongLong(v);
     Py_XDECREF(v);
@@ -718,6 +786,8 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     int rc = -1;
     if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
         || PyDict_SetItem(p->announced, ident, dest) < 0
+        || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
+                      || PySet_Add(p->early_tags, data_tag) < 0))
         || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {
         goto done;
     }
@@ -732,6 +802,9 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     put_le(h + H_COUNT, (unsigned long long)count, 8);
     put_le(h + H_IDENT, (unsigned long long)(next + 1), 8);
     memcpy(h + H_DTYPE, PyBytes_AS_STRING(field), flen);
+    if (early) {  /* wire.DATA_TAG_AT: the header's last 4 bytes */
+        put_le(h + H_SIZE - 4, (unsigned long long)PyLong_AsLong(data_tag), 4);
+    }
     if (PyErr_Occurred()) {
         goto done;
     }
@@ -743,7 +816,11 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_send_failed, msg, dest);
     }
+    else if (rc == 0 && early) {
+        rc = send_early(p, msg, ident, dest, data_tag);
+    }
 done:
+    Py_XDECREF(data_tag);
     Py_XDECREF(raw);
     Py_XDECREF(ident);
     Py_DECREF(field);
@@ -990,19 +1067,19 @@ static PyTypeObject MovedType = {
 /* ``Mover.push`` or ``pull`` (``start``: a_Isend or a_Irecv) of ``view`` with ``peer`` on
  * ``tag``, on the progress task's communicator: its first chunks started and tracked with
  * a ``Moved(engine, msg, ready, recv)``, the task woken.  0 done, -1 error. */
-static int
-move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
-     PyObject *engine, PyObject *msg, PyObject *ready, PyObject *recv)
+static Moved *
+moved_new(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
+          PyObject *engine, PyObject *msg, PyObject *ready, PyObject *recv)
 {
     Py_ssize_t n = PyObject_Length(view);
     PyObject *comm = n < 0 ? NULL : PyObject_GetAttr(p->progress, a_comm);
     if (comm == NULL) {
-        return -1;
+        return NULL;
     }
     Moved *m = PyObject_GC_New(Moved, &MovedType);
     if (m == NULL) {
         Py_DECREF(comm);
-        return -1;
+        return NULL;
     }
     m->progress = Py_NewRef(p->progress);
     m->engine = Py_NewRef(engine);
@@ -1022,7 +1099,41 @@ move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
     m->inflight = 0;
     m->max_inflight = p->max_inflight;
     PyObject_GC_Track(m);
+    return m;
+}
+
+static int
+move(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *tag,
+     PyObject *engine, PyObject *msg, PyObject *ready, PyObject *recv)
+{
+    Moved *m = moved_new(p, start, view, peer, tag, engine, msg, ready, recv);
+    if (m == NULL) {
+        return -1;
+    }
     int rc = moved_more(m);
+    Py_DECREF(m);
+    return rc;
+}
+
+/* ``Mover.adopt``: the early data send ``req`` of ``sent`` (the whole of ``view``, to
+ * ``dest``), posted already, tracked now as a transfer of one request in flight; the
+ * send completes with it.  0 done, -1 error. */
+static int
+adopt(Path *p, PyObject *req, PyObject *view, PyObject *dest, PyObject *endpoint,
+      PyObject *sent)
+{
+    Moved *m = moved_new(p, a_Isend, view, dest, zero, endpoint, sent, NULL, NULL);
+    if (m == NULL) {
+        return -1;
+    }
+    m->total = m->next = 1;
+    m->inflight = 1;
+    PyObject *reqs = PyObject_GetAttr(p->progress, a_reqs);
+    PyObject *cbs = reqs == NULL ? NULL : PyObject_GetAttr(p->progress, a_cbs);
+    int rc = cbs == NULL || data_add(p->progress, 1) < 0 || PyList_Append(reqs, req) < 0
+        || PyList_Append(cbs, (PyObject *)m) < 0 ? -1 : wake(p->progress);
+    Py_XDECREF(reqs);
+    Py_XDECREF(cbs);
     Py_DECREF(m);
     return rc;
 }
@@ -1082,14 +1193,26 @@ clear_to_send(Path *p, PyObject *endpoint, PyObject *ident, PyObject *data_tag)
     Py_INCREF(dest);
     Py_INCREF(sent);
     int rc = -1;
-    if (PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0) {
+    /* an early one's data send, and its tag freed (``wire._settled``) */
+    PyObject *req = PyDict_GetItemWithError(p->link_early, ident);
+    PyObject *tag = PyDict_GetItemWithError(p->early, ident);
+    Py_XINCREF(req);
+    Py_XINCREF(tag);
+    if (PyErr_Occurred()
+        || PyDict_DelItem(p->announced, ident) < 0 || PyDict_DelItem(p->sends, ident) < 0
+        || (req != NULL && PyDict_DelItem(p->link_early, ident) < 0)
+        || (tag != NULL && (PyDict_DelItem(p->early, ident) < 0
+                            || PySet_Discard(p->early_tags, tag) < 0))) {
         goto done;
     }
     if (activate_send(endpoint, sent, p->active) < 0) {
         goto done;
     }
-    rc = move(p, a_Isend, mv, dest, data_tag, endpoint, sent, NULL, NULL);
+    rc = req != NULL ? adopt(p, req, mv, dest, endpoint, sent)
+        : move(p, a_Isend, mv, dest, data_tag, endpoint, sent, NULL, NULL);
 done:
+    Py_XDECREF(req);
+    Py_XDECREF(tag);
     Py_DECREF(mv);
     Py_DECREF(sent);
     Py_DECREF(dest);
@@ -1221,10 +1344,15 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
     PyObject *tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
     PyObject *key = PyTuple_Pack(2, src, ident);
     PyObject *msg = NULL, *r = NULL;
-    if (tag != NULL && key != NULL && PySet_Add(p->unmatched, key) == 0) {
+    long long data_tag = get_le(b + H_SIZE - 4, 4);  /* wire.data_tag_of */
+    PyObject *early = data_tag == 0 ? NULL : Py_BuildValue("(Ln)", data_tag, nbytes);
+    if (tag != NULL && key != NULL && (data_tag == 0 || early != NULL)
+        && PySet_Add(p->unmatched, key) == 0
+        && (early == NULL || PyDict_SetItem(p->early_in, key, early) == 0)) {
         msg = new_message(MessageType, src, tag, nbytes, count, dtype, p->remote_where,
                           Py_None);
     }
+    Py_XDECREF(early);
     if (msg != NULL) {
         put_ref(msg, M.ident, ident);
         int taken = match(p, endpoint, msg, tag, nbytes);
@@ -1327,7 +1455,23 @@ fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject 
         || PySet_Discard(p->unmatched, key) < 0) {
         goto done;
     }
-    tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+    PyObject *early = PyDict_GetItemWithError(p->early_in, key);
+    if (early == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    if (early != NULL) {  /* the data tag its RTS named */
+        tag = PyTuple_Check(early) && PyTuple_GET_SIZE(early) == 2
+            ? Py_NewRef(PyTuple_GET_ITEM(early, 0)) : NULL;
+        if (tag == NULL || PyDict_DelItem(p->early_in, key) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "wire.early_in: (data tag, nbytes) pairs");
+            }
+            goto done;
+        }
+    }
+    else {
+        tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+    }
     long t = tag == NULL ? -1 : PyLong_AsLong(tag);
     raw = t == -1 ? NULL : PyBytes_FromStringAndSize(NULL, H_SIZE);
     if (raw == NULL) {
@@ -1556,6 +1700,19 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (PyType_Ready(&MovedType) < 0) {
         return NULL;
     }
+    if (s_early == NULL) {
+        struct { PyObject **at; const char *name; } names[] = {
+            {&s_early, "early"}, {&s_early_tags, "early_tags"}, {&s_early_in, "early_in"},
+            {&s_link_early, "_early"}, {&s_early_min, "early_min"},
+            {&s_early_max, "early_max"}, {&s_next_early_tag, "_next_early_tag"},
+            {&s_data_tag_ub, "data_tag_ub"}, {&s_early_failed, "_early_failed"}};
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+            if (*names[i].at == NULL
+                && (*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL) {
+                return NULL;
+            }
+        }
+    }
     Path *p = (Path *)type->tp_alloc(type, 0);
     if (p == NULL) {
         return NULL;
@@ -1584,6 +1741,16 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->closed_by = PyObject_GetAttr(wire, a_closed_by);
     p->py_send_now = PyObject_GetAttr(link, a_send_now);
     p->on_control = PyObject_GetAttr(link, a_on_control);
+    p->early = PyObject_GetAttr(wire, s_early);
+    p->early_tags = PyObject_GetAttr(wire, s_early_tags);
+    p->early_in = PyObject_GetAttr(wire, s_early_in);
+    p->link_early = PyObject_GetAttr(link, s_link_early);
+    if (p->early == NULL || p->early_tags == NULL || p->early_in == NULL
+        || p->link_early == NULL || long_attr(link, s_early_min, &p->early_min) < 0
+        || long_attr(link, s_early_max, &p->early_max) < 0) {
+        Py_DECREF(p);
+        return NULL;
+    }
     if (p->slots == NULL || p->credit == NULL || p->owed == NULL
         || p->closed_by == NULL || p->py_send_now == NULL || p->on_control == NULL
         || p->announced == NULL || p->unmatched == NULL || p->sends == NULL
@@ -1597,7 +1764,9 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!PyList_CheckExact(p->credit) || !PyList_CheckExact(p->owed)
         || !PyDict_Check(p->closed_by) || PyList_GET_SIZE(p->owed) != PyList_GET_SIZE(p->credit)
         || !PyDict_Check(p->announced) || !PySet_Check(p->unmatched) || !PyDict_Check(p->sends)
-        || !PyDict_Check(p->announced_msgs)) {
+        || !PyDict_Check(p->announced_msgs) || !PyDict_Check(p->early)
+        || !PySet_Check(p->early_tags) || !PyDict_Check(p->early_in)
+        || !PyDict_Check(p->link_early)) {
         PyErr_SetString(PyExc_TypeError, "Path: the wire's credit lists, closed_by, announced "
                         "and unmatched, and the link's sends and announcements");
         Py_DECREF(p);
@@ -1630,6 +1799,10 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->py_send);
     Py_VISIT(p->remote_where);
     Py_VISIT(p->active);
+    Py_VISIT(p->early);
+    Py_VISIT(p->early_tags);
+    Py_VISIT(p->early_in);
+    Py_VISIT(p->link_early);
     return 0;
 }
 
@@ -1657,6 +1830,10 @@ path_clear(Path *p)
     Py_CLEAR(p->py_send);
     Py_CLEAR(p->remote_where);
     Py_CLEAR(p->active);
+    Py_CLEAR(p->early);
+    Py_CLEAR(p->early_tags);
+    Py_CLEAR(p->early_in);
+    Py_CLEAR(p->link_early);
     return 0;
 }
 

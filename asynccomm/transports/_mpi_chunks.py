@@ -57,6 +57,13 @@ class Mover:
         """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in."""
         self._move(view, source, tag, done, self.comm.Irecv)
 
+    def adopt(self, req: MPI.Request, done: Callable[[], None]) -> None:
+        """Track ``req``, a data request posted already (an early data send, untested
+        until now): ``done()`` once it completes; it counts as one in flight."""
+        self._data += 1
+        self._track(req, partial(self._moved_whole, done))
+        self._wake()
+
     def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
               start: Callable[..., MPI.Request]) -> None:
         n = len(view)

@@ -135,6 +135,7 @@ class HybridTransport(ShmTransport):
                        failed=self._failed)
         self.progress = Route(channels, mpi)  # type: ignore[assignment]
         self._sends = {}
+        self._early = {}  # (none: ShmTransport.early_max)
         self._announced = {}
         self._broken = None
         self.dump_request = None

@@ -574,6 +574,8 @@ class ShmTransport(MPITransport):
     #: No foreign errors here: the MPI link's handlers of MPI's errors catch none of ours
     #: (an error of ours goes up as itself, mpi4py imported or not).
     _foreign = ()
+    #: No early data sends (``MPITransport.early_max``): a ring's copy waits for the match.
+    early_max = 0
 
     def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int], *,
                  eager_limit: int, pools: list[int]) -> None:
@@ -588,6 +590,7 @@ class ShmTransport(MPITransport):
         self.progress = Channels(node, segment, rank, procs,  # type: ignore[assignment]
                                  self._on_control, self._answered)
         self._sends: dict[int, Message] = {}
+        self._early: dict[int, Any] = {}  # (none: early_max)
         self._announced: dict[tuple[int, int], Message] = {}
         self._broken = None
         self.dump_request = None

@@ -65,7 +65,7 @@ class Pair:
         dtype = decode_dtype(dfield, dlen) if kind in (w.EAGER, w.RTS) else ""
         payload = raw[HEADER.size:] if kind in (w.CLOSE, w.DUMP) else b""
         event, out = self.wire(dest).receive(kind, src, tag, nbytes, count, ident, dtype,
-                                             payload)
+                                             payload, w.data_tag_of(raw))
         self.post(dest, out)
         self.events.append((dest, event))
         return event
@@ -163,10 +163,62 @@ def test_consumed_messages_return_their_credit_in_batches() -> None:
 # -- rendezvous and withdrawal ----------------------------------------------------------------
 
 
-def announce(pair: Pair, nbytes: int = 1 << 20) -> int:
-    ident, msg = pair.a.announce(1, 7, nbytes, nbytes, DT)
+def announce(pair: Pair, nbytes: int = 1 << 20, *, early: bool = False) -> int:
+    ident, msg = pair.a.announce(1, 7, nbytes, nbytes, DT, early=early)
     pair.post(0, [(1, msg)])
     return ident
+
+
+def test_an_early_announcement_names_its_data_tag_and_the_match_uses_it() -> None:
+    pair = Pair()
+    ident = announce(pair, early=True)
+    data_tag = pair.a.early[ident]
+    assert data_tag > pair.a.data_tag_ub // 2  # the senders' half of the tag space
+    assert w.data_tag_of(pair.to_b[0]) == data_tag
+    (_, event), = pair.flush()
+    assert event == w.Announced(0, 7, 1 << 20, 1 << 20, "|u1", ident)
+    assert pair.b.early_in == {(0, ident): (data_tag, 1 << 20)}
+    tag, cts = pair.b.clear_to_send(0, ident)
+    assert tag == data_tag and not pair.b.early_in
+    assert pair.b.clear_to_send(0, 99)[0] <= pair.b.data_tag_ub // 2  # (the receiver's half)
+    pair.post(1, [(0, cts)])
+    assert pair.flush() == [(0, w.ClearToSend(1, ident, tag))]
+    assert pair.a.early == {} and pair.a.early_tags == set()  # answered: the tag is free
+
+
+def test_an_early_message_withdrawn_or_dropped_unmatched_is_drained() -> None:
+    pair = Pair()
+    first, second, third = (announce(pair, early=True) for _ in range(3))
+    tags = dict(pair.a.early)
+    pair.flush()
+    verdict, ask = pair.a.withdraw(first)
+    assert verdict == w.ASKED
+    pair.post(0, [(1, ask)])  # type: ignore[list-item]
+    assert pair.flush() == [(1, w.WithdrawRequested(0, first, tags[first], 1 << 20)),
+                            (0, w.WithdrawAnswered(1, first))]
+    # The receiver closes: what it drops unmatched it drains, and so what lands later.
+    assert pair.b.drop_early() == [(0, tags[second], 1 << 20), (0, tags[third], 1 << 20)]
+    pair.post(1, pair.b.close("has closed its communicator"))
+    fourth = announce(pair, 1 << 19, early=True)
+    late = pair.a.early[fourth]
+    pair.flush()
+    assert (1, w.Drain(0, late, 1 << 19)) in pair.events
+    assert pair.a.early == {} and pair.a.early_tags == set()  # every message answered
+
+
+def test_an_early_data_tag_is_not_reused_until_its_message_is_answered() -> None:
+    pair = Pair()
+    pair.a.data_tag_ub = 9  # the senders' half: 5..9
+    idents = [announce(pair, early=True) for _ in range(5)]
+    assert sorted(pair.a.early.values()) == [5, 6, 7, 8, 9]
+    with pytest.raises(RuntimeError, match="every early data tag is in use"):
+        pair.a.announce(1, 7, 1 << 20, 1 << 20, DT, early=True)
+    assert sorted(pair.a.announced) == idents  # (the refused one left nothing)
+    pair.flush()
+    tag, cts = pair.b.clear_to_send(0, idents[2])
+    pair.post(1, [(0, cts)])
+    pair.flush()
+    assert pair.a.early[announce(pair, early=True)] == tag
 
 
 def test_rendezvous_clear_to_send_names_the_data_tag() -> None:
@@ -253,8 +305,8 @@ def test_closing_ends_with_fin_both_ways() -> None:
 # -- every interleaving ------------------------------------------------------------------------
 
 
-ACTIONS = st.lists(st.sampled_from(["announce", "eager", "withdraw", "match", "to_a", "to_b",
-                                    "consume"]), max_size=60)
+ACTIONS = st.lists(st.sampled_from(["announce", "early", "eager", "withdraw", "match", "to_a",
+                                    "to_b", "consume"]), max_size=60)
 
 
 @settings(max_examples=300, derandomize=True, database=None, deadline=None)
@@ -263,16 +315,22 @@ def test_every_message_ends_once_and_both_sides_agree(actions: list[str],
                                                       picks: list[int]) -> None:
     """Sends, withdrawals, matches and deliveries in any order: each announced message ends
     exactly once, as delivered (``ClearToSend`` at the sender, committed at the receiver)
-    or withdrawn (answered at the sender, dropped at the receiver), never both; and credit
-    never lets the receiver stage more than it granted."""
+    or withdrawn (answered at the sender, dropped at the receiver), never both; an early
+    one's data is received once, on its tag (matched) or drained (withdrawn), and no two
+    unanswered early messages share a data tag; and credit never lets the receiver stage
+    more than it granted."""
     pair = Pair(grant=4 * charge(64))
     announced: list[int] = []
     at_b: list[int] = []  # announcements rank 1 has seen and not matched
     committed: set[int] = set()
+    early: dict[int, int] = {}  # early messages' data tags
+    taken: dict[int, list[int]] = {}  # the tags their data was received (or drained) on
     staged = 0
     for action, pick in zip(actions, picks, strict=False):
-        if action == "announce":
-            announced.append(announce(pair))
+        if action in ("announce", "early"):
+            announced.append(announce(pair, early=action == "early"))
+            if action == "early":
+                early[announced[-1]] = pair.a.early[announced[-1]]
         elif action == "eager" and (header := pair.a.eager_header(1, 7, 64, 64, DT)):
             pair.post(0, [(1, header + bytes(64))])
         elif action == "withdraw" and announced:
@@ -282,7 +340,10 @@ def test_every_message_ends_once_and_both_sides_agree(actions: list[str],
         elif action == "match" and at_b:
             ident = at_b.pop(pick % len(at_b))
             committed.add(ident)
-            pair.post(1, [(0, pair.b.clear_to_send(0, ident)[1])])
+            tag, cts = pair.b.clear_to_send(0, ident)
+            if ident in early:
+                taken.setdefault(ident, []).append(tag)
+            pair.post(1, [(0, cts)])
         elif action == "consume" and staged:
             staged -= 1
             credit = pair.b.consumed(0, 64)
@@ -294,14 +355,20 @@ def test_every_message_ends_once_and_both_sides_agree(actions: list[str],
                 at_b.append(event.ident)
             elif isinstance(event, w.WithdrawRequested):
                 at_b.remove(event.ident)
+                if event.data_tag:
+                    taken.setdefault(event.ident, []).append(event.data_tag)
             elif isinstance(event, w.Eager):
                 staged += 1
                 assert staged * charge(64) <= pair.grant
+        live = list(pair.a.early.values())
+        assert len(set(live)) == len(live) and set(live) == pair.a.early_tags
     for rank, event in pair.flush():
         if rank == 1 and isinstance(event, w.Announced):
             at_b.append(event.ident)
         elif rank == 1 and isinstance(event, w.WithdrawRequested):
             at_b.remove(event.ident)
+            if event.data_tag:
+                taken.setdefault(event.ident, []).append(event.data_tag)
     ends: dict[int, list[str]] = {}
     for rank, event in pair.events:
         if rank == 0 and isinstance(event, w.ClearToSend):
@@ -316,6 +383,10 @@ def test_every_message_ends_once_and_both_sides_agree(actions: list[str],
             assert ends.get(ident) == ["withdrawn"], (ident, ends.get(ident))
         else:  # still waiting for a match (or for its withdrawal to be answered)
             assert ident not in ends and ident in at_b
+        if ident in early:  # its data: received once on its tag, or not yet
+            assert taken.get(ident, []) == ([early[ident]] if ident not in at_b else [])
+        else:
+            assert ident not in taken
 
 
 def test_backoff_spins_after_activity_then_doubles_to_its_cap() -> None:

@@ -113,6 +113,46 @@ async def unmatched_at_close(comm: ac.Communicator) -> str:
     return "unmatched send: completed"
 
 
+async def early_withdrawn(comm: ac.Communicator) -> str:
+    """Rendezvous sends whose data send went out with the announcement, withdrawn before
+    any recv matched them (timed out): one to the peer, one to this rank.  Each receiver
+    drains the data (else the sender's data send never completes, and the world never
+    closes); the next message on the same tag arrives whole."""
+    n = 1 << 20
+    if comm.rank == 0:
+        outcome = []
+        for dest, tag, timeout in ((1, 5, 0.2), (0, 6, 0.1)):
+            try:
+                await comm.send(np.ones(n, np.uint8), dest, tag, timeout=timeout)
+                outcome.append("sent")
+            except ac.CommTimeoutError:
+                outcome.append("timed out")
+        await comm.send(np.zeros(1), 1, 1)
+        await comm.send(np.full(n, 2, np.uint8), 1, 5)
+        return f"to the peer: {outcome[0]}, to itself: {outcome[1]}"
+    await comm.recv(np.zeros(1), 0, 1)  # behind the withdrawal: it was dropped here
+    buf = np.zeros(n, np.uint8)
+    status = await comm.recv(buf, 0, 5)
+    return f"got {status.nbytes} B of {sorted(set(buf.tolist()))}"
+
+
+async def early_peer_fails(comm: ac.Communicator) -> str:
+    """A rank fails while the other's rendezvous send to it (its data send posted) waits
+    unmatched there: the send fails, naming the failure, and the job ends."""
+    if comm.rank == 1:
+        await comm.recv(np.zeros(1), 0, 1)  # behind the announcement: it is here, unmatched
+        raise ValueError("boom with an early send waiting")
+    req = comm.isend(np.ones(1 << 20, np.uint8), 1, 9)
+    await comm.send(np.zeros(1), 1, 1)
+    try:
+        await req
+    except ac.CommBrokenError as exc:
+        sys.stdout.write(f"rank 0: early send: CommBrokenError: {exc}\n")
+        sys.stdout.flush()
+        return "broken"
+    return "completed"
+
+
 async def nothing(comm: ac.Communicator) -> int:
     return comm.rank
 
@@ -420,6 +460,10 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(f"{ac.run(lane)}\n")
     elif case == "unmatched-at-close":
         sys.stdout.write(f"{ac.run(unmatched_at_close)}\n")
+    elif case == "early-withdrawn":
+        sys.stdout.write(f"{ac.run(early_withdrawn)}\n")
+    elif case == "early-peer-fails":
+        sys.stdout.write(f"{ac.run(early_peer_fails)}\n")
     elif case == "doorbell":
         sys.stdout.write(f"{ac.run(doorbell)}\n")
     elif case == "two-worlds":

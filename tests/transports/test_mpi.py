@@ -74,7 +74,8 @@ CONSERVATION = "tests.transports.mpi_conservation_runner"
 #: need a process of their own.  ``send-error`` comes first: its small send must find a
 #: fast lane that has not sent yet (one that knows the dtype sends it without the failing
 #: call).
-TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "answer-landed", "doorbell")),
+TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "answer-landed", "doorbell",
+                                  "early-withdrawn", "unmatched-at-close")),
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
             "hybrid": (4, TWO_HOSTS, (*cases("links", "unmatched-at-close"), CONSERVATION))}
@@ -213,13 +214,39 @@ def test_an_mpi_error_in_a_send_is_a_transport_error_for_that_send(
     assert f"received {1 << 20}" in proc.stdout, _output(proc)  # and the next send works
 
 
-@pytest.mark.parametrize("place", ["shm", "hybrid"])
+@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
 def test_a_rendezvous_send_its_receiver_closed_on_fails_and_the_job_ends(
         place: str, together: Case) -> None:
     proc = together(place, "unmatched-at-close")
     assert proc.returncode == 0, _output(proc)
     assert ("unmatched send: CommBrokenError: rank 1 closed its communicator before receiving "
             "this message") in proc.stdout, _output(proc)
+
+
+@pytest.mark.parametrize("steps", ["c", "python"])
+def test_the_early_data_of_a_withdrawn_send_is_drained_by_its_receiver(
+        steps: str, together: Case) -> None:
+    """On MPI a rendezvous send of 1 MiB posts its data send with its announcement: when
+    it is withdrawn unmatched (to a peer, and to its own rank), the receiver drains the
+    data, so the world closes (it would hang on the data send) and the next message on
+    that tag arrives whole.  On the C lane's steps and on the Python steps."""
+    proc = (together("mpi", "early-withdrawn") if steps == "c"
+            else mpiexec(2, "-m", "tests.transports.mpi_cases", "early-withdrawn", limit=60,
+                         ASYNCCOMM_PURE_PYTHON="1", **MPI))
+    assert proc.returncode == 0, _output(proc)
+    assert "to the peer: timed out, to itself: timed out" in proc.stdout, _output(proc)
+    assert f"got {1 << 20} B of [2]" in proc.stdout, _output(proc)
+
+
+def test_a_rank_that_fails_with_an_early_send_waiting_on_it_fails_that_send() -> None:
+    """A rank fails with another's rendezvous send (its data send posted) unmatched there:
+    that send fails with the failure named, and the job ends instead of hanging."""
+    proc = mpiexec(2, "-m", "tests.transports.mpi_cases", "early-peer-fails", limit=60, **MPI)
+    assert proc.returncode != 0, _output(proc)
+    assert "rank 1 of 2 failed: ValueError: boom with an early send waiting" in proc.stderr, \
+        _output(proc)
+    assert "rank 0: early send: CommBrokenError: rank 1 failed with ValueError" \
+        in proc.stdout, _output(proc)
 
 
 def test_an_mpi_error_in_progress_fails_pending_ops_and_aborts_the_job() -> None:

@@ -357,13 +357,18 @@ class DataComm(Comm):
 BIG = 8192  # above the eager limit of 4096: a rendezvous message
 
 
-async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
+EARLY_TAG = 20000  # the data tag the peer's early RTS names (its half of the tag space)
+
+
+async def _rendezvous(native: bool, order: str, fails: str,
+                      early: bool = False) -> tuple[Any, ...]:
     """This rank (1 of 2) of an MPI world on the fake communicator: a rendezvous recv (its
     ``RTS`` landing before or after the recv is posted, as ``order`` says) and a
     rendezvous send (answered by a ``CTS``, or first cancelled: ``order`` ``"withdrawn"``
     has its receiver answer ``WITHDRAWN``, ``"lost"`` answer ``CTS`` all the same).  What
     every op gave, what was handed to MPI, the wire's and the link's state, and the flight
-    record."""
+    record.  ``early``: both messages' data sends go with their ``RTS`` (the link's
+    ``early_min`` lowered by the caller)."""
     w.encode_dtype("<f8")
     comm_ = DataComm(fails=fails)
     link, comm = _open_rank(comm_, native)
@@ -371,6 +376,8 @@ async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
     slots = progress._slots
     got = np.zeros(BIG // 8)
     rts = w.HEADER.pack(w.RTS, 3, 0, 9, BIG, BIG // 8, 5, b"<f8")
+    if early:
+        rts = rts[:w.DATA_TAG_AT] + EARLY_TAG.to_bytes(4, "little")
     if order == "rts first":  # unexpected: it waits as an announcement
         land(slots[0], rts)
         progress._land()
@@ -400,7 +407,8 @@ async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
     progress._land()
     state = (progress._data, len(progress._reqs), dict(link.wire.announced),
              dict(link.wire.withdrawing), set(link.wire.unmatched), sorted(link._sends),
-             sorted(link._announced))
+             sorted(link._announced), dict(link.wire.early), set(link.wire.early_tags),
+             dict(link.wire.early_in), sorted(link._early), send.done())
     for r in list(progress._reqs):
         r.done = True
     progress._test_requests()
@@ -417,22 +425,26 @@ async def _rendezvous(native: bool, order: str, fails: str) -> tuple[Any, ...]:
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("early", [False, True], ids=["cts-first", "early"])
 @pytest.mark.parametrize(("order", "fails"), [
     *((order, "") for order in ("rts first", "recv first", "wildcard", "withdrawn", "lost")),
     *((order, fails) for order in ("rts first", "recv first") for fails in ("irecv", "cts"))])
 def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
-        monkeypatch: pytest.MonkeyPatch, order: str, fails: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, order: str, fails: str, early: bool) -> None:
     """An ``RTS`` landing, its match and ``fetch`` (the data recv and the ``CTS``), a
     ``CTS`` landing and the data send, and each transfer's completion, run by ``Path``
     and by the Python steps from the same start, give the same; so do a send withdrawn
     before its ``CTS`` (the C steps hand the answer to the Python steps), and an MPI
-    error while fetching (the link breaks, the recv fails)."""
+    error while fetching (the link breaks, the recv fails).  Alike where the data sends
+    go with their ``RTS`` (``early``)."""
     monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
         self, "endpoint", endpoint))
+    if early:
+        monkeypatch.setattr(MPITransport, "early_min", 4096)  # (the eager limit here)
     seen = {}
     for native in (True, False):
         with asyncio.Runner() as runner:
-            seen[native] = runner.run(_rendezvous(native, order, fails))
+            seen[native] = runner.run(_rendezvous(native, order, fails, early))
     c, python = seen[True], seen[False]
     assert c[:2] == ("Path.fetch", "Path.test")
     assert python[:2] == ("MPITransport.fetch", "Progress._test_requests")
@@ -442,26 +454,47 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
         assert c[2][1] == ((True, True, None) if order == "withdrawn"
                            else (True, False, "None"))
         assert c[7:9] == (0, 0)  # nothing left in flight
+        data = [(len(raw), tag) for raw, _, tag in c[5]
+                if tag and not raw.startswith(b"irecv")]
+        recvs = [(raw, tag) for raw, _, tag in c[5] if raw.startswith(b"irecv")]
+        state = c[6]
+        if early:  # the data send went with the RTS, on a tag of this rank's half
+            assert len(data) == 1 and data[0][0] == BIG and data[0][1] > 32767 // 2
+            assert recvs == [(b"irecv %d" % BIG, EARLY_TAG)]  # on the tag the RTS named
+            # answered: its tag is free again, and its data send is tracked, not kept
+            assert state[7:11] == ({}, set(), {}, [])
+        else:
+            assert len(data) == (0 if order == "withdrawn" else 1)
+            assert recvs[0][1] <= 32767 // 2  # the receiver's half
+        # (an early send waits for its data send to finish, or for the receiver's drain)
+        assert state[11] == (order == "withdrawn" and not early)
     else:
         assert "TransportError" in c[-1]
         assert "TransportError" in c[2]  # the recv failed (``rts first``: in ``fetch``)
 
 
 @pytest.mark.native
+@pytest.mark.parametrize("early", [False, True], ids=["cts-first", "early"])
 @pytest.mark.parametrize("order", ["rts first", "recv first"])
 @pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
 def test_a_matched_announcement_sends_its_cts_before_posting_the_data_recv(
-        monkeypatch: pytest.MonkeyPatch, native: bool, order: str) -> None:
+        monkeypatch: pytest.MonkeyPatch, native: bool, order: str, early: bool) -> None:
     """The ``CTS`` leaves first and the data recv is posted while it travels (the sender's
     data comes only once the ``CTS`` has landed there): the sender starts its data one
-    MPI call sooner.  Alike on both lanes, and however the match came about."""
+    MPI call sooner.  Alike on both lanes, and however the match came about, and for an
+    early announcement too (MPICH copies a payload whose transfer it has seen already
+    inside the ``Irecv`` call: the ``CTS`` would wait for the copy); this rank's own early
+    send posts its data right behind its ``RTS``."""
     monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
         self, "endpoint", endpoint))
+    if early:
+        monkeypatch.setattr(MPITransport, "early_min", 4096)
     with asyncio.Runner() as runner:
-        sent = runner.run(_rendezvous(native, order, ""))[5]
-    steps = [("cts" if raw[0] == w.CTS else "control") if tag == CTRL_TAG
-             else "irecv" if raw.startswith(b"irecv") else "data" for raw, _, tag in sent]
-    assert steps[:2] == ["cts", "irecv"]
+        sent = runner.run(_rendezvous(native, order, "", early))[5]
+    steps = [("cts" if raw[0] == w.CTS else "rts" if raw[0] == w.RTS else "control")
+             if tag == CTRL_TAG else "irecv" if raw.startswith(b"irecv") else "data"
+             for raw, _, tag in sent]
+    assert steps == ["cts", "irecv", "rts", "data"]
 
 
 async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
@@ -524,6 +557,46 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     assert posted[11:16] == ("B", True, True, 1, timeout is not None)
     assert [raw[0] for raw, _, tag in posted[-1]] == [w.RTS]
     assert done[:6] == (None, "DONE", None, False, 0, {})
+
+
+async def _announce_one(native: bool) -> list[tuple[int, int, int]]:
+    """This rank (1 of 2) on the fake communicator posts one rendezvous send of ``BIG``
+    bytes: what it handed to MPI, as (kind or data, data tag named, MPI tag)."""
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    link, comm = _open_rank(comm_, native)
+    comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    await asyncio.sleep(0)
+    return [(raw[0] if tag == CTRL_TAG else -1, w.data_tag_of(raw) if tag == CTRL_TAG else 0,
+             tag) for raw, _, tag in comm_.sent]
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(("early_max", "chunk", "early"), [
+    (BIG, BIG, True), (BIG - 1, BIG, False), (BIG, BIG - 8, False)],
+    ids=["within", "above-the-limit", "chunked"])
+def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
+        monkeypatch: pytest.MonkeyPatch, early_max: int, chunk: int, early: bool) -> None:
+    """A rendezvous send posts its data right behind its ``RTS`` (which names the data
+    tag, one of the sender's half) only when it is within ``early_max`` and moves in one
+    data send; alike on both lanes."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    monkeypatch.setattr(MPITransport, "early_max", early_max)
+    monkeypatch.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", chunk)
+    monkeypatch.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", chunk)
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_announce_one(native))
+    assert seen[True] == seen[False]
+    sent = seen[True]
+    if early:
+        ((kind, named, _), (data, _, tag)) = sent
+        assert (kind, data) == (w.RTS, -1) and named == tag > 32767 // 2
+    else:
+        assert sent == [(w.RTS, 0, CTRL_TAG)]
 
 
 async def _broken_while_moving(native: bool, how: str) -> str:
