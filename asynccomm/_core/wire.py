@@ -352,12 +352,11 @@ class Wire:
                  dtype: bytes, *, early: bool = False) -> tuple[int, bytes]:
         """Announce a rendezvous message: its id and the ``RTS`` to send to ``dest``.
         ``early``: its data is sent at once, on the data tag ``early[ident]`` names (the
-        ``RTS`` names it too).
-
-        Raises:
-            RuntimeError: ``early``, and every early data tag is held (nothing changed).
+        ``RTS`` names it too), if a tag is free; else (every early tag held by an
+        unanswered message) it is announced as any other, its data sent on the ``CTS``.
         """
         data_tag = self.next_early_tag() if early else 0
+        early = data_tag != 0
         self._next_ident += 1
         ident = self._next_ident
         self.announced[ident] = dest
@@ -371,7 +370,8 @@ class Wire:
     def next_early_tag(self) -> int:
         """A data tag of the sender's half of the tag space (above ``data_tag_ub // 2``),
         in rotation, none that an early message still unanswered holds (its data send may
-        not be matched yet: a second send on its tag could take its place)."""
+        not be matched yet: a second send on its tag could take its place); 0 if every
+        one is held."""
         low = self.data_tag_ub // 2
         span = self.data_tag_ub - low
         tag = self._next_early_tag
@@ -380,7 +380,7 @@ class Wire:
             if low + tag not in self.early_tags:
                 self._next_early_tag = tag
                 return low + tag
-        raise RuntimeError("every early data tag is in use")  # (2**14 unanswered sends)
+        return 0
 
     def _settled(self, ident: int) -> None:
         """Message ``ident`` was answered (or dropped): its early data tag is free again

@@ -672,7 +672,8 @@ python:
 }
 
 /* ``wire.next_early_tag()``: a data tag above ``data_tag_ub // 2``, in rotation, none of
- * ``early_tags``.  A new reference, NULL error. */
+ * ``early_tags``.  A new reference; NULL with no error set: every one is held (the message
+ * goes as any other); NULL with an error: an error. */
 static PyObject *
 next_early_tag(Path *p)
 {
@@ -699,7 +700,6 @@ next_early_tag(Path *p)
             return NULL;
         }
     }
-    PyErr_SetString(PyExc_RuntimeError, "every early data tag is in use");
     return NULL;
 }
 
@@ -775,8 +775,11 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     int early = n > p->early_min && n <= p->early_max && n <= p->chunk_bytes;  /* (one send) */
     PyObject *data_tag = early ? next_early_tag(p) : NULL;  /* (first: it may fail) */
     if (early && data_tag == NULL) {
-        Py_DECREF(field);
-        return NULL;
+        if (PyErr_Occurred()) {
+            Py_DECREF(field);
+            return NULL;
+        }
+        early = 0;  /* every early data tag is held: its data waits for the CTS */
     }
     PyObject *v = PyObject_GetAttr(p->wire, a_next_ident);
     next = v == NULL ? -1 : PyLong_AsLongLong(v);

@@ -335,6 +335,7 @@ class MPITransport(Link):
                 return
             early = self.early_min < n <= self.early_max and n <= CHUNK_BYTES  # (one send)
             ident, rts = wire.announce(dest, msg.tag, n, msg.count, dt, early=early)
+            early = ident in wire.early  # (not if every early data tag is held)
             msg.ident = ident
             self._sends[ident] = msg
             self._send(dest, rts)

@@ -559,12 +559,16 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     assert done[:6] == (None, "DONE", None, False, 0, {})
 
 
-async def _announce_one(native: bool) -> list[tuple[int, int, int]]:
+async def _announce_one(native: bool, held: bool) -> list[tuple[int, int, int]]:
     """This rank (1 of 2) on the fake communicator posts one rendezvous send of ``BIG``
-    bytes: what it handed to MPI, as (kind or data, data tag named, MPI tag)."""
+    bytes (``held``: while every early data tag is held by an unanswered message): what it
+    handed to MPI, as (kind or data, data tag named, MPI tag)."""
     w.encode_dtype("<f8")
     comm_ = DataComm()
     link, comm = _open_rank(comm_, native)
+    if held:
+        ub = link.wire.data_tag_ub
+        link.wire.early_tags.update(range(ub // 2 + 1, ub + 1))
     comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
     await asyncio.sleep(0)
     return [(raw[0] if tag == CTRL_TAG else -1, w.data_tag_of(raw) if tag == CTRL_TAG else 0,
@@ -572,14 +576,17 @@ async def _announce_one(native: bool) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.native
-@pytest.mark.parametrize(("early_max", "chunk", "early"), [
-    (BIG, BIG, True), (BIG - 1, BIG, False), (BIG, BIG - 8, False)],
-    ids=["within", "above-the-limit", "chunked"])
+@pytest.mark.parametrize(("early_max", "chunk", "held", "early"), [
+    (BIG, BIG, False, True), (BIG - 1, BIG, False, False), (BIG, BIG - 8, False, False),
+    (BIG, BIG, True, False)],
+    ids=["within", "above-the-limit", "chunked", "every-tag-held"])
 def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
-        monkeypatch: pytest.MonkeyPatch, early_max: int, chunk: int, early: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, early_max: int, chunk: int, held: bool,
+        early: bool) -> None:
     """A rendezvous send posts its data right behind its ``RTS`` (which names the data
-    tag, one of the sender's half) only when it is within ``early_max`` and moves in one
-    data send; alike on both lanes."""
+    tag, one of the sender's half) only when it is within ``early_max``, moves in one
+    data send and a data tag is free (else it is announced as any other: never refused);
+    alike on both lanes."""
     monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
         self, "endpoint", endpoint))
     monkeypatch.setattr(MPITransport, "early_min", 4096)
@@ -589,7 +596,7 @@ def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
     seen = {}
     for native in (True, False):
         with asyncio.Runner() as runner:
-            seen[native] = runner.run(_announce_one(native))
+            seen[native] = runner.run(_announce_one(native, held))
     assert seen[True] == seen[False]
     sent = seen[True]
     if early:
