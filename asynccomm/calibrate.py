@@ -20,7 +20,8 @@ CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of on
 its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
 sum, from ring allgather and allreduce calls on in-process ranks less their messages, the
 first touch of their fresh scratch's pages, and on processes and MPI what a step costs more
-on more ranks than cores (a token passed around them); the preset's ``host`` holds them.
+on more ranks than cores (barrier calls on one process more than the cores); the preset's
+``host`` holds them.
 """
 
 from __future__ import annotations
@@ -227,16 +228,11 @@ def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
     return max(0.0, statistics.median(extra)) / nbytes
 
 
-async def _token(comm: Communicator, laps: int, repeats: int) -> float:
-    """Median wall seconds of one hop of a one-byte token passed around the ring of every
-    rank, ``laps`` times per repeat (rank 0's; others 0)."""
-    token = np.zeros(1, np.uint8)
-    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-    samples = []
-    for _ in range(repeats + 1):
-        await comm.barrier()
-        samples.append(await _laps(comm, token, right, left, laps) / (laps * comm.size))
-    return statistics.median(samples[1:]) if comm.rank == 0 else 0.0
+async def _barriers(comm: Communicator, repeats: int) -> float:
+    """Median wall seconds of one barrier call, in the calibration's loop of calls
+    (``time_calls``; rank 0's, others 0)."""
+    per_call, _ = await time_calls(comm, comm.barrier, repeats, time.perf_counter)
+    return per_call if comm.rank == 0 else 0.0
 
 
 async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
@@ -254,31 +250,61 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
     return clock() - t0
 
 
-def measure_switch(cores: int, repeats: int = 7, laps: int = 50,
-                   transport: str = "processes") -> float:
-    """Seconds more per hop of a token passed around ``cores + 1`` processes than around
-    ``cores`` (at least two) on ``transport`` (``processes`` or ``mpi``: how its processes
-    wait decides what a turn costs): what a step costs more on more ranks than cores
-    (``HostSpec`` ``switch``), where a rank that waits holds a core another needs."""
-    fit, over = (_token_hop(transport, p, laps, repeats)
-                 for p in (max(2, cores), max(2, cores) + 1))
-    return max(0.0, over - fit)
+def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
+                   repeats: int = 7, transport: str = "processes") -> float:
+    """Seconds more per step of a collective call on ``cores + 1`` ranks than on as many
+    ranks as cores (``HostSpec`` ``switch``), on ``transport`` (``processes`` or ``mpi``:
+    how its waiting processes hold a core decides what a step costs): barrier calls
+    (``_barriers``: all waits, no data) timed on ``cores + 1`` processes, and the switch
+    that makes the model (``segments``' link, ``host`` on ``cores`` cores) time them so.
+
+    In the model a barrier's ``s`` steps each cost an empty message, and its call and
+    steps ``host.call + s * (host.step + switch)`` of CPU on each rank's core, ``k`` ranks
+    on the busiest one (``sim/host.py`` Rule 2): back to back, about ``k (call + s (step
+    + switch))`` plus its messages a call, linear in the switch.  The model's barrier is
+    timed (virtual clock, ``MODEL_CALLS`` calls) without a switch and with that closed
+    form's, and the switch read off the line through them.  A barrier's ranks all wait at
+    once, as a collective's do at each step, where a token passed around them has one rank
+    busy and the others idle."""
+    p = max(2, cores) + 1
+    took = _barrier_call(transport, p, repeats)
+
+    def model(switch: float) -> float:
+        cluster = calibrated_cluster(segments, name="switch", ranks=p, host=dataclasses.replace(
+            host, cores=max(1, cores), switch=switch))
+        return float(run(_model_barriers, p, cluster=cluster, clock="virtual")[0])
+
+    bare = model(0.0)
+    if took <= bare:
+        return 0.0
+    guess = (took - bare) / (-(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
+    return guess * (took - bare) / (model(guess) - bare)
 
 
-def _token_hop(transport: str, ranks: int, laps: int, repeats: int) -> float:
-    """``_token`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
+#: Calls back to back of a collective on the model's clock (which does not vary).
+MODEL_CALLS = 4
+
+
+async def _model_barriers(comm: Communicator) -> float:
+    """Seconds per barrier call on the model's clock, ``MODEL_CALLS`` calls back to back
+    (rank 0's, others too)."""
+    return (await time_calls(comm, comm.barrier, 1, comm.model_time,
+                             iterations=MODEL_CALLS))[0]
+
+
+def _barrier_call(transport: str, ranks: int, repeats: int) -> float:
+    """``_barriers`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
     if transport != "mpi":
-        return float(run(partial(_token, laps=laps, repeats=repeats), ranks,
-                         backend="processes")[0])
+        return float(run(partial(_barriers, repeats=repeats), ranks, backend="processes")[0])
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "hop.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--token", str(path),
-                 "--laps", str(laps), "--repeats", str(repeats)], ranks)
+        path = Path(tmp) / "barrier.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--barrier", str(path),
+                 "--repeats", str(repeats)], ranks)
         return float(json.loads(path.read_text()))
 
 
-def measure_host(transport: str, repeats: int = 7,
-                 in_process: HostSpec | None = None) -> HostSpec:
+def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None = None,
+                 segments: Sequence[Segment] = (Segment(1, 0.0, 0.0),)) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
     in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
@@ -289,8 +315,9 @@ def measure_host(transport: str, repeats: int = 7,
     the smallest size gives the Python, each larger one the rates of calls up to its size
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
-    scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
-    token takes around one process more than the cores (``measure_switch``).
+    scratch (counted).  On processes and MPI, ``switch`` is what a step costs more on one
+    process more than the cores (``measure_switch``, from barrier calls, on the model of
+    ``segments``: the fitted messages, free by default).
     Everything is timed on ``transport``'s clock (``clock_of``), as its collectives are:
     on a machine that others share, the wall clock of processes and MPI holds the turns
     their ranks wait for a core, and so must the rates that predict them.
@@ -300,16 +327,16 @@ def measure_host(transport: str, repeats: int = 7,
     More repeats do not steady the calls' medians: what moves them from run to run is the
     state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
     runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
-    difference of wall-clock medians, takes three times as many)."""
+    wall-clock median that load moves, takes three times as many)."""
     host = (in_process if in_process is not None
             else in_process_host(repeats, clock_of(transport)))
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
-    # a difference of two wall-clock medians, which load moves: three times the samples
-    return dataclasses.replace(host, cores=cores,
-                               switch=measure_switch(cores, 3 * repeats, transport=transport))
+    # a wall-clock median, which load moves: three times the samples
+    return dataclasses.replace(host, cores=cores, switch=measure_switch(
+        cores, host, segments, 3 * repeats, transport=transport))
 
 
 def in_process_host(repeats: int = 7,
@@ -430,8 +457,8 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                                 min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
     in_process = host if isinstance(host, HostSpec) else None
-    return preset(transport, points, segments,
-                  host=measure_host(transport, repeats, in_process) if host else None)
+    return preset(transport, points, segments, host=measure_host(
+        transport, repeats, in_process, segments) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
@@ -459,8 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the preset file (default: calibrated-<transport>"
                    ".json here)")
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
-    p.add_argument("--token", type=Path, help=argparse.SUPPRESS)  # the same, of _token
-    p.add_argument("--laps", type=int, default=50, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)  # the same, _barriers
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -469,10 +495,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             args.points.write_text(json.dumps(points))
         return 0
-    if args.token is not None:
-        hop = run(lambda comm: _token(comm, args.laps, args.repeats), backend="mpi")
-        if hop:  # rank 0's
-            args.token.write_text(json.dumps(hop))
+    if args.barrier is not None:
+        took = run(lambda comm: _barriers(comm, args.repeats), backend="mpi")
+        if took:  # rank 0's
+            args.barrier.write_text(json.dumps(took))
         return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")

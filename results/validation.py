@@ -38,6 +38,7 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm.calibrate import (
+    MODEL_CALLS,
     SIZES,
     calibrate,
     clock_of,
@@ -57,7 +58,6 @@ RANKS = (2, 3, 4)
 COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
 P2P_TARGET, COLL_TARGET = 0.05, 0.10
 REPEATS = 5
-MODEL_CALLS = 4  # calls back to back per size on the model (its clock does not vary)
 
 
 def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
