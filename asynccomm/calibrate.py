@@ -79,7 +79,10 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
                    budget: float = BUDGET,
                    clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
-    the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
+    the median over ``repeats`` of the one-way seconds, half a round trip, each timed after
+    one bounce untimed: the first small bounce after the largest size can take
+    milliseconds (its peer still busy with, or put to sleep by, the size before), a tenth
+    of an 8-byte size's whole sample, which no later bounce pays.  Other ranks
     wait for a message rank 0 sends them at the end, as a collective's ranks wait for
     theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
     repeats go round every size in turn, so a burst of load from elsewhere on the machine
@@ -104,6 +107,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n, k in zip(sizes, iters.tolist(), strict=True):
+            await bounce(n, 1)  # untimed: the first bounce after the size before
             samples[n].append(await bounce(n, k) / k / 2)
     if comm.rank == 1:
         return {}

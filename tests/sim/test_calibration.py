@@ -275,6 +275,29 @@ def test_the_switch_s_barrier_calls_run_on_one_process_more_than_the_cores() -> 
     assert isinstance(took, float) and 0 < took < 1.0
 
 
+def test_each_size_is_timed_after_one_untimed_bounce(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+
+    laps: list[tuple[int, int]] = []  # rank 0's (bytes, laps) in turn
+    real = calibrate._laps
+
+    async def counted(comm: ac.Communicator, buf: np.ndarray, right: int, left: int,
+                      k: int, clock: object = None) -> float:
+        if comm.rank == 0:
+            laps.append((buf.nbytes, k))
+        return await real(comm, buf, right, left, k)
+
+    monkeypatch.setattr(calibrate, "_laps", counted)
+    got = ac.run(lambda comm: calibrate.pingpong(comm, (8, 1024), 2, budget=1e-3), 2,
+                 backend="local")[0]
+    assert sorted(got) == [8, 1024] and all(t > 0 for t in got.values())
+    sizing, timed = laps[:2], laps[2:]
+    assert sizing == [(8, 1), (1024, 1)]  # one bounce each sizes the iterations
+    assert len(timed) == 2 * 2 * 2  # each repeat, each size: a bounce, then the timed laps
+    assert [n for n, _ in timed] == [8, 8, 1024, 1024] * 2
+    assert [k for _, k in timed[::2]] == [1] * 4  # the untimed bounce: one lap
+
+
 def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:
     # 10 us + n / 40 GB/s up to the eager limit, 0.1 us more past it (a clear-to-send):
     # within the tolerance of one segment, which the fit alone keeps
