@@ -186,7 +186,8 @@ def test_closed_forms_add_the_ranks_work_on_the_busiest_core() -> None:
 
     segments = [Segment(1 << 30, 5e-6, 1 / 10e9)]
     host = HostSpec(cores=2, call=1e-5, step=2e-6, copy_bandwidth=1e9, switch=3e-6)
-    bare = CollectiveCosts(ClusterModel(calibrated_cluster(segments, name="x"), 3), range(3))
+    bare = CollectiveCosts(ClusterModel(calibrated_cluster(  # the same cores, no work
+        segments, name="x", host=HostSpec(cores=2)), 3), range(3))
     busy = CollectiveCosts(ClusterModel(calibrated_cluster(segments, name="x", host=host), 3),
                            range(3))
     # 3 ranks on 2 cores: the busiest does two ranks' work, each the call, its steps (and
