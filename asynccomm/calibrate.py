@@ -15,13 +15,13 @@ In-process ranks share one CPU, so its preset puts every transfer of the node on
 shared resource (``Cluster(shared_intra=True)``) and its ranks' own work on one core; MPI
 ranks (and ``processes`` ranks) are processes of their own, on this machine's cores.
 
-Besides messages it measures, in this process, what a collective call costs on a rank's
-CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of one step of
-its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
-sum, from ring allgather and allreduce calls on in-process ranks less their messages, the
-first touch of their fresh scratch's pages, and on processes and MPI what a step costs more
-on more ranks than cores (barrier calls on one process more than the cores); the preset's
-``host`` holds them.
+Besides messages it measures, in this process and on its CPU clock, what a collective call
+costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
+and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
+and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
+their messages, the first touch of their fresh scratch's pages, and on processes and MPI
+what a step costs more on more ranks than cores (barrier calls on one process more than
+the cores); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
@@ -322,18 +322,20 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     scratch (counted).  On processes and MPI, ``switch`` is what a step costs more on one
     process more than the cores (``measure_switch``, from barrier calls, on the model of
     ``segments``: the fitted messages, free by default).
-    Everything is timed on ``transport``'s clock (``clock_of``), as its collectives are:
-    on a machine that others share, the wall clock of processes and MPI holds the turns
-    their ranks wait for a core, and so must the rates that predict them.
-    ``in_process``: ``in_process_host`` measured already on that clock (the same for
-    transports of one clock), to which processes and MPI add what is theirs.
+    The calls are timed on this process's CPU clock whatever the transport: their rates
+    are a rank's own work, which the turns other programs take on a shared machine would
+    only blur (a burst of load during the few seconds they take made a reduction ten times
+    dearer for every cell of a run); the turns that a transport's own ranks take on more
+    ranks than cores are the switch's, and its messages' share of the cores the model's
+    (``sim/model.py`` Rule 4b).  ``in_process``: ``in_process_host`` measured already (the
+    same for every transport), to which processes and MPI add what is theirs.
 
     More repeats do not steady the calls' medians: what moves them from run to run is the
     state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
     runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
     wall-clock median that load moves, takes three times as many)."""
     host = (in_process if in_process is not None
-            else in_process_host(repeats, clock_of(transport)))
+            else in_process_host(repeats))
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
