@@ -282,7 +282,8 @@ def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
     if took <= bare:
         return 0.0
     guess = (took - bare) / (-(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
-    return guess * (took - bare) / (model(guess) - bare)
+    grown = model(guess) - bare
+    return guess * (took - bare) / grown if grown > 0 else guess
 
 
 #: Calls back to back of a collective on the model's clock (which does not vary).
