@@ -15,12 +15,13 @@ In-process ranks share one CPU, so its preset puts every transfer of the node on
 shared resource (``Cluster(shared_intra=True)``) and its ranks' own work on one core; MPI
 ranks (and ``processes`` ranks) are processes of their own, on this machine's cores.
 
-Besides messages it measures, in this process, what a collective call costs on a rank's
-CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call and of one step of
-its algorithm, and the rates of its copies (into fresh scratch arrays) and of a float32
-sum, from ring allgather and allreduce calls on in-process ranks less their messages, the
-first touch of their fresh scratch's pages, and on processes and MPI what a step costs more
-on more ranks than cores (a token passed around them); the preset's ``host`` holds them.
+Besides messages it measures, in this process and on its CPU clock, what a collective call
+costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
+and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
+and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
+their messages, the first touch of their fresh scratch's pages, and on processes and MPI
+what a step costs more on more ranks than cores (barrier calls on one process more than
+the cores); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
                    budget: float = BUDGET,
                    clock: Callable[[], float] = time.perf_counter) -> dict[int, float]:
     """Ranks 0 and 1 bounce a message of each size; return (on rank 0; others get {})
-    the median over ``repeats`` of the one-way seconds, half a round trip.  Other ranks
+    the median over ``repeats`` of the one-way seconds, half a round trip, each timed after
+    one bounce untimed: the first small bounce after the largest size can take
+    milliseconds (its peer still busy with, or put to sleep by, the size before), a tenth
+    of an 8-byte size's whole sample, which no later bounce pays.  Other ranks
     wait for a message rank 0 sends them at the end, as a collective's ranks wait for
     theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
     repeats go round every size in turn, so a burst of load from elsewhere on the machine
@@ -103,6 +107,7 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n, k in zip(sizes, iters.tolist(), strict=True):
+            await bounce(n, 1)  # untimed: the first bounce after the size before
             samples[n].append(await bounce(n, k) / k / 2)
     if comm.rank == 1:
         return {}
@@ -227,16 +232,11 @@ def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
     return max(0.0, statistics.median(extra)) / nbytes
 
 
-async def _token(comm: Communicator, laps: int, repeats: int) -> float:
-    """Median wall seconds of one hop of a one-byte token passed around the ring of every
-    rank, ``laps`` times per repeat (rank 0's; others 0)."""
-    token = np.zeros(1, np.uint8)
-    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
-    samples = []
-    for _ in range(repeats + 1):
-        await comm.barrier()
-        samples.append(await _laps(comm, token, right, left, laps) / (laps * comm.size))
-    return statistics.median(samples[1:]) if comm.rank == 0 else 0.0
+async def _barriers(comm: Communicator, repeats: int) -> float:
+    """Median wall seconds of one barrier call, in the calibration's loop of calls
+    (``time_calls``; rank 0's, others 0)."""
+    per_call, _ = await time_calls(comm, comm.barrier, repeats, time.perf_counter)
+    return per_call if comm.rank == 0 else 0.0
 
 
 async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
@@ -254,31 +254,62 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
     return clock() - t0
 
 
-def measure_switch(cores: int, repeats: int = 7, laps: int = 50,
-                   transport: str = "processes") -> float:
-    """Seconds more per hop of a token passed around ``cores + 1`` processes than around
-    ``cores`` (at least two) on ``transport`` (``processes`` or ``mpi``: how its processes
-    wait decides what a turn costs): what a step costs more on more ranks than cores
-    (``HostSpec`` ``switch``), where a rank that waits holds a core another needs."""
-    fit, over = (_token_hop(transport, p, laps, repeats)
-                 for p in (max(2, cores), max(2, cores) + 1))
-    return max(0.0, over - fit)
+def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
+                   repeats: int = 7, transport: str = "processes") -> float:
+    """Seconds more per step of a collective call on ``cores + 1`` ranks than on as many
+    ranks as cores (``HostSpec`` ``switch``), on ``transport`` (``processes`` or ``mpi``:
+    how its waiting processes hold a core decides what a step costs): barrier calls
+    (``_barriers``: all waits, no data) timed on ``cores + 1`` processes, and the switch
+    that makes the model (``segments``' link, ``host`` on ``cores`` cores) time them so.
+
+    In the model a barrier's ``s`` steps each cost an empty message, and its call and
+    steps ``host.call + s * (host.step + switch)`` of CPU on each rank's core, ``k`` ranks
+    on the busiest one (``sim/host.py`` Rule 2): back to back, about ``k (call + s (step
+    + switch))`` plus its messages a call, linear in the switch.  The model's barrier is
+    timed (virtual clock, ``MODEL_CALLS`` calls) without a switch and with that closed
+    form's, and the switch read off the line through them.  A barrier's ranks all wait at
+    once, as a collective's do at each step, where a token passed around them has one rank
+    busy and the others idle."""
+    p = max(2, cores) + 1
+    took = _barrier_call(transport, p, repeats)
+
+    def model(switch: float) -> float:
+        cluster = calibrated_cluster(segments, name="switch", ranks=p, host=dataclasses.replace(
+            host, cores=max(1, cores), switch=switch))
+        return float(run(_model_barriers, p, cluster=cluster, clock="virtual")[0])
+
+    bare = model(0.0)
+    if took <= bare:
+        return 0.0
+    guess = (took - bare) / (-(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
+    grown = model(guess) - bare
+    return guess * (took - bare) / grown if grown > 0 else guess
 
 
-def _token_hop(transport: str, ranks: int, laps: int, repeats: int) -> float:
-    """``_token`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
+#: Calls back to back of a collective on the model's clock (which does not vary).
+MODEL_CALLS = 4
+
+
+async def _model_barriers(comm: Communicator) -> float:
+    """Seconds per barrier call on the model's clock, ``MODEL_CALLS`` calls back to back
+    (rank 0's, others too)."""
+    return (await time_calls(comm, comm.barrier, 1, comm.model_time,
+                             iterations=MODEL_CALLS))[0]
+
+
+def _barrier_call(transport: str, ranks: int, repeats: int) -> float:
+    """``_barriers`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
     if transport != "mpi":
-        return float(run(partial(_token, laps=laps, repeats=repeats), ranks,
-                         backend="processes")[0])
+        return float(run(partial(_barriers, repeats=repeats), ranks, backend="processes")[0])
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "hop.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--token", str(path),
-                 "--laps", str(laps), "--repeats", str(repeats)], ranks)
+        path = Path(tmp) / "barrier.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--barrier", str(path),
+                 "--repeats", str(repeats)], ranks)
         return float(json.loads(path.read_text()))
 
 
-def measure_host(transport: str, repeats: int = 7,
-                 in_process: HostSpec | None = None) -> HostSpec:
+def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None = None,
+                 segments: Sequence[Segment] = (Segment(1, 0.0, 0.0),)) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
     in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
@@ -289,27 +320,30 @@ def measure_host(transport: str, repeats: int = 7,
     the smallest size gives the Python, each larger one the rates of calls up to its size
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
-    scratch (counted).  On processes and MPI, ``switch`` is how much longer a hop of a
-    token takes around one process more than the cores (``measure_switch``).
-    Everything is timed on ``transport``'s clock (``clock_of``), as its collectives are:
-    on a machine that others share, the wall clock of processes and MPI holds the turns
-    their ranks wait for a core, and so must the rates that predict them.
-    ``in_process``: ``in_process_host`` measured already on that clock (the same for
-    transports of one clock), to which processes and MPI add what is theirs.
+    scratch (counted).  On processes and MPI, ``switch`` is what a step costs more on one
+    process more than the cores (``measure_switch``, from barrier calls, on the model of
+    ``segments``: the fitted messages, free by default).
+    The calls are timed on this process's CPU clock whatever the transport: their rates
+    are a rank's own work, which the turns other programs take on a shared machine would
+    only blur (a burst of load during the few seconds they take made a reduction ten times
+    dearer for every cell of a run); the turns that a transport's own ranks take on more
+    ranks than cores are the switch's, and its messages' share of the cores the model's
+    (``sim/model.py`` Rule 4b).  ``in_process``: ``in_process_host`` measured already (the
+    same for every transport), to which processes and MPI add what is theirs.
 
     More repeats do not steady the calls' medians: what moves them from run to run is the
     state of the caches and the allocator (a 4 MiB allgather's median moves by 40% between
     runs with 7 repeats as with 21), so ``repeats`` is the ping-pong's (the switch, a
-    difference of wall-clock medians, takes three times as many)."""
+    wall-clock median that load moves, takes three times as many)."""
     host = (in_process if in_process is not None
-            else in_process_host(repeats, clock_of(transport)))
+            else in_process_host(repeats))
     if transport == "local":
         return host
     # processes of their own: one more than the cores take turns
     cores = os.cpu_count() or 1
-    # a difference of two wall-clock medians, which load moves: three times the samples
-    return dataclasses.replace(host, cores=cores,
-                               switch=measure_switch(cores, 3 * repeats, transport=transport))
+    # a wall-clock median, which load moves: three times the samples
+    return dataclasses.replace(host, cores=cores, switch=measure_switch(
+        cores, host, segments, 3 * repeats, transport=transport))
 
 
 def in_process_host(repeats: int = 7,
@@ -430,8 +464,8 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                                 min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
     in_process = host if isinstance(host, HostSpec) else None
-    return preset(transport, points, segments,
-                  host=measure_host(transport, repeats, in_process) if host else None)
+    return preset(transport, points, segments, host=measure_host(
+        transport, repeats, in_process, segments) if host else None)
 
 
 def _report(doc: dict[str, Any]) -> str:
@@ -459,8 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="the preset file (default: calibrated-<transport>"
                    ".json here)")
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
-    p.add_argument("--token", type=Path, help=argparse.SUPPRESS)  # the same, of _token
-    p.add_argument("--laps", type=int, default=50, help=argparse.SUPPRESS)
+    p.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)  # the same, _barriers
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -469,10 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             args.points.write_text(json.dumps(points))
         return 0
-    if args.token is not None:
-        hop = run(lambda comm: _token(comm, args.laps, args.repeats), backend="mpi")
-        if hop:  # rank 0's
-            args.token.write_text(json.dumps(hop))
+    if args.barrier is not None:
+        took = run(lambda comm: _barriers(comm, args.repeats), backend="mpi")
+        if took:  # rank 0's
+            args.barrier.write_text(json.dumps(took))
         return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")

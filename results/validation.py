@@ -38,6 +38,7 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm.calibrate import (
+    MODEL_CALLS,
     SIZES,
     calibrate,
     clock_of,
@@ -57,7 +58,6 @@ RANKS = (2, 3, 4)
 COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
 P2P_TARGET, COLL_TARGET = 0.05, 0.10
 REPEATS = 5
-MODEL_CALLS = 4  # calls back to back per size on the model (its clock does not vary)
 
 
 def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
@@ -140,12 +140,11 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
     predict; the tables' data."""
     data: dict[str, Any] = {"transports": {}}
     started = time.perf_counter()
-    hosts = {clock: in_process_host(repeats, clock)  # once per clock, for its transports
-             for clock in dict.fromkeys(map(clock_of, transports))}
+    host = in_process_host(repeats)  # once, on the CPU clock, for every transport
     data["wall_s"] = round(time.perf_counter() - started, 2)
     for transport in progress(transports, NAME):
         walls, started = {}, time.perf_counter()
-        doc = calibrate(transport, p2p_sizes, repeats, host=hosts[clock_of(transport)])
+        doc = calibrate(transport, p2p_sizes, repeats, host=host)
         walls["calibrate"] = time.perf_counter() - started
         with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
             preset = Path(tmp) / "preset.json"

@@ -18,6 +18,13 @@ messages past the eager limit) and 1/B (the slowest of the three stages, or all 
 series for store-and-forward) are the model's own, and messages of one step that share a
 model resource (a PCIe switch, a NIC port, a copy engine) share it as they do in a run.
 For example, ring allreduce costs 2(p-1) steps of n/p bytes: 2(p-1)·α + 2(p-1)/p·n/B.
+To its messages a closed form adds the ranks' own work of the call as the model charges it
+(``sim/host.py``: the call, steps, copies, reductions and fresh scratch of the algorithm,
+and the switch of each step on more ranks than cores) times the ranks that share the
+busiest core, which does their work in turn before their messages: where that work
+counts (in-process ranks on one CPU, copies slower than the link) an algorithm of fewer
+copies or steps can win where its messages alone would lose.  Presets of published
+hardware have no host work, and their choices are their messages'.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from .._types import EAGER_LIMIT
+from ..sim.host import collective_seconds
 from ..sim.model import ChunkPlan, ClusterModel
 
 __all__ = ["CollectiveCosts", "Chooser", "default_choice", "model_chooser"]
@@ -81,6 +89,12 @@ class CollectiveCosts:
         self._strategy = model.strategy
         self._slots = model.staging_slots
         self.step = lru_cache(maxsize=4096)(self._step)
+        # the ranks whose work the busiest core does in turn (one CPU for a node's
+        # in-process ranks, whose messages it moves too: ``ClusterModel.core``), found on a
+        # fresh model
+        fresh = None if model.cluster.host.free else ClusterModel(self._cluster, self._world)
+        cores = [fresh.core(r).name for r in self.ranks] if fresh is not None else []
+        self._per_core = max((cores.count(c) for c in cores), default=0)
 
     def _step(self, messages: tuple[tuple[int, int, int], ...]) -> float:
         """Seconds until the last of ``messages`` (src, dst, nbytes; communicator ranks),
@@ -130,7 +144,17 @@ class CollectiveCosts:
         form = getattr(self, "_" + name.replace(".", "__"), None)
         if form is None:
             raise ValueError(f"no closed form for {name!r}")
-        return 0.0 if self.size == 1 else float(form(nbytes))
+        if self.size == 1:
+            return 0.0
+        return float(form(nbytes)) + self.work(name, nbytes)
+
+    def work(self, name: str, nbytes: int) -> float:
+        """Seconds of the ranks' own work in a call of ``name`` on the busiest core (see
+        module docs); 0 without host work."""
+        if not self._per_core:
+            return 0.0
+        host = self._cluster.host
+        return self._per_core * collective_seconds(host, name, nbytes, self.size)
 
     def _rounds(self) -> int:
         return (self.size - 1).bit_length()

@@ -26,10 +26,15 @@ call's fresh bytes, which a warm ping-pong never sees.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
-each step of a call costs ``switch`` more: processes that wait for a message hold a core
-another rank needs until the system's scheduler moves them (0 where ranks share one
-event loop, which switches between them itself).  Where that one core also moves every
-message of the node in turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
+each step of a call costs ``switch`` more on its rank's core: processes that wait for a
+message (polling, or spinning a while before they sleep) hold a core another rank needs
+until the system's scheduler moves them, and a rank that slept costs a wake-up (0 where
+ranks share one event loop, which switches between them itself).  Calibrated on
+processes and MPI from barrier calls on one process more than the cores, whose ranks all
+wait at once as a collective's do at each step (``asynccomm.calibrate.measure_switch``).
+Their messages share the cores too: a transfer into a rank is held on its core
+(``sim/model.py`` Rule 4b).  Where that one core also moves every message of the node in
+turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
 in-process ranks, whose one CPU copies each message), the work and the messages queue on
 one resource, so a call's work and the other ranks' messages never overlap.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time

@@ -44,6 +44,12 @@ device's NIC egress and the destination's NIC ingress, both held for the whole l
 stage.  Different groups of a node: one resource per node and directed group
 pair (the PCIe switch).  Copy engines are per device and per direction (PCIe and DMA are
 full duplex), so a rank that sends and receives at once does not halve its copy rate.
+Rule 4b (crowded cores).  Where the ranks share cores (``Cluster.host`` ``cores`` > 0, a
+node that is not ``shared_intra``: processes of one machine, whose CPUs copy each
+message's bytes), a same-node, same-group transfer is held on the core of its
+destination, which copies it in: ranks on one core share its rate (fairly, on a
+``"fair"`` link), where on cores of their own each pair's transfers are as on a link of
+their own, as before.
 
 Rule 5 (modes).  "sync" and "async" move one chunk, stages in series (store-and-forward);
 "async" frees the sender when its data is in staging, the others at the end.  "pipelined"
@@ -362,6 +368,8 @@ class ClusterModel:
         name = f"{kind}:{c.link(src, dst).name}"
         if kind == "intra" and c.shared_intra:  # one bus per node
             return (self._bus(c.node_of(src)),)
+        if kind == "intra" and c.host.cores and not c.switched_intra:  # Rule 4b
+            return (self._resource(f"{name}[node{c.node_of(dst)}:core{c.host.core(dst)}]"),)
         if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
             return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
         if kind == "cross_group":  # one per node and directed group pair

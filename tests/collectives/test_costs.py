@@ -178,3 +178,44 @@ def test_choose_sees_qualified_names_and_nccl_sizes() -> None:
                          (("allgather.ring", "allgather.bruck"), 120, 3),
                          (("gather.linear", "gather.binomial"), 120, 3),
                          (("barrier.dissemination",), 0, 3)}
+
+
+def test_closed_forms_add_the_ranks_work_on_the_busiest_core() -> None:
+    from asynccomm.sim.calibration import Segment, calibrated_cluster
+    from asynccomm.sim.host import HostSpec, collective_seconds
+
+    segments = [Segment(1 << 30, 5e-6, 1 / 10e9)]
+    host = HostSpec(cores=2, call=1e-5, step=2e-6, copy_bandwidth=1e9, switch=3e-6)
+    bare = CollectiveCosts(ClusterModel(calibrated_cluster(  # the same cores, no work
+        segments, name="x", host=HostSpec(cores=2)), 3), range(3))
+    busy = CollectiveCosts(ClusterModel(calibrated_cluster(segments, name="x", host=host), 3),
+                           range(3))
+    # 3 ranks on 2 cores: the busiest does two ranks' work, each the call, its steps (and
+    # their switch: more ranks than cores) and its copies
+    for name in ("allreduce.ring", "allgather.bruck", "barrier.dissemination"):
+        work = 2 * collective_seconds(host, name, 4 * KiB, 3)
+        assert busy.cost(name, 4 * KiB) == pytest.approx(bare.cost(name, 4 * KiB) + work)
+    assert busy.work("allgather.ring", 4 * KiB) == pytest.approx(
+        2 * (1e-5 + 2 * 5e-6 + (4 * KiB / 3 + 4 * KiB) / 1e9))
+    assert bare.work("allgather.ring", 4 * KiB) == 0.0  # no host work: messages only
+    # a sub-communicator of ranks on two cores: one rank's work each
+    assert CollectiveCosts(busy_model := ClusterModel(
+        calibrated_cluster(segments, name="x", host=host), 3), [0, 1]).work(
+        "barrier.dissemination", 0) == collective_seconds(host, "barrier", 0, 2)
+    assert dict(busy_model.resources) == {}  # the live model is left alone
+
+
+def test_model_chooser_weighs_the_ranks_work() -> None:
+    from asynccomm.sim.calibration import Segment, calibrated_cluster
+    from asynccomm.sim.host import HostSpec
+
+    # 8 ranks on a fast link: by their messages Bruck's 3 steps beat the ring's 7 below a
+    # MiB; copies at 100 MB/s make Bruck's extra copy of the whole buffer cost more
+    segments = [Segment(1 << 30, 20e-6, 1 / 10e9)]
+    names = ["allgather.ring", "allgather.bruck"]
+    fast = model_chooser(ClusterModel(calibrated_cluster(segments, name="x"), 8), range(8))
+    assert fast(names, 64 * KiB, 8) == "allgather.bruck"
+    slow = HostSpec(cores=8, copy_bandwidth=1e8)
+    copying = model_chooser(ClusterModel(calibrated_cluster(segments, name="x", host=slow), 8),
+                            range(8))
+    assert copying(names, 64 * KiB, 8) == "allgather.ring"

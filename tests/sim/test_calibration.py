@@ -240,18 +240,62 @@ def test_the_loop_of_calls_times_every_rank_s_share_of_a_call() -> None:
 
 def test_the_switch_of_mpi_is_measured_on_mpi_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     import asynccomm.calibrate as calibrate
+    from asynccomm.sim.host import HostSpec
 
     launched: list[tuple[list[str], int]] = []
 
-    def fake_mpi_run(args: list[str], ranks: int) -> None:  # a hop of 10 us, 15 on 3 ranks
+    def fake_mpi_run(args: list[str], ranks: int) -> None:  # a barrier of 130 us
         launched.append((list(args), ranks))
-        Path(args[args.index("--token") + 1]).write_text(json.dumps(5e-6 * ranks))
+        Path(args[args.index("--barrier") + 1]).write_text(json.dumps(130e-6))
 
     monkeypatch.setattr(calibrate, "mpi_run", fake_mpi_run)
-    assert calibrate.measure_switch(2, 1, transport="mpi") == pytest.approx(5e-6)
-    assert [ranks for _, ranks in launched] == [2, 3]
-    assert all(args[:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--token"]
+    host, segments = HostSpec(call=10e-6, step=1e-6), [Segment(1 << 20, 5e-6, 0.0)]
+    switch = calibrate.measure_switch(2, host, segments, 1, transport="mpi")
+    assert [ranks for _, ranks in launched] == [3]
+    assert all(args[:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--barrier"]
                for args, _ in launched)
+    # 3 ranks on 2 cores, 2 on the busiest, a barrier of 2 steps of 5 us messages: about
+    # 2 (10 + 2 (1 + switch)) + 5 us, the next call's work overlapping a message
+    assert switch == pytest.approx(25.25e-6, rel=1e-4)
+    # the model with that switch times the barrier as measured, on the virtual clock
+    crowded = calibrated_cluster(segments, name="x", ranks=3,
+                                 host=HostSpec(cores=2, call=10e-6, step=1e-6, switch=switch))
+    assert ac.run(calibrate._model_barriers, 3, cluster=crowded,
+                  clock="virtual")[0] == pytest.approx(130e-6, rel=1e-6)
+    # a barrier no dearer than the model's without a switch: none
+    monkeypatch.setattr(calibrate, "_barrier_call", lambda transport, ranks, repeats: 1e-6)
+    assert calibrate.measure_switch(2, host, segments, 1, transport="mpi") == 0.0
+
+
+def test_the_switch_s_barrier_calls_run_on_one_process_more_than_the_cores() -> None:
+    from asynccomm.calibrate import _barrier_call
+
+    # the measurement's shape (not its timing): rank 0's seconds per barrier call
+    took = _barrier_call("processes", 3, 1)
+    assert isinstance(took, float) and 0 < took < 1.0
+
+
+def test_each_size_is_timed_after_one_untimed_bounce(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+
+    laps: list[tuple[int, int]] = []  # rank 0's (bytes, laps) in turn
+    real = calibrate._laps
+
+    async def counted(comm: ac.Communicator, buf: np.ndarray, right: int, left: int,
+                      k: int, clock: object = None) -> float:
+        if comm.rank == 0:
+            laps.append((buf.nbytes, k))
+        return await real(comm, buf, right, left, k)
+
+    monkeypatch.setattr(calibrate, "_laps", counted)
+    got = ac.run(lambda comm: calibrate.pingpong(comm, (8, 1024), 2, budget=1e-3), 2,
+                 backend="local")[0]
+    assert sorted(got) == [8, 1024] and all(t > 0 for t in got.values())
+    sizing, timed = laps[:2], laps[2:]
+    assert sizing == [(8, 1), (1024, 1)]  # one bounce each sizes the iterations
+    assert len(timed) == 2 * 2 * 2  # each repeat, each size: a bounce, then the timed laps
+    assert [n for n, _ in timed] == [8, 8, 1024, 1024] * 2
+    assert [k for _, k in timed[::2]] == [1] * 4  # the untimed bounce: one lap
 
 
 def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:

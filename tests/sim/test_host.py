@@ -74,11 +74,13 @@ def test_ranks_that_share_a_core_queue_their_work(ranks: int, cores: int, factor
 
     got = ac.run(main, ranks, cluster=cluster(host, ranks), clock="virtual")
     # the calls of a core in turn, then the ring's messages (1 us each, p - 1 steps in
-    # series once every rank has sent; a rank later than its neighbours delays them)
+    # series once every rank has sent; a rank later than its neighbours delays them, and
+    # messages into the ranks of one core share it: ``sim/model.py`` Rule 4b)
     cpu = factor * 1e-3
     if ranks == 2:
         assert max(got) == pytest.approx(cpu + MSG, abs=1e-8)
-    assert cpu + (ranks - 1) * MSG - 1e-8 <= max(got) <= cpu + 2 * (ranks - 1) * MSG + 1e-8
+    assert (cpu + (ranks - 1) * MSG - 1e-8 <= max(got)
+            <= cpu + 2 * factor * (ranks - 1) * MSG + 1e-8)
 
 
 def test_the_work_of_each_collective() -> None:
@@ -246,3 +248,25 @@ def test_a_core_gives_back_abandoned_work_only_when_nothing_queued_behind_it() -
     assert (core.free_at, core.busy) == (1450, 1350)
     core.release(1400, 1450, 2000)  # already over: nothing to give back
     assert core.free_at == 1450
+
+
+def test_messages_into_ranks_of_one_core_share_it() -> None:
+    from asynccomm.sim import ClusterModel
+
+    # 3 ranks on 2 cores (0 and 2 on core 0), a link of 2 us + n / 1 GB/s: transfers into
+    # ranks 0 and 2 at once share core 0's copy rate, one into rank 1 has core 1 alone
+    segments = [Segment(1 << 30, 2e-6, 1e-9)]
+    crowded = calibrated_cluster(segments, name="x", ranks=3,
+                                 host=HostSpec(cores=2, call=1e-6))
+    model = ClusterModel(crowded, 3)
+    into = [model.start(src, dst, 10**6, now=0) for src, dst in ((2, 0), (1, 2), (0, 1))]
+    model.settle()
+    ends = [t.end * 1e-9 for t in into if t.end is not None]
+    assert ends[2] == pytest.approx(2e-6 + 1e-3, rel=1e-6)
+    assert ends[0] == ends[1] == pytest.approx(2 * (2e-6 + 1e-3), rel=1e-6)
+    # a core per rank (a host without cores), or as many cores as ranks: each alone
+    for host in (HostSpec(call=1e-6), HostSpec(cores=3, call=1e-6)):
+        alone = ClusterModel(calibrated_cluster(segments, name="x", ranks=3, host=host), 3)
+        moving = [alone.start(src, dst, 10**6, now=0) for src, dst in ((2, 0), (1, 2))]
+        alone.settle()
+        assert all(t.end == pytest.approx(1e9 * (2e-6 + 1e-3), rel=1e-6) for t in moving)
