@@ -15,8 +15,9 @@ platform has it, MPI only setting it up: at the first such world the ranks of ea
 (``COMM_TYPE_SHARED``) form a group of processes (``Node``), and every communicator of the
 world then opens on it (``_comm.process_runner``'s family).  ``ASYNCCOMM_TRANSPORT=mpi``
 puts every world on MPI; ``=shm`` asks for shared memory (an error where it is missing).
-A traced world keeps its link (each process writes its own rank's file).  A world whose ranks are on several hosts has a hybrid link
-(``transports.hybrid``): shared memory within each host, MPI across hosts.
+A traced world keeps its link (each process writes its own rank's file).  A world whose
+ranks are on several hosts has a hybrid link (``transports.hybrid``): shared memory within
+each host, MPI across hosts.
 """
 
 from __future__ import annotations
