@@ -11,66 +11,21 @@ Under MPI each process writes its own rank's file, ``run.rank<N>.json``; join th
     python -m asynccomm.trace merge run.rank*.json -o run.json
 
 which puts every rank on one time axis (each file carries its start's wall-clock epoch)
-and pairs the arrows between ranks.
+and pairs the arrows between ranks.  With processes (``ac.run(main, n, processes=True,
+trace="run.json")``) the parent does this once every rank has ended (also when one failed):
+``run.json`` is the merged file, and the ranks' files are removed (kept if the merge fails).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from ._engine.tracing import paired_flows
+from ._engine.tracing import load, merge
 
 __all__ = ["load", "main", "merge"]
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """A trace file as a dict (``{"traceEvents": [...], ...}``).
-
-    Raises:
-        OSError: it cannot be read.
-        ValueError: it is not a trace-event JSON object.
-    """
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise ValueError(f"{path}: not a trace-event file (no traceEvents list)")
-    return doc
-
-
-def merge(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Merge the per-rank files of an MPI run into one file at ``out``.
-
-    Raises:
-        OSError, ValueError: as ``load``; ValueError also for no files, or files of
-            different clocks.
-    """
-    if not paths:
-        raise ValueError("merge needs at least one trace file")
-    docs = [load(p) for p in paths]
-    clocks = {d.get("otherData", {}).get("clock", "wall") for d in docs}
-    if len(clocks) > 1:
-        raise ValueError(f"the files mix clocks ({', '.join(sorted(clocks))}): not one run")
-    epochs = [float(d.get("otherData", {}).get("epoch", 0.0)) for d in docs]
-    first = min(epochs)
-    events: list[dict[str, Any]] = []
-    ranks: list[int] = []
-    for doc, epoch in zip(docs, epochs, strict=True):
-        shift = round((epoch - first) * 1e6, 3)
-        for e in doc["traceEvents"]:
-            if "ts" in e and shift:
-                e = {**e, "ts": round(e["ts"] + shift, 3)}
-            events.append(e)
-        ranks += doc.get("otherData", {}).get("ranks", [])
-    target = Path(out)
-    target.write_text(json.dumps({
-        "traceEvents": paired_flows(events), "displayTimeUnit": "ns",
-        "otherData": {"generator": "asynccomm", "clock": clocks.pop(), "epoch": first,
-                      "ranks": sorted(ranks)}}, separators=(",", ":")), encoding="utf-8")
-    return target
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,8 +15,9 @@ platform has it, MPI only setting it up: at the first such world the ranks of ea
 (``COMM_TYPE_SHARED``) form a group of processes (``Node``), and every communicator of the
 world then opens on it (``_comm.process_runner``'s family).  ``ASYNCCOMM_TRANSPORT=mpi``
 puts every world on MPI; ``=shm`` asks for shared memory (an error where it is missing).
-Tracing runs on MPI.  A world whose ranks are on several hosts has a hybrid link
-(``transports.hybrid``): shared memory within each host, MPI across hosts.
+A traced world keeps its link (each process writes its own rank's file).  A world whose
+ranks are on several hosts has a hybrid link (``transports.hybrid``): shared memory within
+each host, MPI across hosts.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from array import array
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from .._engine import tracing as _trace
@@ -86,20 +88,15 @@ def transport_choice() -> str | None:
     return value or None
 
 
-def _shared_memory(traced: bool) -> bool:
+def _shared_memory() -> bool:
     """Whether the ranks of one host talk over shared memory (see module docs).
 
     Raises:
-        ValueError: a bad ``ASYNCCOMM_TRANSPORT``, or ``=shm`` with a trace.
+        ValueError: a bad ``ASYNCCOMM_TRANSPORT``.
         RuntimeError: ``=shm`` where this platform lacks the shared-memory link.
     """
     choice = transport_choice()
     if choice == "mpi":
-        return False
-    if traced:
-        if choice == "shm":
-            raise ValueError(f"{TRANSPORT_VARIABLE}=shm: a traced world runs on MPI (unset "
-                             f"{TRANSPORT_VARIABLE}, or set it to 'mpi')")
         return False
     why = missing()
     if why is not None:
@@ -216,7 +213,7 @@ class _MPIWorld:
         trace_file = _trace.trace_path(trace)
         _hang.hang_timeout()  # a bad ASYNCCOMM_HANG_TIMEOUT fails before MPI is touched
         _hang.hang_warning()
-        shm = _shared_memory(trace_file is not None)
+        shm = _shared_memory()
         with mpi_errors("duplicating COMM_WORLD"):
             mpi_comm, req = comm_world().Idup()
             await wait_request(req)
@@ -243,7 +240,7 @@ class _MPIWorld:
         if hosts is not None and hosts.single:  # MPI has done its part
             return await cls._open_shm(hosts, mpi_comm, pools, lane, registry,
                                        eager_limit=eager_limit, pool_bytes=pool_bytes,
-                                       timeout=op_timeout)
+                                       timeout=op_timeout, trace_file=trace_file)
         neighbours = sum(1 for host in every[1::4] if host == mine[1])
         family = _MPIFamily(mpi_comm, pools, crowded=neighbours > _usable_cores(),
                             eager_limit=eager_limit, pool_bytes=pool_bytes, timeout=op_timeout,
@@ -261,8 +258,9 @@ class _MPIWorld:
     @classmethod
     async def _open_shm(cls, hosts: _Hosts, mpi_comm: Any, pools: list[int], lane: Lane,
                         registry: list[DeviceEngine], *, eager_limit: int, pool_bytes: int,
-                        timeout: float | None) -> _MPIWorld:
-        """This rank of a world on one host, on the shared-memory link."""
+                        timeout: float | None, trace_file: Path | None = None) -> _MPIWorld:
+        """This rank of a world on one host, on the shared-memory link (traced: into its
+        own file, as on MPI)."""
         rank = mpi_comm.Get_rank()
         mpi_comm.Free()
         node = hosts.node
@@ -270,8 +268,9 @@ class _MPIWorld:
                                 eager_limit=eager_limit, pool_bytes=pool_bytes,
                                 timeout=timeout, registry=registry, lane=lane)
         transport, comm = await family.open(Device(rank, f"mpi:{rank}"))
+        sink = family.traced(trace_file, comm)
         comm._engine.log.info("comm.opened", transport="shm", fast_lane=lane.name)
-        return cls(transport, comm, None, registry)
+        return cls(transport, comm, sink, registry)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank, telling the others why if it failed, and wait until every rank
@@ -373,16 +372,8 @@ class _MPIFamily:
         under its label (the world's own communicator is traced by the world)."""
         self.sink = sink
         comm._family.sink = comm._private()._family.sink = sink  # type: ignore[attr-defined]
-        if sink is None:
-            return
-        engines = [(comm._private()._engine, _trace.join(self.label, "collectives"))]
-        if self.label:
-            engines.append((comm._engine, self.label))
-        for engine, label in engines:
-            engine.tracer = sink.rank(engine.rank, label=label, pid=engine.world_rank)
-        for engine in (comm._engine, comm._private()._engine):
-            engine.fast = False  # the traced lane instead, unless logging every message
-            engine.traced = not engine.trace
+        if sink is not None:
+            _trace.trace_remote(sink, self.label, comm._engine, comm._private()._engine)
 
     def _open(self, mpi_comm: Any, pools: list[int], device: Device,
               link: HybridTransport | None = None) -> tuple[MPITransport, Communicator]:
@@ -475,8 +466,7 @@ async def open_mpi_world(*, eager_limit: int = EAGER_LIMIT, pool_bytes: int = PO
     every rank has closed.
 
     The ranks of one host talk over shared memory, MPI carrying only what goes between
-    hosts, unless ``ASYNCCOMM_TRANSPORT=mpi`` (see the module docs); a traced world runs
-    on MPI.
+    hosts, unless ``ASYNCCOMM_TRANSPORT=mpi`` (see the module docs), traced or not.
 
     Args:
         eager_limit, pool_bytes, timeout: as ``asynccomm.open_world``.

@@ -13,6 +13,10 @@ dies with its parent (``PR_SET_PDEATHSIG``), a child that dies is seen by its pe
 once (its ``pidfd``), and the parent kills whatever still runs when it returns.  Ctrl-C
 in the parent interrupts every rank (the children are in a process group of their own, so
 the parent alone forwards it).
+
+Traced (``trace=``, ``ASYNCCOMM_TRACE``), each rank writes its own file, ``<name>.rank<N>.json``
+(``_engine.tracing``, as under MPI), and the parent merges them into ``<name>`` once every
+rank has ended, whether or not one failed, and removes them (``tracing.merge_ranks``).
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Coroutine, Sequence
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
 
+from .._engine import tracing as _trace
 from .._engine.engine import DeviceEngine
 from .._engine.lane import Lane
 from .._engine.options import POOL_BYTES, check_timeout, check_world, default_timeout, not_async
@@ -259,11 +266,14 @@ def check_processes(world_size: object, cluster: object, clock: str, loop: str,
         raise ValueError(f"loop must be 'uvloop' or 'asyncio' with processes, got {loop!r}")
     if type(world_size) is not int or world_size < 1:
         raise ValueError(f"world_size must be an int >= 1 with processes, got {world_size!r}")
-    unknown = set(options) - {"eager_limit", "faults", "native", "pool_bytes", "timeout"}
+    unknown = set(options) - {"eager_limit", "faults", "native", "pool_bytes", "timeout",
+                              "trace"}
     if unknown:
         raise TypeError(f"unexpected options for the processes backend: {sorted(unknown)}")
     opts: dict[str, Any] = {"eager_limit": EAGER_LIMIT, "pool_bytes": POOL_BYTES,
                             "timeout": None, "native": None, "faults": "abort", **options}
+    trace = _trace.trace_path(opts.get("trace"))  # the file the parent merges the ranks' into
+    opts["trace"] = None if trace is None else trace.absolute()
     check_world(world_size, None, "auto", opts["eager_limit"], opts["pool_bytes"])
     world_lane(opts["native"])  # refused here, before any process starts
     if opts["timeout"] is not None:
@@ -285,8 +295,16 @@ def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_
     """
     options = dict(options)
     tolerate = options.pop("faults", "abort") == "tolerate"
-    outcomes = launch(run_rank, world_size, (main, loop, options, tolerate),
-                      grace=None if tolerate else GRACE)
+    trace: Path | None = options.get("trace")
+    if trace is not None:  # (a file of an earlier run is not this run's)
+        for r in range(world_size):
+            _trace.rank_path(trace, r).unlink(missing_ok=True)
+    try:
+        outcomes = launch(run_rank, world_size, (main, loop, options, tolerate),
+                          grace=None if tolerate else GRACE)
+    finally:  # every rank has ended (or was killed): the trace of a failed run too
+        if trace is not None:
+            _merge_trace(trace, world_size)
     failures: list[tuple[int, BaseException]] = [
         (r, exc) for r, (kind, exc) in enumerate(outcomes) if kind == "err"]
     if not failures:
@@ -307,6 +325,17 @@ def run_processes(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_
     raise ExceptionGroup(f"{len(first)} ranks failed", [e for _, e in first])  # type: ignore[type-var]
 
 
+def _merge_trace(trace: Path, size: int) -> None:
+    """Merge the ranks' trace files into ``trace``; where that fails, warn, keeping them
+    (the run's own outcome goes on)."""
+    try:
+        _trace.merge_ranks(trace, size)
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"the ranks' trace files could not be merged into {trace} (kept as "
+                      f"{_trace.rank_path(trace, 0).name} ...): {exc}", RuntimeWarning,
+                      stacklevel=3)
+
+
 # -- in each rank's process ------------------------------------------------------------------
 
 
@@ -324,41 +353,47 @@ async def _rank(main: Callable[[Communicator], Coroutine[Any, Any, T]],
     world = await _ProcessWorld.open(**options)
     comm = world.comm
     try:
-        coro = main(comm)
-        if not inspect.isawaitable(coro):
-            raise not_async(main, coro)
-        result = await coro
-    except BaseException as caught:
-        # Cancelled by the loop's Ctrl-C handler: the peers hear it was interrupted.
-        exc = KeyboardInterrupt() if isinstance(caught, asyncio.CancelledError) else caught
         try:
-            async with asyncio.timeout(GRACE):
-                await world.aclose(exc)
-        except TimeoutError:
-            pass  # the process ends: its peers see it die
-        if tolerate and isinstance(caught, Exception) and not isinstance(
-                caught, DeadlockError):
-            caught.add_note(f"(raised on rank {comm.rank})")
-            return caught  # type: ignore[return-value]
-        raise
-    await world.aclose()
-    return result
+            coro = main(comm)
+            if not inspect.isawaitable(coro):
+                raise not_async(main, coro)
+            result = await coro
+        except BaseException as caught:
+            # Cancelled by the loop's Ctrl-C handler: the peers hear it was interrupted.
+            exc = KeyboardInterrupt() if isinstance(caught, asyncio.CancelledError) else caught
+            try:
+                async with asyncio.timeout(GRACE):
+                    await world.aclose(exc)
+            except TimeoutError:
+                pass  # the process ends: its peers see it die
+            if tolerate and isinstance(caught, Exception) and not isinstance(
+                    caught, DeadlockError):
+                caught.add_note(f"(raised on rank {comm.rank})")
+                return caught  # type: ignore[return-value]
+            raise
+        await world.aclose()
+        return result
+    finally:  # closed (or given up on): what this rank did, for the parent to merge
+        if world.sink is not None:
+            world.sink.write()
 
 
 class _ProcessWorld:
     """This process's rank of a world of its group: its link and Communicator."""
 
     def __init__(self, transport: ShmTransport, comm: Communicator,
-                 engines: list[DeviceEngine]) -> None:
+                 engines: list[DeviceEngine], sink: _trace.TraceSink | None = None) -> None:
         self.transport = transport
         self.comm = comm
+        self.sink = sink  # this rank's trace file, written once it has closed
         self.watch = _hang.Watch(engines, comm._engine.loop, timeout=_hang.hang_timeout(),
                                  driver=None)
         self.watch.start()
 
     @classmethod
     async def open(cls, *, eager_limit: int = EAGER_LIMIT, pool_bytes: int = POOL_BYTES,
-                   timeout: float | None = None, native: bool | None = None) -> _ProcessWorld:
+                   timeout: float | None = None, native: bool | None = None,
+                   trace: Path | None = None) -> _ProcessWorld:
         node = Node.current()
         if node is None:
             raise RuntimeError("this process does not belong to a group of processes: "
@@ -371,8 +406,9 @@ class _ProcessWorld:
                                 pool_bytes=pool_bytes, timeout=op_timeout, registry=registry,
                                 lane=world_lane(native))
         transport, comm = await family.open(Device(node.rank, f"proc:{node.rank}"))
+        sink = family.traced(trace, comm)
         comm._engine.log.info("comm.opened", transport="shm")
-        return cls(transport, comm, registry)
+        return cls(transport, comm, registry, sink)
 
     async def aclose(self, failure: BaseException | None = None) -> None:
         """Close this rank (saying why, if it failed) and wait until every rank of the
@@ -400,7 +436,7 @@ class _ProcessFamily:
     def __init__(self, node: Node, name: str, members: list[int], pools: list[int], *,
                  eager_limit: int, pool_bytes: int, timeout: float | None,
                  registry: list[DeviceEngine], lane: Lane,
-                 world: list[int] | None = None) -> None:
+                 world: list[int] | None = None, label: str = "") -> None:
         self.node = node
         self.lane = lane  # the world's fast lane (its sub-communicators' too)
         self.name = name
@@ -411,7 +447,8 @@ class _ProcessFamily:
         self.timeout = timeout
         self.registry = registry  # every engine of this rank
         self.world = world  # the world rank of each rank here (None: the world itself)
-        self.sink = None
+        self.label = label  # where in the world's communicators (traces): "" the world
+        self.sink: _trace.TraceSink | None = None
 
     async def open(self, device: Device) -> tuple[ShmTransport, Communicator]:
         """This rank's communicator and its private context, their links polled."""
@@ -441,7 +478,7 @@ class _ProcessFamily:
         transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
         if self.lane.module is not None:  # the per-message steps in C
             transport.accelerate(self.lane.module)
-        engine.fast = not engine.trace
+        engine.fast = not engine.trace and self.sink is None  # (traced: ``trace`` says)
         engine.world_ranks = self.world
         if self.world is not None:
             engine.world_rank = self.world[engine.rank]
@@ -467,8 +504,23 @@ class _ProcessFamily:
         """The name of the world of the group ``key`` (alike on every member)."""
         return f"{self.name}/{'.'.join(map(str, key))}"
 
-    def trace(self, sink: object, comm: Communicator) -> None:
-        """(Tracing is not offered with processes.)"""
+    def traced(self, path: Path | None, comm: Communicator) -> _trace.TraceSink | None:
+        """Trace this rank of a world (``comm``, made here) into its own file,
+        ``rank_path(path, rank)``, with every communicator made from it; the sink (None:
+        ``path`` None, no trace)."""
+        if path is None:
+            return None
+        sink = _trace.attach(_trace.rank_path(path, comm.rank), [comm._engine], model=False,
+                             partial=True)
+        self.trace(sink, comm)
+        return sink
+
+    def trace(self, sink: _trace.TraceSink | None, comm: Communicator) -> None:
+        """Trace this rank's ops on ``comm`` and its private context into ``sink``, each
+        under its label (the world's own communicator is traced by the world)."""
+        self.sink = sink
+        if sink is not None:
+            _trace.trace_remote(sink, self.label, comm._engine, comm._private()._engine)
 
     async def child(self, parent: CommView, members: list[int] | None, color: int,
                     key: tuple[Any, ...]) -> Communicator | None:
@@ -479,8 +531,11 @@ class _ProcessFamily:
             [self.members[m] for m in members], [self.pools[m] for m in members],
             eager_limit=self.eager_limit, pool_bytes=self.pool_bytes, timeout=self.timeout,
             registry=self.registry, lane=self.lane,
-            world=[m if self.world is None else self.world[m] for m in members])
+            world=[m if self.world is None else self.world[m] for m in members],
+            label=_trace.join(self.label, _trace.context_label(key)))
+        sub.sink = self.sink
         transport, comm = await sub.open(parent.device)
+        sub.trace(self.sink, comm)
         comm._default_timeout = comm._private()._default_timeout = parent._default_timeout
         where = f"(on a sub-communicator, as its rank {comm.rank} of {comm.size})"
         comm._engine.context = where

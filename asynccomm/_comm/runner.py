@@ -623,7 +623,9 @@ def run(main: Callable[[Communicator], Coroutine[Any, Any, T]], world_size: int 
             in-process elsewhere.
         processes: True is ``backend="processes"``.
         options: more ``open_world`` keywords (``eager_limit``, ``pool_bytes``, ``timeout``,
-            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``), and
+            ``native``, ``trace``: under MPI each process writes ``<name>.rank<N>.json``;
+            with processes the parent merges those into ``<name>`` once every rank has
+            ended, failed or not), and
             ``faults``: ``"abort"`` (the default: a rank that raises ends the run, as
             below) or ``"tolerate"`` (in-process and with processes: a rank that raises,
             or whose process dies, has failed, its communicators close as failed and the

@@ -35,13 +35,14 @@ import json
 import os
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from .flight import KIND_NAMES, OUTCOMES
 
-__all__ = ["RankTrace", "TraceSink", "attach", "context_label", "join", "paired_flows", "rank_path",
-           "trace_path"]
+__all__ = ["RankTrace", "TraceSink", "attach", "context_label", "join", "load", "merge",
+           "merge_ranks", "paired_flows", "rank_path", "trace_path", "trace_remote"]
 
 _ORDER: Final = {"stream": 0, "compute": 1, "probes": 2, "link": 3}
 
@@ -290,3 +291,81 @@ def attach(path: Path, engines: list[Any], *, model: bool, time_scale: float = 1
     for engine in engines:
         engine.tracer = sink.rank(engine.rank)
     return sink
+
+
+def trace_remote(sink: TraceSink, label: str, engine: Any, private: Any) -> None:
+    """Trace a communicator of processes (MPI or shared memory) into ``sink``: its
+    ``private`` context's engine under ``label``'s ``collectives``, and its own ``engine``
+    under ``label`` (a world's own, ``label`` "", is traced by ``attach``), both on the
+    traced lane (its Python steps number what arrives), unless logging every message."""
+    engines = [(private, join(label, "collectives"))]
+    if label:
+        engines.append((engine, label))
+    for e, name in engines:
+        e.tracer = sink.rank(e.rank, label=name, pid=e.world_rank)
+    for e in (engine, private):
+        e.fast = False
+        e.traced = not e.trace
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """A trace file as a dict (``{"traceEvents": [...], ...}``).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is not a trace-event JSON object.
+    """
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a trace-event file (no traceEvents list)")
+    return doc
+
+
+def merge(paths: Sequence[str | Path], out: str | Path) -> Path:
+    """Merge the per-rank files of an MPI run into one file at ``out``.
+
+    Raises:
+        OSError, ValueError: as ``load``; ValueError also for no files, or files of
+            different clocks.
+    """
+    if not paths:
+        raise ValueError("merge needs at least one trace file")
+    docs = [load(p) for p in paths]
+    clocks = {d.get("otherData", {}).get("clock", "wall") for d in docs}
+    if len(clocks) > 1:
+        raise ValueError(f"the files mix clocks ({', '.join(sorted(clocks))}): not one run")
+    epochs = [float(d.get("otherData", {}).get("epoch", 0.0)) for d in docs]
+    first = min(epochs)
+    events: list[dict[str, Any]] = []
+    ranks: list[int] = []
+    for doc, epoch in zip(docs, epochs, strict=True):
+        shift = round((epoch - first) * 1e6, 3)
+        for e in doc["traceEvents"]:
+            if "ts" in e and shift:
+                e = {**e, "ts": round(e["ts"] + shift, 3)}
+            events.append(e)
+        ranks += doc.get("otherData", {}).get("ranks", [])
+    target = Path(out)
+    target.write_text(json.dumps({
+        "traceEvents": paired_flows(events), "displayTimeUnit": "ns",
+        "otherData": {"generator": "asynccomm", "clock": clocks.pop(), "epoch": first,
+                      "ranks": sorted(ranks)}}, separators=(",", ":")), encoding="utf-8")
+    return target
+
+
+def merge_ranks(path: Path, size: int) -> Path | None:
+    """Merge the files ``rank_path(path, r)`` the ranks ``0 .. size-1`` of a world of
+    processes wrote (those that did: a process that was killed wrote none) into ``path``,
+    and remove them; None (and nothing written) when no rank wrote one.  When the merge
+    fails the rank files are kept.
+
+    Raises:
+        OSError, ValueError: as ``merge``.
+    """
+    files = [f for f in (rank_path(path, r) for r in range(size)) if f.exists()]
+    if not files:
+        return None
+    out = merge(files, path)
+    for f in files:
+        f.unlink(missing_ok=True)
+    return out

@@ -17,6 +17,7 @@ import pytest
 import asynccomm as ac
 from asynccomm.sim import Cluster, ClusterModel
 from asynccomm.trace import load, merge
+from asynccomm.transports import shm
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -115,16 +116,20 @@ async def _fast_lane_traffic(comm: ac.Communicator) -> None:
     await comm.recv(got, peer, 7)
 
 
-def _traced_on_mpi(tmp_path: Path, program: str) -> list[Path]:
-    """Run this module's ``program`` on 2 MPI processes, traced; each rank's file."""
+def _traced_on_mpi(tmp_path: Path, program: str, module: str = "tests.observe.test_trace",
+                   transport: str = "mpi") -> list[Path]:
+    """Run ``module``'s ``program`` on 2 MPI processes, traced, on ``transport``
+    (``ASYNCCOMM_TRANSPORT``: ``mpi``, or ``shm``, the shared-memory link); each rank's
+    file."""
     script = tmp_path / "prog.py"
     script.write_text(
         "import sys\nimport asynccomm as ac\n"
-        f"from tests.observe.test_trace import {program}\n"
+        f"from {module} import {program}\n"
         f"ac.run({program}, trace=sys.argv[1])\n")
     subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
                     str(tmp_path / "mpi.json")], check=True, timeout=60, cwd=ROOT,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
+                        "ASYNCCOMM_TRANSPORT": transport})
     return sorted(tmp_path.glob("mpi.rank*.json"))
 
 
@@ -156,9 +161,15 @@ def test_the_fast_lane_traces_each_message_to_its_own_recv(tmp_path: Path, loop:
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="mpiexec is not installed in the venv")
-def test_the_fast_lane_traces_each_message_to_its_own_recv_on_mpi(tmp_path: Path) -> None:
-    """Across processes the receiver numbers what arrives, whichever way it is taken."""
-    files = _traced_on_mpi(tmp_path, "_fast_lane_traffic")
+@pytest.mark.parametrize("transport", ["mpi", "shm"])
+def test_the_fast_lane_traces_each_message_to_its_own_recv_on_mpi(tmp_path: Path,
+                                                                  transport: str) -> None:
+    """Across processes the receiver numbers what arrives, whichever way it is taken, on
+    MPI and on the shared-memory link (whose steps in C leave a traced engine's to
+    Python)."""
+    if transport == "shm" and shm.missing() is not None:
+        pytest.skip(str(shm.missing()))
+    files = _traced_on_mpi(tmp_path, "_fast_lane_traffic", transport=transport)
     check_flows_by_tag(load(merge(files, tmp_path / "merged.json")))
 
 

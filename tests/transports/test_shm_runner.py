@@ -94,7 +94,8 @@ def test_a_main_typed_at_python_c_is_refused_with_what_to_do() -> None:
     ({"cluster": ac.Cluster.preset("roce100g")}, ValueError, "in-process only"),
     ({"clock": "virtual"}, ValueError, "clock"),
     ({"loop": "virtual"}, ValueError, "loop"),
-    ({"trace": "x.json"}, TypeError, "trace"),
+    ({"trace": 3}, TypeError, "trace must be a file path"),
+    ({"fault_plan": None}, TypeError, "fault_plan"),
     ({"processes": True, "backend": "mpi"}, ValueError, "processes=True"),
 ])
 def test_bad_arguments_are_refused_before_any_process_starts(kwargs: dict[str, object],

@@ -10,15 +10,13 @@ from asynccomm._comm import mpi_runner
 from asynccomm.transports import shm
 
 
-@pytest.mark.parametrize(("value", "traced", "expected"), [
-    ("", False, True), ("shm", False, True), ("mpi", False, False),
-    ("", True, False), ("mpi", True, False)])
-def test_shared_memory_is_the_default_and_mpi_or_a_trace_turns_it_off(
-        monkeypatch: pytest.MonkeyPatch, value: str, traced: bool, expected: bool) -> None:
+@pytest.mark.parametrize(("value", "expected"), [("", True), ("shm", True), ("mpi", False)])
+def test_shared_memory_is_the_default_and_mpi_turns_it_off(
+        monkeypatch: pytest.MonkeyPatch, value: str, expected: bool) -> None:
     if shm.missing() is not None:
         pytest.skip(f"no shared-memory link here: {shm.missing()}")
     monkeypatch.setenv("ASYNCCOMM_TRANSPORT", value)
-    assert mpi_runner._shared_memory(traced) is expected
+    assert mpi_runner._shared_memory() is expected
 
 
 @pytest.mark.parametrize("value", ["tcp", "SHM", "mpi,shm", " mpi"])
@@ -26,24 +24,18 @@ def test_a_bad_transport_is_a_value_error(monkeypatch: pytest.MonkeyPatch, value
     monkeypatch.setenv("ASYNCCOMM_TRANSPORT", value)
     with pytest.raises(ValueError, match=r"ASYNCCOMM_TRANSPORT must be 'mpi' or 'shm' \(or "
                                          r"unset\), got"):
-        mpi_runner._shared_memory(False)
-
-
-def test_shm_with_a_trace_is_a_value_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ASYNCCOMM_TRANSPORT", "shm")
-    with pytest.raises(ValueError, match="a traced world runs on MPI"):
-        mpi_runner._shared_memory(True)
+        mpi_runner._shared_memory()
 
 
 def test_where_shared_memory_is_missing_mpi_carries_all_unless_shm_was_asked_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mpi_runner, "missing", lambda: "it needs Linux")
     monkeypatch.delenv("ASYNCCOMM_TRANSPORT", raising=False)
-    assert mpi_runner._shared_memory(False) is False
+    assert mpi_runner._shared_memory() is False
     monkeypatch.setenv("ASYNCCOMM_TRANSPORT", "shm")
     with pytest.raises(RuntimeError, match="ASYNCCOMM_TRANSPORT=shm, but the shared-memory "
                                            "link is not available here: it needs Linux"):
-        mpi_runner._shared_memory(False)
+        mpi_runner._shared_memory()
 
 
 def test_fake_hosts_name_one_host_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
