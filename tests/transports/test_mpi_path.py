@@ -559,6 +559,55 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     assert done[:6] == (None, "DONE", None, False, 0, {})
 
 
+async def _refused_send(native: bool) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator awaits a rendezvous ``send`` to rank
+    0, whose communicator has closed: what the send raised, the request's end, what is
+    tracked and what was handed to MPI."""
+    from asynccomm._buffers import dtype_name
+
+    dtype_name(np.dtype("<f8"), "send")
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    link, comm = _open_rank(comm_, native)
+    link.wire.closed_by[0] = "has closed its communicator"
+    engine = comm._engine
+    posted = []
+    real_send = type(link).send
+    link.send = lambda msg, dest: (posted.append(msg), real_send(link, msg, dest))[1]
+    with pytest.raises(ac.AsyncCommError) as info:
+        await asyncio.wait_for(comm.send(np.arange(BIG // 8, dtype="<f8"), 0, 7), 5)
+    (req,) = posted
+    return (type(info.value), str(info.value), req._state.name, req.t_post >= 0,
+            req._tracked, hasattr(req, "sseq"), engine._n_pending,
+            dict(engine.default_stream._pending),
+            engine.default_stream._seq, list(comm_.sent), comm.statistics())
+
+
+@pytest.mark.native
+def test_a_send_the_link_fails_as_it_is_posted_is_never_tracked_on_either_lane(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rendezvous send to a rank whose communicator has closed is posted (by the C lane
+    where it takes it), and the link's ``send`` fails it at once: ``send`` raises, and
+    the request, DONE as it was posted, never joins its stream's pending ops, alike on
+    both lanes."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    python_steps = []
+    send_op = ac.Communicator._send_op
+    monkeypatch.setattr(ac.Communicator, "_send_op", lambda self, *args: (
+        python_steps.append(args[0].nbytes), send_op(self, *args))[1])
+    seen, took = {}, {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_refused_send(native))
+        took[native] = python_steps.count(BIG)
+        python_steps.clear()
+    assert took == {True: 0, False: 1}  # (the C lane posted it)
+    assert seen[True] == seen[False]
+    assert seen[True][2:9] == ("DONE", True, False, False, 0, {}, 0)
+    assert seen[True][9] == []
+
+
 async def _announce_one(native: bool, held: bool) -> list[tuple[int, int, int]]:
     """This rank (1 of 2) on the fake communicator posts one rendezvous send of ``BIG``
     bytes (``held``: while every early data tag is held by an unanswered message): what it
