@@ -171,6 +171,30 @@ call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout
                        c->stream, timeout, c->buf);
 }
 
+/* The call's Request of ``kind`` done as it was made, as ``_send_op`` and ``_recv_op``
+ * hand it back (``finished``): with the communicator's default timeout, its ``flow`` (a
+ * traced world's id, else NULL), DONE with ``result`` (stolen) at ``t``; NULL on an
+ * error. */
+static PyObject *
+done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
+             PyObject *result, double t)
+{
+    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    PyObject *req = timeout == NULL ? NULL : call_request(c, kind, source, timeout);
+    Py_XDECREF(timeout);
+    if (req == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (flow != NULL) {
+        put_ref(req, M.flow, flow);
+    }
+    if (finish_now(req, result, t) < 0) {
+        Py_CLEAR(req);
+    }
+    return req;
+}
+
 /* What ``_send_op`` does for a send the fast lane finished as it was posted, at ``t``:
  * record it, then True, or with ``handle`` its done Request (from ``rank``, with ``flow``
  * in a traced world, else NULL); NULL on an error. */
@@ -183,16 +207,7 @@ sent_as_posted(struct call *c, PyObject *rank, double t, PyObject *flow)
     if (!c->handle) {
         Py_RETURN_TRUE;
     }
-    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
-    PyObject *req = timeout == NULL ? NULL : call_request(c, K_SEND, rank, timeout);
-    Py_XDECREF(timeout);
-    if (req != NULL && flow != NULL) {
-        put_ref(req, M.flow, flow);
-    }
-    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
-        Py_CLEAR(req);
-    }
-    return req;
+    return done_request(c, K_SEND, rank, flow, Py_NewRef(Py_None), t);
 }
 
 /* A send to another process (``c->remote``): the MPI link's ``send_now`` (Python) sends it
@@ -426,20 +441,11 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_XDECREF(flow);
                 goto done;
             }
-            timeout = slot_get(comm, CO.default_timeout);
-            req = timeout == NULL ? NULL : call_request(&c, K_RECV, src, timeout);
-            if (req != NULL && SLOT(engine, EN.tracer) != Py_None) {
-                put_ref(req, M.flow, flow);  /* what recv_traced sets */
-            }
+            /* (its flow: what recv_traced sets) */
+            req = done_request(&c, K_RECV, src,
+                               SLOT(engine, EN.tracer) != Py_None ? flow : NULL, result, when);
             Py_DECREF(flow);
-            if (req == NULL || finish_now(req, result, when) < 0) {
-                if (req == NULL) {
-                    Py_DECREF(result);
-                }
-                result = NULL;
-                goto done;
-            }
-            result = Py_NewRef(req);
+            result = req == NULL ? NULL : Py_NewRef(req);
             goto done;
         }
     }
