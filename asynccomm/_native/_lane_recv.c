@@ -1,7 +1,9 @@
 /* The C lane's steps for a new recv (see _lane.c): a message already waiting taken
- * (``take_now``), or the recv posted (``post_now``).  Each writes the fields its Python
- * step writes, in the same order; each returns "not handled", having changed nothing,
- * wherever that step would take another way. */
+ * (``take_now``), or the recv posted (``post_now``), with the steps every request the
+ * lane posts takes (``start_now``, ``track_unless_done``, ``track_on``: a send to
+ * another process too).  Each writes the fields its Python step writes, in the same
+ * order; each returns "not handled", having changed nothing, wherever that step would
+ * take another way. */
 #include "_lane.h"
 
 #include <string.h>
