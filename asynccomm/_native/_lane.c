@@ -163,8 +163,9 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
 }
 
 /* The call's new Request of ``kind`` (from ``source``) on the default stream, as
- * ``_send_op`` and ``_recv_op`` make it, with ``timeout``; NULL on an error. */
-static PyObject *
+ * ``_send_op`` and ``_recv_op`` make it, with ``timeout``; NULL on an error.  (This one
+ * and the next are ``inline``: the per-message paths take them without a call.) */
+static inline PyObject *
 call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout)
 {
     return new_request(c->engine, kind, source, c->peer, c->tag, c->nbytes, c->count, c->name,
@@ -175,7 +176,7 @@ call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout
  * hand it back (``finished``): with the communicator's default timeout, its ``flow`` (a
  * traced world's id, else NULL), DONE with ``result`` (stolen) at ``t``; NULL on an
  * error. */
-static PyObject *
+static inline PyObject *
 done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
              PyObject *result, double t)
 {
