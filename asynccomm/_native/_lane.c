@@ -162,6 +162,40 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     return 1;
 }
 
+/* The call's new Request of ``kind`` (from ``source``) on the default stream, as
+ * ``_send_op`` and ``_recv_op`` make it, with ``timeout``; NULL on an error.  (This one
+ * and the next are ``inline``: the per-message paths take them without a call.) */
+static inline PyObject *
+call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout)
+{
+    return new_request(c->engine, kind, source, c->peer, c->tag, c->nbytes, c->count, c->name,
+                       c->stream, timeout, c->buf);
+}
+
+/* The call's Request of ``kind`` done as it was made, as ``_send_op`` and ``_recv_op``
+ * hand it back (``finished``): with the communicator's default timeout, its ``flow`` (a
+ * traced world's id, else NULL), DONE with ``result`` (stolen) at ``t``; NULL on an
+ * error. */
+static inline PyObject *
+done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
+             PyObject *result, double t)
+{
+    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    PyObject *req = timeout == NULL ? NULL : call_request(c, kind, source, timeout);
+    Py_XDECREF(timeout);
+    if (req == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (flow != NULL) {
+        put_ref(req, M.flow, flow);
+    }
+    if (finish_now(req, result, t) < 0) {
+        Py_CLEAR(req);
+    }
+    return req;
+}
+
 /* What ``_send_op`` does for a send the fast lane finished as it was posted, at ``t``:
  * record it, then True, or with ``handle`` its done Request (from ``rank``, with ``flow``
  * in a traced world, else NULL); NULL on an error. */
@@ -174,18 +208,7 @@ sent_as_posted(struct call *c, PyObject *rank, double t, PyObject *flow)
     if (!c->handle) {
         Py_RETURN_TRUE;
     }
-    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
-    PyObject *req = timeout == NULL ? NULL : new_request(
-        c->engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, c->stream,
-        timeout, c->buf);
-    Py_XDECREF(timeout);
-    if (req != NULL && flow != NULL) {
-        put_ref(req, M.flow, flow);
-    }
-    if (req != NULL && finish_now(req, Py_NewRef(Py_None), t) < 0) {
-        Py_CLEAR(req);
-    }
-    return req;
+    return done_request(c, K_SEND, rank, flow, Py_NewRef(Py_None), t);
 }
 
 /* A send to another process (``c->remote``): the MPI link's ``send_now`` (Python) sends it
@@ -229,19 +252,16 @@ post_remote(struct call *c)
         Py_XDECREF(timeout);
         return timeout == NULL ? NULL : Py_NewRef(Py_False);
     }
-    PyObject *engine = c->engine, *stream = c->stream;
+    PyObject *engine = c->engine;
     PyObject *rank = slot_get(c->comm, CO.rank);
-    PyObject *req = rank == NULL ? NULL : new_request(
-        engine, K_SEND, rank, c->peer, c->tag, c->nbytes, c->count, c->name, stream, timeout,
-        c->buf);
+    PyObject *req = rank == NULL ? NULL : call_request(c, K_SEND, rank, timeout);
     Py_XDECREF(rank);
     Py_DECREF(timeout);
-    if (req == NULL) {
+    if (req == NULL || start_now(engine, req) < 0) {
+        Py_XDECREF(req);
         return NULL;
     }
-    double t;
-    PyObject *tp = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
-    PyObject *view = tp == NULL ? NULL : PyMemoryView_FromObject(c->buf);  /* bytes_of */
+    PyObject *view = PyMemoryView_FromObject(c->buf);  /* bytes_of */
     if (view != NULL) {
         const char *f = PyMemoryView_GET_BUFFER(view)->format;
         if (f != NULL && strcmp(f, "B") != 0) {
@@ -254,27 +274,18 @@ post_remote(struct call *c)
     PyObject *link = view == NULL ? NULL : slot_get(engine, EN.link);
     if (link == NULL) {
         Py_XDECREF(view);
-        Py_XDECREF(tp);
         Py_DECREF(req);
         return NULL;
     }
-    put_ref(req, R.state, S_POSTED);
-    put(req, R.t_post, tp);
     put(req, M.view, view);
     PyObject *argv[3] = {link, req, c->peer};
     PyObject *r = PyObject_VectorcallMethod(a_link_send, argv, 3, NULL);
     Py_DECREF(link);
-    int finished = r == NULL ? -1 : PyObject_RichCompareBool(SLOT(req, R.state), S_DONE, Py_GE);
-    Py_XDECREF(r);
-    if (finished != 0) {  /* failed at once: never tracked (Stream._submit) */
-        if (finished < 0) {
-            Py_CLEAR(req);
-        }
-        return req;
-    }
-    if (track_on(engine, stream, req) < 0) {  /* (a send with no timer: nothing more) */
+    /* failed at once: never tracked; else tracked (a send with no timer: nothing more) */
+    if (r == NULL || track_unless_done(engine, c->stream, req) < 0) {
         Py_CLEAR(req);
     }
+    Py_XDECREF(r);
     return req;
 }
 
@@ -374,7 +385,7 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *comm = c.comm, *buf = c.buf, *src = c.peer, *tag = c.tag, *name = c.name;
     PyObject *engine = c.engine, *stream = c.stream;
-    Py_ssize_t nbytes = c.nbytes, count = c.count;
+    Py_ssize_t nbytes = c.nbytes;
     int handle = c.handle;
     PyObject *result = NULL, *matcher = NULL, *key = NULL, *timeout = NULL, *req = NULL;
     int t = slot_true(engine, EN.pending_recvs);
@@ -431,21 +442,11 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 Py_XDECREF(flow);
                 goto done;
             }
-            timeout = slot_get(comm, CO.default_timeout);
-            req = timeout == NULL ? NULL : new_request(
-                engine, K_RECV, src, src, tag, nbytes, count, name, stream, timeout, buf);
-            if (req != NULL && SLOT(engine, EN.tracer) != Py_None) {
-                put_ref(req, M.flow, flow);  /* what recv_traced sets */
-            }
+            /* (its flow: what recv_traced sets) */
+            req = done_request(&c, K_RECV, src,
+                               SLOT(engine, EN.tracer) != Py_None ? flow : NULL, result, when);
             Py_DECREF(flow);
-            if (req == NULL || finish_now(req, result, when) < 0) {
-                if (req == NULL) {
-                    Py_DECREF(result);
-                }
-                result = NULL;
-                goto done;
-            }
-            result = Py_NewRef(req);
+            result = req == NULL ? NULL : Py_NewRef(req);
             goto done;
         }
     }
@@ -453,8 +454,7 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (timeout == NULL) {
         goto done;
     }
-    req = new_request(engine, K_RECV, src, src, tag, nbytes, count, name, stream, timeout,
-                      buf);
+    req = call_request(&c, K_RECV, src, timeout);
     if (req == NULL || post(engine, matcher, key, req, stream, nbytes, timeout) < 0) {
         goto done;
     }

@@ -262,6 +262,8 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
 int track_on(PyObject *engine, PyObject *stream, PyObject *req);
+int start_now(PyObject *engine, PyObject *req);
+int track_unless_done(PyObject *engine, PyObject *stream, PyObject *req);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);

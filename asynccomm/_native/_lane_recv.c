@@ -1,7 +1,9 @@
 /* The C lane's steps for a new recv (see _lane.c): a message already waiting taken
- * (``take_now``), or the recv posted (``post_now``).  Each writes the fields its Python
- * step writes, in the same order; each returns "not handled", having changed nothing,
- * wherever that step would take another way. */
+ * (``take_now``), or the recv posted (``post_now``), with the steps every request the
+ * lane posts takes (``start_now``, ``track_unless_done``, ``track_on``: a send to
+ * another process too).  Each writes the fields its Python step writes, in the same
+ * order; each returns "not handled", having changed nothing, wherever that step would
+ * take another way. */
 #include "_lane.h"
 
 #include <string.h>
@@ -173,10 +175,12 @@ track_on(PyObject *engine, PyObject *stream, PyObject *req)
     return slot_add(engine, EN.n_pending, 1);
 }
 
-/* What ``post_now`` does for a new exact recv with no message waiting for it. */
-int
-post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
-     Py_ssize_t nbytes, PyObject *timeout)
+/* What the engine's ``start`` does first for any request: POSTED, posted now.  0 done,
+ * -1 error.  (This one and the next are ``inline`` so that ``post``, on the hot path of
+ * every recv, takes them without a call: the same instructions as when each was written
+ * out there.) */
+inline int
+start_now(PyObject *engine, PyObject *req)
 {
     double t;
     put_ref(req, R.state, S_POSTED);
@@ -188,6 +192,36 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
         return -1;
     }
     put(req, R.t_post, tp);
+    return 0;
+}
+
+/* What ``Stream._submit`` does for a request its engine just started on ``stream``: one
+ * that finished as it was posted is never tracked, any other is (``track_on``).  1
+ * finished, 0 tracked, -1 error. */
+inline int
+track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
+{
+    PyObject *state = SLOT(req, R.state);
+    if (state != S_POSTED) {  /* (the common case needs no comparison) */
+        int finished = state == NULL ? -1 : PyObject_RichCompareBool(state, S_DONE, Py_GE);
+        if (finished != 0) {
+            if (state == NULL) {
+                PyErr_SetString(PyExc_AttributeError, "unset slot");
+            }
+            return finished < 0 ? -1 : 1;
+        }
+    }
+    return track_on(engine, stream, req) < 0 ? -1 : 0;
+}
+
+/* What ``post_now`` does for a new exact recv with no message waiting for it. */
+int
+post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
+     Py_ssize_t nbytes, PyObject *timeout)
+{
+    if (start_now(engine, req) < 0) {
+        return -1;
+    }
     /* matcher.post_recv -> _queue_recv, inlined */
     long long seq;
     if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
@@ -237,14 +271,11 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
             return -1;
         }
         Py_DECREF(r);
-        /* Finished: not tracked.  Matched (its data on the way): pending, tracked. */
-        int finished = PyObject_RichCompareBool(SLOT(req, R.state), S_DONE, Py_GE);
-        if (finished != 0) {
-            return finished < 0 ? -1 : 0;
-        }
     }
-    if (track_on(engine, stream, req) < 0) {
-        return -1;
+    /* Finished: not tracked.  Matched (its data on the way): pending, tracked. */
+    int finished = track_unless_done(engine, stream, req);
+    if (finished != 0) {
+        return finished < 0 ? -1 : 0;
     }
     if (nbytes > 0) {
         if (slot_add(engine, EN.pending_recvs, 1) < 0) {

@@ -17,7 +17,7 @@ import functools
 import mmap
 import types
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -530,14 +530,11 @@ async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
                      for e in comm.flight_record()])
 
 
-@pytest.mark.native
-@pytest.mark.parametrize("timeout", [None, 60.0])
-def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_steps(
-        monkeypatch: pytest.MonkeyPatch, timeout: float | None) -> None:
-    """A ``send`` too large to go eagerly to another process is posted by the C lane
-    (the request POSTED with its bytes' view, handed to the link, tracked on the default
-    stream) as the Python steps post it; ``send`` waits for it to finish, and it finishes
-    alike.  With a default timeout the Python steps post it (they arm the timer)."""
+def _on_both_lanes(monkeypatch: pytest.MonkeyPatch, run: Callable[[bool], Any]
+                   ) -> tuple[dict[bool, Any], dict[bool, int]]:
+    """``run(native)`` (a coroutine function) on the C lane and on the Python steps, the
+    link not started: what each gave, and how many sends of ``BIG`` bytes the Python
+    ``_send_op`` posted on each."""
     monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
         self, "endpoint", endpoint))
     python_steps = []
@@ -547,9 +544,22 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     seen, took = {}, {}
     for native in (True, False):
         with asyncio.Runner() as runner:
-            seen[native] = runner.run(_posted_send(native, timeout))
+            seen[native] = runner.run(run(native))
         took[native] = python_steps.count(BIG)
         python_steps.clear()
+    return seen, took
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("timeout", [None, 60.0])
+def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_steps(
+        monkeypatch: pytest.MonkeyPatch, timeout: float | None) -> None:
+    """A ``send`` too large to go eagerly to another process is posted by the C lane
+    (the request POSTED with its bytes' view, handed to the link, tracked on the default
+    stream) as the Python steps post it; ``send`` waits for it to finish, and it finishes
+    alike.  With a default timeout the Python steps post it (they arm the timer)."""
+    seen, took = _on_both_lanes(monkeypatch, functools.partial(_posted_send,
+                                                               timeout=timeout))
     assert took == {True: 0 if timeout is None else 1, False: 1}
     assert seen[True] == seen[False]
     posted, done = seen[True]
@@ -557,6 +567,44 @@ def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_step
     assert posted[11:16] == ("B", True, True, 1, timeout is not None)
     assert [raw[0] for raw, _, tag in posted[-1]] == [w.RTS]
     assert done[:6] == (None, "DONE", None, False, 0, {})
+
+
+async def _refused_send(native: bool) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator awaits a rendezvous ``send`` to rank
+    0, whose communicator has closed: what the send raised, the request's end, what is
+    tracked and what was handed to MPI."""
+    from asynccomm._buffers import dtype_name
+
+    dtype_name(np.dtype("<f8"), "send")
+    w.encode_dtype("<f8")
+    comm_ = DataComm()
+    link, comm = _open_rank(comm_, native)
+    link.wire.closed_by[0] = "has closed its communicator"
+    engine = comm._engine
+    posted = []
+    link_send = link.send  # (the C lane's, where it is on)
+    link.send = lambda msg, dest: (posted.append(msg), link_send(msg, dest))[1]
+    with pytest.raises(ac.AsyncCommError) as info:
+        await asyncio.wait_for(comm.send(np.arange(BIG // 8, dtype="<f8"), 0, 7), 5)
+    (req,) = posted
+    return (type(info.value), str(info.value), req._state.name, req.t_post >= 0,
+            req._tracked, hasattr(req, "sseq"), engine._n_pending,
+            dict(engine.default_stream._pending),
+            engine.default_stream._seq, list(comm_.sent), comm.statistics())
+
+
+@pytest.mark.native
+def test_a_send_the_link_fails_as_it_is_posted_is_never_tracked_on_either_lane(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rendezvous send to a rank whose communicator has closed is posted (by the C lane
+    where it takes it), and the link's ``send`` fails it at once: ``send`` raises, and
+    the request, DONE as it was posted, never joins its stream's pending ops, alike on
+    both lanes."""
+    seen, took = _on_both_lanes(monkeypatch, _refused_send)
+    assert took == {True: 0, False: 1}  # (the C lane posted it)
+    assert seen[True] == seen[False]
+    assert seen[True][2:9] == ("DONE", True, False, False, 0, {}, 0)
+    assert seen[True][9] == []
 
 
 async def _announce_one(native: bool, held: bool) -> list[tuple[int, int, int]]:
