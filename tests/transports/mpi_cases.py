@@ -198,12 +198,18 @@ async def send_error(comm: ac.Communicator) -> str:
     return f"received {int(out.sum())}"
 
 
+#: A message above the early sizes: its data send is posted after the ``CTS`` and tracked
+#: until a poll sees it complete (an early one's may have completed as its ``CTS`` lands,
+#: and no poll of pending requests is needed).
+TRACKED = EARLY_MAX + (1 << 20)
+
+
 async def progress_error(comm: ac.Communicator) -> None:
     if comm.rank == 0:
         fail_next_mpi_call(comm, "Testsome")
-        await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)  # TransportError: raised
+        await comm.send(np.zeros(TRACKED, np.uint8), 1, 5)  # TransportError: raised
     else:
-        await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
+        await comm.recv(np.zeros(TRACKED, np.uint8), 0, 5)
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
 
 
@@ -211,9 +217,7 @@ async def after_failure(comm: ac.Communicator) -> str:
     """Rank 0's link breaks (an MPI error in its progress task): a message that landed
     before is still received, and every op posted after fails at once with
     ``TransportError`` (none waits for what cannot come)."""
-    # Above the early sizes: its data send is posted after the CTS and tracked until a poll
-    # sees it complete (an early one's may have completed by the time its CTS lands).
-    big = EARLY_MAX + (1 << 20)
+    big = TRACKED
     if comm.rank == 1:
         await comm.send(np.full(1, 3.0), 0, 3)
         await comm.recv(np.zeros(big, np.uint8), 0, 5)
