@@ -217,17 +217,16 @@ async def after_failure(comm: ac.Communicator) -> str:
     """Rank 0's link breaks (an MPI error in its progress task): a message that landed
     before is still received, and every op posted after fails at once with
     ``TransportError`` (none waits for what cannot come)."""
-    big = TRACKED
     if comm.rank == 1:
         await comm.send(np.full(1, 3.0), 0, 3)
-        await comm.recv(np.zeros(big, np.uint8), 0, 5)
+        await comm.recv(np.zeros(TRACKED, np.uint8), 0, 5)
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
         return "rank 1 woke"
     await comm.probe(1, 3)  # landed
     fail_next_mpi_call(comm, "Testsome")
     outcomes = []
     try:
-        await comm.send(np.zeros(big, np.uint8), 1, 5)
+        await comm.send(np.zeros(TRACKED, np.uint8), 1, 5)
     except ac.TransportError:
         outcomes.append("send TransportError")
     out = np.zeros(1)
