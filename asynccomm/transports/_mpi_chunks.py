@@ -54,21 +54,31 @@ class Mover:
         self._move(view, dest, tag, done, self.comm.Isend)
 
     def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
-        """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in."""
-        self._move(view, source, tag, done, self.comm.Irecv)
+        """Receive into ``view`` from ``source`` on ``tag`` in chunks; ``done()`` once in.
+        One data recv is tested at once: MPICH copies a transfer it has seen announced
+        (an early message's) in the first poll of the recv, so the recv completes in the
+        call that posted it, not at the task's next poll."""
+        self._move(view, source, tag, done, self.comm.Irecv, now=True)
 
     def adopt(self, req: MPI.Request, done: Callable[[], None]) -> None:
         """Track ``req``, a data request posted already (an early data send, untested
-        until now): ``done()`` once it completes; it counts as one in flight."""
+        until now): ``done()`` now if it has completed (its receiver took the data
+        already), else once it completes; it counts as one in flight meanwhile."""
+        if req.Test():
+            done()
+            return
         self._data += 1
         self._track(req, partial(self._moved_whole, done))
         self._wake()
 
     def _move(self, view: memoryview, peer: int, tag: int, done: Callable[[], None],
-              start: Callable[..., MPI.Request]) -> None:
+              start: Callable[..., MPI.Request], *, now: bool = False) -> None:
         n = len(view)
         if n <= CHUNK_BYTES:  # one MPI request (most transfers): no chunk bookkeeping
             req = start(view, peer, tag)
+            if now and req.Test():  # (see ``pull``)
+                done()
+                return
             self._data += 1
             self._track(req, partial(self._moved_whole, done))
             self._wake()

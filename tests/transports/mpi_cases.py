@@ -53,6 +53,7 @@ import numpy as np
 import asynccomm as ac
 from asynccomm import open_mpi_world
 from asynccomm.testing import fail_next_mpi_call, posted
+from asynccomm.transports._mpi_transport import EARLY_MAX
 
 
 async def raise_on_rank_1(comm: ac.Communicator) -> str:
@@ -197,12 +198,18 @@ async def send_error(comm: ac.Communicator) -> str:
     return f"received {int(out.sum())}"
 
 
+#: A message above the early sizes: its data send is posted after the ``CTS`` and tracked
+#: until a poll sees it complete (an early one's may have completed as its ``CTS`` lands,
+#: and no poll of pending requests is needed).
+TRACKED = EARLY_MAX + (1 << 20)
+
+
 async def progress_error(comm: ac.Communicator) -> None:
     if comm.rank == 0:
         fail_next_mpi_call(comm, "Testsome")
-        await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)  # TransportError: raised
+        await comm.send(np.zeros(TRACKED, np.uint8), 1, 5)  # TransportError: raised
     else:
-        await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
+        await comm.recv(np.zeros(TRACKED, np.uint8), 0, 5)
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
 
 
@@ -212,14 +219,14 @@ async def after_failure(comm: ac.Communicator) -> str:
     ``TransportError`` (none waits for what cannot come)."""
     if comm.rank == 1:
         await comm.send(np.full(1, 3.0), 0, 3)
-        await comm.recv(np.zeros(1 << 20, np.uint8), 0, 5)
+        await comm.recv(np.zeros(TRACKED, np.uint8), 0, 5)
         await asyncio.sleep(3600)  # never finishes on its own: the abort ends it
         return "rank 1 woke"
     await comm.probe(1, 3)  # landed
     fail_next_mpi_call(comm, "Testsome")
     outcomes = []
     try:
-        await comm.send(np.zeros(1 << 20, np.uint8), 1, 5)
+        await comm.send(np.zeros(TRACKED, np.uint8), 1, 5)
     except ac.TransportError:
         outcomes.append("send TransportError")
     out = np.zeros(1)

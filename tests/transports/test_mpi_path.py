@@ -334,16 +334,19 @@ class DataComm(Comm):
     """``Comm`` with data recvs: each is recorded, and its request completes (its buffer
     filled) when the test says so; ``fails`` may also be ``"irecv"``."""
 
-    def __init__(self, *, fails: str = "") -> None:
+    def __init__(self, *, fails: str = "", at_once: bool = False) -> None:
         super().__init__(completes=True, fails="")
         self.data_fails = fails
+        self.at_once = at_once  # data requests complete at their first Test (MPICH's copy)
         self.recvs: list[tuple[memoryview, Req]] = []
 
     def Irecv(self, buf: Any, source: int, tag: int) -> Req:
         if self.data_fails == "irecv":
             raise FakeMPIError("Irecv failed")
         self.sent.append((b"irecv %d" % len(buf), source, tag))
-        req = Req(False)
+        req = Req(self.at_once)
+        if self.at_once:
+            buf[:] = np.arange(len(buf) // 8, dtype="<f8").tobytes()
         self.recvs.append((buf, req))
         return req
 
@@ -351,7 +354,7 @@ class DataComm(Comm):
         if self.data_fails == "cts" and tag == 0 and bytes(buf)[0] == w.CTS:
             raise FakeMPIError("Isend failed")
         self.sent.append((bytes(buf), dest, tag))
-        return Req(tag == 0)  # a data send completes when the test says so
+        return Req(tag == 0 or self.at_once)  # a data send: when the test says so
 
 
 BIG = 8192  # above the eager limit of 4096: a rendezvous message
@@ -361,16 +364,17 @@ EARLY_TAG = 20000  # the data tag the peer's early RTS names (its half of the ta
 
 
 async def _rendezvous(native: bool, order: str, fails: str,
-                      early: bool = False) -> tuple[Any, ...]:
+                      early: bool = False, at_once: bool = False) -> tuple[Any, ...]:
     """This rank (1 of 2) of an MPI world on the fake communicator: a rendezvous recv (its
     ``RTS`` landing before or after the recv is posted, as ``order`` says) and a
     rendezvous send (answered by a ``CTS``, or first cancelled: ``order`` ``"withdrawn"``
     has its receiver answer ``WITHDRAWN``, ``"lost"`` answer ``CTS`` all the same).  What
     every op gave, what was handed to MPI, the wire's and the link's state, and the flight
     record.  ``early``: both messages' data sends go with their ``RTS`` (the link's
-    ``early_min`` lowered by the caller)."""
+    ``early_min`` lowered by the caller); ``at_once``: MPI finishes each data request
+    at its first ``Test`` (the state as the ``RTS`` has landed is kept too)."""
     w.encode_dtype("<f8")
-    comm_ = DataComm(fails=fails)
+    comm_ = DataComm(fails=fails, at_once=at_once)
     link, comm = _open_rank(comm_, native)
     progress = link.progress
     slots = progress._slots
@@ -392,6 +396,7 @@ async def _rendezvous(native: bool, order: str, fails: str,
                 req.done() and repr(req.exception()), comm_.sent, progress._data,
                 len(progress._reqs), set(link.wire.unmatched), sorted(link._announced),
                 repr(link.broken))
+    landed = (req.done(), progress._data, len(progress._reqs))
     for buf, data in comm_.recvs:
         buf[:] = np.arange(BIG // 8, dtype="<f8").tobytes()
         data.done = True
@@ -408,7 +413,7 @@ async def _rendezvous(native: bool, order: str, fails: str,
     state = (progress._data, len(progress._reqs), dict(link.wire.announced),
              dict(link.wire.withdrawing), set(link.wire.unmatched), sorted(link._sends),
              sorted(link._announced), dict(link.wire.early), set(link.wire.early_tags),
-             dict(link.wire.early_in), sorted(link._early), send.done())
+             dict(link.wire.early_in), sorted(link._early), send.done(), landed)
     for r in list(progress._reqs):
         r.done = True
     progress._test_requests()
@@ -471,6 +476,35 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
     else:
         assert "TransportError" in c[-1]
         assert "TransportError" in c[2]  # the recv failed (``rts first``: in ``fetch``)
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("early", [False, True], ids=["cts-first", "early"])
+@pytest.mark.parametrize("order", ["rts first", "recv first", "withdrawn", "lost"])
+def test_data_requests_that_complete_at_once_are_acted_on_where_they_are_posted(
+        monkeypatch: pytest.MonkeyPatch, order: str, early: bool) -> None:
+    """A data recv that MPI finishes at its first ``Test`` (MPICH copies a transfer it has
+    seen announced in the first poll) completes its recv in the call that posted it, and
+    a send whose early data send finished before its ``CTS`` landed completes as the
+    ``CTS`` lands: neither is tracked for the task's next poll.  Alike on both lanes."""
+    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    if early:
+        monkeypatch.setattr(MPITransport, "early_min", 4096)
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(_rendezvous(native, order, "", early, at_once=True))
+    c, python = seen[True], seen[False]
+    assert c[:2] == ("Path.fetch", "Path.test")
+    assert c[2:] == python[2:]
+    assert c[2][0] == (True, False, "None") and c[4] == np.arange(BIG // 8).sum()
+    state = c[6]
+    if order in ("rts first", "recv first"):
+        assert state[12] == (True, 0, 0)  # the recv completed as its RTS landed
+    if early and order != "withdrawn":  # its data send had finished: done as answered
+        assert state[0:2] == (0, 0) and state[11]
+    assert c[7:9] == (0, 0)
 
 
 @pytest.mark.native
