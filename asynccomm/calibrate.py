@@ -20,8 +20,9 @@ costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of 
 and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
 their messages, the first touch of their fresh scratch's pages, and on processes and MPI
-what a step costs more on more ranks than cores (barrier calls on one process more than
-the cores); the preset's ``host`` holds them.
+what a step costs on two ranks of the transport (small allreduce calls less allgather
+calls less a message, ``measure_step``) and what it costs more on more ranks than cores
+(barrier calls on one process more than the cores); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
@@ -390,10 +391,12 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     the smallest size gives the Python, each larger one the rates of calls up to its size
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
-    scratch (counted).  On processes and MPI, ``switch`` is what a step costs more on one
-    process more than the cores (``measure_switch``, from barrier calls, on the model of
-    ``segments``: the fitted messages, free by default).
-    The calls are timed on this process's CPU clock whatever the transport: their rates
+    scratch (counted).  On processes and MPI, ``step`` is a step's on two ranks of the
+    transport (``measure_step``, where there are two cores), and ``switch`` what a step
+    costs more on one process more than the cores (``measure_switch``, from barrier
+    calls), both solved on the model of ``segments`` (the fitted messages, free by
+    default) and timed on the wall clock.
+    The other calls are timed on this process's CPU clock whatever the transport: their rates
     are a rank's own work, which the turns other programs take on a shared machine would
     only blur (a burst of load during the few seconds they take made a reduction ten times
     dearer for every cell of a run); the turns that a transport's own ranks take on more
