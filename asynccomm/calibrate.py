@@ -198,17 +198,21 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: i
     each size, timed as ``time_calls`` does (rank 0's; others {}),
     and under ``"faults"`` the page faults of this process per call of the largest size
     (``"allgather"``, ``"allreduce"``)."""
-    p = comm.size
     out: dict[str, dict[Any, float]] = {"allgather": {}, "allreduce": {}, "faults": {}}
     for n in sizes:
-        bufs = {"allgather": (np.zeros(max(1, n // p), np.uint8),
-                              np.zeros((p, max(1, n // p)), np.uint8)),
-                "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
-        for name, args in bufs.items():
-            method = getattr(comm, name)
-            out[name][n], out["faults"][name] = await time_calls(
-                comm, partial(method, *args, algorithm="ring"), repeats, clock)
+        for name, call in _ring_calls(comm, n).items():
+            out[name][n], out["faults"][name] = await time_calls(comm, call, repeats, clock)
     return out if comm.rank == 0 else {}
+
+
+def _ring_calls(comm: Communicator, nbytes: int) -> dict[str, Callable[[], Awaitable[object]]]:
+    """A ring allgather and a ring allreduce call of ``nbytes`` on ``comm``, on arrays of
+    their own."""
+    p, block = comm.size, max(1, nbytes // comm.size)
+    return {"allgather": partial(comm.allgather, np.zeros(block, np.uint8),
+                                 np.zeros((p, block), np.uint8), algorithm="ring"),
+            "allreduce": partial(comm.allreduce, np.zeros(max(1, nbytes // 4), np.float32),
+                                 algorithm="ring")}
 
 
 def _faults() -> int:
@@ -327,10 +331,8 @@ async def step_calls(comm: Communicator, repeats: int,
     the turns (rank 0's; others 0).  ``iterations``: calls and laps per loop (else sized
     from ``CALL_BUDGET`` by a warm-up loop, rank 0's choice)."""
     p = comm.size
-    gather = partial(comm.allgather, np.zeros(max(1, STEP_SIZE // p), np.uint8),
-                     np.zeros((p, max(1, STEP_SIZE // p)), np.uint8), algorithm="ring")
-    reduce = partial(comm.allreduce, np.zeros(max(1, STEP_SIZE // 4), np.float32),
-                     algorithm="ring")
+    calls = _ring_calls(comm, STEP_SIZE)
+    gather, reduce = calls["allgather"], calls["allreduce"]
     iters = np.full(1, iterations or 1, np.int64)
     if iterations is None:
         warm, _ = await time_calls(comm, reduce, 1, clock, iterations=1)
