@@ -376,8 +376,8 @@ def measure_step(host: HostSpec, segments: Sequence[Segment], repeats: int = 7,
     measured = _step_call(transport, repeats)
     cluster = calibrated_cluster(segments, name="step", ranks=2,
                                  host=dataclasses.replace(host, cores=2, switch=0.0))
-    model = run(lambda comm: step_calls(comm, 1, comm.model_time, MODEL_CALLS), 2,
-                cluster=cluster, clock="virtual")[0]
+    model = float(run(lambda comm: step_calls(comm, 1, comm.model_time, MODEL_CALLS), 2,
+                      cluster=cluster, clock="virtual")[0])
     return max(0.0, host.step + measured - model)
 
 
