@@ -20,8 +20,9 @@ costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of 
 and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
 their messages, the first touch of their fresh scratch's pages, and on processes and MPI
-what a step costs more on more ranks than cores (barrier calls on one process more than
-the cores); the preset's ``host`` holds them.
+what a step costs on two ranks of the transport (small allreduce calls less allgather
+calls less a message, ``measure_step``) and what it costs more on more ranks than cores
+(barrier calls on one process more than the cores); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
-           "in_process_host", "measure_pingpong", "measure_switch", "measure_touch",
+           "in_process_host", "measure_pingpong", "measure_step", "measure_switch",
+           "measure_touch", "step_calls",
            "pingpong", "preset", "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
@@ -196,17 +198,21 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: i
     each size, timed as ``time_calls`` does (rank 0's; others {}),
     and under ``"faults"`` the page faults of this process per call of the largest size
     (``"allgather"``, ``"allreduce"``)."""
-    p = comm.size
     out: dict[str, dict[Any, float]] = {"allgather": {}, "allreduce": {}, "faults": {}}
     for n in sizes:
-        bufs = {"allgather": (np.zeros(max(1, n // p), np.uint8),
-                              np.zeros((p, max(1, n // p)), np.uint8)),
-                "allreduce": (np.zeros(max(1, n // 4), np.float32),)}
-        for name, args in bufs.items():
-            method = getattr(comm, name)
-            out[name][n], out["faults"][name] = await time_calls(
-                comm, partial(method, *args, algorithm="ring"), repeats, clock)
+        for name, call in _ring_calls(comm, n).items():
+            out[name][n], out["faults"][name] = await time_calls(comm, call, repeats, clock)
     return out if comm.rank == 0 else {}
+
+
+def _ring_calls(comm: Communicator, nbytes: int) -> dict[str, Callable[[], Awaitable[object]]]:
+    """A ring allgather and a ring allreduce call of ``nbytes`` on ``comm``, on arrays of
+    their own."""
+    p, block = comm.size, max(1, nbytes // comm.size)
+    return {"allgather": partial(comm.allgather, np.zeros(block, np.uint8),
+                                 np.zeros((p, block), np.uint8), algorithm="ring"),
+            "allreduce": partial(comm.allreduce, np.zeros(max(1, nbytes // 4), np.float32),
+                                 algorithm="ring")}
 
 
 def _faults() -> int:
@@ -308,6 +314,73 @@ def _barrier_call(transport: str, ranks: int, repeats: int) -> float:
         return float(json.loads(path.read_text()))
 
 
+#: The size of the calls that time a step on a transport (``measure_step``): their
+#: messages a latency, their copies next to nothing.
+STEP_SIZE = 8
+
+
+async def step_calls(comm: Communicator, repeats: int,
+                     clock: Callable[[], float] = time.perf_counter,
+                     iterations: int | None = None) -> float:
+    """Seconds (on ``clock``) a ring allreduce call of ``STEP_SIZE`` bytes (two steps on
+    two ranks) takes more than a ring allgather of as many (one step) and a one-way
+    message of its step's block (a token passed around the ranks, ``_laps``), each in a
+    loop (the calls in the calibration's, ``time_calls``), the three one after the other
+    in each of ``repeats`` turns so that a burst of load from elsewhere, or a spell of
+    ranks put to sleep and woken for each message, falls on all three: the median over
+    the turns (rank 0's; others 0).  ``iterations``: calls and laps per loop (else sized
+    from ``CALL_BUDGET`` by a warm-up loop, rank 0's choice)."""
+    p = comm.size
+    calls = _ring_calls(comm, STEP_SIZE)
+    gather, reduce = calls["allgather"], calls["allreduce"]
+    iters = np.full(1, iterations or 1, np.int64)
+    if iterations is None:
+        warm, _ = await time_calls(comm, reduce, 1, clock, iterations=1)
+        iters[0] = max(1, min(500, int(CALL_BUDGET / max(warm, 1e-6))))
+        await comm.bcast(iters, root=0)
+    k, block = int(iters[0]), np.zeros(max(1, STEP_SIZE // p), np.uint8)
+    more = []
+    for _ in range(repeats):
+        two = (await time_calls(comm, reduce, 1, clock, iterations=k))[0]
+        one = (await time_calls(comm, gather, 1, clock, iterations=k))[0]
+        await comm.barrier()
+        message = await _laps(comm, block, (comm.rank + 1) % p, (comm.rank - 1) % p, k,
+                              clock) / k / p
+        more.append(two - one - message)
+    return statistics.median(more) if comm.rank == 0 else 0.0
+
+
+def _step_call(transport: str, repeats: int) -> float:
+    """``step_calls`` on two ranks of ``transport`` (MPI: under ``mpiexec``)."""
+    if transport != "mpi":
+        return float(run(partial(step_calls, repeats=repeats), 2, backend="processes")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "steps.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--steps", str(path),
+                 "--repeats", str(repeats)], 2)
+        return float(json.loads(path.read_text()))
+
+
+def measure_step(host: HostSpec, segments: Sequence[Segment], repeats: int = 7,
+                 transport: str = "processes") -> float:
+    """Seconds per step of a collective call on two ranks of ``transport`` (``processes``
+    or ``mpi``), each on a core of its own (``HostSpec`` ``step``): what an allreduce of
+    ``STEP_SIZE`` bytes (two ring steps) costs more than an allgather of as many (one) and
+    a message (``step_calls``), beyond what the model of ``segments`` and ``host`` makes
+    of the same (the copies and ``host.step``), added to ``host.step``.  The two calls
+    have the same Python per call, so their difference less a message is a step's: its
+    block views, posts, waits and reduction, on each rank's own CPU while the other does
+    its own.  On in-process ranks (``fit_host``) a step is read beside the in-process
+    messages, whose CPU seconds a ping-pong counts with a step's bookkeeping among them;
+    the ranks of a transport whose messages cost their CPU less pay it apart."""
+    measured = _step_call(transport, repeats)
+    cluster = calibrated_cluster(segments, name="step", ranks=2,
+                                 host=dataclasses.replace(host, cores=2, switch=0.0))
+    model = float(run(lambda comm: step_calls(comm, 1, comm.model_time, MODEL_CALLS), 2,
+                      cluster=cluster, clock="virtual")[0])
+    return max(0.0, host.step + measured - model)
+
+
 def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None = None,
                  segments: Sequence[Segment] = (Segment(1, 0.0, 0.0),)) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
@@ -320,10 +393,12 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     the smallest size gives the Python, each larger one the rates of calls up to its size
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
-    scratch (counted).  On processes and MPI, ``switch`` is what a step costs more on one
-    process more than the cores (``measure_switch``, from barrier calls, on the model of
-    ``segments``: the fitted messages, free by default).
-    The calls are timed on this process's CPU clock whatever the transport: their rates
+    scratch (counted).  On processes and MPI, ``step`` is a step's on two ranks of the
+    transport (``measure_step``, where there are two cores), and ``switch`` what a step
+    costs more on one process more than the cores (``measure_switch``, from barrier
+    calls), both solved on the model of ``segments`` (the fitted messages, free by
+    default) and timed on the wall clock.
+    The other calls are timed on this process's CPU clock whatever the transport: their rates
     are a rank's own work, which the turns other programs take on a shared machine would
     only blur (a burst of load during the few seconds they take made a reduction ten times
     dearer for every cell of a run); the turns that a transport's own ranks take on more
@@ -339,8 +414,11 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
             else in_process_host(repeats))
     if transport == "local":
         return host
-    # processes of their own: one more than the cores take turns
+    # processes of their own: a step on two of them, each on a core of its own, then one
+    # more than the cores take turns
     cores = os.cpu_count() or 1
+    if cores > 1:
+        host = dataclasses.replace(host, step=measure_step(host, segments, repeats, transport))
     # a wall-clock median, which load moves: three times the samples
     return dataclasses.replace(host, cores=cores, switch=measure_switch(
         cores, host, segments, 3 * repeats, transport=transport))
@@ -494,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    ".json here)")
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
     p.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)  # the same, _barriers
+    p.add_argument("--steps", type=Path, help=argparse.SUPPRESS)  # the same, _step_call
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -501,6 +580,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         points = measure_pingpong(args.transport, sorted(set(args.sizes)), args.repeats)
         if points:
             args.points.write_text(json.dumps(points))
+        return 0
+    if args.steps is not None:  # the same, step_calls
+        more = run(lambda comm: step_calls(comm, args.repeats), backend="mpi")
+        if more:  # rank 0's (others 0)
+            args.steps.write_text(json.dumps(more))
         return 0
     if args.barrier is not None:
         took = run(lambda comm: _barriers(comm, args.repeats), backend="mpi")

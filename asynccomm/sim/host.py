@@ -37,6 +37,11 @@ Their messages share the cores too: a transfer into a rank is held on its core
 turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
 in-process ranks, whose one CPU copies each message), the work and the messages queue on
 one resource, so a call's work and the other ranks' messages never overlap.
+Rule 2b (the step of a transport).  ``step`` is measured on the transport a preset is
+calibrated on: on in-process ranks a step's bookkeeping is among the CPU seconds of the
+messages their ping-pong counts, where ranks in processes of their own (shared memory,
+MPI) spend it apart from their messages, on two ranks from small allreduce calls (two
+steps) less allgather calls (one) less a message (``asynccomm.calibrate.measure_step``).
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """

@@ -309,3 +309,73 @@ def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:
     assert all(predict(broken, n) == pytest.approx(t, rel=1e-6) for n, t in points)
     # a break with too few points on one side is left out
     assert fit_segments(points[:5], breaks=(points[3][0],)) == fit_segments(points[:5])
+
+
+def test_a_step_on_the_model_is_what_two_steps_cost_more_than_one_and_a_message() -> None:
+    from asynccomm.calibrate import MODEL_CALLS, step_calls
+    from asynccomm.sim.host import HostSpec
+
+    # two ranks on cores of their own, free copies: an 8-byte ring allreduce is the call,
+    # two steps and two messages of its 4-byte blocks, an allgather the call, one step and
+    # one message, so the difference less a message is the step, whatever the latency
+    for latency in (2e-6, 9e-6):
+        cluster = calibrated_cluster([Segment(1 << 20, latency, 0.0)], name="x", ranks=2,
+                                     host=HostSpec(cores=2, call=10e-6, step=3e-6))
+        got = ac.run(lambda comm: step_calls(comm, 1, comm.model_time, MODEL_CALLS), 2,
+                     cluster=cluster, clock="virtual")
+        assert got[0] == pytest.approx(3e-6, abs=1e-9) and got[1] == 0.0  # ns rounding
+
+
+def test_the_step_of_a_transport_is_solved_on_the_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+    from asynccomm.sim.host import HostSpec
+
+    launched: list[tuple[list[str], int]] = []
+
+    def fake_mpi_run(args: list[str], ranks: int) -> None:  # a step 7 us dearer than one
+        launched.append((list(args), ranks))
+        Path(args[args.index("--steps") + 1]).write_text(json.dumps(8e-6))
+
+    monkeypatch.setattr(calibrate, "mpi_run", fake_mpi_run)
+    host, segments = HostSpec(call=10e-6, step=1e-6), [Segment(1 << 20, 5e-6, 0.0)]
+    step = calibrate.measure_step(host, segments, 1, transport="mpi")
+    assert [ranks for _, ranks in launched] == [2]
+    assert launched[0][0][:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi", "--steps"]
+    assert step == pytest.approx(8e-6, abs=1e-9)  # the model's own step was 1 us of it
+    # the model with that step times the program as measured, on the virtual clock
+    stepped = calibrated_cluster(segments, name="x", ranks=2,
+                                 host=HostSpec(cores=2, call=10e-6, step=step))
+    assert ac.run(lambda comm: calibrate.step_calls(comm, 1, comm.model_time, 2), 2,
+                  cluster=stepped, clock="virtual")[0] == pytest.approx(8e-6, abs=1e-9)
+    # a program no dearer on the transport than on the model: the in-process step, never
+    # less than none
+    monkeypatch.setattr(calibrate, "_step_call", lambda transport, repeats: -5e-6)
+    assert calibrate.measure_step(host, segments, 1, transport="mpi") == 0.0
+
+
+def test_the_step_s_calls_run_on_two_processes() -> None:
+    from asynccomm.calibrate import _step_call
+
+    # the measurement's shape (not its timing): rank 0's seconds, a difference that load
+    # can make negative, well under a second either way
+    took = _step_call("processes", 1)
+    assert isinstance(took, float) and abs(took) < 1.0
+
+
+def test_the_calibrated_host_of_processes_has_the_transport_s_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+    from asynccomm.sim.host import HostSpec
+
+    monkeypatch.setattr(calibrate.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(calibrate, "measure_step", lambda host, segments, repeats, transport:
+                        host.step + 7e-6)
+    seen: list[HostSpec] = []
+    monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k:
+                        seen.append(host) or 2e-6)
+    in_process = HostSpec(cores=1, call=10e-6, step=1e-6)
+    got = calibrate.measure_host("processes", 1, in_process)
+    assert (got.cores, got.step, got.switch) == (2, pytest.approx(8e-6), 2e-6)
+    assert seen[0].step == pytest.approx(8e-6)  # the switch is solved on top of that step
+    assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
