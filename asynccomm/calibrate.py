@@ -561,6 +561,11 @@ def _report(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+async def _ranked(comm: Communicator, measured: Awaitable[float]) -> tuple[int, float]:
+    """This rank and what it ``measured`` (under ``mpiexec`` only rank 0 writes it)."""
+    return comm.rank, await measured
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m asynccomm.calibrate",
                                 description=__doc__.splitlines()[0])
@@ -582,13 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.points.write_text(json.dumps(points))
         return 0
     if args.steps is not None:  # the same, step_calls
-        more = run(lambda comm: step_calls(comm, args.repeats), backend="mpi")
-        if more:  # rank 0's (others 0)
+        rank, more = run(lambda comm: _ranked(comm, step_calls(comm, args.repeats)),
+                         backend="mpi")
+        if rank == 0:
             args.steps.write_text(json.dumps(more))
         return 0
     if args.barrier is not None:
-        took = run(lambda comm: _barriers(comm, args.repeats), backend="mpi")
-        if took:  # rank 0's
+        rank, took = run(lambda comm: _ranked(comm, _barriers(comm, args.repeats)),
+                         backend="mpi")
+        if rank == 0:
             args.barrier.write_text(json.dumps(took))
         return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
