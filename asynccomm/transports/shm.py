@@ -1053,14 +1053,14 @@ class Node:
             waiter.set_result(None)
 
     def wake(self, peer: int) -> None:
-        """Ring group rank ``peer``'s doorbell socket (it was armed)."""
+        """Ring group rank ``peer``'s doorbell socket (it was armed).  The core is kept: a
+        rank that rings several peers in a row (a server's replies) rings them all before
+        any runs, and the kernel's wake-up places the peer on a core as it would anyway."""
         self._rang = True
         try:
             self.sock.sendto(b"\x01", self._addresses[peer])
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
             return  # a datagram waits there already, or it is gone
-        if self.crowded:  # the kernel may run it on this core: let it, now
-            sched_yield()
 
     def _readable(self, drain: bool = True) -> None:
         """Take what came on the socket: every datagram, or (the loop's callback, not
