@@ -91,20 +91,19 @@ SPIN = 1e-3
 #: A process of a group with more processes than cores polls this long, giving its core
 #: away (``sched_yield``) after each look that found nothing: the peer it waits for may be
 #: queued behind it, and a yield hands the core over at once, where a sleep in the kernel
-#: costs both a wake-up (the peer's doorbell) and a turn of its loop.  Bounded, so that a
+#: costs both a wake-up (the peer's doorbell) and a turn of its loop.  Short, so that a
 #: rank waiting longer sleeps, and its core stays free for the others; and only while it
 #: pays: once a wait outlasted it (the cores are busy with other work, or the peers are
 #: slow to answer), the process sleeps at once, until a wait shorter than it comes again.
-#: Half a millisecond, measured (alternating builds on a shared 2-core machine): the
+#: Measured (alternating builds on a shared 2-core machine, loaded by other work): the
 #: parameter server of ``examples/parameter_server.py`` as 5 processes (4 workers waiting
-#: on the server's replies while the others compute), 5 epochs, median of 5: 72.1k
-#: samples/s against 58.0k with 200 us and a yield per ring (5 of 5 runs better), 27.4k
-#: at 1 ms in that series (91.5k against 75.9k in a quieter one); at 200 us a worker slept
-#: about 5 times a step, each a doorbell, a wake-up and a turn of its loop.  The 8 KiB
-#: ring of ``benchmarks.shm_p2p`` per hop, single runs too noisy to tell apart: at 3
-#: processes 19 and 64 us against 18 to 169 us with 200 us; at 4, 23 and 54 us against 24
-#: to 29 us (473 under load), where 1 ms took 56 and 70 us.
-CROWDED_SPIN = 500e-6
+#: on the server's replies while the others compute), 5 epochs, medians of 5-6: with no
+#: ``sched_yield`` per doorbell rung (``Node.wake``) 69.2k samples/s against 49.2k with
+#: one (5 of 6 runs better); 500 us here 64.8k in that series (3 of 6 better than 200 us)
+#: and 1 ms 91.5k against 75.9k with a yield per ring in a quieter one, neither kept: the
+#: 8 KiB ring of ``benchmarks.shm_p2p`` at 4 processes took 54 us a hop at 500 us in one
+#: of two runs and 56-70 us at 1 ms, against 24-29 us.
+CROWDED_SPIN = 200e-6
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
 BURST = 8
