@@ -102,7 +102,9 @@ SPIN = 1e-3
 #: one (5 of 6 runs better); 500 us here 64.8k in that series (3 of 6 better than 200 us)
 #: and 1 ms 91.5k against 75.9k with a yield per ring in a quieter one, neither kept: the
 #: 8 KiB ring of ``benchmarks.shm_p2p`` at 4 processes took 54 us a hop at 500 us in one
-#: of two runs and 56-70 us at 1 ms, against 24-29 us.
+#: of two runs and 56-70 us at 1 ms, against 24-29 us; at 200 us with no yield per ring,
+#: 16.5 us at 3 processes and 22.2 us at 4 (with one: 18-169 us and 24-29 us), the idle
+#: ranks' CPU 0% and their wake from idle within 0.08 ms of the bare datagram's.
 CROWDED_SPIN = 200e-6
 #: While spinning, the rings are looked at up to this many times per turn of the loop, the
 #: core given away (``sched_yield``) after each look that found nothing...
