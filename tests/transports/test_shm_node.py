@@ -355,6 +355,26 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         await _stop(task, node, clock.peer)
 
 
+def test_a_crowded_node_keeps_its_core_when_it_rings_peers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crowded node that rings sleeping peers (a server replying to its workers) gives
+    no core away per ring: every peer is rung before any of them runs."""
+    clock = _Crowded(monkeypatch)
+    node, peer = clock.node, clock.peer
+    second = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    node._addresses.append(shm._address(node.group, 2))
+    try:
+        peer.bind(node._addresses[1])
+        second.bind(node._addresses[2])
+        node.wake(1)
+        node.wake(2)
+        assert clock.yields == 0
+        assert peer.recv(8) == b"\x01" and second.recv(8) == b"\x01"
+    finally:
+        for sock in (second, peer, node.sock):
+            sock.close()
+
+
 async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A wait that outlasted ``CROWDED_SPIN`` (the cores busy with other work, or a slow
