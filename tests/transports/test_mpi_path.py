@@ -17,7 +17,7 @@ import functools
 import mmap
 import types
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import numpy as np
@@ -267,6 +267,25 @@ def _open_rank(comm_: Comm, native: bool) -> tuple[MPITransport, Any]:
     return link, comm
 
 
+def _unstarted(mp: pytest.MonkeyPatch, chunk: int | None = None) -> None:
+    """The MPI link's progress task is not started (a test hands over what lands), and
+    its payloads move in chunks of ``chunk`` bytes, if given."""
+    mp.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
+        self, "endpoint", endpoint))
+    if chunk is not None:
+        mp.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", chunk)
+        mp.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", chunk)
+
+
+def _each_lane(run: Callable[[bool], Coroutine[Any, Any, Any]]) -> dict[bool, Any]:
+    """What ``run(native)`` gave on the C lane (True) and on the Python steps (False)."""
+    seen = {}
+    for native in (True, False):
+        with asyncio.Runner() as runner:
+            seen[native] = runner.run(run(native))
+    return seen
+
+
 async def _mpi_world(native: bool) -> tuple[Any, ...]:
     """This rank (1 of 2) of an MPI world opened on the fake communicator with
     ``native=``: a recv posted before its message lands, one after, and a send.  What
@@ -302,8 +321,7 @@ async def _mpi_world(native: bool) -> tuple[Any, ...]:
 def test_an_mpi_world_on_either_lane_does_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     """A world opened with ``native=True`` runs the link's per-message steps in C (its
     ``Path``), one with ``native=False`` the Python steps: the same ops give the same."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))  # (no progress task: the test hands over what lands)
+    _unstarted(monkeypatch)
     handed: dict[bool, list[int]] = {True: [], False: []}
     arrived = DeviceEngine.arrived
     seen = {}
@@ -442,14 +460,10 @@ def test_the_rendezvous_steps_in_c_do_what_the_python_steps_do(
     before its ``CTS`` (the C steps hand the answer to the Python steps), and an MPI
     error while fetching (the link breaks, the recv fails).  Alike where the data sends
     go with their ``RTS`` (``early``)."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch)
     if early:
         monkeypatch.setattr(MPITransport, "early_min", 4096)  # (the eager limit here)
-    seen = {}
-    for native in (True, False):
-        with asyncio.Runner() as runner:
-            seen[native] = runner.run(_rendezvous(native, order, fails, early))
+    seen = _each_lane(lambda native: _rendezvous(native, order, fails, early))
     c, python = seen[True], seen[False]
     assert c[:2] == ("Path.fetch", "Path.test")
     assert python[:2] == ("MPITransport.fetch", "Progress._test_requests")
@@ -487,14 +501,10 @@ def test_data_requests_that_complete_at_once_are_acted_on_where_they_are_posted(
     seen announced in the first poll) completes its recv in the call that posted it, and
     a send whose early data send finished before its ``CTS`` landed completes as the
     ``CTS`` lands: neither is tracked for the task's next poll.  Alike on both lanes."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch)
     if early:
         monkeypatch.setattr(MPITransport, "early_min", 4096)
-    seen = {}
-    for native in (True, False):
-        with asyncio.Runner() as runner:
-            seen[native] = runner.run(_rendezvous(native, order, "", early, at_once=True))
+    seen = _each_lane(lambda native: _rendezvous(native, order, "", early, at_once=True))
     c, python = seen[True], seen[False]
     assert c[:2] == ("Path.fetch", "Path.test")
     assert c[2:] == python[2:]
@@ -519,8 +529,7 @@ def test_a_matched_announcement_sends_its_cts_before_posting_the_data_recv(
     early announcement too (MPICH copies a payload whose transfer it has seen already
     inside the ``Irecv`` call: the ``CTS`` would wait for the copy); this rank's own early
     send posts its data right behind its ``RTS``."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch)
     if early:
         monkeypatch.setattr(MPITransport, "early_min", 4096)
     with asyncio.Runner() as runner:
@@ -569,8 +578,7 @@ def _on_both_lanes(monkeypatch: pytest.MonkeyPatch, run: Callable[[bool], Any]
     """``run(native)`` (a coroutine function) on the C lane and on the Python steps, the
     link not started: what each gave, and how many sends of ``BIG`` bytes the Python
     ``_send_op`` posted on each."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch)
     python_steps = []
     send_op = ac.Communicator._send_op
     monkeypatch.setattr(ac.Communicator, "_send_op", lambda self, *args: (
@@ -669,16 +677,10 @@ def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
     tag, one of the sender's half) only when it is within ``early_max``, moves in one
     data send and a data tag is free (else it is announced as any other: never refused);
     alike on both lanes."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch, chunk)
     monkeypatch.setattr(MPITransport, "early_min", 4096)
     monkeypatch.setattr(MPITransport, "early_max", early_max)
-    monkeypatch.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", chunk)
-    monkeypatch.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", chunk)
-    seen = {}
-    for native in (True, False):
-        with asyncio.Runner() as runner:
-            seen[native] = runner.run(_announce_one(native, held))
+    seen = _each_lane(lambda native: _announce_one(native, held))
     assert seen[True] == seen[False]
     sent = seen[True]
     if early:
@@ -728,8 +730,7 @@ def test_a_recv_whose_data_is_moving_fails_when_the_link_breaks(
     """A rendezvous recv that matched a message already announced is pending until its
     data lands: when the link breaks meanwhile it fails (it used to wait for ever when it
     was taken as it was posted)."""
-    monkeypatch.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-        self, "endpoint", endpoint))
+    _unstarted(monkeypatch)
     loop = asyncio.new_event_loop()  # (not a Runner: it would wait for a hung recv)
     try:
         got = loop.run_until_complete(_broken_while_moving(native, how))
@@ -893,14 +894,8 @@ def test_chunked_transfers_and_the_send_completion_in_c_do_what_the_python_steps
     send completes, and is not cancelled); the task waiting for the send wakes, and the
     send's timer stops."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(MPITransport, "start", lambda self, endpoint, loop: setattr(
-            self, "endpoint", endpoint))
-        mp.setattr("asynccomm.transports._mpi_transport.CHUNK_BYTES", CHUNK)
-        mp.setattr("asynccomm.transports._mpi_chunks.CHUNK_BYTES", CHUNK)
-        seen = {}
-        for native in (True, False):
-            with asyncio.Runner() as runner:
-                seen[native] = runner.run(_chunked(native, plan))
+        _unstarted(mp, CHUNK)
+        seen = _each_lane(lambda native: _chunked(native, plan))
     c, python = seen[True], seen[False]
     assert c[:2] == (("Path.fetch", "Path.send"), "Path.test")
     assert python[:2] == (("MPITransport.fetch", "MPITransport.send"),
