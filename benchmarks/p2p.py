@@ -39,7 +39,7 @@ TRACING_TARGET = 2.0  # per message, tracing on / off
 
 # -- latency ------------------------------------------------------------------------------
 
-async def _future_pingpong(iters: int) -> float:
+async def future_pingpong(iters: int) -> float:
     """Seconds per one-way hand-off (half a round trip) between two tasks.
 
     Each side waits on a future the other resolves, and makes a fresh one once woken (as
@@ -68,7 +68,7 @@ async def _future_pingpong(iters: int) -> float:
     return (time.perf_counter() - t0) / (2 * iters)
 
 
-async def _comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
+async def comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
                          iters: int) -> float:
     """Seconds per one-way send->recv (half a round trip) between ranks 0 and 1."""
     count = max(1, nbytes // 8)
@@ -94,10 +94,10 @@ async def _calls_per_message(c0: ac.Communicator, c1: ac.Communicator, nbytes: i
     """Python-level function calls per one-way message of the ping-pong (cProfile counts
     every call, the library's, asyncio's and numpy's, minus the benchmark's own loop)."""
     iters = 2000
-    await _comm_pingpong(c0, c1, nbytes, 100)
+    await comm_pingpong(c0, c1, nbytes, 100)
     profile = cProfile.Profile()
     profile.enable()
-    await _comm_pingpong(c0, c1, nbytes, iters)
+    await comm_pingpong(c0, c1, nbytes, iters)
     profile.disable()
     stats = pstats.Stats(profile)
     return float(stats.total_calls) / (2 * iters)  # type: ignore[attr-defined]
@@ -108,14 +108,14 @@ async def _latency_main(s: Settings) -> list[dict[str, Any]]:
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
         for nbytes in s.latency_sizes:
-            await _future_pingpong(max(100, s.latency_iters // 10))  # warm-up
-            await _comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10))
+            await future_pingpong(max(100, s.latency_iters // 10))  # warm-up
+            await comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10))
             base, ours = [], []
             for _ in range(s.latency_repeats):
                 gc.collect()
-                base.append(await _future_pingpong(s.latency_iters))
+                base.append(await future_pingpong(s.latency_iters))
                 gc.collect()
-                ours.append(await _comm_pingpong(c0, c1, nbytes, s.latency_iters))
+                ours.append(await comm_pingpong(c0, c1, nbytes, s.latency_iters))
             ours_us, base_us = median(ours) * 1e6, median(base) * 1e6
             calls = await _calls_per_message(c0, c1, nbytes)
             rows.append({
@@ -307,7 +307,7 @@ async def _tracing_main(s: Settings) -> list[dict[str, Any]]:
                 gc.collect()
                 async with ac.open_world(2, trace=trace) as world:
                     c0, c1 = world.comms
-                    one_way = await _comm_pingpong(c0, c1, 8, iters)
+                    one_way = await comm_pingpong(c0, c1, 8, iters)
                     per_s = await _send_rate(c0, c1, messages)
                 if i:
                     lat[mode].append(one_way)
