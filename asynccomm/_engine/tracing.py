@@ -321,8 +321,11 @@ def load(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def merge(paths: Sequence[str | Path], out: str | Path) -> Path:
-    """Merge the per-rank files of an MPI run into one file at ``out``.
+def merge(paths: Sequence[str | Path], out: str | Path, *,
+          missing: Sequence[int] = ()) -> Path:
+    """Merge the per-rank files of an MPI run into one file at ``out``; the ranks of
+    ``missing`` wrote none (their processes died first): each gets a row named so, and
+    they are listed in ``otherData["missing"]``.
 
     Raises:
         OSError, ValueError: as ``load``; ValueError also for no files, or files of
@@ -345,27 +348,37 @@ def merge(paths: Sequence[str | Path], out: str | Path) -> Path:
                 e = {**e, "ts": round(e["ts"] + shift, 3)}
             events.append(e)
         ranks += doc.get("otherData", {}).get("ranks", [])
+    for rank in missing:
+        events += [{"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
+                    "args": {"name": f"rank {rank} (no trace: its process died first)"}},
+                   {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
+                    "args": {"sort_index": rank}}]
+    other = {"generator": "asynccomm", "clock": clocks.pop(), "epoch": first,
+             "ranks": sorted(ranks)}
+    if missing:
+        other["missing"] = sorted(missing)
     target = Path(out)
     target.write_text(json.dumps({
-        "traceEvents": paired_flows(events), "displayTimeUnit": "ns",
-        "otherData": {"generator": "asynccomm", "clock": clocks.pop(), "epoch": first,
-                      "ranks": sorted(ranks)}}, separators=(",", ":")), encoding="utf-8")
+        "traceEvents": paired_flows(events), "displayTimeUnit": "ns", "otherData": other},
+        separators=(",", ":")), encoding="utf-8")
     return target
 
 
 def merge_ranks(path: Path, size: int) -> Path | None:
     """Merge the files ``rank_path(path, r)`` the ranks ``0 .. size-1`` of a world of
-    processes wrote (those that did: a process that was killed wrote none) into ``path``,
-    and remove them; None (and nothing written) when no rank wrote one.  When the merge
-    fails the rank files are kept.
+    processes wrote (those that did: a process that was killed wrote none, and is named
+    in the merged file as ``merge``'s ``missing``) into ``path``, and remove them; None
+    (and nothing written) when no rank wrote one.  When the merge fails the rank files
+    are kept.
 
     Raises:
         OSError, ValueError: as ``merge``.
     """
-    files = [f for f in (rank_path(path, r) for r in range(size)) if f.exists()]
+    paths = [rank_path(path, r) for r in range(size)]
+    files = [f for f in paths if f.exists()]
     if not files:
         return None
-    out = merge(files, path)
+    out = merge(files, path, missing=[r for r, f in enumerate(paths) if f not in files])
     for f in files:
         f.unlink(missing_ok=True)
     return out

@@ -17,7 +17,7 @@ from asynccomm.trace import load, merge
 from asynccomm.transports import shm
 
 from .test_trace import MPIEXEC, _traced_on_mpi, check_trace
-from .trace_cases import groups, one_raises
+from .trace_cases import groups, one_killed, one_raises
 
 pytestmark = pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
 
@@ -78,6 +78,25 @@ def test_a_run_where_a_rank_raises_still_leaves_the_merged_trace(tmp_path: Path)
     ((send, recv),) = [(s, f) for s, f in _flows(doc) if isinstance(s["id"], int)]
     assert (send["pid"], recv["pid"]) == (1, 0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["failed.json"]
+
+
+def test_a_killed_rank_is_named_in_the_merged_trace(tmp_path: Path) -> None:
+    """A process killed writes no trace: the others' are merged, and its row says why
+    it is empty."""
+    path = tmp_path / "killed.json"
+    with pytest.raises(RuntimeError, match="killed by signal 9") as info:
+        ac.run(one_killed, 2, processes=True, trace=path)
+    assert "(raised on rank 1)" in info.value.__notes__
+    doc = load(path)
+    ops = check_trace(doc)
+    assert {e["pid"] for e in ops} == {0}
+    outcomes = {(e["cat"], e["args"]["tag"]): e["args"]["outcome"] for e in ops}
+    assert outcomes == {("recv", 1): "done", ("recv", 2): "failed"}
+    procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0: "rank 0", 1: "rank 1 (no trace: its process died first)"}
+    assert doc["otherData"]["ranks"] == [0] and doc["otherData"]["missing"] == [1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed.json"]
 
 
 def test_the_environment_variable_asks_for_a_trace_with_processes(

@@ -3,6 +3,9 @@ so that each rank's process finds them by name."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 
 import asynccomm as ac
@@ -39,3 +42,13 @@ async def one_raises(comm: ac.Communicator) -> None:
 async def groups_on_shm(comm: ac.Communicator) -> None:
     """``groups`` under mpiexec, on the shared-memory link."""
     assert await groups(comm) == "ShmTransport"
+
+
+async def one_killed(comm: ac.Communicator) -> None:
+    """Rank 1 sends one message, then its process is killed (it writes no trace); rank 0's
+    next recv fails."""
+    if comm.rank == 1:
+        await comm.send(np.ones(8), 0, tag=1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    await comm.recv(np.zeros(8), 1, tag=1)
+    await comm.recv(np.zeros(8), 1, tag=2)  # never sent: broken when rank 1 dies
