@@ -117,19 +117,21 @@ async def _fast_lane_traffic(comm: ac.Communicator) -> None:
 
 
 def _traced_on_mpi(tmp_path: Path, program: str, module: str = "tests.observe.test_trace",
-                   transport: str = "mpi") -> list[Path]:
-    """Run ``module``'s ``program`` on 2 MPI processes, traced, on ``transport``
-    (``ASYNCCOMM_TRANSPORT``: ``mpi``, or ``shm``, the shared-memory link); each rank's
-    file."""
+                   transport: str = "mpi", size: int = 2,
+                   hosts: str | None = None) -> list[Path]:
+    """Run ``module``'s ``program`` on ``size`` MPI processes, traced, on ``transport``
+    (``ASYNCCOMM_TRANSPORT``: ``mpi``, or ``shm``, the shared-memory link; with ``hosts``,
+    ``ASYNCCOMM_TEST_HOSTS``: each rank's host); each rank's file."""
     script = tmp_path / "prog.py"
     script.write_text(
         "import sys\nimport asynccomm as ac\n"
         f"from {module} import {program}\n"
         f"ac.run({program}, trace=sys.argv[1])\n")
-    subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(script),
-                    str(tmp_path / "mpi.json")], check=True, timeout=60, cwd=ROOT,
-                   env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin",
-                        "ASYNCCOMM_TRANSPORT": transport})
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "ASYNCCOMM_TRANSPORT": transport}
+    if hosts is not None:
+        env["ASYNCCOMM_TEST_HOSTS"] = hosts
+    subprocess.run([str(MPIEXEC), "-n", str(size), sys.executable, str(script),
+                    str(tmp_path / "mpi.json")], check=True, timeout=60, cwd=ROOT, env=env)
     return sorted(tmp_path.glob("mpi.rank*.json"))
 
 

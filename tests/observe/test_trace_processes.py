@@ -128,3 +128,15 @@ def test_under_mpiexec_a_traced_world_keeps_the_shared_memory_link(tmp_path: Pat
     files = _traced_on_mpi(tmp_path, "groups_on_shm", "tests.observe.trace_cases", "shm")
     assert [f.name for f in files] == ["mpi.rank0.json", "mpi.rank1.json"]
     check_groups(load(merge(files, tmp_path / "merged.json")), 2)
+
+
+@pytest.mark.skipif(not MPIEXEC.exists() or shutil.which("true") is None,
+                    reason="needs mpiexec")
+def test_on_two_hosts_each_message_is_joined_whichever_link_carried_it(
+        tmp_path: Path) -> None:
+    """Ranks 0, 1 on one host and 2, 3 on another: the ring's 0->1 and 2->3 go over shared
+    memory, 1->2 and 3->0 over MPI, and every send is joined to its recv."""
+    files = _traced_on_mpi(tmp_path, "groups_on_hybrid", "tests.observe.trace_cases", "",
+                           size=4, hosts="a,a,b,b")
+    assert len(files) == 4
+    check_groups(load(merge(files, tmp_path / "merged.json")), 4)

@@ -52,3 +52,8 @@ async def one_killed(comm: ac.Communicator) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     await comm.recv(np.zeros(8), 1, tag=1)
     await comm.recv(np.zeros(8), 1, tag=2)  # never sent: broken when rank 1 dies
+
+
+async def groups_on_hybrid(comm: ac.Communicator) -> None:
+    """``groups`` under mpiexec on two fake hosts: shared memory within each, MPI across."""
+    assert await groups(comm) == "HybridTransport"
