@@ -206,6 +206,43 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
     assert math.isfinite(capped.copy_bandwidth) and capped.copy_bandwidth <= 1e10 * 1.001
 
 
+def test_the_host_rates_hold_with_messages_slowed_by_the_calls_working_set() -> None:
+    import resource
+
+    from asynccomm.calibrate import HOST_SIZES, fit_host
+    from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+
+    memory = ((1 << 20, 4e10), (1 << 23, 3e10), (1 << 25, 1e10))
+    want = HostSpec(cores=1, call=2e-5, step=4e-6, copy_bandwidth=4e9, reduce_bandwidth=2e9,
+                    cached=((HOST_SIZES[1], 1e10, 5e9),), touch=1e-10, memory=memory)
+    halves = {max(1, n // 2): 1e-6 + n / 2 / 3e9 for n in HOST_SIZES}
+    messages = {"allgather": 2, "allreduce": 4}
+    # each rank's work holds what its messages cost more than their ping-pong
+    two: dict[str, dict[object, float]] = {
+        name: {n: 2 * collective_seconds(want, f"{name}.ring", n, 2)
+               + k * halves[max(1, n // 2)] for n in HOST_SIZES}
+        for name, k in messages.items()}
+    top, page = HOST_SIZES[-1], resource.getpagesize()
+    two["faults"] = {name: work_of(f"{name}.ring", top, 2).fresh / page for name in messages}
+    got = fit_host(2e-5, two, halves, 2e-10, memory)
+    assert got.memory == memory
+    assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
+    assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)
+    # without the working set's rates the large calls' copies take the messages' share
+    assert fit_host(2e-5, two, halves, 2e-10).copy_bandwidth < 0.95 * 4e9
+
+
+def test_copy_rates_are_measured_by_working_set_and_never_rise_with_it() -> None:
+    from asynccomm import calibrate
+
+    got = calibrate.measure_memory((1 << 12, 1 << 16), repeats=1, budget=1e-4)
+    assert [n for n, _ in got] == [1 << 12, 1 << 16]
+    assert all(r > 0 for _, r in got) and got[0][1] >= got[1][1]
+    # a rate that falls and rises again was slowed by load: it takes the larger's
+    assert calibrate.envelope([(1, 2.0), (2, 1.0), (4, 1.5), (8, 0.5)]) == (
+        (1, 2.0), (2, 1.5), (4, 1.5), (8, 0.5))
+
+
 def test_in_process_ranks_are_timed_on_the_process_cpu_clock() -> None:
     import time
 
