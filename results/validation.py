@@ -14,7 +14,9 @@ processes and MPI on the wall clock: ``asynccomm.calibrate.clock_of``):
 
 Each cell's error is the geometric mean over its sizes of |log(predicted / measured)|,
 shown as a percentage (exp(mean) - 1); beside it, the error of the same model without the
-calls' CPU work (messages only, as the model was before it had a host).  Targets: 5% for
+calls' CPU work (messages only, as the model was before it had a host), and the cell's
+spread, its measurement's own (``spread``: its repeats against their median, reckoned as
+the error is; a cell whose spread passes the target is marked noisy).  Targets: 5% for
 point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
 repeats on a shared machine, so they move from run to run; the JSON and picture go to
 files git ignores.
