@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm._collectives.functions import algorithms
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
 from asynccomm.sim.host import Footprint, HostSpec, collective_seconds, footprint, work_of
@@ -223,6 +224,12 @@ def test_the_footprint_of_a_call_is_every_rank_s_arrays_and_scratch() -> None:
     assert footprint("allreduce.ring", 4 * MiB, 2) == Footprint(2 * 10.0 * MiB, 4.0 * MiB, 2)
     assert footprint("alltoall", 4 * MiB, 4) == Footprint(4 * 12.0 * MiB, 3.0 * MiB, 3)
     assert footprint("bcast", MiB, 4).messages == 0  # not counted: no more than before
+    # every algorithm the chooser weighs against another has its messages counted
+    for name in ("allreduce", "allgather", "reduce_scatter", "gather"):
+        for algorithm in algorithms(name):
+            for p in (2, 3, 4, 5):
+                fp = footprint(f"{name}.{algorithm}", 1200, p)
+                assert fp.messages > 0 and 0 < fp.received <= 1200 * p
     assert footprint("allgather", MiB, 1) == Footprint(0.0, 0.0, 0)
 
 
