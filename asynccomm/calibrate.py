@@ -19,7 +19,9 @@ Besides messages it measures, in this process and on its CPU clock, what a colle
 costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
 and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
-their messages, the first touch of their fresh scratch's pages, and on processes and MPI
+their messages, the first touch of their fresh scratch's pages, the copy rate at working
+sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
+arrays, a ping-pong's among one buffer and its copy), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
 calls less a message, ``measure_step``) and what it costs more on more ranks than cores
 (barrier calls on one process more than the cores); the preset's ``host`` holds them.

@@ -104,7 +104,8 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
 
 def spread(samples: list[float]) -> float:
     """How far repeats fall from their median, as the error is reckoned (``_error``):
-    exp(mean |log(sample / median)|) - 1; 0 for fewer than two."""
+    exp(mean |log(sample / median)|) - 1; 0 for fewer than two (of more than 0 s)."""
+    samples = [t for t in samples if t > 0]
     if len(samples) < 2:
         return 0.0
     mid = statistics.median(samples)

@@ -28,6 +28,7 @@ def test_a_small_validation_compares_prediction_and_measurement() -> None:
 
 def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
     assert validation.spread([1.0]) == 0 and validation.spread([2.0, 2.0, 2.0]) == 0
+    assert validation.spread([0.0, 1.0]) == 0  # a repeat timed at 0 s says nothing
     # one repeat of three twice the median: mean |log| is log(2) / 3
     assert validation.spread([1.0, 1.0, 2.0]) == pytest.approx(2 ** (1 / 3) - 1)
     cell = {"error": 0.05, "spread": 0.02}
