@@ -262,18 +262,23 @@ def measure_memory(sizes: Sequence[int] = MEMORY_SIZES, repeats: int = 5,
     out = []
     for size in sizes:
         block = max(1, min(1 << 20, size // 8))
-        bufs = [np.ones(block, np.uint8) for _ in range(max(2, size // block))]
-        k, samples = len(bufs), []
-        for rep in range(repeats + 1):
-            t0, moved = clock(), 0
-            while (took := clock() - t0) < budget or moved < size:
-                for i in range(k):
-                    np.copyto(bufs[(i + 1) % k], bufs[i])
-                moved += k * block
-            if rep:
-                samples.append(moved / max(took, 1e-9))
+        k = max(2, size // block)
+        # mapped apart from the allocator's heap, whose state (how much of a call's
+        # scratch it hands back warm) the collective calls timed after this depend on
+        with mmap.mmap(-1, k * block) as mem:
+            bufs = np.frombuffer(mem, np.uint8).reshape(k, block)
+            bufs.fill(1)
+            samples = []
+            for rep in range(repeats + 1):
+                t0, moved = clock(), 0
+                while (took := clock() - t0) < budget or moved < size:
+                    for i in range(k):
+                        np.copyto(bufs[(i + 1) % k], bufs[i])
+                    moved += k * block
+                if rep:
+                    samples.append(moved / max(took, 1e-9))
+            del bufs
         out.append((int(size), statistics.median(samples)))
-        del bufs
     return envelope(out)
 
 
