@@ -56,7 +56,7 @@ from .sim.host import HostSpec, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
-           "measure_switch", "measure_touch", "step_calls",
+           "measure_switch", "measure_touch", "settle_allocator", "step_calls",
            "pingpong", "preset", "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
@@ -476,7 +476,9 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
 
 def in_process_host(repeats: int = 7,
                     clock: Callable[[], float] = time.process_time) -> HostSpec:
-    """The part of ``measure_host`` measured on in-process ranks, on ``clock``."""
+    """The part of ``measure_host`` measured on in-process ranks, on ``clock``, in a
+    process whose allocator has settled (``settle_allocator``)."""
+    settle_allocator()
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats, clock=clock), 2,
@@ -486,6 +488,22 @@ def in_process_host(repeats: int = 7,
                                  backend="local")[0]
     return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
                     measure_memory(clock=clock))
+
+
+#: An array whose release makes glibc's allocator serve arrays up to its size from the
+#: heap from then on (it raises its mmap threshold to a freed mapped block's size, for
+#: blocks up to 32 MiB on 64 bits, its bookkeeping included: 16 MiB is under it).
+SETTLE_BYTES = 16 << 20
+
+
+def settle_allocator() -> None:
+    """Put this process's allocator in the state of a program that has run a while: an
+    array of ``SETTLE_BYTES`` made and released, after which a call's scratch up to that
+    size comes from memory the process holds (warm) rather than from pages the system
+    maps afresh for each call.  A program that has freed a large array (the calibration's
+    own ping-pong does) is in that state, and its calls' page faults are few; a fresh
+    process faults in a share of a 4 MiB call's scratch on every call."""
+    np.ones(SETTLE_BYTES, np.uint8)
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],

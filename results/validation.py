@@ -86,19 +86,21 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
     """Seconds per call of each collective and size (rank 0's), in the calibration's loop
     (``time_calls``): on the model's clock with ``model``, ``MODEL_CALLS`` calls back to
     back, else the median of ``repeats`` on ``transport``'s clock (``clock_of``); under
-    ``"<collective> spread"`` the repeats' ``spread`` (0 on the model's clock)."""
+    ``"<collective> spread"`` the repeats' ``spread`` and ``"<collective> faults"`` this
+    process's page faults per call (0 on the model's clock)."""
     out: dict[str, dict[int, float]] = {}
     for name in COLLECTIVES:
-        out[name], out[f"{name} spread"] = {}, {}
+        out[name], out[f"{name} spread"], out[f"{name} faults"] = {}, {}, {}
         for nbytes in sizes:
             call = partial(_call, comm, name, _buffers(name, nbytes, comm.size))
             # the calibration's loop; on the model's clock a few calls say it all
             samples: list[float] = []
-            out[name][nbytes] = (await time_calls(
+            out[name][nbytes], faults = (await time_calls(
                 comm, call, 1, comm.model_time, iterations=MODEL_CALLS) if model else
                 await time_calls(comm, call, repeats, clock_of(transport),
-                                 samples=samples))[0]
+                                 samples=samples))
             out[f"{name} spread"][nbytes] = spread(samples)
+            out[f"{name} faults"][nbytes] = 0.0 if model else faults
     return out
 
 
@@ -184,6 +186,7 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             for name in COLLECTIVES:
                 rows = [{"nbytes": n, "measured_s": real[name][n],
                          "spread": real[f"{name} spread"][n],
+                         "faults_per_call": real[f"{name} faults"][n],
                          "predicted_s": model[name][n],
                          "messages_only_s": messages[name][n]} for n in coll_sizes]
                 cells.append({"collective": name, "ranks": p, "rows": rows,

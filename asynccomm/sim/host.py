@@ -327,21 +327,16 @@ class Footprint(NamedTuple):
     messages: int  # in how many messages
 
 
-def _halving(n: int, p: int) -> tuple[float, int, float]:
-    rounds, fold = _folded(p)  # halves of what is left, and the folded partner's whole
-    return n + n / p, rounds + fold, (n * (1 - 1 / (1 << rounds)) + n * fold) / (rounds + fold)
-
-
 #: The bytes of the caller's arrays an algorithm reads or writes on a rank (the busiest:
-#: a gather's root), and the messages it receives: (arrays, messages, bytes each).
+#: a gather's root), and the messages it receives into arrays as large as the call's
+#: buffer: (arrays, messages, bytes each).  A ring's reduce-scatter receives each block
+#: into one block-sized scratch, which stays in the caches: its messages are not counted.
 _ARRAYS: dict[str, Callable[[int, int], tuple[float, int, float]]] = {
-    "allreduce.ring": lambda n, p: (n, 2 * (p - 1), n / p),
+    "allreduce.ring": lambda n, p: (n, p - 1, n / p),
     "allreduce.recursive_doubling": lambda n, p: (n, sum(_folded(p)), float(n)),
     "allgather.ring": lambda n, p: (n + n / p, p - 1, n / p),
     "allgather.bruck": lambda n, p: (n + n / p, _log2(p), n * (p - 1) / p / _log2(p)),
     "alltoall.pairwise": lambda n, p: (2.0 * n, p - 1, n / p),
-    "reduce_scatter.ring": lambda n, p: (n + n / p, p - 1, n / p),
-    "reduce_scatter.recursive_doubling": _halving,
     "gather.linear": lambda n, p: (n + n / p, p - 1, n / p),
     "gather.binomial": lambda n, p: (n + n / p, _log2(p), n * (p - 1) / p / _log2(p)),
 }
@@ -350,8 +345,9 @@ _ARRAYS: dict[str, Callable[[int, int], tuple[float, int, float]]] = {
 def footprint(name: str, nbytes: int, p: int) -> Footprint:
     """The footprint of a call of ``name`` (as ``work_of``) on ``nbytes`` and ``p`` ranks:
     every rank's arrays (its buffer, for an algorithm without an entry) and fresh scratch,
-    and the messages a rank receives (none counted for bcast, reduce and scatter, whose
-    algorithms the chooser does not weigh against each other on it)."""
+    and the messages a rank receives into large arrays (none counted for bcast, reduce,
+    reduce_scatter and scatter, whose algorithms the chooser does not weigh against each
+    other on it)."""
     if p <= 1:
         return Footprint(0.0, 0.0, 0)
     key = name if "." in name else f"{name}.{_BARE.get(name, '')}"

@@ -21,7 +21,8 @@ def test_a_small_validation_compares_prediction_and_measurement() -> None:
     assert "geomean error" in validation.report(data)
     assert local["host"]["cores"] == 1 and local["host"]["call"] > 0  # the calls' own work
     assert all(math.isfinite(c["messages_only_error"]) for c in local["cells"])
-    assert all(c["spread"] >= 0 and all(r["spread"] >= 0 for r in c["rows"])
+    assert all(c["spread"] >= 0 and all(r["spread"] >= 0 and r["faults_per_call"] >= 0
+                                        for r in c["rows"])
                for c in local["cells"])
     assert "spread" in validation.report(data)
 

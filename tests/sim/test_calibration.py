@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import random
 import subprocess
 import sys
@@ -397,3 +398,20 @@ def test_the_calibrated_host_of_processes_has_the_transport_s_step(
     assert (got.cores, got.step, got.switch) == (2, pytest.approx(8e-6), 2e-6)
     assert seen[0].step == pytest.approx(8e-6)  # the switch is solved on top of that step
     assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
+    import resource
+
+    from asynccomm import calibrate
+
+    def faults_of_fresh_arrays() -> int:
+        np.empty(4 << 20, np.uint8).fill(1)  # the heap grows once
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(8):
+            np.empty(4 << 20, np.uint8).fill(1)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    calibrate.settle_allocator()
+    assert faults_of_fresh_arrays() < 8  # where a fresh process maps each one afresh
