@@ -514,7 +514,8 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     each size, ``fresh_page`` the seconds per byte of a first touch (``measure_touch``),
     ``memory`` the copy rates by working set (``measure_memory``): a call's messages cost
     their ping-pong's time and what the call's working set slows their bytes more
-    (``sim/host.py`` Rule 1d), the rest is the call's own work."""
+    (``sim/host.py`` Rule 1d), the rest is the call's own work, whose rates hold at the
+    largest calls' working set (``working_set``; the allgather's and allreduce's alike)."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
     mem = HostSpec(memory=memory)
 
@@ -553,7 +554,8 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
     return HostSpec(cores=1, call=call, step=step, copy_bandwidth=rates[-1][1],
                     reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), touch=touch,
-                    memory=tuple(memory))
+                    memory=tuple(memory), working_set=int(footprint(
+                        "allgather.ring", n_top, 2).working_set) if memory else 0)
 
 
 def mpiexec() -> str | None:

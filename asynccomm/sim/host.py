@@ -30,7 +30,9 @@ scratch (the ranks of a node share its last cache), which can be far beyond the 
 between them on log2 of the bytes); each byte a rank receives in a call whose working set
 is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on its core, m its
 messages' size (none where the call's working set is no larger).  The call's own copies
-keep their fitted rates, which the calibration reads off calls as large as any.
+and reductions past the ``cached`` pieces take their rates times memory(W) /
+memory(``working_set``), the working set of the calls those rates were fitted on (0:
+the rates hold at every working set).
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
@@ -184,6 +186,7 @@ class HostSpec:
     touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
+    working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -217,6 +220,10 @@ class HostSpec:
             _rate("memory copy_bandwidth", rate)
         if [m[0] for m in self.memory] != sorted({m[0] for m in self.memory}):
             raise ValueError("HostSpec memory must be sorted by working set, each once")
+        if isinstance(self.working_set, bool) or not isinstance(self.working_set, int) \
+                or self.working_set < 0:
+            raise ValueError(f"HostSpec working_set must be an int >= 0, got "
+                             f"{self.working_set!r}")
 
     @property
     def free(self) -> bool:
@@ -227,12 +234,16 @@ class HostSpec:
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
                 and not self.memory)
 
-    def rates(self, nbytes: int) -> tuple[float, float]:
-        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b)."""
+    def rates(self, nbytes: int, working_set: float = 0.0) -> tuple[float, float]:
+        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b) among ``working_set``
+        bytes (Rule 1d; 0: as fitted)."""
         for up_to, copy, reduce in self.cached:
             if nbytes <= up_to:
                 return copy, reduce
-        return self.copy_bandwidth, self.reduce_bandwidth
+        if not (working_set and self.working_set and self.memory):
+            return self.copy_bandwidth, self.reduce_bandwidth
+        faster = self.per_byte(self.working_set) / self.per_byte(working_set)
+        return self.copy_bandwidth * faster, self.reduce_bandwidth * faster
 
     def per_byte(self, working_set: float) -> float:
         """Seconds per byte copied with ``working_set`` bytes in use (Rule 1d): ``memory``
@@ -271,6 +282,7 @@ class HostSpec:
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
                              f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s"
+                + (f" (among {self.working_set / 2**20:g} MiB)" if self.working_set else "")
                 + ("; copies among " + ", ".join(f"{n / 2**20:g} MiB {r / 1e9:.1f}"
                                                  for n, r in self.memory)
                    + " GB/s" if self.memory else ""))
@@ -282,7 +294,7 @@ class HostSpec:
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
                 "switch": self.switch, "touch": self.touch,
-                "memory": [list(m) for m in self.memory]}
+                "memory": [list(m) for m in self.memory], "working_set": self.working_set}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -359,7 +371,8 @@ def footprint(name: str, nbytes: int, p: int) -> Footprint:
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks."""
     steps, copied, reduced, fresh = work_of(name, nbytes, p)
-    copy, reduce = host.rates(nbytes)
+    fp = footprint(name, nbytes, p)
+    copy, reduce = host.rates(nbytes, fp.working_set)
     step = host.step + (host.switch if 0 < host.cores < p else 0.0)
     return (host.call + steps * step + copied / copy + reduced / reduce
-            + fresh * host.touch + host.slower_messages(footprint(name, nbytes, p)))
+            + fresh * host.touch + host.slower_messages(fp))

@@ -201,6 +201,7 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them(
     two["faults"] = {name: work_of(f"{name}.ring", top, 2).fresh / page for name in messages}
     got = fit_host(2e-5, two, halves, 2e-10, memory)
     assert got.touch == pytest.approx(1e-10) and got.memory == memory
+    assert got.working_set == (20 << 20 if memory else 0)  # the largest calls' (5 n)
     assert (got.call, got.step) == pytest.approx((2e-5, 4e-6), rel=1e-3)  # 8 B copies aside
     assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
     assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)

@@ -251,10 +251,24 @@ def test_messages_of_a_call_past_the_caches_cost_its_working_set_s_rate() -> Non
     assert got == pytest.approx([extra + 2 * MSG] * 3, abs=1e-8)  # a core per rank
 
 
+def test_copies_past_the_cached_pieces_take_the_working_set_s_rate() -> None:
+    host = HostSpec(copy_bandwidth=1e9, reduce_bandwidth=5e8, memory=MEMORY.memory,
+                    working_set=4 * MiB, cached=((1000, 4e9, 2e9),))
+    slower = 1 / (MEMORY.per_byte(4 * MiB) * 1e10)  # per byte among 21 MiB over 4 MiB
+    assert host.rates(3 * MiB, 21 * MiB) == pytest.approx((1e9 / slower, 5e8 / slower))
+    assert host.rates(3 * MiB, 4 * MiB) == host.rates(3 * MiB) == (1e9, 5e8)  # as fitted
+    assert host.rates(1000, 21 * MiB) == (4e9, 2e9)  # a cached piece's arrays stay cached
+    assert HostSpec(copy_bandwidth=1e9, memory=MEMORY.memory).rates(3 * MiB, 21 * MiB)[0] == 1e9
+    # allgather of 3 MiB on 3 ranks: copies n / p + n, among 21 MiB
+    assert collective_seconds(host, "allgather", 3 * MiB, 3) == pytest.approx(
+        4 * MiB * slower / 1e9 + collective_seconds(MEMORY, "allgather", 3 * MiB, 3))
+    assert "(among 4 MiB)" in host.describe()
+
+
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
                          cached=((4096, 8e9, math.inf),), switch=5e-5, touch=1e-10,
-                         memory=MEMORY.memory))
+                         memory=MEMORY.memory, working_set=20 * MiB))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
     assert Cluster.load(path).host == c.host
@@ -283,6 +297,7 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"memory": ((8, -1.0),)}, ValueError, "memory copy_bandwidth must be > 0"),
     ({"memory": ((16, 1e9), (8, 1e9))}, ValueError, "memory must be sorted"),
     ({"memory": ((8, 1e9), (8, 2e9))}, ValueError, "memory must be sorted"),
+    ({"working_set": -1}, ValueError, "working_set must be an int >= 0"),
 ])
 def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
