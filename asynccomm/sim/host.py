@@ -27,9 +27,10 @@ Rule 1d (working set).  A link's segments time a ping-pong, whose working set is
 message and its copy (2 m bytes): a call's messages move among every rank's arrays and
 scratch (the ranks of a node share its last cache), which can be far beyond the caches.
 ``memory`` holds the copy rate measured at a few working sets (``(bytes, bytes/s)``, read
-between them on log2 of the bytes); each byte a rank receives in a call whose working set
-is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on its core, m its
-messages' size (none where the call's working set is no larger).  The call's own copies
+between them on log2 of the bytes); each byte a rank receives into the call's large
+arrays (not a ring reduce-scatter's, which land in one block the caches keep) in a call
+whose working set is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on
+its core, m its messages' size (none where the call's working set is no larger).  The call's own copies
 and reductions past the ``cached`` pieces take their rates times memory(W) /
 memory(``working_set``), the working set of the calls those rates were fitted on (0:
 the rates hold at every working set).
