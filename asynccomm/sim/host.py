@@ -30,10 +30,10 @@ scratch (the ranks of a node share its last cache), which can be far beyond the 
 between them on log2 of the bytes); each byte a rank receives into the call's large
 arrays (not a ring reduce-scatter's, which land in one block the caches keep) in a call
 whose working set is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on
-its core, m its messages' size (none where the call's working set is no larger).  The call's own copies
-and reductions past the ``cached`` pieces take their rates times memory(W) /
-memory(``working_set``), the working set of the calls those rates were fitted on (0:
-the rates hold at every working set).
+its core, m its messages' size (none where the call's working set is no larger).  The
+call's own copies and reductions past the ``cached`` pieces take their rates times
+memory(W) / memory(``working_set``), the working set of the calls those rates were
+fitted on (0: the rates hold at every working set).
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
