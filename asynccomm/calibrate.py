@@ -19,7 +19,9 @@ Besides messages it measures, in this process and on its CPU clock, what a colle
 costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
 and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
-their messages, the first touch of their fresh scratch's pages, and on processes and MPI
+their messages, the first touch of their fresh scratch's pages, the copy rate at working
+sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
+arrays, a ping-pong's among one buffer and its copy), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
 calls less a message, ``measure_step``) and what it costs more on more ranks than cores
 (barrier calls on one process more than the cores); the preset's ``host`` holds them.
@@ -50,11 +52,11 @@ import numpy as np
 from . import Communicator, launched_by_mpi, run
 from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
-from .sim.host import HostSpec, work_of
+from .sim.host import HostSpec, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
-           "in_process_host", "measure_pingpong", "measure_step", "measure_switch",
-           "measure_touch", "step_calls",
+           "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
+           "measure_switch", "measure_touch", "settle_allocator", "step_calls",
            "pingpong", "preset", "time_calls"]
 
 TRANSPORTS = ("local", "mpi", "processes")
@@ -161,7 +163,8 @@ CALL_BUDGET = 0.05
 
 async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], repeats: int,
                      clock: Callable[[], float], budget: float = CALL_BUDGET,
-                     iterations: int | None = None) -> tuple[float, float]:
+                     iterations: int | None = None,
+                     samples: list[float] | None = None) -> tuple[float, float]:
     """The loop that times a collective call, in calibration and validation alike: a
     warm-up repeat that sizes the iterations (rank 0's choice, sent to all; or
     ``iterations`` each time), then ``repeats`` repeats of that many calls back to back,
@@ -169,13 +172,15 @@ async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], 
     process's page faults per timed call.  A rank's calls back to back take turns with the
     other ranks' (on one CPU, or on the cores), so a call's time in the loop holds what
     every rank does per call, where one call after a barrier may end on one rank before
-    the others have done their part.
+    the others have done their part.  ``samples``, when given, gets each repeat's seconds
+    per call.
 
     The loop decides what a call's scratch costs: calls back to back get the memory the
     one before freed again, where calls apart (a barrier between each) fault most of
     their scratch's pages in afresh, several times slower on large buffers."""
     iters = np.full(1, iterations or 1, np.int64)
-    samples, faults, timed = [], 0, 0
+    got: list[float] = []
+    faults, timed = 0, 0
     for rep in range(repeats + 1):
         await comm.barrier()
         before = _faults()
@@ -187,9 +192,11 @@ async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], 
             iters[0] = max(1, min(500, int(budget / max(took, 1e-6))))
             await comm.bcast(iters, root=0)
         else:
-            samples.append(took / int(iters[0]))
+            got.append(took / int(iters[0]))
             faults, timed = faults + _faults() - before, timed + int(iters[0])
-    return statistics.median(samples), faults / timed
+    if samples is not None:
+        samples.extend(got)
+    return statistics.median(got), faults / timed
 
 
 async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: int,
@@ -236,6 +243,49 @@ def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
             extra.append((t1 - t0) - (clock() - t1))
             del view
     return max(0.0, statistics.median(extra)) / nbytes
+
+
+#: Working sets at which ``measure_memory`` times copies: 1 MiB to 128 MiB, from a core's
+#: cache to well past the last cache of this kind of machine.
+MEMORY_SIZES = tuple(1 << i for i in range(20, 28))
+
+
+def measure_memory(sizes: Sequence[int] = MEMORY_SIZES, repeats: int = 5,
+                   clock: Callable[[], float] = time.process_time,
+                   budget: float = 0.01) -> tuple[tuple[int, float], ...]:
+    """The copy rate (bytes/s on ``clock``) at each working set of ``sizes``
+    (``HostSpec`` ``memory``): blocks of at most 1 MiB copied each into the next around
+    arrays of that many bytes, for at least ``budget`` seconds and the whole set once a
+    repeat; the median over ``repeats`` after one untimed.  Load from elsewhere only
+    slows a copy, and a larger working set never speeds one up: each rate is raised to
+    the fastest at any larger working set (the rates' upper envelope)."""
+    out = []
+    for size in sizes:
+        block = max(1, min(1 << 20, size // 8))
+        k = max(2, size // block)
+        # mapped apart from the allocator's heap, whose state (how much of a call's
+        # scratch it hands back warm) the collective calls timed after this depend on
+        with mmap.mmap(-1, k * block) as mem:
+            bufs = np.frombuffer(mem, np.uint8).reshape(k, block)
+            bufs.fill(1)
+            samples = []
+            for rep in range(repeats + 1):
+                t0, moved = clock(), 0
+                while (took := clock() - t0) < budget or moved < size:
+                    for i in range(k):
+                        np.copyto(bufs[(i + 1) % k], bufs[i])
+                    moved += k * block
+                if rep:
+                    samples.append(moved / max(took, 1e-9))
+            del bufs
+        out.append((int(size), statistics.median(samples)))
+    return envelope(out)
+
+
+def envelope(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """``points`` (working set, rate), each rate raised to the fastest at any larger
+    working set: a rate that falls and rises again was slowed by load."""
+    return tuple((size, max(r for _, r in points[i:])) for i, (size, _) in enumerate(points))
 
 
 async def _barriers(comm: Communicator, repeats: int) -> float:
@@ -426,7 +476,9 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
 
 def in_process_host(repeats: int = 7,
                     clock: Callable[[], float] = time.process_time) -> HostSpec:
-    """The part of ``measure_host`` measured on in-process ranks, on ``clock``."""
+    """The part of ``measure_host`` measured on in-process ranks, on ``clock``, in a
+    process whose allocator has settled (``settle_allocator``)."""
+    settle_allocator()
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats, clock=clock), 2,
@@ -434,22 +486,50 @@ def in_process_host(repeats: int = 7,
     halves = sorted({max(1, n // 2) for n in HOST_SIZES})
     half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
                                  backend="local")[0]
-    return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock))
+    return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
+                    measure_memory(clock=clock))
+
+
+#: An array whose release makes glibc's allocator serve arrays up to its size from the
+#: heap from then on (it raises its mmap threshold to a freed mapped block's size, for
+#: blocks up to 32 MiB on 64 bits, its bookkeeping included: 16 MiB is under it).
+SETTLE_BYTES = 16 << 20
+
+
+def settle_allocator() -> None:
+    """Put this process's allocator in the state of a program that has run a while: an
+    array of ``SETTLE_BYTES`` made and released, after which a call's scratch up to that
+    size comes from memory the process holds (warm) rather than from pages the system
+    maps afresh for each call.  A program that has freed a large array (the calibration's
+    own ping-pong does) is in that state, and its calls' page faults are few; a fresh
+    process faults in a share of a 4 MiB call's scratch on every call."""
+    np.ones(SETTLE_BYTES, np.uint8)
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
-             fresh_page: float) -> HostSpec:
+             fresh_page: float, memory: tuple[tuple[int, float], ...] = ()) -> HostSpec:
     """The rates of ``measure_host`` (one core) from its measurements: ``call`` the seconds
     of a call on one rank, ``two`` those of ``_collective_calls`` on two in-process ranks
     (and their page faults per call), ``halves`` the in-process one-way seconds of half of
-    each size, ``fresh_page`` the seconds per byte of a first touch (``measure_touch``)."""
+    each size, ``fresh_page`` the seconds per byte of a first touch (``measure_touch``),
+    ``memory`` the copy rates by working set (``measure_memory``): a call's messages cost
+    their ping-pong's time and what the call's working set slows their bytes more
+    (``sim/host.py`` Rule 1d), the rest is the call's own work, whose rates hold at the
+    largest calls' working set (``working_set``; the allgather's and allreduce's alike)."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
+    mem = HostSpec(memory=memory)
+
+    def slower(name: str, n: int) -> float:
+        """Seconds a message of the two-rank call of ``n`` costs more than its ping-pong."""
+        return mem.slower_messages(footprint(f"{name}.ring", n, 2))
+
     faulted = statistics.fmean(  # per byte of fresh scratch, both ranks in this process
         min(1.0, two["faults"][name] * page / (2 * work_of(f"{name}.ring", n_top, 2).fresh))
         for name in ("allgather", "allreduce"))
 
     def work(name: str, messages: int, touch: float) -> list[float]:
-        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]) / 2
+        return [max(0.0, (two[name][n] - messages * halves[max(1, n // 2)]
+                          - 2 * slower(name, n)) / 2
                     - touch * work_of(f"{name}.ring", n, 2).fresh) for n in HOST_SIZES]
 
     # The faults are part of the calls' work: never more than what the largest allgather
@@ -473,7 +553,9 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
         rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
     step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
     return HostSpec(cores=1, call=call, step=step, copy_bandwidth=rates[-1][1],
-                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), touch=touch)
+                    reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), touch=touch,
+                    memory=tuple(memory), working_set=int(footprint(
+                        "allgather.ring", n_top, 2).working_set) if memory else 0)
 
 
 def mpiexec() -> str | None:

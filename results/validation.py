@@ -14,7 +14,9 @@ processes and MPI on the wall clock: ``asynccomm.calibrate.clock_of``):
 
 Each cell's error is the geometric mean over its sizes of |log(predicted / measured)|,
 shown as a percentage (exp(mean) - 1); beside it, the error of the same model without the
-calls' CPU work (messages only, as the model was before it had a host).  Targets: 5% for
+calls' CPU work (messages only, as the model was before it had a host), and the cell's
+spread, its measurement's own (``spread``: its repeats against their median, reckoned as
+the error is; a cell whose spread passes the target is marked noisy).  Targets: 5% for
 point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
 repeats on a shared machine, so they move from run to run; the JSON and picture go to
 files git ignores.
@@ -83,17 +85,33 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
                       ) -> dict[str, dict[int, float]]:
     """Seconds per call of each collective and size (rank 0's), in the calibration's loop
     (``time_calls``): on the model's clock with ``model``, ``MODEL_CALLS`` calls back to
-    back, else the median of ``repeats`` on ``transport``'s clock (``clock_of``)."""
+    back, else the median of ``repeats`` on ``transport``'s clock (``clock_of``); under
+    ``"<collective> spread"`` the repeats' ``spread`` and ``"<collective> faults"`` this
+    process's page faults per call (0 on the model's clock)."""
     out: dict[str, dict[int, float]] = {}
     for name in COLLECTIVES:
-        out[name] = {}
+        out[name], out[f"{name} spread"], out[f"{name} faults"] = {}, {}, {}
         for nbytes in sizes:
             call = partial(_call, comm, name, _buffers(name, nbytes, comm.size))
             # the calibration's loop; on the model's clock a few calls say it all
-            out[name][nbytes] = (await time_calls(
+            samples: list[float] = []
+            out[name][nbytes], faults = (await time_calls(
                 comm, call, 1, comm.model_time, iterations=MODEL_CALLS) if model else
-                await time_calls(comm, call, repeats, clock_of(transport)))[0]
+                await time_calls(comm, call, repeats, clock_of(transport),
+                                 samples=samples))
+            out[f"{name} spread"][nbytes] = spread(samples)
+            out[f"{name} faults"][nbytes] = 0.0 if model else faults
     return out
+
+
+def spread(samples: list[float]) -> float:
+    """How far repeats fall from their median, as the error is reckoned (``_error``):
+    exp(mean |log(sample / median)|) - 1; 0 for fewer than two (of more than 0 s)."""
+    samples = [t for t in samples if t > 0]
+    if len(samples) < 2:
+        return 0.0
+    mid = statistics.median(samples)
+    return _error([(t, mid) for t in samples])
 
 
 def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
@@ -167,9 +185,13 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
             for name in COLLECTIVES:
                 rows = [{"nbytes": n, "measured_s": real[name][n],
+                         "spread": real[f"{name} spread"][n],
+                         "faults_per_call": real[f"{name} faults"][n],
                          "predicted_s": model[name][n],
                          "messages_only_s": messages[name][n]} for n in coll_sizes]
                 cells.append({"collective": name, "ranks": p, "rows": rows,
+                              "spread": math.exp(statistics.fmean(
+                                  math.log1p(r["spread"]) for r in rows)) - 1,
                               "error": _error([(r["predicted_s"], r["measured_s"])
                                                for r in rows]),
                               "messages_only_error": _error([(r["messages_only_s"],
@@ -202,18 +224,25 @@ def report(data: dict[str, Any]) -> str:
         rows = [[c["collective"], c["ranks"],
                  *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
                    for r in c["rows"]),
-                 f"{c['error']:.1%}", "yes" if c["error"] <= COLL_TARGET else "no",
+                 f"{c['error']:.1%}", f"{c['spread']:.1%}", _met(c),
                  f"{c['messages_only_error']:.1%}"]
                 for c in d["cells"]]
         sizes = [size_label(r["nbytes"]) for r in d["cells"][0]["rows"]] if d["cells"] else []
         parts.append(format_table(
             f"{transport}: collectives, measured/predicted us per call, geomean error per "
-            f"cell (target {COLL_TARGET:.0%})",
-            ["collective", "ranks", *sizes, "error", "met", "messages only"], rows))
+            f"cell (target {COLL_TARGET:.0%}); spread: the measurement's own, repeat to "
+            f"repeat (a cell whose spread passes the target is noisy: its error may be noise)",
+            ["collective", "ranks", *sizes, "error", "spread", "met", "messages only"], rows))
         if "wall_s" in d:
             parts.append(f"{transport}: wall seconds, " + ", ".join(
                 f"{part} {wall:.1f}" for part, wall in d["wall_s"].items()))
     return "\n\n".join(parts)
+
+
+def _met(cell: dict[str, Any]) -> str:
+    """Whether a cell met the target, and whether its own spread is past it (noisy)."""
+    met = "yes" if cell["error"] <= COLL_TARGET else "no"
+    return f"{met} (noisy)" if cell.get("spread", 0.0) > COLL_TARGET else met
 
 
 def draw(plt: Any, data: dict[str, Any]) -> Any:

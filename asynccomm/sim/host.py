@@ -23,6 +23,17 @@ Rule 1c (first touch).  A scratch array allocated by a call lands on pages the p
 has not touched yet as often as not (the allocator hands large freed blocks back to the
 system): ``touch`` is the seconds per byte of those page faults, on average over the
 call's fresh bytes, which a warm ping-pong never sees.
+Rule 1d (working set).  A link's segments time a ping-pong, whose working set is one
+message and its copy (2 m bytes): a call's messages move among every rank's arrays and
+scratch (the ranks of a node share its last cache), which can be far beyond the caches.
+``memory`` holds the copy rate measured at a few working sets (``(bytes, bytes/s)``, read
+between them on log2 of the bytes); each byte a rank receives into the call's large
+arrays (not a ring reduce-scatter's, which land in one block the caches keep) in a call
+whose working set is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on
+its core, m its messages' size (none where the call's working set is no larger).  The
+call's own copies and reductions past the ``cached`` pieces take their rates times
+memory(W) / memory(``working_set``), the working set of the calls those rates were
+fitted on (0: the rates hold at every working set).
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
@@ -48,12 +59,14 @@ messages only; ``python -m asynccomm.calibrate`` measures these rates on this ma
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["WORK", "HostSpec", "Work", "collective_seconds", "work_of"]
+__all__ = ["WORK", "Footprint", "HostSpec", "Work", "collective_seconds", "footprint",
+           "work_of"]
 
 class Work(NamedTuple):
     """What one rank does in a call beyond its messages (Rule 1)."""
@@ -172,6 +185,9 @@ class HostSpec:
     cached: tuple[tuple[int, float, float], ...] = ()
     switch: float = 0.0  # seconds more per step on more ranks than cores (Rule 2)
     touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
+    #: (working set bytes, copy bytes/s), by working set (Rule 1d)
+    memory: tuple[tuple[int, float], ...] = ()
+    working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -196,6 +212,19 @@ class HostSpec:
                 raise ValueError(f"HostSpec cached up_to must be an int >= 0, got {up_to!r}")
             _rate("cached copy_bandwidth", copy)
             _rate("cached reduce_bandwidth", reduce)
+        if not isinstance(self.memory, tuple) or not all(
+                isinstance(m, tuple) and len(m) == 2 for m in self.memory):
+            raise TypeError("HostSpec memory must be a tuple of (bytes, copy_bandwidth) tuples")
+        for size, rate in self.memory:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"HostSpec memory bytes must be an int >= 1, got {size!r}")
+            _rate("memory copy_bandwidth", rate)
+        if [m[0] for m in self.memory] != sorted({m[0] for m in self.memory}):
+            raise ValueError("HostSpec memory must be sorted by working set, each once")
+        if isinstance(self.working_set, bool) or not isinstance(self.working_set, int) \
+                or self.working_set < 0:
+            raise ValueError(f"HostSpec working_set must be an int >= 0, got "
+                             f"{self.working_set!r}")
 
     @property
     def free(self) -> bool:
@@ -203,14 +232,41 @@ class HostSpec:
         return (self.call == self.step == self.switch == self.touch == 0
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
-                and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached))
+                and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
+                and not self.memory)
 
-    def rates(self, nbytes: int) -> tuple[float, float]:
-        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b)."""
+    def rates(self, nbytes: int, working_set: float = 0.0) -> tuple[float, float]:
+        """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b) among ``working_set``
+        bytes (Rule 1d; 0: as fitted)."""
         for up_to, copy, reduce in self.cached:
             if nbytes <= up_to:
                 return copy, reduce
-        return self.copy_bandwidth, self.reduce_bandwidth
+        if not (working_set and self.working_set and self.memory):
+            return self.copy_bandwidth, self.reduce_bandwidth
+        faster = self.per_byte(self.working_set) / self.per_byte(working_set)
+        return self.copy_bandwidth * faster, self.reduce_bandwidth * faster
+
+    def per_byte(self, working_set: float) -> float:
+        """Seconds per byte copied with ``working_set`` bytes in use (Rule 1d): ``memory``
+        read between its points on log2 of the bytes (its ends past them); 0 without."""
+        points = self.memory
+        if not points:
+            return 0.0
+        if working_set <= points[0][0]:
+            return 1 / points[0][1]
+        for (lo, lo_rate), (hi, hi_rate) in itertools.pairwise(points):
+            if working_set <= hi:
+                f = math.log2(working_set / lo) / math.log2(hi / lo)
+                return (1 - f) / lo_rate + f / hi_rate
+        return 1 / points[-1][1]
+
+    def slower_messages(self, fp: Footprint) -> float:
+        """Seconds the messages one rank receives in a call of footprint ``fp`` cost more
+        than their ping-pong (Rule 1d)."""
+        if not fp.messages or not self.memory:
+            return 0.0
+        return fp.received * max(0.0, self.per_byte(fp.working_set)
+                                 - self.per_byte(2 * fp.received / fp.messages))
 
     def core(self, rank: int) -> int:
         """The core ``rank`` runs on (Rule 2)."""
@@ -226,7 +282,11 @@ class HostSpec:
                 f"{self.touch * 4096 * 1e6:.2f} us per 4 KiB page of scratch, "
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
-                             f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s")
+                             f"{self.reduce_bandwidth / 1e9:.2f}"]) + " GB/s"
+                + (f" (among {self.working_set / 2**20:g} MiB)" if self.working_set else "")
+                + ("; copies among " + ", ".join(f"{n / 2**20:g} MiB {r / 1e9:.1f}"
+                                                 for n, r in self.memory)
+                   + " GB/s" if self.memory else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (infinite rates as None)."""
@@ -234,7 +294,8 @@ class HostSpec:
                 "copy_bandwidth": _json_rate(self.copy_bandwidth),
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
-                "switch": self.switch, "touch": self.touch}
+                "switch": self.switch, "touch": self.touch,
+                "memory": [list(m) for m in self.memory], "working_set": self.working_set}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -249,6 +310,7 @@ class HostSpec:
                 fields[rate] = _read_rate(fields[rate])
         fields["cached"] = tuple((n, _read_rate(c), _read_rate(r))
                                  for n, c, r in fields.get("cached", ()))
+        fields["memory"] = tuple((n, r) for n, r in fields.get("memory", ()))
         return cls(**fields)
 
 
@@ -270,10 +332,48 @@ def work_of(name: str, nbytes: int, p: int) -> Work:
     return work(nbytes, p) if work is not None else Work(1, float(nbytes), 0.0, 0.0)
 
 
+class Footprint(NamedTuple):
+    """What a call touches (Rule 1d): on every rank together, and what one rank receives."""
+
+    working_set: float  # bytes of every rank's arrays and scratch
+    received: float  # bytes one rank receives
+    messages: int  # in how many messages
+
+
+#: The bytes of the caller's arrays an algorithm reads or writes on a rank (the busiest:
+#: a gather's root), and the messages it receives into arrays as large as the call's
+#: buffer: (arrays, messages, bytes each).  A ring's reduce-scatter receives each block
+#: into one block-sized scratch, which stays in the caches: its messages are not counted.
+_ARRAYS: dict[str, Callable[[int, int], tuple[float, int, float]]] = {
+    "allreduce.ring": lambda n, p: (n, p - 1, n / p),
+    "allreduce.recursive_doubling": lambda n, p: (n, sum(_folded(p)), float(n)),
+    "allgather.ring": lambda n, p: (n + n / p, p - 1, n / p),
+    "allgather.bruck": lambda n, p: (n + n / p, _log2(p), n * (p - 1) / p / _log2(p)),
+    "alltoall.pairwise": lambda n, p: (2.0 * n, p - 1, n / p),
+    "gather.linear": lambda n, p: (n + n / p, p - 1, n / p),
+    "gather.binomial": lambda n, p: (n + n / p, _log2(p), n * (p - 1) / p / _log2(p)),
+}
+
+
+def footprint(name: str, nbytes: int, p: int) -> Footprint:
+    """The footprint of a call of ``name`` (as ``work_of``) on ``nbytes`` and ``p`` ranks:
+    every rank's arrays (its buffer, for an algorithm without an entry) and fresh scratch,
+    and the messages a rank receives into large arrays (none counted for bcast, reduce,
+    reduce_scatter and scatter, whose algorithms the chooser does not weigh against each
+    other on it)."""
+    if p <= 1:
+        return Footprint(0.0, 0.0, 0)
+    key = name if "." in name else f"{name}.{_BARE.get(name, '')}"
+    arrays, messages, each = (_ARRAYS[key](nbytes, p) if key in _ARRAYS
+                              else (float(nbytes), 0, 0.0))
+    return Footprint(p * (arrays + work_of(key, nbytes, p).fresh), messages * each, messages)
+
+
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks."""
     steps, copied, reduced, fresh = work_of(name, nbytes, p)
-    copy, reduce = host.rates(nbytes)
+    fp = footprint(name, nbytes, p)
+    copy, reduce = host.rates(nbytes, fp.working_set)
     step = host.step + (host.switch if 0 < host.cores < p else 0.0)
     return (host.call + steps * step + copied / copy + reduced / reduce
-            + fresh * host.touch)
+            + fresh * host.touch + host.slower_messages(fp))

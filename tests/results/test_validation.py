@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from results import validation
 
 
@@ -19,3 +21,18 @@ def test_a_small_validation_compares_prediction_and_measurement() -> None:
     assert "geomean error" in validation.report(data)
     assert local["host"]["cores"] == 1 and local["host"]["call"] > 0  # the calls' own work
     assert all(math.isfinite(c["messages_only_error"]) for c in local["cells"])
+    assert all(c["spread"] >= 0 and all(r["spread"] >= 0 and r["faults_per_call"] >= 0
+                                        for r in c["rows"])
+               for c in local["cells"])
+    assert "spread" in validation.report(data)
+
+
+def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
+    assert validation.spread([1.0]) == 0 and validation.spread([2.0, 2.0, 2.0]) == 0
+    assert validation.spread([0.0, 1.0]) == 0  # a repeat timed at 0 s says nothing
+    # one repeat of three twice the median: mean |log| is log(2) / 3
+    assert validation.spread([1.0, 1.0, 2.0]) == pytest.approx(2 ** (1 / 3) - 1)
+    cell = {"error": 0.05, "spread": 0.02}
+    assert validation._met(cell) == "yes"
+    assert validation._met({**cell, "spread": 0.2}) == "yes (noisy)"
+    assert validation._met({"error": 0.3, "spread": 0.2}) == "no (noisy)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import random
 import subprocess
 import sys
@@ -176,17 +177,21 @@ def test_a_preset_with_host_work_round_trips(tmp_path: Path) -> None:
     assert not loaded.shared_intra
 
 
-def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
+@pytest.mark.parametrize("memory", [(), ((1 << 20, 4e10), (1 << 23, 3e10), (1 << 25, 1e10))],
+                         ids=["flat", "by working set"])
+def test_the_host_rates_are_recovered_from_calls_that_follow_them(
+        memory: tuple[tuple[int, float], ...]) -> None:
     import resource
 
     from asynccomm.calibrate import HOST_SIZES, fit_host
     from asynccomm.sim.host import HostSpec, collective_seconds, work_of
 
     want = HostSpec(cores=1, call=2e-5, step=4e-6, copy_bandwidth=4e9, reduce_bandwidth=2e9,
-                    cached=((HOST_SIZES[1], 1e10, 5e9),), touch=1e-10)
+                    cached=((HOST_SIZES[1], 1e10, 5e9),), touch=1e-10, memory=memory)
     halves = {max(1, n // 2): 1e-6 + n / 2 / 3e9 for n in HOST_SIZES}
     messages = {"allgather": 2, "allreduce": 4}  # ring steps on two ranks
-    # two ranks in one process take turns on its CPU: twice a rank's work, then messages
+    # two ranks in one process take turns on its CPU: twice a rank's work (with what its
+    # messages cost more than their ping-pong, by working set), then messages
     two: dict[str, dict[object, float]] = {
         name: {n: 2 * collective_seconds(want, f"{name}.ring", n, 2)
                + k * halves[max(1, n // 2)] for n in HOST_SIZES}
@@ -194,16 +199,31 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them() -> None:
     top, page = HOST_SIZES[-1], resource.getpagesize()
     # half the fresh scratch faults: a page's first touch costs twice the average
     two["faults"] = {name: work_of(f"{name}.ring", top, 2).fresh / page for name in messages}
-    got = fit_host(2e-5, two, halves, 2e-10)
-    assert got.touch == pytest.approx(1e-10)
+    got = fit_host(2e-5, two, halves, 2e-10, memory)
+    assert got.touch == pytest.approx(1e-10) and got.memory == memory
+    assert got.working_set == (20 << 20 if memory else 0)  # the largest calls' (5 n)
     assert (got.call, got.step) == pytest.approx((2e-5, 4e-6), rel=1e-3)  # 8 B copies aside
     assert (got.copy_bandwidth, got.reduce_bandwidth) == pytest.approx((4e9, 2e9), rel=1e-3)
     assert got.cached[0] == pytest.approx((HOST_SIZES[1], 1e10, 5e9), rel=1e-3)
     # a first touch measured dearer than the calls' whole work is capped by what the
     # largest calls leave once they have copied at the cached calls' rate: they still copy
-    capped = fit_host(2e-5, two, halves, 1.0)
+    capped = fit_host(2e-5, two, halves, 1.0, memory)
     assert 0 < capped.touch < 1e-9
     assert math.isfinite(capped.copy_bandwidth) and capped.copy_bandwidth <= 1e10 * 1.001
+    if memory:  # without the working set's rates the large calls' copies take the
+        # messages' share
+        assert fit_host(2e-5, two, halves, 2e-10).copy_bandwidth < 0.95 * 4e9
+
+
+def test_copy_rates_are_measured_by_working_set_and_never_rise_with_it() -> None:
+    from asynccomm import calibrate
+
+    got = calibrate.measure_memory((1 << 12, 1 << 16), repeats=1, budget=1e-4)
+    assert [n for n, _ in got] == [1 << 12, 1 << 16]
+    assert all(r > 0 for _, r in got) and got[0][1] >= got[1][1]
+    # a rate that falls and rises again was slowed by load: it takes the larger's
+    assert calibrate.envelope([(1, 2.0), (2, 1.0), (4, 1.5), (8, 0.5)]) == (
+        (1, 2.0), (2, 1.5), (4, 1.5), (8, 0.5))
 
 
 def test_in_process_ranks_are_timed_on_the_process_cpu_clock() -> None:
@@ -379,3 +399,20 @@ def test_the_calibrated_host_of_processes_has_the_transport_s_step(
     assert (got.cores, got.step, got.switch) == (2, pytest.approx(8e-6), 2e-6)
     assert seen[0].step == pytest.approx(8e-6)  # the switch is solved on top of that step
     assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
+    import resource
+
+    from asynccomm import calibrate
+
+    def faults_of_fresh_arrays() -> int:
+        np.empty(4 << 20, np.uint8).fill(1)  # the heap grows once
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(8):
+            np.empty(4 << 20, np.uint8).fill(1)
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    calibrate.settle_allocator()
+    assert faults_of_fresh_arrays() < 8  # where a fresh process maps each one afresh

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm._collectives.functions import algorithms
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
-from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+from asynccomm.sim.host import Footprint, HostSpec, collective_seconds, footprint, work_of
 from asynccomm.sim.model import Resource
 
 MSG = 1e-6  # every message takes 1 us whatever its size
@@ -203,9 +204,71 @@ def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
     assert not HostSpec(switch=1e-4).free
 
 
+MiB = 1 << 20
+#: Copies at 40 GB/s among 1 MiB, 10 GB/s among 16 MiB and more.
+MEMORY = HostSpec(memory=((MiB, 4e10), (16 * MiB, 1e10)))
+
+
+def test_copies_slow_down_as_the_working_set_grows() -> None:
+    assert MEMORY.per_byte(1000) == MEMORY.per_byte(MiB) == 1 / 4e10
+    assert MEMORY.per_byte(4 * MiB) == pytest.approx(0.5 / 4e10 + 0.5 / 1e10)  # log2 midway
+    assert MEMORY.per_byte(16 * MiB) == MEMORY.per_byte(1 << 40) == 1 / 1e10
+    assert HostSpec().per_byte(1 << 40) == 0 and not MEMORY.free
+    assert "copies among 1 MiB 40.0, 16 MiB 10.0 GB/s" in MEMORY.describe()
+
+
+def test_the_footprint_of_a_call_is_every_rank_s_arrays_and_scratch() -> None:
+    # allgather ring: its block, the output and a scratch of the output; p - 1 blocks in
+    assert footprint("allgather", 3 * MiB, 3) == Footprint(3 * 7.0 * MiB, 2.0 * MiB, 2)
+    # allreduce ring: its buffer, a scratch of it and of a block; p - 1 blocks into the
+    # buffer (the reduce-scatter's p - 1 into the block, which the caches keep, uncounted)
+    assert footprint("allreduce.ring", 4 * MiB, 2) == Footprint(2 * 10.0 * MiB, 2.0 * MiB, 1)
+    assert footprint("alltoall", 4 * MiB, 4) == Footprint(4 * 12.0 * MiB, 3.0 * MiB, 3)
+    assert footprint("bcast", MiB, 4).messages == 0  # not counted: no more than before
+    # every algorithm the chooser weighs against another has its messages counted
+    for name in ("allreduce", "allgather", "gather"):
+        for algorithm in algorithms(name):
+            for p in (2, 3, 4, 5):
+                fp = footprint(f"{name}.{algorithm}", 1200, p)
+                assert fp.messages > 0 and 0 < fp.received <= 1200 * p
+    assert footprint("allgather", MiB, 1) == Footprint(0.0, 0.0, 0)
+
+
+def test_messages_of_a_call_past_the_caches_cost_its_working_set_s_rate() -> None:
+    # 21 MiB in use (past 16 MiB), where a ping-pong of 1 MiB messages had 2 MiB
+    extra = 2 * MiB * (1 / 1e10 - (0.75 / 4e10 + 0.25 / 1e10))
+    assert collective_seconds(MEMORY, "allgather", 3 * MiB, 3) == pytest.approx(extra)
+    # a call whose working set is no larger than its messages' ping-pong costs nothing more
+    assert collective_seconds(MEMORY, "allgather", 1200, 3) == 0
+
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allgather(np.zeros(MiB, np.uint8), np.zeros((3, MiB), np.uint8),
+                             algorithm="ring")
+        return comm.model_time() - t0
+
+    got = ac.run(main, 3, cluster=cluster(MEMORY, 3), clock="virtual")
+    assert got == pytest.approx([extra + 2 * MSG] * 3, abs=1e-8)  # a core per rank
+
+
+def test_copies_past_the_cached_pieces_take_the_working_set_s_rate() -> None:
+    host = HostSpec(copy_bandwidth=1e9, reduce_bandwidth=5e8, memory=MEMORY.memory,
+                    working_set=4 * MiB, cached=((1000, 4e9, 2e9),))
+    slower = 1 / (MEMORY.per_byte(4 * MiB) * 1e10)  # per byte among 21 MiB over 4 MiB
+    assert host.rates(3 * MiB, 21 * MiB) == pytest.approx((1e9 / slower, 5e8 / slower))
+    assert host.rates(3 * MiB, 4 * MiB) == host.rates(3 * MiB) == (1e9, 5e8)  # as fitted
+    assert host.rates(1000, 21 * MiB) == (4e9, 2e9)  # a cached piece's arrays stay cached
+    assert HostSpec(copy_bandwidth=1e9, memory=MEMORY.memory).rates(3 * MiB, 21 * MiB)[0] == 1e9
+    # allgather of 3 MiB on 3 ranks: copies n / p + n, among 21 MiB
+    assert collective_seconds(host, "allgather", 3 * MiB, 3) == pytest.approx(
+        4 * MiB * slower / 1e9 + collective_seconds(MEMORY, "allgather", 3 * MiB, 3))
+    assert "(among 4 MiB)" in host.describe()
+
+
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
-                         cached=((4096, 8e9, math.inf),), switch=5e-5, touch=1e-10))
+                         cached=((4096, 8e9, math.inf),), switch=5e-5, touch=1e-10,
+                         memory=MEMORY.memory, working_set=20 * MiB))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
     assert Cluster.load(path).host == c.host
@@ -229,6 +292,12 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"cached": [(8, 1e9, 1e9)]}, TypeError, "cached must be a tuple"),
     ({"cached": ((-1, 1e9, 1e9),)}, ValueError, "up_to must be an int >= 0"),
     ({"cached": ((8, 0.0, 1e9),)}, ValueError, "cached copy_bandwidth must be > 0"),
+    ({"memory": [(8, 1e9)]}, TypeError, "memory must be a tuple"),
+    ({"memory": ((0, 1e9),)}, ValueError, "memory bytes must be an int >= 1"),
+    ({"memory": ((8, -1.0),)}, ValueError, "memory copy_bandwidth must be > 0"),
+    ({"memory": ((16, 1e9), (8, 1e9))}, ValueError, "memory must be sorted"),
+    ({"memory": ((8, 1e9), (8, 2e9))}, ValueError, "memory must be sorted"),
+    ({"working_set": -1}, ValueError, "working_set must be an int >= 0"),
 ])
 def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):

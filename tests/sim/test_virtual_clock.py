@@ -184,7 +184,8 @@ HOSTED = Cluster(nodes=None, devices_per_node=c.devices_per_node, intra=c.intra,
                  inter=c.inter, device=c.device, groups_per_node=c.groups_per_node,
                  cross_group=c.cross_group,
                  host=HostSpec(cores=3, call=2e-5, step=3e-6, copy_bandwidth=4e9,
-                               reduce_bandwidth=2e9, switch=1e-5, touch=1e-11))
+                               reduce_bandwidth=2e9, switch=1e-5, touch=1e-11,
+                               memory=((1 << 16, 4e10), (1 << 20, 1e10))))
 """ + _PROGRAM.replace('cluster=Cluster.preset("ascend910")', "cluster=HOSTED")
 
 
