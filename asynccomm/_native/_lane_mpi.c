@@ -969,9 +969,8 @@ send_complete(PyObject *engine, PyObject *req, PyObject *active)
         return 0;  /* (never, for a send a CTS answered: the Python steps' arithmetic) */
     }
     Py_INCREF(stream);  /* (waking the waiters may drop the send's own reference) */
-    put_ref(req, R.exc, Py_None);
-    int rc = done_at(engine, req, stream, 0, peer, SLOT(req, M.tag), (Py_ssize_t)n, t_post,
-                     t_match, &t);
+    int rc = done_at(engine, req, stream, 0, Py_None, peer, SLOT(req, M.tag), (Py_ssize_t)n,
+                     t_post, t_match, &t);
     Py_DECREF(stream);
     return rc < 0 ? -1 : 1;
 }

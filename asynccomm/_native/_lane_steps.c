@@ -54,19 +54,23 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
     if (slot_double(recv, R.t_post, &t_post) < 0 || slot_double(recv, R.t_match, &t_match) < 0) {
         return -1;
     }
-    return done_at(engine, recv, stream, 1, source, tag, nbytes, t_post, t_match, when);
+    return done_at(engine, recv, stream, 1, NULL, source, tag, nbytes, t_post, t_match, when);
 }
 
-/* The step that ends a request whose outcome is set, a recv (``is_recv``) or a send: DONE
- * and finished at the engine's time now (``*when``), its flight record and tally (a
- * recv's with its flow; not matched yet: matched now), then ``settle``.  The caller holds
- * ``stream``. */
+/* The step that ends a request whose outcome is set, a recv (``is_recv``) or a send, as the
+ * engine's ``_finish`` does: DONE (and its ``exc``, unless NULL), finished at the engine's
+ * time now (``*when``), its flight record and tally (a recv's with its flow; not matched
+ * yet: matched now), then ``settle``.  The caller holds ``stream``. */
 int
-done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *peer,
-        PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match, double *when)
+done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
+        PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
+        double *when)
 {
     double t;
     put_ref(req, R.state, S_DONE);
+    if (exc != NULL) {
+        put_ref(req, R.exc, exc);
+    }
     if (now_of(engine, &t) < 0) {
         return -1;
     }
