@@ -11,6 +11,9 @@
 
 static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
                        PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when);
+static inline int finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv,
+                              PyObject *exc, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
+                              double t_post, double t_match, double *when);
 
 /* What ``steps.complete`` does for a posted ``recv`` (state POSTED) that the message
  * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
@@ -54,17 +57,28 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
     if (slot_double(recv, R.t_post, &t_post) < 0 || slot_double(recv, R.t_match, &t_match) < 0) {
         return -1;
     }
-    return done_at(engine, recv, stream, 1, NULL, source, tag, nbytes, t_post, t_match, when);
+    return finish_done(engine, recv, stream, 1, NULL, source, tag, nbytes, t_post, t_match,
+                       when);
 }
 
 /* The step that ends a request whose outcome is set, a recv (``is_recv``) or a send, as the
  * engine's ``_finish`` does: DONE (and its ``exc``, unless NULL), finished at the engine's
  * time now (``*when``), its flight record and tally (a recv's with its flow; not matched
- * yet: matched now), then ``settle``.  The caller holds ``stream``. */
+ * yet: matched now), then ``settle``.  The caller holds ``stream``.  (``finish_done``,
+ * inlined in the recv's completion here, the hot path of every small message.) */
 int
 done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
         PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
         double *when)
+{
+    return finish_done(engine, req, stream, is_recv, exc, peer, tag, nbytes, t_post, t_match,
+                       when);
+}
+
+static inline int
+finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
+            PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
+            double *when)
 {
     double t;
     put_ref(req, R.state, S_DONE);
