@@ -2,9 +2,15 @@
 one-way 8 B latency against the asyncio floor of the same run, bandwidth against raw
 mpi4py (0.9x at 1 MiB, 0.95x at 16 and 256 MiB), the ring against raw mpi4py (3x) where
 the ranks outnumber the cores; and the in-process bandwidth against ``np.copyto`` inline and
-in a worker thread."""
+in a worker thread.  The MPI floor of each repeat is measured in a quiet loop."""
 
 from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -68,3 +74,35 @@ def test_in_process_bandwidth_is_judged_against_both_copies(inline: float,
     got = {c.what: c.passed for c in bandwidth.bandwidth_checks("uvloop", rows)}
     assert got == {"bandwidth 16 MiB / np.copyto": inline >= 0.9,
                    "bandwidth 16 MiB / to_thread(copyto)": threaded >= 0.9}
+
+
+
+async def test_each_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """asynccomm's progress task keeps polling in the loop for a while after its repeat
+    (``_mpi_progress.SPIN``): each floor repeat, latency and bandwidth, runs right after
+    ``quiet`` (which outlasts that), never in that task's wake."""
+    calls: list[str] = []
+
+    def step(name: str) -> Callable[..., Any]:
+        def sync(*args: Any) -> float:
+            calls.append(name)
+            return float(len(calls) - 1)  # (where the call is in ``calls``)
+
+        async def coro(*args: Any) -> float:
+            return sync()
+
+        return sync if name.startswith("raw") else coro
+
+    for name in ("raw_pingpong", "raw_stream", "floor_pingpong", "floor_stream",
+                 "ac_pingpong", "ac_stream", "quiet", "ac_responsiveness"):
+        monkeypatch.setattr(mpi_p2p, name, step(name))
+    world = types.SimpleNamespace(Dup=lambda: types.SimpleNamespace(Free=lambda: None))
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(COMM_WORLD=world))
+    plan = mpi_p2p.Plan((8, 64), 20, (MiB,), 3, MiB)
+    rows, _ = await asyncio.wait_for(mpi_p2p.measure(None, plan), 10)  # type: ignore[arg-type]
+    assert [(r.kind, len(r.floor)) for r in rows] == [
+        ("latency", 3), ("latency", 3), ("bandwidth", 3)]
+    for row in rows:
+        for at in map(int, row.floor):
+            assert calls[at].startswith("floor") and calls[at - 1] == "quiet"

@@ -267,6 +267,9 @@ int track_unless_done(PyObject *engine, PyObject *stream, PyObject *req);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);
+int done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
+            PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
+            double *when);
 char *recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok);
 
 /* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to

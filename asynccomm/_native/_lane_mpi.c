@@ -968,16 +968,9 @@ send_complete(PyObject *engine, PyObject *req, PyObject *active)
     if (rank < 0 || t_post < 0 || t_match < 0) {
         return 0;  /* (never, for a send a CTS answered: the Python steps' arithmetic) */
     }
-    PyObject *tf = now_of(engine, &t) < 0 ? NULL : PyFloat_FromDouble(t);
-    if (tf == NULL) {
-        return -1;
-    }
     Py_INCREF(stream);  /* (waking the waiters may drop the send's own reference) */
-    put_ref(req, R.state, S_DONE);
-    put_ref(req, R.exc, Py_None);
-    put(req, R.t_fin, tf);
-    int rc = record(engine, 0, peer, SLOT(req, M.tag), (Py_ssize_t)n, SLOT(stream, S.sid),
-                    t_post, t_match, t, NULL) < 0 ? -1 : settle(engine, req, stream, 0);
+    int rc = done_at(engine, req, stream, 0, Py_None, peer, SLOT(req, M.tag), (Py_ssize_t)n,
+                     t_post, t_match, &t);
     Py_DECREF(stream);
     return rc < 0 ? -1 : 1;
 }

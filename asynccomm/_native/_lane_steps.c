@@ -11,6 +11,9 @@
 
 static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
                        PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when);
+static inline int finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv,
+                              PyObject *exc, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
+                              double t_post, double t_match, double *when);
 
 /* What ``steps.complete`` does for a posted ``recv`` (state POSTED) that the message
  * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
@@ -50,8 +53,38 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
         }
         put(recv, R.result, pair);
     }
-    put_ref(recv, R.state, S_DONE);
-    double t, t_post, t_match;
+    double t_post, t_match;
+    if (slot_double(recv, R.t_post, &t_post) < 0 || slot_double(recv, R.t_match, &t_match) < 0) {
+        return -1;
+    }
+    return finish_done(engine, recv, stream, 1, NULL, source, tag, nbytes, t_post, t_match,
+                       when);
+}
+
+/* The step that ends a request whose outcome is set, a recv (``is_recv``) or a send, as the
+ * engine's ``_finish`` does: DONE (and its ``exc``, unless NULL), finished at the engine's
+ * time now (``*when``), its flight record and tally (a recv's with its flow; not matched
+ * yet: matched now), then ``settle``.  The caller holds ``stream``.  (``finish_done``,
+ * inlined in the recv's completion here, the hot path of every small message.) */
+int
+done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
+        PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
+        double *when)
+{
+    return finish_done(engine, req, stream, is_recv, exc, peer, tag, nbytes, t_post, t_match,
+                       when);
+}
+
+static inline int
+finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
+            PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
+            double *when)
+{
+    double t;
+    put_ref(req, R.state, S_DONE);
+    if (exc != NULL) {
+        put_ref(req, R.exc, exc);
+    }
     if (now_of(engine, &t) < 0) {
         return -1;
     }
@@ -60,18 +93,12 @@ complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source
     if (tf == NULL) {
         return -1;
     }
-    put(recv, R.t_fin, tf);
-    if (slot_double(recv, R.t_post, &t_post) < 0 || slot_double(recv, R.t_match, &t_match) < 0) {
+    put(req, R.t_fin, tf);
+    if (record(engine, is_recv, peer, tag, nbytes, SLOT(stream, S.sid), t_post,
+               t_match < 0 ? t : t_match, t, is_recv ? SLOT(req, M.flow) : NULL) < 0) {
         return -1;
     }
-    if (t_match < 0) {
-        t_match = t;
-    }
-    if (record(engine, 1, source, tag, nbytes, SLOT(stream, S.sid), t_post, t_match, t,
-               SLOT(recv, M.flow)) < 0) {
-        return -1;
-    }
-    return settle(engine, recv, stream, 1);
+    return settle(engine, req, stream, is_recv);
 }
 
 /* Where ``recv``, the head of an exact bucket, takes a payload of ``nbytes`` of ``dtype``
