@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 import asynccomm as ac
-from asynccomm.transports._mpi_progress import SPIN
 
 from ._common import (
     KiB,
@@ -42,6 +41,7 @@ from ._common import (
     mpi_environment,
     print_table,
     printed,
+    quiet,
     size_label,
     write_json,
 )
@@ -160,17 +160,6 @@ async def floor_stream(comm: Any, buf: np.ndarray[Any, Any], ack: np.ndarray[Any
                 comm.Send(ack, 0, ACK_TAG)
         elapsed = time.perf_counter() - start
     return elapsed / iters
-
-
-async def quiet() -> None:
-    """Let asynccomm's progress task go idle before a floor runs.  After its last activity
-    it polls back to back for ``SPIN`` (a 10 us burst each turn of the loop), and its last
-    activity may come only as the loop runs again after raw mpi4py blocked it (a control
-    message, returned credit, landed meanwhile): a floor measured then shares its loop with
-    those bursts (~260 of them in an 8 B floor repeat).  Measured so, the 8 B floor was ~16%
-    slower (~2.95 us, not ~2.5) and the 1 MiB one fell to ~72% of raw mpi4py, under
-    asynccomm's ~84%, where measured alone it reaches ~95%."""
-    await asyncio.sleep(2 * SPIN)
 
 
 # -- asynccomm -------------------------------------------------------------------------------

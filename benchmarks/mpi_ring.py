@@ -54,6 +54,7 @@ from ._common import (
     mpi_environment,
     print_table,
     printed,
+    quiet,
     size_label,
     write_json,
 )
@@ -169,7 +170,8 @@ async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: in
                        share_core: bool,
                        beside: Callable[[int], Awaitable[None]] | None = None) -> RingRow:
     """The ring's row; ``beside(iters)``, where given, measures more in each repeat, after
-    the three here (``shm_p2p``'s floors)."""
+    the three here (``shm_p2p``'s floors).  The floors run once asynccomm's progress has
+    gone idle (``quiet``)."""
     from mpi4py import MPI
 
     sbuf, rbuf = fill_array(nbytes, 1), fill_array(nbytes, 0)
@@ -184,6 +186,7 @@ async def measure_ring(comm: ac.Communicator, raw: Any, nbytes: int, repeats: in
         seconds, cpu = await ac_ring(comm, sbuf, rbuf, iters)
         row.asynccomm.append(seconds)
         row.asynccomm_cpu.append(float(raw.allreduce(cpu)))
+        await quiet()
         seconds, cpu = await floor_ring(raw, sbuf, rbuf, iters, share_core)
         row.floor.append(seconds)
         row.floor_cpu.append(float(raw.allreduce(cpu)))

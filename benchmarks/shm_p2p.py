@@ -74,6 +74,7 @@ from ._common import (
     mpi_environment,
     print_table,
     printed,
+    quiet,
     size_label,
     write_json,
 )
@@ -184,6 +185,7 @@ async def measure_engine(comm: ac.Communicator, repeats: int, iters: int) -> Eng
         for _ in range(repeats):
             out.shm.append(await mpi_p2p.ac_pingpong(comm, buf, iters))
             if comm.rank == 0:
+                await quiet()  # (the link's poll spins a while after the ping-pong)
                 out.in_process.append(await p2p.comm_pingpong(c0, c1, 8, iters))
                 out.future.append(await p2p.future_pingpong(iters))
                 await comm.send(token, 1, mpi_p2p.ACK_TAG)

@@ -106,3 +106,32 @@ async def test_each_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
     for row in rows:
         for at in map(int, row.floor):
             assert calls[at].startswith("floor") and calls[at - 1] == "quiet"
+
+
+async def test_each_ring_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring's floors too (the asyncio floor, then ``beside``'s, shm_p2p's) run right
+    after ``quiet``, never in the wake of asynccomm's repeat."""
+    calls: list[str] = []
+
+    def step(name: str) -> Callable[..., Any]:
+        def sync(*args: Any) -> tuple[float, float]:
+            calls.append(name)
+            return 1.0, 1.0
+
+        async def coro(*args: Any) -> Any:
+            return sync()
+
+        return sync if name == "raw_ring" else coro
+
+    for name in ("raw_ring", "ac_ring", "floor_ring", "quiet"):
+        monkeypatch.setattr(mpi_ring, name, step(name))
+    raw = types.SimpleNamespace(allreduce=lambda x, op=None: x)
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(MAX=None))
+
+    async def beside(iters: int) -> None:
+        calls.append("beside")
+
+    row = await asyncio.wait_for(mpi_ring.measure_ring(None, raw, 64, 3, False, beside), 10)
+    assert len(row.floor) == 3
+    assert calls[3:] == ["raw_ring", "ac_ring", "quiet", "floor_ring", "beside"] * 3
