@@ -21,7 +21,9 @@ and of one step of its algorithm, and the rates of its copies (into fresh scratc
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
 their messages, the first touch of their fresh scratch's pages, the copy rate at working
 sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
-arrays, a ping-pong's among one buffer and its copy), and on processes and MPI
+arrays, a ping-pong's among one buffer and its copy), what a step of small ring calls on 3
+to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
+ranks share one event loop, and find many messages arrived), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
 calls less a message, ``measure_step``) and what it costs more on more ranks than cores
 (barrier calls on one process more than the cores); the preset's ``host`` holds them.
@@ -478,7 +480,8 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
 def in_process_host(repeats: int = 7,
                     clock: Callable[[], float] = time.process_time) -> HostSpec:
     """The part of ``measure_host`` measured on in-process ranks, on ``clock``, in a
-    process whose allocator has settled (``settle_allocator``)."""
+    process whose allocator has settled (``settle_allocator``), with the steps of ranks of
+    one loop (``measure_unwaited``)."""
     settle_allocator()
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
                backend="local")[0]["allgather"][8]

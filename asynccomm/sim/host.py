@@ -64,9 +64,9 @@ differs from one algorithm to another.  A message found arrived was staged
 on its way (eager: a copy more of its bytes, at the call's copy rate, which the saving
 pays first); a rendezvous one (past ``EAGER_LIMIT``) is found only announced and moves
 once its sender, waiting for the match as no ping-pong sender does, is woken: no saving.
-A call's work never goes below nothing.  Measured on in-process ranks from small ring allgather and allreduce calls on
-a few rank counts, against their model (``asynccomm.calibrate.measure_unwaited``); ranks in
-processes of their own have none.
+A call's work never goes below nothing.  Measured on in-process ranks from small ring
+allgather and allreduce calls on a few rank counts, against their model
+(``asynccomm.calibrate.measure_unwaited``); ranks in processes of their own have none.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """

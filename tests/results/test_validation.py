@@ -44,7 +44,8 @@ def test_the_validation_runs_the_transports_asked_for(monkeypatch: pytest.Monkey
                                                       tmp_path: Path) -> None:
     asked: list[tuple[str, ...]] = []
 
-    def fake_measure(transports: tuple[str, ...], *args: object, **kwargs: object) -> dict[str, Any]:
+    def fake_measure(transports: tuple[str, ...], *args: object,
+                     **kwargs: object) -> dict[str, Any]:
         asked.append(transports)
         return {"transports": {}}
 
