@@ -508,8 +508,8 @@ def measure_unwaited(host: HostSpec, message: float, repeats: int = 7,
                      ranks: Sequence[int] = LOOP_RANKS) -> tuple[tuple[str, int, float], ...]:
     """What a step of a ring allgather and a ring allreduce call on each of ``ranks``
     in-process ranks costs less than the model of ``host`` (fitted on two) gives it
-    (``HostSpec`` ``unwaited``, ``sim/host.py`` Rule 2c): calls of ``LOOP_BYTES`` timed on ``clock``
-    as ``time_calls`` does (``unwaited_of``)."""
+    (``HostSpec`` ``unwaited``, ``sim/host.py`` Rule 2c): calls of ``LOOP_BYTES`` timed on
+    ``clock`` as ``time_calls`` does (``unwaited_of``)."""
     out = []
     for p in ranks:
         got = run(partial(_collective_calls, sizes=(LOOP_BYTES,), repeats=repeats,

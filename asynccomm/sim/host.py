@@ -60,9 +60,9 @@ rank's step in one turn, in an order that depends on the rank count, not monoton
 so a step of a call of an algorithm on ``p`` ranks costs ``unwaited`` (``(algorithm, ranks,
 seconds)``, its entry of the most ranks up to ``p``, none below its first; an algorithm
 without entries the mean of the others') less: how many messages are found arrived
-differs from one algorithm to another.  A message found arrived was staged
-on its way (eager: a copy more of its bytes, at the call's copy rate, which the saving
-pays first); a rendezvous one (past ``EAGER_LIMIT``) is found only announced and moves
+differs from one algorithm to another.  A message found arrived was staged on its way
+(eager: a copy more of its bytes, at the call's copy rate, which the saving pays first);
+a rendezvous one (past ``EAGER_LIMIT``) is found only announced and moves
 once its sender, waiting for the match as no ping-pong sender does, is woken: no saving.
 A call's work never goes below nothing.  Measured on in-process ranks from small ring
 allgather and allreduce calls on a few rank counts, against their model
