@@ -80,8 +80,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .._types import EAGER_LIMIT
-
 __all__ = ["WORK", "Footprint", "HostSpec", "Work", "collective_seconds", "footprint",
            "work_of"]
 
@@ -93,6 +91,10 @@ class Work(NamedTuple):
     reduced: float  # bytes reduced
     fresh: float  # bytes of scratch arrays allocated by the call (Rule 1c)
 
+
+#: Messages past this many bytes go by rendezvous (Rule 2c): ``asynccomm.EAGER_LIMIT``,
+#: the default of every transport, written here as this module imports nothing of ours.
+EAGER_LIMIT = 65_536
 
 #: The work of an algorithm on n bytes and p > 1 ranks.
 WorkOf = Callable[[int, int], Work]

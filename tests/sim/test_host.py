@@ -370,7 +370,9 @@ def test_a_step_on_ranks_of_one_loop_costs_what_was_measured_for_its_rank_count_
 def test_an_eager_message_found_arrived_pays_its_staging_copy_and_a_rendezvous_one_saves_nothing(
         ) -> None:
     from asynccomm import EAGER_LIMIT
+    from asynccomm.sim import host
 
+    assert host.EAGER_LIMIT == EAGER_LIMIT  # the transports' own
     assert UNWAITED.step_less("allgather.ring", 4, 1000, 1e9) == pytest.approx(2e-6)
     assert UNWAITED.step_less("allgather.ring", 4, 5000, 1e9) == 0.0  # never below nothing
     assert UNWAITED.step_less("allgather.ring", 4, EAGER_LIMIT + 1) == 0.0
