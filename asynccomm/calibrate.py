@@ -21,7 +21,9 @@ and of one step of its algorithm, and the rates of its copies (into fresh scratc
 and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
 their messages, the first touch of their fresh scratch's pages, the copy rate at working
 sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
-arrays, a ping-pong's among one buffer and its copy), and on processes and MPI
+arrays, a ping-pong's among one buffer and its copy), what a step of small ring calls on 3
+to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
+ranks share one event loop, and find many messages arrived), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
 calls less a message, ``measure_step``) and what it costs more on more ranks than cores
 (barrier calls on one process more than the cores); the preset's ``host`` holds them.
@@ -52,12 +54,12 @@ import numpy as np
 from . import Communicator, launched_by_mpi, run
 from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
-from .sim.host import HostSpec, footprint, work_of
+from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
-           "measure_switch", "measure_touch", "settle_allocator", "step_calls",
-           "pingpong", "preset", "time_calls"]
+           "measure_switch", "measure_touch", "measure_unwaited", "settle_allocator",
+           "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -464,6 +466,7 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
             else in_process_host(repeats))
     if transport == "local":
         return host
+    host = dataclasses.replace(host, unwaited=())  # ranks of their own loops (Rule 2c)
     # processes of their own: a step on two of them, each on a core of its own, then one
     # more than the cores take turns
     cores = os.cpu_count() or 1
@@ -477,7 +480,8 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
 def in_process_host(repeats: int = 7,
                     clock: Callable[[], float] = time.process_time) -> HostSpec:
     """The part of ``measure_host`` measured on in-process ranks, on ``clock``, in a
-    process whose allocator has settled (``settle_allocator``)."""
+    process whose allocator has settled (``settle_allocator``), with the steps of ranks of
+    one loop (``measure_unwaited``)."""
     settle_allocator()
     call = run(partial(_collective_calls, sizes=(8,), repeats=repeats, clock=clock), 1,
                backend="local")[0]["allgather"][8]
@@ -486,8 +490,44 @@ def in_process_host(repeats: int = 7,
     halves = sorted({max(1, n // 2) for n in HOST_SIZES})
     half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
                                  backend="local")[0]
-    return fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
+    host = fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
                     measure_memory(clock=clock))
+    return dataclasses.replace(host, unwaited=measure_unwaited(
+        host, half[min(half)], repeats, clock))
+
+
+#: The rank counts on one event loop whose step ``measure_unwaited`` measures (past the
+#: last, the last's), on calls of ``LOOP_BYTES``: small, yet a block on every rank (an
+#: 8-byte allreduce on 4 ranks has empty blocks, whose steps send nothing).
+LOOP_RANKS = (3, 4, 5, 6)
+LOOP_BYTES = 1024
+
+
+def measure_unwaited(host: HostSpec, message: float, repeats: int = 7,
+                     clock: Callable[[], float] = time.process_time,
+                     ranks: Sequence[int] = LOOP_RANKS) -> tuple[tuple[str, int, float], ...]:
+    """What a step of a ring allgather and a ring allreduce call on each of ``ranks``
+    in-process ranks costs less than the model of ``host`` (fitted on two) gives it
+    (``HostSpec`` ``unwaited``, ``sim/host.py`` Rule 2c): calls of ``LOOP_BYTES`` timed on
+    ``clock`` as ``time_calls`` does (``unwaited_of``)."""
+    out = []
+    for p in ranks:
+        got = run(partial(_collective_calls, sizes=(LOOP_BYTES,), repeats=repeats,
+                          clock=clock), p, backend="local")[0]
+        out += [(f"{name}.ring", p, unwaited_of(host, message, f"{name}.ring", p,
+                                                got[name][LOOP_BYTES]))
+                for name in ("allgather", "allreduce")]
+    return tuple(sorted(out))
+
+
+def unwaited_of(host: HostSpec, message: float, algorithm: str, p: int, took: float) -> float:
+    """The seconds per step of a rank by which a call of ``algorithm`` of ``LOOP_BYTES`` on
+    ``p`` ranks of one loop (``took`` seconds) comes in under the model of ``host``: ``p``
+    times the call's work on the one core and its steps' messages (``message``: the
+    one-way seconds of the smallest ping-pong; ``measure_unwaited``)."""
+    steps = work_of(algorithm, LOOP_BYTES, p).steps
+    return (p * (collective_seconds(host, algorithm, LOOP_BYTES, p) + steps * message)
+            - took) / (p * steps)
 
 
 #: An array whose release makes glibc's allocator serve arrays up to its size from the

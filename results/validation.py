@@ -282,9 +282,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if out is not None and ac_rank() == 0:
             w.mpi_worker.write_text(json.dumps(out))
         return {}
-    args = parser(NAME, __doc__).parse_args(args_in)
+    cli = parser(NAME, __doc__)
+    cli.add_argument("--transport", action="append", choices=("local", "processes", "mpi"),
+                     help="validate this transport only (again for more; default: each "
+                     "there is)")
+    args = cli.parse_args(args_in)
     started = time.perf_counter()
-    transports = ("local", "processes", *(("mpi",) if mpiexec() is not None else ()))
+    transports = tuple(args.transport or (
+        "local", "processes", *(("mpi",) if mpiexec() is not None else ())))
     if args.quick:
         data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3), repeats=3)
     else:

@@ -53,6 +53,20 @@ calibrated on: on in-process ranks a step's bookkeeping is among the CPU seconds
 messages their ping-pong counts, where ranks in processes of their own (shared memory,
 MPI) spend it apart from their messages, on two ranks from small allreduce calls (two
 steps) less allgather calls (one) less a message (``asynccomm.calibrate.measure_step``).
+Rule 2c (one event loop).  A link's segments time a ping-pong, whose every message makes its
+receiver wait a turn of the loop and a task switch for it; in a call on more ranks sharing
+one event loop a receiver finds many of its messages arrived already (the loop runs every
+rank's step in one turn, in an order that depends on the rank count, not monotonically),
+so a step of a call of an algorithm on ``p`` ranks costs ``unwaited`` (``(algorithm, ranks,
+seconds)``, its entry of the most ranks up to ``p``, none below its first; an algorithm
+without entries the mean of the others') less: how many messages are found arrived
+differs from one algorithm to another.  A message found arrived was staged on its way
+(eager: a copy more of its bytes, at the call's copy rate, which the saving pays first);
+a rendezvous one (past ``EAGER_LIMIT``) is found only announced and moves
+once its sender, waiting for the match as no ping-pong sender does, is woken: no saving.
+A call's work never goes below nothing.  Measured on in-process ranks from small ring
+allgather and allreduce calls on a few rank counts, against their model
+(``asynccomm.calibrate.measure_unwaited``); ranks in processes of their own have none.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
@@ -61,6 +75,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -76,6 +91,10 @@ class Work(NamedTuple):
     reduced: float  # bytes reduced
     fresh: float  # bytes of scratch arrays allocated by the call (Rule 1c)
 
+
+#: Messages past this many bytes go by rendezvous (Rule 2c): ``asynccomm.EAGER_LIMIT``,
+#: the default of every transport, written here as this module imports nothing of ours.
+EAGER_LIMIT = 65_536
 
 #: The work of an algorithm on n bytes and p > 1 ranks.
 WorkOf = Callable[[int, int], Work]
@@ -188,6 +207,9 @@ class HostSpec:
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
     working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
+    #: (algorithm, ranks, seconds a step costs less on that many ranks of one event loop),
+    #: by algorithm and ranks (Rule 2c)
+    unwaited: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -225,6 +247,21 @@ class HostSpec:
                 or self.working_set < 0:
             raise ValueError(f"HostSpec working_set must be an int >= 0, got "
                              f"{self.working_set!r}")
+        if not isinstance(self.unwaited, tuple) or not all(
+                isinstance(u, tuple) and len(u) == 3 and isinstance(u[0], str)
+                for u in self.unwaited):
+            raise TypeError("HostSpec unwaited must be a tuple of (algorithm, ranks, seconds) "
+                            "tuples")
+        for _, ranks, less in self.unwaited:
+            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+                raise ValueError(f"HostSpec unwaited ranks must be an int >= 2, got {ranks!r}")
+            if isinstance(less, bool) or not isinstance(less, int | float) \
+                    or not math.isfinite(less):
+                raise ValueError(f"HostSpec unwaited seconds must be a finite number, got "
+                                 f"{less!r}")
+        if [u[:2] for u in self.unwaited] != sorted({u[:2] for u in self.unwaited}):
+            raise ValueError("HostSpec unwaited must be sorted by algorithm and ranks, each "
+                             "once")
 
     @property
     def free(self) -> bool:
@@ -233,7 +270,7 @@ class HostSpec:
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
-                and not self.memory)
+                and not self.memory and not self.unwaited)
 
     def rates(self, nbytes: int, working_set: float = 0.0) -> tuple[float, float]:
         """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b) among ``working_set``
@@ -268,6 +305,21 @@ class HostSpec:
         return fp.received * max(0.0, self.per_byte(fp.working_set)
                                  - self.per_byte(2 * fp.received / fp.messages))
 
+    def step_less(self, algorithm: str, p: int, message: float = 0.0,
+                  copy: float = math.inf) -> float:
+        """Seconds a step of a call of ``algorithm`` (``"allgather.ring"``) on ``p`` ranks,
+        whose messages are of ``message`` bytes, costs less (Rule 2c): its entry of the
+        most ranks up to ``p`` in ``unwaited`` (0 below its first; without entries, the
+        mean of the other algorithms') less a copy of the message at ``copy`` bytes/s
+        (never below 0 for a saving); 0 for a rendezvous message."""
+        if message > EAGER_LIMIT or not self.unwaited:
+            return 0.0
+        named = {a for a, _, _ in self.unwaited}
+        less = statistics.fmean(
+            next((u for a, n, u in reversed(self.unwaited) if a == name and n <= p), 0.0)
+            for name in ({algorithm} if algorithm in named else named))
+        return less if less <= 0 else max(0.0, less - message / copy)
+
     def core(self, rank: int) -> int:
         """The core ``rank`` runs on (Rule 2)."""
         return rank % self.cores if self.cores else rank
@@ -286,7 +338,10 @@ class HostSpec:
                 + (f" (among {self.working_set / 2**20:g} MiB)" if self.working_set else "")
                 + ("; copies among " + ", ".join(f"{n / 2**20:g} MiB {r / 1e9:.1f}"
                                                  for n, r in self.memory)
-                   + " GB/s" if self.memory else ""))
+                   + " GB/s" if self.memory else "")
+                + ("; a step on ranks of one loop less by " + ", ".join(
+                    f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.unwaited)
+                   + " us" if self.unwaited else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (infinite rates as None)."""
@@ -295,7 +350,8 @@ class HostSpec:
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
                 "switch": self.switch, "touch": self.touch,
-                "memory": [list(m) for m in self.memory], "working_set": self.working_set}
+                "memory": [list(m) for m in self.memory], "working_set": self.working_set,
+                "unwaited": [list(u) for u in self.unwaited]}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -311,6 +367,7 @@ class HostSpec:
         fields["cached"] = tuple((n, _read_rate(c), _read_rate(r))
                                  for n, c, r in fields.get("cached", ()))
         fields["memory"] = tuple((n, r) for n, r in fields.get("memory", ()))
+        fields["unwaited"] = tuple((a, n, u) for a, n, u in fields.get("unwaited", ()))
         return cls(**fields)
 
 
@@ -374,6 +431,9 @@ def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     steps, copied, reduced, fresh = work_of(name, nbytes, p)
     fp = footprint(name, nbytes, p)
     copy, reduce = host.rates(nbytes, fp.working_set)
-    step = host.step + (host.switch if 0 < host.cores < p else 0.0)
-    return (host.call + steps * step + copied / copy + reduced / reduce
-            + fresh * host.touch + host.slower_messages(fp))
+    each = fp.received / fp.messages if fp.messages else float(nbytes)  # a step's message
+    key = name if "." in name else f"{name}.{_BARE.get(name, '')}"
+    step = (host.step + (host.switch if 0 < host.cores < p else 0.0)
+            - host.step_less(key, p, each, copy))
+    return max(0.0, host.call + steps * step + copied / copy + reduced / reduce
+               + fresh * host.touch + host.slower_messages(fp))

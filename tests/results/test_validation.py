@@ -4,6 +4,8 @@ transport, measures again, and sets the calibrated model's predictions beside it
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +38,21 @@ def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
     assert validation._met(cell) == "yes"
     assert validation._met({**cell, "spread": 0.2}) == "yes (noisy)"
     assert validation._met({"error": 0.3, "spread": 0.2}) == "no (noisy)"
+
+
+def test_the_validation_runs_the_transports_asked_for(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    asked: list[tuple[str, ...]] = []
+
+    def fake_measure(transports: tuple[str, ...], *args: object,
+                     **kwargs: object) -> dict[str, Any]:
+        asked.append(transports)
+        return {"transports": {}}
+
+    monkeypatch.setattr(validation, "measure", fake_measure)
+    validation.main(["--no-plot", "--out", str(tmp_path), "--transport", "local"])
+    validation.main(["--no-plot", "--out", str(tmp_path), "--transport", "local",
+                     "--transport", "processes"])
+    assert asked == [("local",), ("local", "processes")]
+    with pytest.raises(SystemExit):
+        validation.main(["--transport", "nowhere"])

@@ -401,6 +401,45 @@ def test_the_calibrated_host_of_processes_has_the_transport_s_step(
     assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
 
 
+def test_ranks_in_processes_of_their_own_have_no_steps_of_one_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+    from asynccomm.sim.host import HostSpec
+
+    monkeypatch.setattr(calibrate.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(calibrate, "measure_step", lambda host, *a: host.step)
+    monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k: 0.0)
+    in_process = HostSpec(cores=1, call=10e-6, unwaited=(("allgather.ring", 3, 1e-6),))
+    assert calibrate.measure_host("processes", 1, in_process).unwaited == ()
+    assert calibrate.measure_host("local", 1, in_process).unwaited == in_process.unwaited
+
+
+def test_the_step_of_ranks_of_one_loop_is_what_their_calls_take_less_than_the_model() -> None:
+    from asynccomm.calibrate import LOOP_BYTES, unwaited_of
+    from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+
+    host = HostSpec(cores=1, call=12e-6, step=0.5e-6, copy_bandwidth=1e10,
+                    reduce_bandwidth=1e10)
+    for name, p in (("allgather.ring", 4), ("allreduce.ring", 3)):
+        steps = work_of(name, LOOP_BYTES, p).steps
+        model = p * (collective_seconds(host, name, LOOP_BYTES, p) + steps * 9e-6)
+        took = model - p * steps * 2.5e-6  # every step of every rank 2.5 us less
+        assert unwaited_of(host, 9e-6, name, p, took) == pytest.approx(2.5e-6)
+        assert unwaited_of(host, 9e-6, name, p, model + p * steps * 1e-6) \
+            == pytest.approx(-1e-6)  # dearer than the model: kept, negative
+
+
+def test_the_steps_of_ranks_of_one_loop_are_measured_by_algorithm_and_rank_count() -> None:
+    from asynccomm.calibrate import measure_unwaited
+    from asynccomm.sim.host import HostSpec
+
+    host = HostSpec(cores=1, call=12e-6, copy_bandwidth=1e10, reduce_bandwidth=1e10)
+    got = measure_unwaited(host, 9e-6, repeats=1, ranks=(3,))
+    assert [u[:2] for u in got] == [("allgather.ring", 3), ("allreduce.ring", 3)]
+    assert all(abs(u[2]) < 1e-3 for u in got)  # seconds per step: well under a millisecond
+    HostSpec(unwaited=got)  # a valid table
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
     import resource

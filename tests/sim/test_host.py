@@ -4,6 +4,7 @@ core queue on it, and the rates round-trip through a preset file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -298,6 +299,12 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"memory": ((16, 1e9), (8, 1e9))}, ValueError, "memory must be sorted"),
     ({"memory": ((8, 1e9), (8, 2e9))}, ValueError, "memory must be sorted"),
     ({"working_set": -1}, ValueError, "working_set must be an int >= 0"),
+    ({"unwaited": [("allgather.ring", 3, 1e-6)]}, TypeError, "unwaited must be a tuple"),
+    ({"unwaited": ((3, 1e-6),)}, TypeError, "unwaited must be a tuple"),
+    ({"unwaited": (("allgather.ring", 1, 1e-6),)}, ValueError, "ranks must be an int >= 2"),
+    ({"unwaited": (("allgather.ring", 3, math.nan),)}, ValueError, "must be a finite number"),
+    ({"unwaited": (("allgather.ring", 4, 1e-6), ("allgather.ring", 3, 1e-6))}, ValueError,
+     "unwaited must be sorted"),
 ])
 def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
@@ -339,3 +346,52 @@ def test_messages_into_ranks_of_one_core_share_it() -> None:
         moving = [alone.start(src, dst, 10**6, now=0) for src, dst in ((2, 0), (1, 2))]
         alone.settle()
         assert all(t.end == pytest.approx(1e9 * (2e-6 + 1e-3), rel=1e-6) for t in moving)
+
+
+#: A step of a ring allgather on 3 and 4 ranks of one loop, and of a ring allreduce on 3.
+UNWAITED = HostSpec(cores=1, call=20e-6, step=1e-6,
+                    unwaited=(("allgather.ring", 3, 2e-6), ("allgather.ring", 4, 3e-6),
+                              ("allreduce.ring", 3, 4e-6)))
+
+
+def test_a_step_on_ranks_of_one_loop_costs_what_was_measured_for_its_rank_count_less() -> None:
+    plain = dataclasses.replace(UNWAITED, unwaited=())
+    for p, less in ((2, 0.0), (3, 2e-6), (4, 3e-6), (6, 3e-6)):  # the most ranks up to p
+        steps = work_of("allgather.ring", 64, p).steps
+        assert collective_seconds(UNWAITED, "allgather", 64, p) == pytest.approx(
+            collective_seconds(plain, "allgather", 64, p) - steps * less, abs=1e-12)
+    # an algorithm without entries: the mean of the others' (4 ranks: 3 us and 4 us)
+    assert UNWAITED.step_less("alltoall.pairwise", 4) == pytest.approx(3.5e-6)
+    assert UNWAITED.step_less("allreduce.ring", 5) == pytest.approx(4e-6)
+    assert HostSpec().step_less("allgather.ring", 4) == 0.0
+    assert not UNWAITED.free and "allgather.ring on 4 3.0" in UNWAITED.describe()
+
+
+def test_an_eager_message_found_arrived_pays_its_staging_copy_and_a_rendezvous_one_saves_nothing(
+        ) -> None:
+    from asynccomm import EAGER_LIMIT
+    from asynccomm.sim import host
+
+    assert host.EAGER_LIMIT == EAGER_LIMIT  # the transports' own
+    assert UNWAITED.step_less("allgather.ring", 4, 1000, 1e9) == pytest.approx(2e-6)
+    assert UNWAITED.step_less("allgather.ring", 4, 5000, 1e9) == 0.0  # never below nothing
+    assert UNWAITED.step_less("allgather.ring", 4, EAGER_LIMIT + 1) == 0.0
+    dearer = HostSpec(unwaited=(("allgather.ring", 3, -1e-6),))  # measured dearer: kept
+    assert dearer.step_less("allgather.ring", 3, 1000, 1e9) == pytest.approx(-1e-6)
+
+
+def test_a_call_s_work_never_goes_below_nothing() -> None:
+    host = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
+    assert collective_seconds(host, "allreduce", 64, 4) == 0.0
+
+
+def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
+    plain = dataclasses.replace(UNWAITED, unwaited=())
+    took = [ac.run(calls, 4, cluster=cluster(h), clock="virtual")[0] for h in (plain, UNWAITED)]
+    # the allgather: 3 steps of 3 us less on each of 4 ranks, all on the one core
+    assert took[0][1] - took[1][1] == pytest.approx(4 * 3 * 3e-6, abs=1e-8)  # whole ns
+
+
+def test_the_steps_of_ranks_of_one_loop_round_trip_through_a_preset() -> None:
+    assert HostSpec.from_dict(json.loads(json.dumps(UNWAITED.to_dict()))) == UNWAITED
+    assert HostSpec.from_dict({"call": 1e-6}).unwaited == ()  # presets written before
