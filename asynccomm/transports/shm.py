@@ -1063,9 +1063,12 @@ class Node:
             waiter.set_result(None)
 
     def wake(self, peer: int) -> None:
-        """Ring group rank ``peer``'s doorbell socket (it was armed).  The core is kept: a
-        rank that rings several peers in a row (a server's replies) rings them all before
-        any runs, and the kernel's wake-up places the peer on a core as it would anyway."""
+        """Ring group rank ``peer``'s doorbell socket (it was armed).  No core is given away
+        here (no ``sched_yield``); but where the cores are busy the kernel often runs the
+        woken peer at once, on this core, before this process goes on (a datagram's is a
+        synchronous wake-up: measured, a server's ``sendto`` to a sleeping worker took
+        73 us on average, 5 processes on 2 cores, and 69% of the workers it woke ran next
+        on its core)."""
         self._rang = True
         try:
             self.sock.sendto(b"\x01", self._addresses[peer])
