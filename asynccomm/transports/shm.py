@@ -20,8 +20,9 @@ differ.
 Waiting is the kernel's.  A process polls its rings while it is busy (and spins a little
 after activity: where it has a core of its own, ranks no more than usable cores, ``SPIN``;
 else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
-doorbell words, looks once more, and sleeps in its loop on a datagram socket until a
-sender rings.  A process that rang a sleeping peer out of the blue (no peer's doorbell
+doorbell words, looks once more, and sleeps in its loop until a sender rings: on its
+eventfd, which each peer took (``pidfd_getfd``) once told its number, or (where it could
+not) on its datagram socket.  A process that rang a sleeping peer out of the blue (no peer's doorbell
 woke it, no record came since it slept) sleeps at once rather than spin: the peer may
 need its core.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
@@ -125,6 +126,24 @@ _FD_SPACE = socket.CMSG_SPACE(array("i").itemsize)
 #: The first byte of a datagram saying that its sender will never attach to a world
 #: (``Node.forfeit``); a doorbell's ring is any other datagram with no file descriptor.
 _FORFEIT = b"\x02"
+#: The first byte of a datagram telling a peer the number of this process's eventfd
+#: doorbell (``Node.watch``), which the peer takes with ``pidfd_getfd`` to ring it.
+_EVENTFD = b"\x03"
+_SYS_PIDFD_GETFD = 438  # (the same number on every architecture)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def pidfd_getfd(pidfd: int, fd: int) -> int:
+    """A file descriptor of this process for ``fd`` of the process of ``pidfd``.
+
+    Raises:
+        OSError: the kernel refused (no such call, or no permission to take it).
+    """
+    got = int(_libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0))
+    if got < 0:
+        errno_ = ctypes.get_errno()
+        raise OSError(errno_, os.strerror(errno_))
+    return got
 
 
 def missing() -> str | None:
@@ -825,6 +844,18 @@ class Node:
         #: activity (``wake``): see ``_run``.
         self._rang = False
         self.rings_heard = 0
+        #: The doorbell peers ring once they have it (``watch``, ``wake``): an eventfd, whose
+        #: write wakes this process as any wake-up does, where a datagram's is synchronous
+        #: (the kernel takes its sender for about to sleep and runs the woken process on the
+        #: sender's core, behind it, where the other cores are busy); None where there is
+        #: none (the socket alone then).
+        self.eventfd: int | None = (os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                                    if hasattr(os, "eventfd") else None)
+        #: Each peer's eventfd doorbell as this process holds it (None: it could not be
+        #: taken, ring its socket), and the numbers peers said theirs have (``_heard_eventfd``)
+        #: that are yet to be taken.
+        self._peer_eventfds: dict[int, int | None] = {}
+        self._eventfd_numbers: dict[int, int] = {}
         #: Rendezvous data is copied once, by its receiver, from its sender's buffer
         #: (``process_vm_readv``): where the C extension is built, until a copy is refused.
         self.single_copy = single_copy is not None
@@ -861,6 +892,11 @@ class Node:
                     self._pidfds[r] = os.pidfd_open(pid)
                 except ProcessLookupError:
                     self.dead.add(r)
+        if self.eventfd is not None:  # each peer takes it at its first ring (``wake``)
+            said = _EVENTFD + f"{self.rank} {self.eventfd}".encode()
+            for r in self._pidfds:
+                with contextlib.suppress(OSError):  # (then it rings the socket)
+                    self.sock.sendto(said, self._addresses[r])
 
     # -- opening worlds -------------------------------------------------------------------
 
@@ -1006,6 +1042,8 @@ class Node:
         self._detach()
         self._loop = loop
         loop.add_reader(self.sock.fileno(), self._readable, False)
+        if self.eventfd is not None:
+            loop.add_reader(self.eventfd, self._rung)
         for r, fd in self._pidfds.items():
             loop.add_reader(fd, self._died, r)
 
@@ -1016,6 +1054,8 @@ class Node:
         self._loop = None
         if not loop.is_closed():
             loop.remove_reader(self.sock.fileno())
+            if self.eventfd is not None:
+                loop.remove_reader(self.eventfd)
             for fd in self._pidfds.values():
                 loop.remove_reader(fd)
         if self._task is not None:
@@ -1070,10 +1110,60 @@ class Node:
         73 us on average, 5 processes on 2 cores, and 69% of the workers it woke ran next
         on its core)."""
         self._rang = True
+        bell = self._peer_eventfds.get(peer)
+        if bell is None and peer in self._eventfd_numbers:  # its first ring since it said
+            bell = self._take_eventfd(peer)
+        if bell is not None:
+            os.eventfd_write(bell, 1)
+            return
         try:
             self.sock.sendto(b"\x01", self._addresses[peer])
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
             return  # a datagram waits there already, or it is gone
+
+    def _take_eventfd(self, peer: int) -> int | None:
+        """Peer ``peer``'s eventfd doorbell, taken now (``pidfd_getfd``) from the number it
+        said; None if it cannot be (its socket is rung instead, from now on)."""
+        pidfd = self._pidfds.get(peer)
+        if pidfd is None:  # not watched yet, or it died: ask again at its next ring
+            return None
+        number = self._eventfd_numbers.pop(peer)
+        try:
+            bell: int | None = pidfd_getfd(pidfd, number)
+        except OSError:
+            bell = None
+        self._peer_eventfds[peer] = bell
+        return bell
+
+    def _heard_eventfd(self, said: bytes) -> None:
+        """A peer said the number of its eventfd doorbell (``watch``)."""
+        rank, number = (int(x) for x in said.decode().split())
+        if rank not in self._peer_eventfds:
+            self._eventfd_numbers[rank] = number
+
+    def _rung(self) -> None:
+        """The loop's callback of the eventfd doorbell: a peer rang it (as a ring on the
+        socket, ``_readable``)."""
+        assert self.eventfd is not None
+        try:
+            os.eventfd_read(self.eventfd)
+        except BlockingIOError:
+            return
+        self.rings_heard += 1
+        self._take_rung()
+
+    def _take_rung(self) -> None:
+        """Rung while asleep: take what came now, not a turn of the loop later (the poll
+        task wakes too, and looks again)."""
+        if self._waiter is not None:
+            native = self._native
+            if native is not None:
+                native.disarm()
+                native.poll()
+            else:
+                self._disarm()
+                self._poll()
+        self.kick()
 
     def _readable(self, drain: bool = True) -> None:
         """Take what came on the socket: every datagram, or (the loop's callback, not
@@ -1102,27 +1192,25 @@ class Node:
                     self._offers[name] = fds[0]
             elif data[:1] == _FORFEIT:
                 self._heard_forfeit(data[1:])
+            elif data[:1] == _EVENTFD:
+                self._heard_eventfd(data[1:])
             else:
                 self.rings_heard += 1
                 rung = True
             if not drain:
                 break
-        if rung and self._waiter is not None:
-            # Rung while asleep: take what came now, not a turn of the loop later (the
-            # poll task wakes too, and looks again).
-            native = self._native
-            if native is not None:
-                native.disarm()
-                native.poll()
-            else:
-                self._disarm()
-                self._poll()
-        self.kick()
+        if rung:
+            self._take_rung()
+        else:
+            self.kick()
 
     def _died(self, peer: int) -> None:
         assert self._loop is not None
         self._loop.remove_reader(self._pidfds[peer])
         os.close(self._pidfds.pop(peer))
+        bell = self._peer_eventfds.pop(peer, None)
+        if bell is not None:
+            os.close(bell)
         self.dead.add(peer)
         self._readable()  # a segment it handed over before it died is taken first
         for name, (creator, fut) in list(self._expected.items()):

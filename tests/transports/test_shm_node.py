@@ -411,3 +411,106 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
         assert channels.arms == arms + 2
     finally:
         await _stop(task, node, clock.peer)
+
+
+def _bound_peer(node: Node) -> socket.socket:
+    """A socket where rank 1 of ``node``'s group listens: what rings it there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    sock.bind(node._addresses[1])
+    return sock
+
+
+def _datagrams(sock: socket.socket) -> list[bytes]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(64))
+        except BlockingIOError:
+            return out
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="no eventfd")
+def test_a_peer_is_rung_on_its_eventfd_once_it_said_its_number() -> None:
+    """Until rank 1 says its eventfd's number, it is rung on its socket; then on its
+    eventfd, taken with ``pidfd_getfd`` (here from this very process), and its socket hears
+    nothing more."""
+    node, _, spare = _node()
+    spare.close()
+    peer = _bound_peer(node)
+    bell = os.eventfd(0, os.EFD_NONBLOCK)
+    pidfd = os.pidfd_open(os.getpid())
+    try:
+        node._pidfds[1] = pidfd
+        node.wake(1)
+        assert _datagrams(peer) == [b"\x01"]
+        node._heard_eventfd(f"1 {bell}".encode())
+        node.wake(1)
+        node.wake(1)
+        assert _datagrams(peer) == [] and os.eventfd_read(bell) == 2
+        assert node._peer_eventfds[1] not in (None, bell)  # this process's copy of it
+    finally:
+        for fd in (bell, pidfd, *filter(None, node._peer_eventfds.values())):
+            os.close(fd)
+        peer.close()
+        node.sock.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="no eventfd")
+def test_a_peer_whose_eventfd_cannot_be_taken_is_rung_on_its_socket(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel refuses ``pidfd_getfd`` (an old kernel, no permission), each ring
+    goes to the socket, and the call is not tried again."""
+    node, _, spare = _node()
+    spare.close()
+    peer = _bound_peer(node)
+    tried = []
+
+    def refuse(pidfd: int, fd: int) -> int:
+        tried.append(fd)
+        raise PermissionError(1, "refused")
+
+    monkeypatch.setattr(shm, "pidfd_getfd", refuse)
+    try:
+        node._pidfds[1] = -1
+        node._heard_eventfd(b"1 7")
+        node.wake(1)
+        node.wake(1)
+        assert _datagrams(peer) == [b"\x01", b"\x01"] and tried == [7]
+    finally:
+        peer.close()
+        node.sock.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="no eventfd")
+async def test_a_ring_on_the_eventfd_that_finds_the_node_asleep_is_taken_at_once() -> None:
+    """As a ring on the socket: the records are taken in the callback, the poll task wakes;
+    a callback that finds nothing (the count read already) does nothing."""
+    node, link, peer = _node()
+    try:
+        assert node.eventfd is not None
+        waiter = node._waiter = asyncio.get_running_loop().create_future()
+        os.eventfd_write(node.eventfd, 1)
+        node._rung()
+        assert (link.channels.polls, link.channels.disarms) == (1, 1)
+        assert waiter.done() and node.rings_heard == 1
+        node._rung()
+        assert node.rings_heard == 1 and link.channels.polls == 1
+    finally:
+        node._waiter = None
+        peer.close()
+        node.sock.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="no eventfd")
+def test_a_node_tells_its_peers_its_eventfd_as_it_watches_them() -> None:
+    node, _, spare = _node()
+    spare.close()
+    peer = _bound_peer(node)
+    try:
+        node.watch([os.getpid(), os.getpid()])
+        assert _datagrams(peer) == [shm._EVENTFD + f"0 {node.eventfd}".encode()]
+    finally:
+        for fd in node._pidfds.values():
+            os.close(fd)
+        peer.close()
+        node.sock.close()
