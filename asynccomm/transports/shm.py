@@ -22,9 +22,9 @@ after activity: where it has a core of its own, ranks no more than usable cores,
 else for ``CROWDED_SPIN``, giving its core away after each look); once idle it arms its
 doorbell words, looks once more, and sleeps in its loop until a sender rings: on its
 eventfd, which each peer took (``pidfd_getfd``) once told its number, or (where it could
-not) on its datagram socket.  A process that rang a sleeping peer out of the blue (no peer's doorbell
-woke it, no record came since it slept) sleeps at once rather than spin: the peer may
-need its core.  No timer ticks while idle.  A peer that dies is known at once: each
+not) on its datagram socket.  A process that rang a sleeping peer out of the blue (no
+peer's doorbell woke it, no record came since it slept) sleeps at once rather than spin:
+the peer may need its core.  No timer ticks while idle.  A peer that dies is known at once: each
 peer process's ``pidfd`` is in the loop too, and its ranks' pending ops fail with
 ``CommBrokenError`` (as if it had closed, saying it died).
 """
@@ -1103,12 +1103,13 @@ class Node:
             waiter.set_result(None)
 
     def wake(self, peer: int) -> None:
-        """Ring group rank ``peer``'s doorbell socket (it was armed).  No core is given away
-        here (no ``sched_yield``); but where the cores are busy the kernel often runs the
-        woken peer at once, on this core, before this process goes on (a datagram's is a
-        synchronous wake-up: measured, a server's ``sendto`` to a sleeping worker took
-        73 us on average, 5 processes on 2 cores, and 69% of the workers it woke ran next
-        on its core)."""
+        """Ring group rank ``peer``'s doorbell (it was armed): its eventfd where this process
+        holds it, else its socket.  No core is given away here (no ``sched_yield``).  A
+        datagram's wake-up is synchronous: where the cores are busy the kernel often runs
+        the woken peer at once, on this core, before this process goes on (measured with
+        datagrams: a server's ``sendto`` to a sleeping worker took 73 us on average, 5
+        processes on 2 cores, and 69% of the workers it woke ran next on its core); an
+        eventfd's is not."""
         self._rang = True
         bell = self._peer_eventfds.get(peer)
         if bell is None and peer in self._eventfd_numbers:  # its first ring since it said
