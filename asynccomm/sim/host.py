@@ -177,6 +177,12 @@ _BARE = {"allreduce": "ring", "allgather": "ring", "alltoall": "pairwise",
          "gather": "binomial", "scatter": "binomial", "barrier": "dissemination"}
 
 
+def _algorithm(name: str) -> str:
+    """``name`` as ``"<collective>.<algorithm>"``: a bare collective name with its
+    algorithm in ``_BARE``."""
+    return name if "." in name else f"{name}.{_BARE.get(name, '')}"
+
+
 def _rate(field: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
@@ -385,7 +391,7 @@ def work_of(name: str, nbytes: int, p: int) -> Work:
     as one step that copies its buffer."""
     if p <= 1:
         return Work(0, 0.0, 0.0, 0.0)
-    work = WORK.get(name if "." in name else f"{name}.{_BARE.get(name, '')}")
+    work = WORK.get(_algorithm(name))
     return work(nbytes, p) if work is not None else Work(1, float(nbytes), 0.0, 0.0)
 
 
@@ -420,7 +426,7 @@ def footprint(name: str, nbytes: int, p: int) -> Footprint:
     other on it)."""
     if p <= 1:
         return Footprint(0.0, 0.0, 0)
-    key = name if "." in name else f"{name}.{_BARE.get(name, '')}"
+    key = _algorithm(name)
     arrays, messages, each = (_ARRAYS[key](nbytes, p) if key in _ARRAYS
                               else (float(nbytes), 0, 0.0))
     return Footprint(p * (arrays + work_of(key, nbytes, p).fresh), messages * each, messages)
@@ -432,8 +438,7 @@ def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     fp = footprint(name, nbytes, p)
     copy, reduce = host.rates(nbytes, fp.working_set)
     each = fp.received / fp.messages if fp.messages else float(nbytes)  # a step's message
-    key = name if "." in name else f"{name}.{_BARE.get(name, '')}"
     step = (host.step + (host.switch if 0 < host.cores < p else 0.0)
-            - host.step_less(key, p, each, copy))
+            - host.step_less(_algorithm(name), p, each, copy))
     return max(0.0, host.call + steps * step + copied / copy + reduced / reduce
                + fresh * host.touch + host.slower_messages(fp))
