@@ -576,10 +576,10 @@ path_deliver(Path *p, PyObject *unused)
 
 static int wake(PyObject *progress);
 
-/* What ``Progress.send`` does once MPI has the message: keep an unfinished send, ring the
- * receiver's doorbell if it dozes, and wake this rank's progress task. */
 static int sent_control(Path *p, PyObject *req, long dest);
 
+/* ``Progress.send`` once mpi4py's ``Isend`` made ``req``: its ``Test``, then
+ * ``sent_control``. */
 static int
 after_isend(Path *p, PyObject *req, long dest)
 {
