@@ -124,9 +124,10 @@ class Tally:
 # -- the MPI link's per-message steps ------------------------------------------------------
 
 def mpi_calls(library: str, byte: int, /) -> bool:
-    """Take ``MPI_Test``, ``MPI_Start`` and ``MPI_Isend`` from the MPI library at
-    ``library`` if it is loaded already (its handles C ints; ``byte``: ``MPI_BYTE``'s
-    handle, as mpi4py gives it): False, and no direct calls, where it is not."""
+    """Take ``MPI_Test``, ``MPI_Start``, ``MPI_Isend`` and ``MPI_Irecv`` from the MPI
+    library at ``library`` if it is loaded already (its handles C ints; ``byte``:
+    ``MPI_BYTE``'s handle, as mpi4py gives it): False, and no direct calls, where it is
+    not."""
 
 class Path:
     """``MPITransport``'s per-message steps in C (the lane must be configured)."""

@@ -66,21 +66,24 @@ typedef struct {
 
 /* -- MPI's own calls, where the library mpi4py loaded can be called directly ----------
  *
- * ``mpi_calls(library, byte)`` finds ``MPI_Test``, ``MPI_Start`` and ``MPI_Isend`` in
- * the MPI library already loaded (``library``: its path; never loaded here) for an MPI
- * whose handles are C ints (MPICH's ABI, which ``_mpi_lib.direct_calls`` checks).  The
- * control recvs' ``Test`` and ``Start`` and the control sends' ``Isend`` then call MPI
- * with no mpi4py frame (no arguments parsed, no request object, the GIL kept): on the
- * handle an mpi4py request keeps (``Slot.addr``: its address), and, for a send, on a
- * handle of its own, wrapped in an mpi4py request only if the send is not complete at
- * once.  Everything else, and every link whose communicator is not a real one (the
- * tests' fakes), calls mpi4py. */
+ * ``mpi_calls(library, byte)`` finds ``MPI_Test``, ``MPI_Start``, ``MPI_Isend`` and
+ * ``MPI_Irecv`` in the MPI library already loaded (``library``: its path; never loaded
+ * here) for an MPI whose handles are C ints (MPICH's ABI, which ``_mpi_lib.direct_calls``
+ * checks).  The control recvs' ``Test`` and ``Start`` and the control sends' ``Isend``
+ * then call MPI with no mpi4py frame (no arguments parsed, no request object, the GIL
+ * kept): on the handle an mpi4py request keeps (``Slot.addr``: its address), and, for a
+ * send, on a handle of its own, wrapped in an mpi4py request only if the send is not
+ * complete at once.  So do the data requests of a rendezvous payload (``start_piece``),
+ * each wrapped in an mpi4py request for ``test``.  Everything else, and every link whose
+ * communicator is not a real one (the tests' fakes), calls mpi4py. */
 typedef int (*mpi_test_fn)(int *, int *, void *);
 typedef int (*mpi_start_fn)(int *);
 typedef int (*mpi_isend_fn)(const void *, int, int, int, int, int, int *);
+typedef int (*mpi_irecv_fn)(void *, int, int, int, int, int, int *);
 static mpi_test_fn mpi_test;
 static mpi_start_fn mpi_start;
 static mpi_isend_fn mpi_isend;
+static mpi_irecv_fn mpi_irecv;
 static int mpi_byte;
 /* (statuses are not read: room for any MPI_Status) */
 static long long mpi_status[32];
@@ -157,7 +160,8 @@ lane_mpi_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     void *test = lib == NULL ? NULL : dlsym(lib, "MPI_Test");
     void *start = lib == NULL ? NULL : dlsym(lib, "MPI_Start");
     void *isend = lib == NULL ? NULL : dlsym(lib, "MPI_Isend");
-    if (test == NULL || start == NULL || isend == NULL) {
+    void *irecv = lib == NULL ? NULL : dlsym(lib, "MPI_Irecv");
+    if (test == NULL || start == NULL || isend == NULL || irecv == NULL) {
         if (lib != NULL) {
             dlclose(lib);
         }
@@ -167,6 +171,7 @@ lane_mpi_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     mpi_test = (mpi_test_fn)test;
     mpi_start = (mpi_start_fn)start;
     mpi_isend = (mpi_isend_fn)isend;
+    mpi_irecv = (mpi_irecv_fn)irecv;
     mpi_byte = byte;
     Py_RETURN_TRUE;
 }
@@ -1024,6 +1029,10 @@ typedef struct {
     PyObject *comm, *view, *peer, *tag, *start;
     Py_ssize_t nbytes, chunk_bytes, total, next, done;
     long inflight, max_inflight;
+    /* where the path calls MPI directly for ``comm``: ``MPI.Request.fromhandle`` and the
+     * communicator's handle (else NULL); and the class of MPI's errors */
+    PyObject *from_handle, *mpi_exc;
+    int comm_handle;
 } Moved;
 
 static PyTypeObject MovedType;
@@ -1055,6 +1064,41 @@ tested(PyObject *req)
 
 static int moved_finish(Moved *m);
 
+/* ``m.comm.<start>(piece, peer, tag)``: mpi4py's request for one chunk, started by a
+ * direct call where the path makes them (``piece`` one piece of bytes: ``view`` holds
+ * them while the request is in flight, mpi4py's request made from the handle does not).
+ * A new reference, NULL error. */
+static PyObject *
+start_piece(Moved *m, PyObject *piece)
+{
+    Py_buffer v;
+    int recv = m->start == a_Irecv;
+    int got = m->from_handle == NULL ? -1
+        : PyObject_GetBuffer(piece, &v, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE);
+    if (got < 0 && m->from_handle != NULL) {
+        PyErr_Clear();  /* (not a piece of bytes: mpi4py's call) */
+    }
+    if (got == 0) {
+        long peer = PyLong_AsLong(m->peer), tag = PyLong_AsLong(m->tag);
+        int req = 0, rc = 0;
+        if (!PyErr_Occurred() && v.len <= INT_MAX) {
+            rc = recv ? mpi_irecv(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag,
+                                  m->comm_handle, &req)
+                : mpi_isend(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag, m->comm_handle,
+                            &req);
+            PyBuffer_Release(&v);
+            return rc != 0 ? (mpi_failed(m->mpi_exc, rc), NULL)
+                : PyObject_CallFunction(m->from_handle, "K", (unsigned long long)(long long)req);
+        }
+        PyBuffer_Release(&v);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    PyObject *argv[4] = {m->comm, piece, m->peer, m->tag};
+    return PyObject_VectorcallMethod(m->start, argv, 4, NULL);
+}
+
 /* Start the transfer's next chunks while its window has room (``Mover._more``; a payload
  * of one chunk: ``Mover._move``'s one request, for the whole view): each is one more in
  * flight, tracked with ``m``; then the task is woken.  0 done, -1 error (the chunks
@@ -1080,8 +1124,7 @@ moved_more(Moved *m)
                 return -1;
             }
         }
-        PyObject *argv[4] = {m->comm, piece, m->peer, m->tag};
-        PyObject *req = PyObject_VectorcallMethod(m->start, argv, 4, NULL);
+        PyObject *req = start_piece(m, piece);
         Py_DECREF(piece);
         if (req == NULL) {
             return -1;
@@ -1220,6 +1263,8 @@ moved_traverse(Moved *m, visitproc visit, void *arg)
     Py_VISIT(m->view);
     Py_VISIT(m->peer);
     Py_VISIT(m->tag);
+    Py_VISIT(m->from_handle);
+    Py_VISIT(m->mpi_exc);
     return 0;
 }
 
@@ -1236,6 +1281,8 @@ moved_clear(Moved *m)
     Py_CLEAR(m->view);
     Py_CLEAR(m->peer);
     Py_CLEAR(m->tag);
+    Py_CLEAR(m->from_handle);
+    Py_CLEAR(m->mpi_exc);
     return 0;
 }
 
@@ -1293,6 +1340,10 @@ moved_new(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *ta
     m->next = m->done = 0;
     m->inflight = 0;
     m->max_inflight = p->max_inflight;
+    m->mpi_exc = Py_NewRef(p->mpi_exc);
+    int direct = comm == p->comm && p->from_handle != NULL && mpi_irecv != NULL;
+    m->from_handle = direct ? Py_NewRef(p->from_handle) : NULL;
+    m->comm_handle = p->comm_handle;
     PyObject_GC_Track(m);
     return m;
 }

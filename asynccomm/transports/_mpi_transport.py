@@ -160,9 +160,10 @@ class MPITransport(Link):
         traced engine's take the Python steps.  The progress task's polls between two turns
         of the loop run there too (``Progress._spin``), and the reposting of the slots they
         handed on (``Progress._repost``).  Where MPI's handles are C ints (MPICH's ABI),
-        the control recvs' ``Test`` and ``Start`` and the control sends' ``Isend`` there
-        call the MPI library itself, not mpi4py (``direct``: no arguments parsed, no
-        request object made, the GIL kept)."""
+        the control recvs' ``Test`` and ``Start``, the control sends' ``Isend`` and a
+        rendezvous payload's data requests there call the MPI library itself, not mpi4py
+        (``direct``: no arguments parsed, no request object made but for a request still
+        in flight, the GIL kept)."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
                          MAX_INFLIGHT)
