@@ -11,6 +11,7 @@ install (and ``import asynccomm`` refuses to run without it, see ``_engine/lane.
 """
 
 import os
+import sys
 
 import numpy
 from setuptools import Extension, setup
@@ -31,4 +32,5 @@ setup(ext_modules=[Extension("asynccomm._native._lane",
                                       "asynccomm/_native/_judge.h"],
                              include_dirs=[numpy.get_include()],
                              extra_compile_args=STRICT if REQUIRE else [],
+                             libraries=["dl"] if sys.platform.startswith("linux") else [],
                              optional=not REQUIRE)])

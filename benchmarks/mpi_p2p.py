@@ -10,6 +10,10 @@ so does the asyncio floor (the least an asyncio library on mpi4py does: a task p
 persistent recv wakes the waiter, a turn of the loop later), for latency and bandwidth.
 The targets (DESIGN §7): one-way 8 B latency within ``FLOOR_RATIO_TARGET`` of the asyncio
 floor measured in the same run, bandwidth within ``BANDWIDTH_TARGETS`` of raw mpi4py.
+Beside the 8 B latency, alternating repeat by repeat (``measure_engine``, shown, not
+judged): the same engine between two in-process ranks in rank 0's process (no transport)
+and a bare ``Future`` hand-off, so that what the link costs can be told from what the
+engine's steps cost.
 Rank 0 prints the tables and writes ``mpi_p2p.json``.  Exit status: 1 when a full run
 missed a target (``--quick`` judges nothing), 0 otherwise, 2 for bad arguments or a wrong
 process count.
@@ -31,6 +35,7 @@ import numpy as np
 
 import asynccomm as ac
 
+from . import p2p
 from ._common import (
     KiB,
     MiB,
@@ -233,6 +238,57 @@ async def ac_responsiveness(comm: ac.Communicator, nbytes: int) -> float:
 
 
 @dataclass
+class Engine:
+    """8 B one-way (half a ping-pong, seconds), repeat by repeat, alternating: asynccomm on
+    the link between the two processes, and in rank 0's process alone asynccomm between two
+    in-process ranks (the engine with no transport: the same steps of a send and a recv,
+    matching, requests, the waiter's wake) and a bare ``Future`` hand-off."""
+
+    iters: int
+    link: list[float] = field(default_factory=list)
+    in_process: list[float] = field(default_factory=list)
+    future: list[float] = field(default_factory=list)
+
+
+async def measure_engine(comm: ac.Communicator, repeats: int, iters: int) -> Engine:
+    """``Engine``'s rows; rank 1 waits in a recv while rank 0 times the engine alone."""
+    out = Engine(iters)
+    buf = fill_array(8, 1)
+    token = np.zeros(1, np.uint8)
+    async with ac.open_world(2) as alone:
+        c0, c1 = alone.comms
+        await p2p.comm_pingpong(c0, c1, 8, max(100, iters // 10))  # warm up
+        await ac_pingpong(comm, buf, max(10, iters // 10))
+        for _ in range(repeats):
+            out.link.append(await ac_pingpong(comm, buf, iters))
+            if comm.rank == 0:
+                await quiet()  # (the link's poll spins a while after the ping-pong)
+                out.in_process.append(await p2p.comm_pingpong(c0, c1, 8, iters))
+                out.future.append(await p2p.future_pingpong(iters))
+                await comm.send(token, 1, ACK_TAG)
+            else:
+                await comm.recv(token, 0, ACK_TAG)
+    return out
+
+
+def print_engine(engine: Engine, floor: float, link: str) -> None:
+    """``engine``'s table beside the asyncio floor on mpi4py (``floor``, seconds); ``link``
+    names the link's row."""
+    future = median(engine.future)
+    print_table(f"8 B one-way beside the engine alone (median, us; alternating repeat by "
+                f"repeat: the ping-pong on {link}, then in rank 0's process two in-process "
+                f"ranks and a bare Future hand-off; the asyncio floor on mpi4py from the "
+                f"latency table)",
+                ["way", "one-way", "x Future hand-off", "x asyncio floor"],
+                [[way, f"{t * 1e6:.2f}", f"{t / future:.2f}x", f"{t / floor:.2f}x"]
+                 for way, t in ((f"asynccomm, {link}", median(engine.link)),
+                                ("asynccomm in-process (no transport)",
+                                 median(engine.in_process)),
+                                ("asyncio floor on mpi4py", floor),
+                                ("Future hand-off", future))])
+
+
+@dataclass
 class Row:
     kind: str
     nbytes: int
@@ -369,11 +425,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = mpi_environment()
     started = time.perf_counter()
 
-    async def bench(comm: ac.Communicator) -> tuple[list[Row], float]:
-        return await measure(comm, plan)
+    async def bench(comm: ac.Communicator) -> tuple[list[Row], float, Engine]:
+        rows, gap_ms = await measure(comm, plan)
+        return rows, gap_ms, await measure_engine(comm, plan.repeats, plan.latency_iters)
 
     os.environ["ASYNCCOMM_TRANSPORT"] = "mpi"  # this measures the MPI link
-    rows, gap_ms = ac.run(bench, loop=args.loop, backend="mpi")
+    rows, gap_ms, engine = ac.run(bench, loop=args.loop, backend="mpi")
     if MPI.COMM_WORLD.Get_rank() != 0:
         return 0
     elapsed = time.perf_counter() - started
@@ -381,12 +438,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     judged = checks(rows)
     with printed() as report:
         print_report(rows, judged, env, args.loop, args.quick)
+        floor = median(next(r.floor for r in rows if r.kind == "latency" and r.nbytes == 8))
+        print_engine(engine, floor, "MPI")
         print(f"\nloop responsiveness: while {size_label(plan.responsiveness_bytes)} moved, "
               f"the longest any rank's loop went without running another task was "
               f"{gap_ms:.2f} ms")
     doc = {"suite": "mpi_p2p", "schema": 1, "timestamp": stamp.isoformat(timespec="seconds"),
            "quick": args.quick, "loop": args.loop, "elapsed_seconds": elapsed,
-           "environment": env, "rows": [asdict(r) for r in rows], "checks": judged,
+           "environment": env, "rows": [asdict(r) for r in rows], "engine": asdict(engine),
+           "checks": judged,
            "responsiveness": {"nbytes": plan.responsiveness_bytes, "max_gap_ms": gap_ms},
            "targets_met": sum(c["passed"] for c in judged), "targets_judged": len(judged),
            "report": report.getvalue()}

@@ -17,9 +17,9 @@ asynccomm's worlds open on it, with no MPI underneath.
   one bare ``process_vm_readv`` of the whole message from the sender's buffer, acknowledged
   by a datagram the sender waits for as asynccomm waits (``BANDWIDTH_FLOOR_TARGETS``:
   asynccomm's share of it).  Beside the 8 B latency, alternating repeat by repeat
-  (``measure_engine``, shown, not judged): the same engine between two in-process ranks in
-  rank 0's process (no transport) and a bare ``Future`` hand-off, so that what the link
-  costs can be told from what the engine's steps cost.
+  (``mpi_p2p.measure_engine``, shown, not judged): the same engine between two in-process
+  ranks in rank 0's process (no transport) and a bare ``Future`` hand-off, so that what the
+  link costs can be told from what the engine's steps cost.
 - At every count: the 8 KiB ring (``sendrecv`` to rank+1; per hop, against raw mpi4py's
   ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).  Beside
   it, alternating repeat by repeat, the floors of a ring with no library (``_ring_floors``):
@@ -61,7 +61,7 @@ from asynccomm._comm.process_runner import run_rank
 from asynccomm.transports import _shm_ring
 from asynccomm.transports.shm import SPIN, Node
 
-from . import mpi_p2p, mpi_ring, p2p
+from . import mpi_p2p, mpi_ring
 from ._common import (
     KiB,
     MiB,
@@ -74,7 +74,6 @@ from ._common import (
     mpi_environment,
     print_table,
     printed,
-    quiet,
     size_label,
     write_json,
 )
@@ -161,40 +160,6 @@ def wake_plan(quick: bool) -> tuple[int, float]:
 
 
 @dataclass
-class Engine:
-    """8 B one-way (half a ping-pong, seconds), repeat by repeat, alternating: asynccomm on
-    shared memory between the two processes, and in rank 0's process alone asynccomm between
-    two in-process ranks (the engine with no transport: the same steps of a send and a recv,
-    matching, requests, the waiter's wake) and a bare ``Future`` hand-off."""
-
-    iters: int
-    shm: list[float] = field(default_factory=list)
-    in_process: list[float] = field(default_factory=list)
-    future: list[float] = field(default_factory=list)
-
-
-async def measure_engine(comm: ac.Communicator, repeats: int, iters: int) -> Engine:
-    """``Engine``'s rows; rank 1 waits in a recv while rank 0 times the engine alone."""
-    out = Engine(iters)
-    buf = fill_array(8, 1)
-    token = np.zeros(1, np.uint8)
-    async with ac.open_world(2) as alone:
-        c0, c1 = alone.comms
-        await p2p.comm_pingpong(c0, c1, 8, max(100, iters // 10))  # warm up
-        await mpi_p2p.ac_pingpong(comm, buf, max(10, iters // 10))
-        for _ in range(repeats):
-            out.shm.append(await mpi_p2p.ac_pingpong(comm, buf, iters))
-            if comm.rank == 0:
-                await quiet()  # (the link's poll spins a while after the ping-pong)
-                out.in_process.append(await p2p.comm_pingpong(c0, c1, 8, iters))
-                out.future.append(await p2p.future_pingpong(iters))
-                await comm.send(token, 1, mpi_p2p.ACK_TAG)
-            else:
-                await comm.recv(token, 0, mpi_p2p.ACK_TAG)
-    return out
-
-
-@dataclass
 class Wakes:
     """Per rank, its wake times (ms) round by round: asynccomm's and the bare datagram's."""
 
@@ -222,7 +187,7 @@ async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
     if p2p is not None:
         rows, _ = await mpi_p2p.measure(comm, dataclasses.replace(p2p, bandwidth_sizes=()))
         out["p2p"] = rows + await measure_bandwidth(comm, p2p)
-        out["engine"] = await measure_engine(comm, p2p.repeats, p2p.latency_iters)
+        out["engine"] = await mpi_p2p.measure_engine(comm, p2p.repeats, p2p.latency_iters)
     raw = MPI.COMM_WORLD.Dup()
     rings = BareRings(raw, RING_BYTES)
     floors = out["ring_floors"] = RingFloors()
@@ -473,17 +438,7 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
     engine = result.get("engine")
     if engine is not None:
         floor = median(next(r.floor for r in rows if r.kind == "latency" and r.nbytes == 8))
-        future = median(engine.future)
-        print_table("8 B one-way beside the engine alone (median, us; alternating repeat by "
-                    "repeat: the shared-memory ping-pong, then in rank 0's process two "
-                    "in-process ranks and a bare Future hand-off; the asyncio floor on mpi4py "
-                    "from the latency table)",
-                    ["way", "one-way", "x Future hand-off"],
-                    [[way, f"{t * 1e6:.2f}", f"{t / future:.2f}x"] for way, t in (
-                        ("asynccomm shm", median(engine.shm)),
-                        ("asynccomm in-process (no transport)", median(engine.in_process)),
-                        ("asyncio floor on mpi4py", floor),
-                        ("Future hand-off", future))])
+        mpi_p2p.print_engine(engine, floor, "shared memory")
     print_ring(result)
     idle = result["idle"]
     wakes = result.get("wakes")

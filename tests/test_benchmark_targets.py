@@ -39,6 +39,21 @@ def test_latency_is_judged_against_the_asyncio_floor_of_the_same_run() -> None:
     assert _verdicts([_latency(floor_us=2.0, ac_us=3.2)]) == {"one-way 8 B latency": False}
 
 
+def test_the_mpi_latency_is_shown_beside_the_engine_alone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The MPI ping-pong, the same engine with no transport and a bare Future hand-off,
+    each as a multiple of the hand-off and of the asyncio floor; shown, not judged."""
+    engine = mpi_p2p.Engine(100, link=[4.0 * US] * 3, in_process=[3.5 * US] * 3,
+                            future=[1.25 * US] * 3)
+    mpi_p2p.print_engine(engine, 2.5 * US, "MPI")
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = {line[:36].strip(): line[36:].split() for line in lines[3:]}
+    assert rows == {"asynccomm, MPI": ["4.00", "3.20x", "1.60x"],
+                    "asynccomm in-process (no transport)": ["3.50", "2.80x", "1.40x"],
+                    "asyncio floor on mpi4py": ["2.50", "2.00x", "1.00x"],
+                    "Future hand-off": ["1.25", "1.00x", "0.50x"]}
+
+
 def test_bandwidth_targets_by_size() -> None:
     rows = [_bandwidth(MiB, 0.91), _bandwidth(4 * MiB, 0.5), _bandwidth(16 * MiB, 0.93),
             _bandwidth(64 * MiB, 0.5), _bandwidth(256 * MiB, 0.96)]

@@ -183,6 +183,9 @@ NAMES: Final[Mapping[str, Name]] = {
     "cbs": _a("_cbs", Progress),
     "data": _a("_data", Progress),
     "testsome": _a("_testsome", Progress),
+    # the MPI link's direct calls (``Path.direct``)
+    "addr": _a("addr", Slot),
+    "held": _a("_held", Progress),
     # the MPI link's rendezvous send (``Path.send``)
     "next_ident": _a("_next_ident", Wire),
     "send_failed": _m("_send_failed", MPITransport),

@@ -505,6 +505,9 @@ static PyMethodDef methods[] = {
     {"set_dtype_names", set_dtype_names, METH_O,
      "set_dtype_names(names): the dtype -> name dict of inspect and the lane"},
     {"charge", lane_charge, METH_O, "charge(nbytes) -> int: wire.charge, as the lane counts"},
+    {"mpi_calls", (PyCFunction)(void (*)(void))lane_mpi_calls, METH_FASTCALL,
+     "mpi_calls(library, byte) -> bool: call MPI_Test, MPI_Start, MPI_Isend, MPI_Irecv "
+     "directly"},
     {"perf_counter", lane_perf_counter, METH_NOARGS,
      "perf_counter() -> float: the lane's reading of time.perf_counter"},
     {NULL, NULL, 0, NULL},

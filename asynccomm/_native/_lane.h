@@ -86,7 +86,7 @@ extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf,
     *a_rank, *a_inline_max, *a_return_at;
 extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
     *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
-    *a_data, *a_testsome;
+    *a_data, *a_testsome, *a_addr, *a_held;
 extern PyObject *a_next_ident, *a_send_failed, *a_link_send;
 extern PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest,
     *a_local, *a_blocked, *a_reading;
@@ -275,6 +275,7 @@ char *recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok);
 /* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
  * its engine (for the MPI and the shared-memory link alike). */
 extern PyTypeObject PathType;
+PyObject *lane_mpi_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 typedef struct {
     PyObject *link, *wire, *names, *owed, *closed_by, *inline_where;
     long return_at;

@@ -123,6 +123,12 @@ class Tally:
 
 # -- the MPI link's per-message steps ------------------------------------------------------
 
+def mpi_calls(library: str, byte: int, /) -> bool:
+    """Take ``MPI_Test``, ``MPI_Start``, ``MPI_Isend`` and ``MPI_Irecv`` from the MPI
+    library at ``library`` if it is loaded already (its handles C ints; ``byte``:
+    ``MPI_BYTE``'s handle, as mpi4py gives it): False, and no direct calls, where it is
+    not."""
+
 class Path:
     """``MPITransport``'s per-message steps in C (the lane must be configured)."""
 
@@ -139,6 +145,10 @@ class Path:
     def fetch(self, msg: Any, rank: int, into: memoryview, ready: Any, /) -> None: ...
     def test(self) -> bool: ...
     def spin(self, until: float, share: Callable[[], None] | None, /) -> bool: ...
+    def direct(self, comm: Any, handle: int, from_handle: Callable[[int], Any], /) -> bool:
+        """The control sends on ``comm`` (``handle``: its MPI handle) call MPI directly, where
+        ``mpi_calls`` found it; a send not complete at once is kept as
+        ``from_handle(handle)``, its buffer in ``progress._held``."""
 
 # -- the shared-memory link's per-message steps --------------------------------------------
 

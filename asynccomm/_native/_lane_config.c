@@ -38,7 +38,7 @@ PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_pay
     *a_rank, *a_inline_max, *a_return_at;
 PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,
     *a_sends, *a_announced_msgs, *a_fetch, *a_fetch_failed, *a_engine_sent, *a_reqs, *a_cbs,
-    *a_data, *a_testsome;
+    *a_data, *a_testsome, *a_addr, *a_held;
 PyObject *a_next_ident, *a_send_failed, *a_link_send;
 PyObject *a_ring_pos, *a_ring_seen, *a_wake, *a_kick, *a_handle, *a_poll_rest, *a_local,
     *a_blocked, *a_reading;
@@ -94,7 +94,7 @@ static PyObject **const name_vars[] = {
     &a_rank, &a_inline_max, &a_return_at,
     &a_Irecv, &a_announced, &a_unmatched, &a_close_sent, &a_next_data_tag, &a_sends,
     &a_announced_msgs, &a_fetch, &a_fetch_failed, &a_engine_sent, &a_reqs, &a_cbs,
-    &a_data, &a_testsome,
+    &a_data, &a_testsome, &a_addr, &a_held,
     &a_next_ident, &a_send_failed, &a_link_send,
     &a_ring_pos, &a_ring_seen, &a_wake, &a_kick, &a_handle, &a_poll_rest, &a_local,
     &a_blocked, &a_reading,

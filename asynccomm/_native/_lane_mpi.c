@@ -36,6 +36,8 @@
  * ...); the field widths are those of the format ``native.HEADER_FIELDS`` declares. */
 #include "_lane.h"
 
+#include <dlfcn.h>
+
 typedef struct {
     PyObject_HEAD
     PyObject *link, *progress, *wire, *slots, *credit, *owed, *closed_by, *fields, *names;
@@ -44,6 +46,10 @@ typedef struct {
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
     PyObject *py_send;  /* the link's Python send */
+    /* direct calls (``direct``): the communicator they are for, its handle, and
+     * ``MPI.Request.fromhandle`` for a control send that is not complete at once */
+    PyObject *comm, *from_handle;
+    int comm_handle;
     /* early messages: the wire's data tags of this rank's (by id) and the set of them, its
      * early announcements landed and unmatched (``early_in``), the link's data sends */
     PyObject *early, *early_tags, *early_in, *link_early;
@@ -57,6 +63,138 @@ typedef struct {
     int dispatching;
     Py_ssize_t restart;
 } Path;
+
+/* -- MPI's own calls, where the library mpi4py loaded can be called directly ----------
+ *
+ * ``mpi_calls(library, byte)`` finds ``MPI_Test``, ``MPI_Start``, ``MPI_Isend`` and
+ * ``MPI_Irecv`` in the MPI library already loaded (``library``: its path; never loaded
+ * here) for an MPI whose handles are C ints (MPICH's ABI, which ``_mpi_lib.direct_calls``
+ * checks).  The control recvs' ``Test`` and ``Start`` and the control sends' ``Isend``
+ * then call MPI with no mpi4py frame (no arguments parsed, no request object, the GIL
+ * kept): on the handle an mpi4py request keeps (``Slot.addr``: its address), and, for a
+ * send, on a handle of its own, wrapped in an mpi4py request only if the send is not
+ * complete at once.  So do the data requests of a rendezvous payload (``start_piece``),
+ * each wrapped in an mpi4py request for ``test``.  Everything else, and every link whose
+ * communicator is not a real one (the tests' fakes), calls mpi4py. */
+typedef int (*mpi_test_fn)(int *, int *, void *);
+typedef int (*mpi_start_fn)(int *);
+typedef int (*mpi_isend_fn)(const void *, int, int, int, int, int, int *);
+typedef int (*mpi_irecv_fn)(void *, int, int, int, int, int, int *);
+static mpi_test_fn mpi_test;
+static mpi_start_fn mpi_start;
+static mpi_isend_fn mpi_isend;
+static mpi_irecv_fn mpi_irecv;
+static int mpi_byte;
+/* (statuses are not read: room for any MPI_Status) */
+static long long mpi_status[32];
+
+/* An MPI error code ``rc`` raised as ``mpi_exc(rc)`` (mpi4py's ``MPI.Exception``). */
+static int
+mpi_failed(PyObject *mpi_exc, int rc)
+{
+    PyObject *e = PyObject_CallFunction(mpi_exc, "i", rc);
+    if (e != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(e), e);
+        Py_DECREF(e);
+    }
+    return -1;
+}
+
+/* The address of the handle a control slot's request keeps (``slot.addr``), or NULL
+ * (none, or no direct calls); -1 in ``*err`` on error. */
+static int *
+slot_handle(PyObject *slot, int *err)
+{
+    *err = 0;
+    if (mpi_test == NULL) {
+        return NULL;
+    }
+    PyObject *a = PyObject_GetAttr(slot, a_addr);
+    void *at = a == NULL ? NULL : PyLong_AsVoidPtr(a);
+    Py_XDECREF(a);
+    if (at == NULL && PyErr_Occurred()) {
+        *err = -1;
+    }
+    return (int *)at;
+}
+
+/* ``req.Test()`` of a control slot, directly where it can be: 1 complete, 0 not, -1. */
+static int
+slot_test(Path *p, PyObject *slot)
+{
+    int err, flag = 0;
+    int *h = slot_handle(slot, &err);
+    if (err) {
+        return -1;
+    }
+    if (h != NULL) {
+        int rc = mpi_test(h, &flag, mpi_status);
+        return rc != 0 ? mpi_failed(p->mpi_exc, rc) : flag != 0;
+    }
+    PyObject *req = PyObject_GetAttr(slot, a_req);
+    PyObject *t = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+    int done = t == NULL ? -1 : PyObject_IsTrue(t);
+    Py_XDECREF(t);
+    Py_XDECREF(req);
+    return done;
+}
+
+/* mpi_calls(library, byte) -> bool: take ``MPI_Test``, ``MPI_Start`` and ``MPI_Isend`` from
+ * ``library`` if it is loaded already (the caller checked that its handles are C ints;
+ * ``byte``: ``MPI_BYTE``'s handle); False, and no direct calls, if it is not loaded or
+ * lacks one. */
+PyObject *
+lane_mpi_calls(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "mpi_calls(library: str, byte: int)");
+        return NULL;
+    }
+    const char *path = PyUnicode_AsUTF8(args[0]);
+    /* (mpi4py gives a C int handle sign-extended, as an unsigned 64-bit number) */
+    int byte = (int)PyLong_AsUnsignedLongLongMask(args[1]);
+    if (path == NULL || PyErr_Occurred()) {
+        return NULL;
+    }
+    void *lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+    void *test = lib == NULL ? NULL : dlsym(lib, "MPI_Test");
+    void *start = lib == NULL ? NULL : dlsym(lib, "MPI_Start");
+    void *isend = lib == NULL ? NULL : dlsym(lib, "MPI_Isend");
+    void *irecv = lib == NULL ? NULL : dlsym(lib, "MPI_Irecv");
+    if (test == NULL || start == NULL || isend == NULL || irecv == NULL) {
+        if (lib != NULL) {
+            dlclose(lib);
+        }
+        Py_RETURN_FALSE;
+    }
+    /* (the handle is kept: the library stays loaded while these may be called) */
+    mpi_test = (mpi_test_fn)test;
+    mpi_start = (mpi_start_fn)start;
+    mpi_isend = (mpi_isend_fn)isend;
+    mpi_irecv = (mpi_irecv_fn)irecv;
+    mpi_byte = byte;
+    Py_RETURN_TRUE;
+}
+
+/* ``req.Start()`` of a control slot, directly where it can be: 0, -1 error. */
+static int
+slot_start(Path *p, PyObject *slot)
+{
+    int err;
+    int *h = slot_handle(slot, &err);
+    if (err) {
+        return -1;
+    }
+    if (h != NULL) {
+        int rc = mpi_start(h);
+        return rc != 0 ? mpi_failed(p->mpi_exc, rc) : 0;
+    }
+    PyObject *req = PyObject_GetAttr(slot, a_req);
+    PyObject *r = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Start);
+    Py_XDECREF(req);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
 
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
 /* Names only this file looks up (interned by ``path_new``). */
@@ -294,12 +432,9 @@ repost(Path *p)
     for (Py_ssize_t i = size - p->restart; i < size; i++) {
         p->restart--;
         PyObject *slot = PySequence_GetItem(p->slots, i);
-        PyObject *req = slot == NULL ? NULL : PyObject_GetAttr(slot, a_req);
-        PyObject *r = req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Start);
-        Py_XDECREF(r);
-        Py_XDECREF(req);
+        int rc = slot == NULL ? -1 : slot_start(p, slot);
         Py_XDECREF(slot);
-        if (r == NULL) {
+        if (rc < 0) {
             return -1;
         }
     }
@@ -321,12 +456,8 @@ land(Path *p, int eager_only, PyObject *known)
     }
     for (;;) {
         PyObject *head = known != NULL ? Py_NewRef(known) : PySequence_GetItem(p->slots, 0);
-        PyObject *req = head == NULL || known != NULL ? NULL : PyObject_GetAttr(head, a_req);
-        PyObject *t = known != NULL ? Py_NewRef(Py_True)
-            : req == NULL ? NULL : PyObject_CallMethodNoArgs(req, a_Test);
+        int done = head == NULL ? -1 : known != NULL ? 1 : slot_test(p, head);
         known = NULL;
-        int done = t == NULL ? -1 : PyObject_IsTrue(t);
-        Py_XDECREF(t);
         PyObject *buf = done > 0 ? PyObject_GetAttr(head, a_buf) : NULL;
         if (done > 0 && (buf == NULL || !PyByteArray_Check(buf))) {
             if (buf != NULL) {
@@ -349,17 +480,15 @@ land(Path *p, int eager_only, PyObject *known)
             }
             p->dispatching = 0;
             if (rc > 0) {
-                PyObject *s = only ? Py_NewRef(Py_None) : PyObject_CallMethodNoArgs(req, a_Start);
-                PyObject *r = s == NULL ? NULL
+                int s = only ? 0 : slot_start(p, head);
+                PyObject *r = s < 0 ? NULL
                     : PyObject_CallMethodOneArg(p->slots, a_rotate, minus_one);
                 rc = r == NULL ? -1 : 1;
                 p->restart += only && r != NULL;
-                Py_XDECREF(s);
                 Py_XDECREF(r);
             }
         }
         Py_XDECREF(buf);
-        Py_XDECREF(req);
         Py_XDECREF(head);
         if (rc <= 0 || only) {
             return rc < 0 ? -1 : hit;
@@ -452,8 +581,10 @@ path_deliver(Path *p, PyObject *unused)
 
 static int wake(PyObject *progress);
 
-/* What ``Progress.send`` does once MPI has the message: keep an unfinished send, ring the
- * receiver's doorbell if it dozes, and wake this rank's progress task. */
+static int sent_control(Path *p, PyObject *req, long dest);
+
+/* ``Progress.send`` once mpi4py's ``Isend`` made ``req``: its ``Test``, then
+ * ``sent_control``. */
 static int
 after_isend(Path *p, PyObject *req, long dest)
 {
@@ -463,7 +594,47 @@ after_isend(Path *p, PyObject *req, long dest)
     if (done < 0) {
         return -1;
     }
-    if (!done) {
+    return sent_control(p, done ? NULL : req, dest);
+}
+
+/* ``Progress.send`` once MPI has the message, ``raw`` (a bytes object), by a direct call:
+ * a send not complete at once is kept as mpi4py's request for its handle, and ``raw``
+ * with it in ``Progress._held`` (mpi4py's own requests keep their buffers). */
+static int
+send_direct(Path *p, PyObject *raw, long d)
+{
+    int req = 0, flag = 0;
+    int rc = mpi_isend(PyBytes_AS_STRING(raw), (int)PyBytes_GET_SIZE(raw), mpi_byte, (int)d,
+                       0, p->comm_handle, &req);
+    if (rc == 0) {
+        rc = mpi_test(&req, &flag, mpi_status);
+    }
+    if (rc != 0) {
+        return mpi_failed(p->mpi_exc, rc);
+    }
+    if (flag) {
+        return sent_control(p, NULL, d);
+    }
+    PyObject *obj = PyObject_CallFunction(p->from_handle, "K",
+                                          (unsigned long long)(long long)req);
+    PyObject *held = obj == NULL ? NULL : PyObject_GetAttr(p->progress, a_held);
+    int r = held == NULL || !PyList_Check(held) || PyList_Append(held, raw) < 0 ? -1
+        : sent_control(p, obj, d);
+    if (held != NULL && !PyList_Check(held)) {
+        PyErr_SetString(PyExc_TypeError, "Progress._held is a list");
+    }
+    Py_XDECREF(held);
+    Py_XDECREF(obj);
+    return r;
+}
+
+/* What ``Progress.send`` does once MPI has the message: keep an unfinished send ``req``
+ * (NULL: it is complete), ring the receiver's doorbell if it dozes, and wake this rank's
+ * progress task. */
+static int
+sent_control(Path *p, PyObject *req, long dest)
+{
+    if (req != NULL) {
         PyObject *ctrl = PyObject_GetAttr(p->progress, a_ctrl);  /* _reap replaces it */
         int rc = ctrl == NULL || !PyList_Check(ctrl) ? -1 : PyList_Append(ctrl, req);
         Py_ssize_t n = rc < 0 ? 0 : PyList_GET_SIZE(ctrl);
@@ -520,6 +691,10 @@ send_control(Path *p, PyObject *raw, PyObject *dest, long d)
     PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
     if (comm == NULL) {
         return -1;
+    }
+    if (comm == p->comm && mpi_isend != NULL && PyBytes_CheckExact(raw)) {
+        Py_DECREF(comm);
+        return send_direct(p, raw, d);
     }
     PyObject *argv[4] = {comm, raw, dest, zero};
     PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
@@ -854,6 +1029,10 @@ typedef struct {
     PyObject *comm, *view, *peer, *tag, *start;
     Py_ssize_t nbytes, chunk_bytes, total, next, done;
     long inflight, max_inflight;
+    /* where the path calls MPI directly for ``comm``: ``MPI.Request.fromhandle`` and the
+     * communicator's handle (else NULL); and the class of MPI's errors */
+    PyObject *from_handle, *mpi_exc;
+    int comm_handle;
 } Moved;
 
 static PyTypeObject MovedType;
@@ -885,6 +1064,41 @@ tested(PyObject *req)
 
 static int moved_finish(Moved *m);
 
+/* ``m.comm.<start>(piece, peer, tag)``: mpi4py's request for one chunk, started by a
+ * direct call where the path makes them (``piece`` one piece of bytes: ``view`` holds
+ * them while the request is in flight, mpi4py's request made from the handle does not).
+ * A new reference, NULL error. */
+static PyObject *
+start_piece(Moved *m, PyObject *piece)
+{
+    Py_buffer v;
+    int recv = m->start == a_Irecv;
+    int got = m->from_handle == NULL ? -1
+        : PyObject_GetBuffer(piece, &v, recv ? PyBUF_WRITABLE : PyBUF_SIMPLE);
+    if (got < 0 && m->from_handle != NULL) {
+        PyErr_Clear();  /* (not a piece of bytes: mpi4py's call) */
+    }
+    if (got == 0) {
+        long peer = PyLong_AsLong(m->peer), tag = PyLong_AsLong(m->tag);
+        int req = 0, rc = 0;
+        if (!PyErr_Occurred() && v.len <= INT_MAX) {
+            rc = recv ? mpi_irecv(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag,
+                                  m->comm_handle, &req)
+                : mpi_isend(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag, m->comm_handle,
+                            &req);
+            PyBuffer_Release(&v);
+            return rc != 0 ? (mpi_failed(m->mpi_exc, rc), NULL)
+                : PyObject_CallFunction(m->from_handle, "K", (unsigned long long)(long long)req);
+        }
+        PyBuffer_Release(&v);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    PyObject *argv[4] = {m->comm, piece, m->peer, m->tag};
+    return PyObject_VectorcallMethod(m->start, argv, 4, NULL);
+}
+
 /* Start the transfer's next chunks while its window has room (``Mover._more``; a payload
  * of one chunk: ``Mover._move``'s one request, for the whole view): each is one more in
  * flight, tracked with ``m``; then the task is woken.  0 done, -1 error (the chunks
@@ -910,8 +1124,7 @@ moved_more(Moved *m)
                 return -1;
             }
         }
-        PyObject *argv[4] = {m->comm, piece, m->peer, m->tag};
-        PyObject *req = PyObject_VectorcallMethod(m->start, argv, 4, NULL);
+        PyObject *req = start_piece(m, piece);
         Py_DECREF(piece);
         if (req == NULL) {
             return -1;
@@ -1050,6 +1263,8 @@ moved_traverse(Moved *m, visitproc visit, void *arg)
     Py_VISIT(m->view);
     Py_VISIT(m->peer);
     Py_VISIT(m->tag);
+    Py_VISIT(m->from_handle);
+    Py_VISIT(m->mpi_exc);
     return 0;
 }
 
@@ -1066,6 +1281,8 @@ moved_clear(Moved *m)
     Py_CLEAR(m->view);
     Py_CLEAR(m->peer);
     Py_CLEAR(m->tag);
+    Py_CLEAR(m->from_handle);
+    Py_CLEAR(m->mpi_exc);
     return 0;
 }
 
@@ -1123,6 +1340,10 @@ moved_new(Path *p, PyObject *start, PyObject *view, PyObject *peer, PyObject *ta
     m->next = m->done = 0;
     m->inflight = 0;
     m->max_inflight = p->max_inflight;
+    m->mpi_exc = Py_NewRef(p->mpi_exc);
+    int direct = comm == p->comm && p->from_handle != NULL && mpi_irecv != NULL;
+    m->from_handle = direct ? Py_NewRef(p->from_handle) : NULL;
+    m->comm_handle = p->comm_handle;
     PyObject_GC_Track(m);
     return m;
 }
@@ -1635,11 +1856,16 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
     /* The head's ``Test``, and whether data moves, found once: between two polls nothing
      * but ``share`` runs, and a poll that changes either ends the burst. */
-    PyObject *head = PySequence_GetItem(p->slots, 0);
-    PyObject *req = head == NULL ? NULL : PyObject_GetAttr(head, a_req);
-    PyObject *test = req == NULL ? NULL : PyObject_GetAttr(req, a_Test);
-    Py_XDECREF(req);
-    PyObject *reqs = test == NULL ? NULL : PyObject_GetAttr(p->progress, a_reqs);
+    PyObject *head = PySequence_GetItem(p->slots, 0), *test = NULL;
+    int err = head == NULL ? -1 : 0;
+    int *handle = err ? NULL : slot_handle(head, &err);
+    if (!err && handle == NULL) {  /* mpi4py's Test, bound once */
+        PyObject *req = PyObject_GetAttr(head, a_req);
+        test = req == NULL ? NULL : PyObject_GetAttr(req, a_Test);
+        Py_XDECREF(req);
+        err = test == NULL ? -1 : 0;
+    }
+    PyObject *reqs = err ? NULL : PyObject_GetAttr(p->progress, a_reqs);
     int moving = reqs == NULL ? -1 : PyObject_IsTrue(reqs);
     Py_XDECREF(reqs);
     PyObject *result = NULL;
@@ -1647,9 +1873,16 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto out;
     }
     for (;;) {
-        PyObject *t = PyObject_CallNoArgs(test);
-        int landed = t == NULL ? -1 : PyObject_IsTrue(t);
-        Py_XDECREF(t);
+        int landed;
+        if (handle != NULL) {
+            int flag = 0, rc = mpi_test(handle, &flag, mpi_status);
+            landed = rc != 0 ? mpi_failed(p->mpi_exc, rc) : flag != 0;
+        }
+        else {
+            PyObject *t = PyObject_CallNoArgs(test);
+            landed = t == NULL ? -1 : PyObject_IsTrue(t);
+            Py_XDECREF(t);
+        }
         if (landed < 0) {
             goto out;
         }
@@ -1691,6 +1924,29 @@ out:
     Py_XDECREF(test);
     Py_XDECREF(head);
     return result;
+}
+
+/* direct(comm, handle, from_handle) -> bool: the control sends on ``comm`` (the progress
+ * task's, ``handle`` its MPI handle) call MPI directly, where ``mpi_calls`` found it
+ * (``from_handle``: ``MPI.Request.fromhandle``); False where it did not. */
+static PyObject *
+path_direct(Path *p, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "direct(comm, handle, from_handle)");
+        return NULL;
+    }
+    int h = (int)PyLong_AsUnsignedLongLongMask(args[1]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (mpi_isend == NULL) {
+        Py_RETURN_FALSE;
+    }
+    Py_XSETREF(p->comm, Py_NewRef(args[0]));
+    Py_XSETREF(p->from_handle, Py_NewRef(args[2]));
+    p->comm_handle = h;
+    Py_RETURN_TRUE;
 }
 
 /* -- the type ---------------------------------------------------------------------------- */
@@ -1835,6 +2091,8 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->early_tags);
     Py_VISIT(p->early_in);
     Py_VISIT(p->link_early);
+    Py_VISIT(p->comm);
+    Py_VISIT(p->from_handle);
     return 0;
 }
 
@@ -1866,6 +2124,8 @@ path_clear(Path *p)
     Py_CLEAR(p->early_tags);
     Py_CLEAR(p->early_in);
     Py_CLEAR(p->link_early);
+    Py_CLEAR(p->comm);
+    Py_CLEAR(p->from_handle);
     return 0;
 }
 
@@ -1893,6 +2153,8 @@ static PyMethodDef path_methods[] = {
     {"test", (PyCFunction)path_test, METH_NOARGS,
      "test() -> bool: the data requests that completed, and their callbacks "
      "(Progress._test_requests)"},
+    {"direct", (PyCFunction)(void (*)(void))path_direct, METH_FASTCALL,
+     "direct(comm, handle, from_handle) -> bool: control sends on comm call MPI directly"},
     {"spin", (PyCFunction)(void (*)(void))path_spin, METH_FASTCALL,
      "spin(until, share) -> bool: poll back to back until something completed or the "
      "clock passed until (Progress._spin)"},

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 else:
     MPI = None  # bound by load_mpi()
 
-__all__ = ["MPI", "Backoff", "comm_world", "load_mpi", "mpi_errors", "sched_yield", "translate",
-           "wait_request", "yield_now"]
+__all__ = ["MPI", "Backoff", "comm_world", "direct_calls", "handle_address", "load_mpi",
+           "mpi_errors", "real_mpi", "sched_yield", "translate", "wait_request", "yield_now"]
 
 
 def load_mpi() -> None:
@@ -50,6 +50,36 @@ def comm_world() -> MPI.Intracomm:
     """
     load_mpi()
     return MPI.COMM_WORLD
+
+
+def real_mpi() -> bool:
+    """Whether ``MPI`` is mpi4py's module (loaded, and not a test's stand-in)."""
+    return getattr(MPI, "__name__", None) == "mpi4py.MPI"
+
+
+def handle_address(req: object) -> int:
+    """Where mpi4py keeps the MPI handle of ``req`` (0: it is not an mpi4py request, as a
+    test's fake is not)."""
+    if not real_mpi() or not isinstance(req, MPI.Request):
+        return 0
+    return int(MPI._addressof(req))
+
+
+def direct_calls() -> tuple[str, int] | None:
+    """What the C lane needs to call the MPI library mpi4py loaded without mpi4py
+    (``lane.mpi_calls``): the library's path and ``MPI_BYTE``'s handle; None where its
+    handles are not C ints (only MPICH's ABI is called so), or the library is not found
+    among this process's mappings."""
+    if not real_mpi() or any(MPI._sizeof(t) != 4 for t in (MPI.Comm, MPI.Request, MPI.Datatype)):
+        return None
+    try:
+        with open("/proc/self/maps") as maps:
+            fields = (line.split(None, 5) for line in maps)
+            paths = {f[5].strip() for f in fields if len(f) == 6}
+    except OSError:
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(("libmpi.so", "libmpich.so")))
+    return (found[0], int(MPI._handleof(MPI.BYTE))) if found else None
 
 
 def translate(exc: BaseException, what: str, rank: int | None) -> TransportError:

@@ -57,15 +57,17 @@ SHARE_AFTER = 100e-6
 
 
 class Slot:
-    """A posted control recv: its buffer and persistent MPI request."""
+    """A posted control recv: its buffer and persistent MPI request, and where mpi4py keeps
+    that request's handle (``addr``, for the C lane's direct calls; 0: not a real one)."""
 
-    __slots__ = ("buf", "payload", "req")
+    __slots__ = ("addr", "buf", "payload", "req")
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         # Sized for any rank's inline messages, whatever its own eager limit.
         self.buf = bytearray(HEADER.size + INLINE_MAX)
         self.payload = memoryview(self.buf)[HEADER.size:]
         self.req = comm.Recv_init(self.buf, lib.MPI.ANY_SOURCE, CTRL_TAG)
+        self.addr = lib.handle_address(self.req)
 
 
 class Progress(Mover):
@@ -90,6 +92,9 @@ class Progress(Mover):
         #: Control sends MPI has not finished with: nothing waits for them (testing them on
         #: every poll would double its cost), so they are reaped now and then.
         self._ctrl: list[MPI.Request] = []
+        #: The buffers of the control sends among them that the C lane posted by a direct
+        #: call (mpi4py's own requests keep theirs): let go once every one is reaped.
+        self._held: list[bytes] = []
         self._cbs: list[Callable[[], None] | None] = []
         self._testsome = lib.MPI.Request.Testsome
         self._data = 0  # data chunks in flight: poll without backing off
@@ -205,6 +210,8 @@ class Progress(Mover):
         if ctrl and (done := self._testsome(ctrl)):
             finished = set(done)
             self._ctrl = [r for i, r in enumerate(ctrl) if i not in finished]
+            if not self._ctrl:
+                self._held.clear()
 
     def _track(self, req: MPI.Request, cb: Callable[[], None] | None) -> None:
         self._reqs.append(req)

@@ -68,6 +68,20 @@ EARLY_MAX = 8 << 20
 OfferBytes = Callable[[Any, int, int, memoryview, int, int, str], bool]
 
 
+_DIRECT: list[bool] = []
+
+
+def _direct_calls(lane: Any) -> bool:
+    """Whether the C lane calls MPI directly (``lane.mpi_calls``, asked once a process:
+    of mpi4py's MPI, not of a test's stand-in)."""
+    if not lib.real_mpi():
+        return False
+    if not _DIRECT:
+        calls = lib.direct_calls()
+        _DIRECT.append(calls is not None and bool(lane.mpi_calls(*calls)))
+    return _DIRECT[0]
+
+
 def deliver(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int, count: int,
              dtype: str) -> bool:
     """No recv takes a message as it lands: it is delivered as a ``Message``."""
@@ -94,6 +108,8 @@ class MPITransport(Link):
     #: sent early (see module docs).
     early_min = INLINE_MAX
     early_max = EARLY_MAX
+    #: The C lane calls MPI itself for the control messages (``accelerate``).
+    direct = False
 
     def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm
@@ -143,7 +159,11 @@ class MPITransport(Link):
         moves them, and the recv's or the send's completion); a withdrawal under way and a
         traced engine's take the Python steps.  The progress task's polls between two turns
         of the loop run there too (``Progress._spin``), and the reposting of the slots they
-        handed on (``Progress._repost``)."""
+        handed on (``Progress._repost``).  Where MPI's handles are C ints (MPICH's ABI),
+        the control recvs' ``Test`` and ``Start``, the control sends' ``Isend`` and a
+        rendezvous payload's data requests there call the MPI library itself, not mpi4py
+        (``direct``: no arguments parsed, no request object made but for a request still
+        in flight, the GIL kept)."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
                          MAX_INFLIGHT)
@@ -155,6 +175,9 @@ class MPITransport(Link):
         self.progress._repost = path.repost  # type: ignore[method-assign]
         self.progress._test_requests = path.test  # type: ignore[method-assign]
         self.progress._spin = path.spin  # type: ignore[method-assign]
+        if _direct_calls(lane) and isinstance(self.comm, lib.MPI.Comm):
+            self.direct = path.direct(self.comm, lib.MPI._handleof(self.comm),
+                                      lib.MPI.Request.fromhandle)
 
     # -- lifetime -------------------------------------------------------------------------
 

@@ -35,6 +35,11 @@ Cases that end normally can share a job, one after another, as sections of
 - ``lane``: with the C lane built, small sends (awaited and ``isend``) and recvs (posted
   before their message lands, awaited and ``irecv``, or taking one that landed first, whose
   credit is then owed back) never reach the Python steps on MPI.
+- ``direct``: where MPI's handles are C ints (MPICH), the C lane calls ``MPI_Test``,
+  ``MPI_Start`` and ``MPI_Isend`` of the control messages itself: rank 0 bursts small
+  sends while rank 1's loop is blocked outside MPI (on a FIFO), so that MPI cannot take
+  them all at once; those not complete at once are kept, their buffers with them, and
+  every message arrives intact once rank 1 runs again.
 """
 
 from __future__ import annotations
@@ -385,6 +390,48 @@ async def lane(comm: ac.Communicator) -> str:
     return f"rank {comm.rank}: {' '.join(got)}; sent {stats[peer].n}"
 
 
+#: ``direct``'s burst: more small messages than MPI takes while their receiver is away.
+BURST = 400
+
+
+async def direct(comm: ac.Communicator) -> str:
+    from mpi4py import MPI
+
+    from asynccomm._comm import communicator as _communicator
+    from asynccomm.transports import _mpi_lib
+
+    if _communicator._lane_send is None:
+        return "no C lane"
+    link = comm._engine.link  # type: ignore[attr-defined]
+    where = f"direct {link.direct} (int handles: {_mpi_lib.direct_calls() is not None})"
+    peer = 1 - comm.rank
+    await comm.sendrecv(np.zeros(128), peer, np.zeros(128), peer, sendtag=1, recvtag=1)
+    path = MPI.COMM_WORLD.bcast(
+        os.path.join(tempfile.mkdtemp(), "fifo") if comm.rank == 0 else None, root=0)
+    if comm.rank == 0:
+        os.mkfifo(path)
+    MPI.COMM_WORLD.Barrier()
+    if comm.rank == 1:
+        # the loop blocked on purpose, and no MPI call made
+        with open(path, "rb") as fifo:  # noqa: ASYNC230
+            fifo.read(1)
+        got = np.zeros(128)
+        bad = 0
+        for i in range(BURST):
+            await comm.recv(got, 0, 2)
+            bad += int(not (got == i).all())
+        return f"rank 1: {where}; {BURST - bad} of {BURST} intact"
+    progress = link.progress
+    reqs = [comm.isend(np.full(128, float(i)), 1, 2) for i in range(BURST)]
+    kept = len(progress._held)
+    with open(path, "wb") as fifo:  # noqa: ASYNC230  (rank 1's loop waits for this)
+        fifo.write(b"x")
+    await ac.wait_all(reqs)
+    os.unlink(path)
+    os.rmdir(os.path.dirname(path))
+    return f"rank 0: {where}; kept {'some' if kept else 'none'}"
+
+
 async def who(comm: ac.Communicator) -> str:
     return f"{comm.device.name.split(':')[0]} {comm.rank}/{comm.size}"
 
@@ -468,6 +515,8 @@ def main(argv: Sequence[str]) -> int:
             sys.stdout.write(f"{traced_shm()}\n")
     elif case == "lane":
         sys.stdout.write(f"{ac.run(lane)}\n")
+    elif case == "direct":
+        sys.stdout.write(f"{ac.run(direct)}\n")
     elif case == "unmatched-at-close":
         sys.stdout.write(f"{ac.run(unmatched_at_close)}\n")
     elif case == "early-withdrawn":

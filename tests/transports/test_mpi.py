@@ -74,7 +74,7 @@ CONSERVATION = "tests.transports.mpi_conservation_runner"
 #: need a process of their own.  ``send-error`` comes first: its small send must find a
 #: fast lane that has not sent yet (one that knows the dtype sends it without the failing
 #: call).
-TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "answer-landed", "doorbell",
+TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "direct", "answer-landed", "doorbell",
                                   "early-withdrawn", "unmatched-at-close")),
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
@@ -127,6 +127,20 @@ def test_contract_on_mpi_with_the_python_steps() -> None:
                    ASYNCCOMM_PURE_PYTHON="1", **MPI)
     assert proc.returncode == 0, _output(proc)
     assert "contract on MPI, 2 ranks:" in proc.stdout and " 0 failed" in proc.stdout
+
+
+def test_control_messages_call_mpi_directly(together: Case) -> None:
+    """Where MPI's handles are C ints, the C lane's control sends and polls call MPI
+    itself; sends MPI cannot finish at once (their receiver away) are kept with their
+    buffers, and every message arrives intact."""
+    proc = together("mpi", "direct")
+    assert proc.returncode == 0, _output(proc)
+    if "no C lane" in proc.stdout:
+        pytest.skip("the C lane is not built here")
+    lines = sorted(proc.stdout.strip().splitlines())
+    assert lines == ["rank 0: direct True (int handles: True); kept some",
+                     "rank 1: direct True (int handles: True); 400 of 400 intact"], \
+        _output(proc)
 
 
 def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
