@@ -558,16 +558,14 @@ async def test_a_recv_about_to_wait_looks_once_more_and_takes_what_came(
         node.sock.close()
 
 
-def test_a_recv_about_to_wait_does_not_look_when_the_poll_task_would_not_spin() -> None:
-    """No looks after ringing a sleeping peer (its core is the woken peer's), nor while the
-    spin is off (the waits outlast it): the recv waits on the loop at once."""
+def test_a_recv_about_to_wait_does_not_look_after_ringing_a_sleeping_peer() -> None:
+    """No looks after ringing a sleeping peer (its core is the woken peer's): the recv
+    waits on the loop at once."""
     node, _, peer = _node()
     node.crowded = True
     try:
         turn = node._native = _Turn(found=True)
         node._rang = True
-        node.before_wait()
-        node._rang, node._looking = False, False
         node.before_wait()
         assert turn.spins == [] and turn.polls == 0 and not node._took
     finally:
@@ -595,7 +593,6 @@ async def test_a_record_a_recv_took_before_waiting_counts_as_activity(
             clock.now += step
             await asyncio.sleep(0)
         assert node._waiter is None and channels.arms == 0
-        assert node._looking
         for _ in range(10):
             clock.now += step
             await asyncio.sleep(0)
