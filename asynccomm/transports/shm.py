@@ -850,9 +850,10 @@ class Node:
         #: This process rang a sleeping peer's doorbell since its poll task last saw
         #: activity (``wake``): see ``_run``.
         self._rang = False
-        #: A recv took what came on the rings just before it waited (``before_wait``) since
-        #: the poll task last looked: activity, as if that task had taken it (see ``_run``).
-        self._took = False
+        #: When a recv last took what came on the rings just before it waited
+        #: (``before_wait``), since the poll task last saw activity (0.0: it did not):
+        #: activity, as if that task had taken it then (see ``_run``).
+        self._took_at = 0.0
         self.rings_heard = 0
         #: The doorbell peers ring once they have it (``watch``, ``wake``): an eventfd, whose
         #: write wakes this process as any wake-up does, where a datagram's is synchronous
@@ -1142,18 +1143,19 @@ class Node:
         turns are most of a rank's time, and the others wait for it).  With the C steps
         only (``accelerate``d links); not after ringing a sleeping peer (its core is the
         woken peer's, as in ``_run``).  It looks also while the poll task's spin is off (the
-        waits outlasting ``CROWDED_SPIN``): measured, alternating on 2 cores loaded by other
-        work, the 8 KiB ring at 4 processes took 118-129 us a hop looking so against
-        139-164 us looking only while the spin was on (base 126-141), and the parameter
-        server of ``examples/parameter_server.py`` 40.1k samples/s against 27.6k (base
-        26.0k, medians of 5)."""
+        waits outlasting ``CROWDED_SPIN``): looking only while the spin was on measured
+        worse (the parameter server of ``examples/parameter_server.py`` 27.6k samples/s
+        against 40.1k, medians of 5, on 2 cores loaded by other work).  Measured so, with
+        the waits timed from the last record it took (see ``_run``), the 8 KiB ring of
+        ``benchmarks.shm_p2p`` took 92-105 us a hop at 4 processes against 132-140 without
+        it (5 of 5 alternating pairs), 32-34 us at 3 against 43-46."""
         native = self._native
         if native is None or self._rang:
             return
         crowded = self.crowded
         if native.spin(BURST if crowded else SPIN_BURST, crowded):
             native.poll()
-            self._took = True
+            self._took_at = time.perf_counter()
             if self._waiter is not None:  # the poll task sleeps, armed: awake now
                 self.kick()
 
@@ -1319,13 +1321,17 @@ class Node:
             # (Woken: what rang may have been taken in the doorbell's callback already, and
             # its answers are yet to be sent: activity all the same.)
             hit = native.poll() if native is not None else self._poll()
-            took, self._took = self._took, False
+            took = self._took_at
             if hit or self._kicked or woke or took:
-                exchanging = exchanging or hit or took
+                self._took_at = 0.0
+                exchanging = exchanging or hit or took > 0.0
                 woke = rushed = False
                 now = clock()
                 if crowded:  # a spin only while the waits end within one
-                    spin = CROWDED_SPIN if now - active < CROWDED_SPIN else 0.0
+                    # (Timed from the last record a recv took itself, if later: where the
+                    # recvs take every record, this task turns seldom, and the time since
+                    # its own last find is no wait.)
+                    spin = CROWDED_SPIN if now - max(active, took) < CROWDED_SPIN else 0.0
                 active = now
                 # A peer woken from its sleep (this process rang its doorbell) takes a
                 # while to run, and where the other cores are busy the kernel runs it on

@@ -547,11 +547,11 @@ async def test_a_recv_about_to_wait_looks_once_more_and_takes_what_came(
         waiter = node._waiter = asyncio.get_running_loop().create_future()
         node.before_wait()
         assert turn.spins == [(shm.BURST, True) if crowded else (shm.SPIN_BURST, False)]
-        assert turn.polls == 1 and node._took and waiter.done()
-        node._took = False
+        assert turn.polls == 1 and node._took_at > 0.0 and waiter.done()
+        node._took_at = 0.0
         turn.found = False  # nothing came: nothing taken
         node.before_wait()
-        assert len(turn.spins) == 2 and turn.polls == 1 and not node._took
+        assert len(turn.spins) == 2 and turn.polls == 1 and node._took_at == 0.0
     finally:
         node._waiter = node._native = None
         peer.close()
@@ -567,7 +567,7 @@ def test_a_recv_about_to_wait_does_not_look_after_ringing_a_sleeping_peer() -> N
         turn = node._native = _Turn(found=True)
         node._rang = True
         node.before_wait()
-        assert turn.spins == [] and turn.polls == 0 and not node._took
+        assert turn.spins == [] and turn.polls == 0 and node._took_at == 0.0
     finally:
         node._native = None
         peer.close()
@@ -588,7 +588,7 @@ async def test_a_record_a_recv_took_before_waiting_counts_as_activity(
         for _ in range(6):
             clock.now += step
             await asyncio.sleep(0)
-        node._took = True  # a recv took a record at 6 steps
+        node._took_at = clock.now  # a recv took a record at 6 steps
         for _ in range(6):  # past the spin's end counted from time 0
             clock.now += step
             await asyncio.sleep(0)
@@ -597,5 +597,34 @@ async def test_a_record_a_recv_took_before_waiting_counts_as_activity(
             clock.now += step
             await asyncio.sleep(0)
         assert node._waiter is not None and channels.arms == 1
+    finally:
+        await _stop(task, node, clock.peer)
+
+
+async def test_a_crowded_node_times_its_waits_from_the_last_record_a_recv_took(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the recvs take the records themselves (``before_wait``), the poll task turns
+    seldom: the time since its own last find is no wait, and must not turn its spin off;
+    the wait is timed from the last record a recv took."""
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        while node._waiter is None:  # its spin, then asleep
+            clock.now += step
+            await asyncio.sleep(0)
+        clock.now += 10 * shm.CROWDED_SPIN  # the poll task saw nothing meanwhile...
+        node._took_at = clock.now  # ... but a recv took a record just now
+        node.kick()
+        before = clock.yields
+        for _ in range(100):
+            await asyncio.sleep(0)
+            clock.now += step
+            if node._waiter is not None:
+                break
+        assert clock.yields - before >= 7 * shm.BURST  # spinning, not asleep at once
     finally:
         await _stop(task, node, clock.peer)
