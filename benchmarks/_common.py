@@ -339,10 +339,11 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obje
 
 
 def launched_args(module: str, doc: str | None, quick: str, written: str,
-                  argv: Sequence[str] | None) -> argparse.Namespace:
+                  argv: Sequence[str] | None,
+                  flags: Sequence[tuple[str, str]] = ()) -> argparse.Namespace:
     """The options of a benchmark started under ``mpiexec`` (``python -m benchmarks.<module>``):
     ``--quick`` (``quick`` says what it cuts), ``--loop``, ``--out`` (the directory of the
-    JSON it writes, named ``written``)."""
+    JSON it writes, named ``written``), and the module's own on/off ``flags`` (name, help)."""
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}",
                                      description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--quick", action="store_true",
@@ -350,4 +351,6 @@ def launched_args(module: str, doc: str | None, quick: str, written: str,
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"directory for {written} (default: benchmarks/results)")
+    for name, text in flags:
+        parser.add_argument(name, action="store_true", help=text)
     return parser.parse_args(argv)

@@ -2,7 +2,9 @@
 processes: one-way latency and bandwidth at 2 processes, the ring at any count, and idle
 ranks.
 
-Run: ``mpiexec -n N .venv/bin/python -m benchmarks.shm_p2p [--quick] [--loop L] [--out DIR]``
+Run: ``mpiexec -n N .venv/bin/python -m benchmarks.shm_p2p [--quick] [--ring-only] [--loop L]
+[--out DIR]`` (``--ring-only``: the ring and its floors alone, for quick comparisons,
+written to ``shm_p2p_n<N>_ring.json``).
 
 MPI starts the processes only so that raw mpi4py and the asyncio floor on mpi4py
 (``_mpi_floor``) run beside asynccomm, alternating repeat by repeat, as in
@@ -178,10 +180,13 @@ class Wakes:
         return [a - b for a, b in zip(self.ac_medians(), self.bare_medians(), strict=True)]
 
 
-async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
+async def measure(comm: ac.Communicator, quick: bool, ring_only: bool = False) -> dict[str, Any]:
+    """Every figure, or (``ring_only``) the ring and its floors alone."""
     from mpi4py import MPI
 
     p2p, repeats, idle = plans(quick, comm.size)
+    if ring_only:
+        p2p = None
     crowded = comm.size > len(os.sched_getaffinity(0))
     out: dict[str, Any] = {}
     if p2p is not None:
@@ -201,8 +206,9 @@ async def measure(comm: ac.Communicator, quick: bool) -> dict[str, Any]:
     finally:
         rings.close()
         raw.Free()
-    out["idle"] = await mpi_ring.measure_idle(comm, idle)
-    out["wakes"] = await measure_wakes(comm, *wake_plan(quick))
+    if not ring_only:
+        out["idle"] = await mpi_ring.measure_idle(comm, idle)
+        out["wakes"] = await measure_wakes(comm, *wake_plan(quick))
     return out
 
 
@@ -376,7 +382,9 @@ def checks(result: dict[str, Any], crowded: bool) -> list[dict[str, Any]]:
                     "target": f"<= {KERNEL_FLOOR_TARGET:g}x the kernel-wait floor"
                     + ("" if crowded else " (judged only with more ranks than cores)"),
                     "passed": ratio <= KERNEL_FLOOR_TARGET, "binding": crowded})
-    idle = result["idle"]
+    idle = result.get("idle")
+    if idle is None:  # (--ring-only)
+        return out
     out.append({"what": "idle rank's CPU", "value": max(idle.cpu_share), "unit": "of a core",
                 "target": f"<= {IDLE_CPU_TARGET:.0%} of a core",
                 "passed": max(idle.cpu_share) <= IDLE_CPU_TARGET, "binding": True})
@@ -440,7 +448,14 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
         floor = median(next(r.floor for r in rows if r.kind == "latency" and r.nbytes == 8))
         mpi_p2p.print_engine(engine, floor, "shared memory")
     print_ring(result)
-    idle = result["idle"]
+    idle = result.get("idle")
+    if idle is not None:
+        print_idle(result, idle, size, quick)
+    print_targets(judged)
+
+
+def print_idle(result: dict[str, Any], idle: Any, size: int, quick: bool) -> None:
+    """The idle ranks' table."""
     wakes = result.get("wakes")
     none = ["-"] * len(idle.wake_ms)
     ac_ms, bare_ms, over = ((f"{a:.3f}" for a in wakes.ac_medians()),
@@ -455,6 +470,9 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
                 [[r, f"{c:.2%}", f"{w:.3f}", a, b, d]
                  for r, (c, w, a, b, d) in enumerate(zip(idle.cpu_share, idle.wake_ms, ac_ms,
                                                          bare_ms, over, strict=True))])
+
+
+def print_targets(judged: list[dict[str, Any]]) -> None:
     print_table("Targets (shared-memory link)", ["check", "value", "target", "status"],
                 [[c["what"], _value(c), c["target"],
                   ("PASS" if c["passed"] else "FAIL") if c["binding"] else
@@ -483,7 +501,9 @@ def print_ring(result: dict[str, Any]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    return launched_args("shm_p2p", __doc__, "few sizes and iterations", "shm_p2p_n<N>.json", argv)
+    return launched_args("shm_p2p", __doc__, "few sizes and iterations", "shm_p2p_n<N>.json", argv,
+                         [("--ring-only", "the ring and its floors alone (no latency, bandwidth, "
+                           "idle ranks or wakes): quick runs to compare two builds")])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -505,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     join_group(world)
 
     async def bench(comm: ac.Communicator) -> dict[str, Any]:
-        return await measure(comm, args.quick)
+        return await measure(comm, args.quick, args.ring_only)
 
     result = run_rank(bench, args.loop, {"eager_limit": ac.EAGER_LIMIT,
                                          "pool_bytes": 64 * MiB, "timeout": None})
@@ -523,13 +543,16 @@ def main(argv: Sequence[str] | None = None) -> int:
            "p2p": [asdict(r) for r in result.get("p2p", [])],
            "engine": asdict(result["engine"]) if "engine" in result else None,
            "ring": asdict(result["ring"]),
-           "ring_floors": asdict(result["ring_floors"]), "idle": asdict(result["idle"]),
-           "wakes": asdict(result["wakes"]),
+           "ring_floors": asdict(result["ring_floors"]),
+           "idle": asdict(result["idle"]) if "idle" in result else None,
+           "wakes": asdict(result["wakes"]) if "wakes" in result else None,
            "checks": judged,
            "targets_met": sum(c["passed"] for c in judged if c["binding"]),
            "targets_judged": sum(c["binding"] for c in judged),
            "report": report.getvalue()}
-    write_json(args.out, f"shm_p2p_n{size}.json", doc, started)
+    # (The ring alone is written apart: the full figures' file stays whole.)
+    write_json(args.out, f"shm_p2p_n{size}{'_ring' if args.ring_only else ''}.json", doc,
+               started)
     missed = any(c["binding"] and not c["passed"] for c in judged)
     return 1 if missed and not args.quick else 0
 

@@ -69,9 +69,10 @@ class Communicator:
     """
 
     # Slots: the C lane (``_lane.c``) reads these at their offsets, once per message.
-    __slots__ = ("_after_close", "_children", "_chooser", "_dead", "_default_timeout", "_engine",
-                 "_family", "_lane_recv", "_lane_send", "_lingering", "_loop", "_obj_seq",
-                 "_parent", "_private_comm", "_seq", "_tag_block", "device", "rank", "size")
+    __slots__ = ("_after_close", "_before_wait", "_children", "_chooser", "_dead",
+                 "_default_timeout", "_engine", "_family", "_lane_recv", "_lane_send",
+                 "_lingering", "_loop", "_obj_seq", "_parent", "_private_comm", "_seq",
+                 "_tag_block", "device", "rank", "size")
 
     def __init__(self, engine: DeviceEngine, *, default_timeout: float | None,
                  device: Device, family: Family) -> None:
@@ -82,6 +83,8 @@ class Communicator:
         #: Python steps when they say "not handled".
         self._lane_send = engine.lane.send
         self._lane_recv = engine.lane.recv
+        #: What a recv whose message has not come calls before it waits (``Link.before_wait``).
+        self._before_wait = getattr(engine.link, "before_wait", None)
         self._default_timeout = default_timeout
         self.rank: int = engine.rank
         self.size: int = engine.size
@@ -250,6 +253,8 @@ class Communicator:
         if type(out) is Status:
             return out
         req: Request = out  # type: ignore[assignment]  # (a Status returned above)
+        if req._state is not DONE and (look := self._before_wait) is not None:
+            look()  # (the link looks once more: the message may have come meanwhile)
         if req._state is not DONE and req._waiters is None:
             # What ``await req`` does, one generator fewer: this is the hot path.
             fut = self._loop.create_future()
@@ -410,6 +415,8 @@ class Communicator:
             send: Request = went if went is not False else self._send_op(  # type: ignore[assignment]
                 sendbuf, dst, sendtag, None, timeout, None, None, True)
             reqs = [send, recv]
+            if recv._state is not DONE and (look := self._before_wait) is not None:
+                look()  # (as ``recv``)
             if recv._state is not DONE and send._state is DONE and recv._waiters is None:
                 # The commonest wait (an eager send is done): on the recv alone, as
                 # ``Communicator.recv`` waits, one generator fewer than ``settle``.

@@ -300,3 +300,29 @@ def test_run_returns_results_in_rank_order(loop: str) -> None:
         return comm.rank * 10
 
     assert ac.run(main, 3, loop=loop) == [0, 10, 20]
+
+
+@pytest.mark.parametrize("native", [True, False])
+async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool) -> None:
+    """``Link.before_wait``: called once by a ``recv`` or ``sendrecv`` whose message has not
+    come, just before it waits; a message the link delivers then ends the wait at once. A
+    recv whose message was there calls nothing."""
+    buf, out = arange(4), np.zeros(4, "<f4")
+    async with ac.open_world(2, native=native) as world:
+        c0, c1 = world.comms
+        looks: list[str] = []
+
+        def look() -> None:
+            looks.append("look")
+            c0.isend(buf, 1, 7)  # it came meanwhile
+
+        c1._before_wait = look
+        await c0.send(buf, 1, 6)
+        await c1.recv(out, 0, 6)  # there already
+        assert looks == []
+        status = await c1.recv(out, 0, 7)
+        assert looks == ["look"] and status.tag == 7
+        status = await c1.sendrecv(buf, 0, out, 0, sendtag=8, recvtag=7)
+        assert looks == ["look", "look"] and status.tag == 7
+        await c0.recv(out, 1, 8)
+    np.testing.assert_array_equal(out, buf)

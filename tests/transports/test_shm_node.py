@@ -514,3 +514,117 @@ def test_a_node_tells_its_peers_its_eventfd_as_it_watches_them() -> None:
             os.close(fd)
         peer.close()
         node.sock.close()
+
+
+class _Turn:
+    """The node's turn in C as ``before_wait`` uses it: its looks (``spin``: whether one
+    finds a record, ``found``) and its polls counted."""
+
+    def __init__(self, found: bool) -> None:
+        self.found = found
+        self.spins: list[tuple[int, bool]] = []
+        self.polls = 0
+
+    def spin(self, burst: int, share: bool) -> bool:
+        self.spins.append((burst, share))
+        return self.found
+
+    def poll(self) -> bool:
+        self.polls += 1
+        return True
+
+
+@pytest.mark.parametrize("crowded", [True, False])
+async def test_a_recv_about_to_wait_looks_once_more_and_takes_what_came(
+        crowded: bool) -> None:
+    """``before_wait``: a burst of looks, as the poll task's spin (the core given away after
+    each empty look where crowded); a record found is taken at once, and the poll task
+    hears of it (activity), woken if it slept."""
+    node, _, peer = _node()
+    node.crowded = crowded
+    try:
+        turn = node._native = _Turn(found=True)
+        waiter = node._waiter = asyncio.get_running_loop().create_future()
+        node.before_wait()
+        assert turn.spins == [(shm.BURST, True) if crowded else (shm.SPIN_BURST, False)]
+        assert turn.polls == 1 and node._took_at > 0.0 and waiter.done()
+        node._took_at = 0.0
+        turn.found = False  # nothing came: nothing taken
+        node.before_wait()
+        assert len(turn.spins) == 2 and turn.polls == 1 and node._took_at == 0.0
+    finally:
+        node._waiter = node._native = None
+        peer.close()
+        node.sock.close()
+
+
+def test_a_recv_about_to_wait_does_not_look_after_ringing_a_sleeping_peer() -> None:
+    """No looks after ringing a sleeping peer (its core is the woken peer's): the recv
+    waits on the loop at once."""
+    node, _, peer = _node()
+    node.crowded = True
+    try:
+        turn = node._native = _Turn(found=True)
+        node._rang = True
+        node.before_wait()
+        assert turn.spins == [] and turn.polls == 0 and node._took_at == 0.0
+    finally:
+        node._native = None
+        peer.close()
+        node.sock.close()
+
+
+async def test_a_record_a_recv_took_before_waiting_counts_as_activity(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The records a recv took itself (``before_wait``) keep the poll task spinning as its
+    own would: the spin runs ``CROWDED_SPIN`` from then, not from its own last find."""
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        for _ in range(6):
+            clock.now += step
+            await asyncio.sleep(0)
+        node._took_at = clock.now  # a recv took a record at 6 steps
+        for _ in range(6):  # past the spin's end counted from time 0
+            clock.now += step
+            await asyncio.sleep(0)
+        assert node._waiter is None and channels.arms == 0
+        for _ in range(10):
+            clock.now += step
+            await asyncio.sleep(0)
+        assert node._waiter is not None and channels.arms == 1
+    finally:
+        await _stop(task, node, clock.peer)
+
+
+async def test_a_crowded_node_times_its_waits_from_the_last_record_a_recv_took(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the recvs take the records themselves (``before_wait``), the poll task turns
+    seldom: the time since its own last find is no wait, and must not turn its spin off;
+    the wait is timed from the last record a recv took."""
+    clock = _Crowded(monkeypatch)
+    node, channels = clock.node, clock.link.channels
+    step = shm.CROWDED_SPIN / 8
+    task = asyncio.get_running_loop().create_task(node._run())
+    try:
+        await asyncio.sleep(0)  # activity: its poll found a record at time 0
+        channels.records = 0
+        while node._waiter is None:  # its spin, then asleep
+            clock.now += step
+            await asyncio.sleep(0)
+        clock.now += 10 * shm.CROWDED_SPIN  # the poll task saw nothing meanwhile...
+        node._took_at = clock.now  # ... but a recv took a record just now
+        node.kick()
+        before = clock.yields
+        for _ in range(100):
+            await asyncio.sleep(0)
+            clock.now += step
+            if node._waiter is not None:
+                break
+        assert clock.yields - before >= 7 * shm.BURST  # spinning, not asleep at once
+    finally:
+        await _stop(task, node, clock.peer)
