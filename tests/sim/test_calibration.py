@@ -455,3 +455,103 @@ def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
 
     calibrate.settle_allocator()
     assert faults_of_fresh_arrays() < 8  # where a fresh process maps each one afresh
+
+
+def cache_cliff(n: int) -> float:
+    """One-way seconds of an in-process message on a machine with a 16 MiB last cache (as
+    measured here): 21 us + n / 28 GB/s while the message and its copy stay in the cache,
+    n / 7 GB/s once they are far past it, in between from 2 MiB to 8 MiB."""
+    cached, memory = 21e-6 + n / 28e9, n / 7e9 + 0.3e-3
+    if n <= 2 << 20:
+        return cached
+    if n >= 8 << 20:
+        return memory
+    f = math.log2(n / (2 << 20)) / 2  # 0 at 2 MiB, 1 at 8 MiB
+    return cached * (memory / cached) ** f
+
+
+def test_a_cache_cliff_is_followed_by_a_segment_with_a_negative_intercept() -> None:
+    from asynccomm.calibrate import steep_steps
+
+    points = {n: cache_cliff(n) for n in SIZES}
+    # the second pass measures inside the cliff, where the time grows faster than the size
+    steps = steep_steps(points)
+    assert steps == [round(math.sqrt((1 << 21) * (1 << 22))),
+                     round(math.sqrt((1 << 22) * (1 << 23)))]
+    assert steep_steps({n: eager_rendezvous(n) for n in SIZES}) == []
+    points.update({n: cache_cliff(n) for n in steps})
+    segments = fit_segments(list(points.items()), max_segments=6, breaks=(65536,))
+    # a line through the origin (alpha clamped to 0) missed 4 MiB by 40%, 8 MiB by 20%
+    for n, t in points.items():
+        assert predict(segments, n) == pytest.approx(t, rel=0.1), n
+    assert segments[0].alpha > 0 and any(s.alpha < 0 for s in segments[1:])
+    # every segment's line is above 0 from the size before its first on
+    for before, seg in zip(segments, segments[1:], strict=False):
+        assert seg.alpha + (before.up_to + 1) * seg.beta > 0
+    cluster = calibrated_cluster(segments, name="cliff", ranks=2, shared=True)
+    for n in (4 << 20, 5 << 20, 8 << 20):
+        took = ClusterModel(cluster, 2).transfer(0, 1, n, now=0).duration * 1e-9
+        assert took == pytest.approx(predict(segments, n), abs=2e-9)
+
+
+def test_a_segment_s_line_is_fitted_above_0_from_its_floor() -> None:
+    points = [(4 << 20, 400e-6), (6 << 20, 700e-6), (8 << 20, 1000e-6)]
+    alpha, beta, _ = fit_line(points, floor=2 << 20)  # steep: a negative intercept
+    assert alpha == pytest.approx(-200e-6) and beta == pytest.approx(300e-6 / (2 << 20))
+    steeper = [(4 << 20, 100e-6), (6 << 20, 900e-6), (8 << 20, 1700e-6)]
+    alpha, beta, _ = fit_line(steeper, floor=3 << 20)  # through 0 at the floor
+    assert alpha + beta * (3 << 20) == pytest.approx(0, abs=1e-12) and beta > 0
+    assert fit_line(points)[0] == 0  # the first segment's alpha is a latency: >= 0
+
+
+@pytest.mark.parametrize(("segments", "ok"), [
+    (((100, 1e-6, 1e9), (1000, -0.05e-6, 1e9)), True),  # 101 B: 0.051 us
+    (((100, 1e-6, 1e9), (1000, -0.2e-6, 1e9)), False),  # 101 B: below 0
+    (((100, 1e-6, 1e9), (1000, -math.inf, 1e9)), False),
+])
+def test_a_later_segment_may_have_a_negative_latency_if_its_time_stays_above_0(
+        segments: tuple[tuple[int, float, float], ...], ok: bool) -> None:
+    if ok:
+        assert LinkSpec("l", 1e9, 0.0, segments=segments).stage_time(101) > 0
+    else:
+        with pytest.raises(ValueError, match="smallest size"):
+            LinkSpec("l", 1e9, 0.0, segments=segments)
+
+
+def test_the_reduction_rate_is_timed_as_the_calls_reduce() -> None:
+    from asynccomm import calibrate
+
+    got = calibrate.measure_reduce((1 << 12, 1 << 16), repeats=1, budget=1e-4)
+    assert sorted(got) == [1 << 12, 1 << 16] and all(r > 0 for r in got.values())
+
+
+def test_the_reduce_rates_are_the_measured_ones_not_what_the_allreduce_leaves() -> None:
+    from asynccomm.calibrate import HOST_SIZES, fit_host
+    from asynccomm.sim.host import HostSpec, collective_seconds, work_of
+
+    want = HostSpec(cores=1, call=2e-5, step=4e-6, copy_bandwidth=4e9, reduce_bandwidth=8e9,
+                    cached=((HOST_SIZES[1], 1e10, 2e10),))
+    halves = {max(1, n // 2): 1e-6 + n / 2 / 3e9 for n in HOST_SIZES}
+    # the allreduce calls hold what the model does not price: a quarter of a copy more
+    # per byte (its copies slower than the allgather's)
+    extra = {"allgather": 0.0, "allreduce": 0.25 / 4e9}
+    two: dict[str, dict[object, float]] = {
+        name: {n: 2 * (collective_seconds(want, f"{name}.ring", n, 2) + extra[name] * n)
+               + k * halves[max(1, n // 2)] for n in HOST_SIZES}
+        for name, k in (("allgather", 2), ("allreduce", 4))}
+    two["faults"] = dict.fromkeys(("allgather", "allreduce"), 0.0)
+    # read as the rest, the reduction holds the copy's quarter too: 1 / (1 / 8e9 +
+    # 0.25 / 4e9 / 0.5), half the rate, as a 4 MiB call's on this machine came out
+    left = fit_host(2e-5, two, halves, 0.0)
+    assert left.reduce_bandwidth == pytest.approx(4e9, rel=1e-3)
+    timed = fit_host(2e-5, two, halves, 0.0, reductions={HOST_SIZES[1]: 2e10,
+                                                         HOST_SIZES[2]: 8e9})
+    assert timed.reduce_bandwidth == 8e9 and timed.cached[0][2] == 2e10
+    assert timed.copy_bandwidth == pytest.approx(4e9, rel=1e-3)
+    # on 4 ranks a rank reduces 3/4 of the buffer, not 1/2: the residual's rate charges
+    # each of those bytes the quarter copy again
+    reduced = work_of("allreduce.ring", 4 << 20, 4).reduced
+    assert reduced == 3 << 20
+    assert (collective_seconds(left, "allreduce.ring", 4 << 20, 4)
+            - collective_seconds(timed, "allreduce.ring", 4 << 20, 4)) == pytest.approx(
+        reduced * (1 / 4e9 - 1 / 8e9), rel=1e-3)
