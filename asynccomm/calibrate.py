@@ -17,10 +17,9 @@ ranks (and ``processes`` ranks) are processes of their own, on this machine's co
 
 Besides messages it measures, in this process and on its CPU clock, what a collective call
 costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
-and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays),
-from ring allgather and allreduce calls on in-process ranks less their messages, the rate
-of a float32 sum as those calls reduce (``measure_reduce``), the first touch of their
-fresh scratch's pages, the copy rate at working
+and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
+and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
+their messages, the first touch of their fresh scratch's pages, the copy rate at working
 sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
 arrays, a ping-pong's among one buffer and its copy), what a step of small ring calls on 3
 to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
@@ -59,10 +58,9 @@ from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
-           "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_reduce",
-           "measure_step", "measure_switch", "measure_touch", "measure_unwaited",
-           "settle_allocator", "steep_steps", "step_calls", "pingpong", "preset", "time_calls",
-           "unwaited_of"]
+           "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
+           "measure_switch", "measure_touch", "measure_unwaited", "settle_allocator",
+           "steep_steps", "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -293,42 +291,6 @@ def envelope(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ..
     return tuple((size, max(r for _, r in points[i:])) for i, (size, _) in enumerate(points))
 
 
-def measure_reduce(sizes: Sequence[int] = HOST_SIZES[1:], repeats: int = 5,
-                   clock: Callable[[], float] = time.process_time,
-                   budget: float = 0.01) -> dict[int, float]:
-    """The rate (bytes reduced per second on ``clock``) of the reductions of a ring
-    allreduce call of each of ``sizes`` bytes on two ranks, timed as they run: a float32
-    sum of a block of half the call (the scratch a message has just been copied into)
-    into the next block, around arrays of the call's working set (``footprint``, both
-    ranks' arrays and scratch), for at least ``budget`` seconds and the whole set once a
-    repeat; the median over ``repeats`` after one untimed.
-
-    ``fit_host`` takes these rates for the calls' reductions: read as what a call takes
-    more than its copies and messages, a reduction also held what the copies and messages
-    of that one call cost beyond their rates (a 4 MiB call's sum came out at 2.6 to 4.2
-    GB/s, where timed as it runs it takes 10.5 to 11.5), and a call on more ranks, which
-    reduces more of its buffer, paid that share again for each byte more it reduces."""
-    out = {}
-    for n in sizes:
-        block = max(4, n // 2 // 4 * 4)
-        k = max(2, math.ceil(footprint("allreduce.ring", n, 2).working_set / block))
-        # mapped apart from the allocator's heap, as measure_memory's arrays are
-        with mmap.mmap(-1, k * block) as mem:
-            bufs = np.frombuffer(mem, np.float32).reshape(k, block // 4)
-            samples = []
-            for rep in range(repeats + 1):
-                t0, reduced = clock(), 0
-                while (took := clock() - t0) < budget or reduced < k * block:
-                    for i in range(k):
-                        np.add(bufs[i - 1], bufs[i], out=bufs[i])
-                    reduced += k * block
-                if rep:
-                    samples.append(reduced / max(took, 1e-9))
-            del bufs
-        out[int(n)] = statistics.median(samples)
-    return out
-
-
 async def _barriers(comm: Communicator, repeats: int) -> float:
     """Median wall seconds of one barrier call, in the calibration's loop of calls
     (``time_calls``; rank 0's, others 0)."""
@@ -481,9 +443,8 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
 
     Per rank, an allgather of n bytes works call + step + 1.5 n / copy + n touch, an
     allreduce call + 2 step + n (2 / copy + 0.5 / reduce + 1.5 touch) (``sim.host.WORK``):
-    the smallest size gives the Python, each larger one the copy rate of calls up to its
-    size (the allgather's work above the smallest's, per byte); the reduce rates are timed
-    apart (``measure_reduce``).  ``touch`` is the cost of a fresh page
+    the smallest size gives the Python, each larger one the rates of calls up to its size
+    (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
     scratch (counted).  On processes and MPI, ``step`` is a step's on two ranks of the
     transport (``measure_step``, where there are two cores), and ``switch`` what a step
@@ -531,7 +492,7 @@ def in_process_host(repeats: int = 7,
     half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
                                  backend="local")[0]
     host = fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
-                    measure_memory(clock=clock), measure_reduce(clock=clock))
+                    measure_memory(clock=clock))
     return dataclasses.replace(host, unwaited=measure_unwaited(
         host, half[min(half)], repeats, clock))
 
@@ -587,8 +548,7 @@ def settle_allocator() -> None:
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],
-             fresh_page: float, memory: tuple[tuple[int, float], ...] = (),
-             reductions: dict[int, float] | None = None) -> HostSpec:
+             fresh_page: float, memory: tuple[tuple[int, float], ...] = ()) -> HostSpec:
     """The rates of ``measure_host`` (one core) from its measurements: ``call`` the seconds
     of a call on one rank, ``two`` those of ``_collective_calls`` on two in-process ranks
     (and their page faults per call), ``halves`` the in-process one-way seconds of half of
@@ -597,11 +557,17 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     their ping-pong's time and what the call's working set slows their bytes more
     (``sim/host.py`` Rule 1d), the rest is the call's own work, whose rates hold at the
     largest calls' working set (``working_set``; the allgather's and allreduce's alike).
-    The copy rates come from the allgather calls; ``reductions`` (bytes/s by size of
-    ``HOST_SIZES`` past the first, ``measure_reduce``) are the reduce rates, timed as the
-    calls reduce; without them a reduce rate is what the allreduce calls take more than
-    their copies, per byte they reduce (which holds whatever else of those calls the
-    model misprices: ``measure_reduce``)."""
+    The copy rates come from the allgather calls, the reduce rates are what the
+    allreduce calls take more than their copies at those rates, per byte they reduce.
+
+    So a reduce rate holds more than the sums: whatever else of the allreduce calls the
+    model misprices (a 4 MiB call's came out at 2.6 to 4.2 GB/s, where its float32 sums,
+    timed as the ring does them around the call's working set, run at 10.5 to 11.5; its
+    copies in and out run slower than the allgather's).  Taking the timed sums instead
+    (and the rest of the calls unpriced) put 4 MiB allreduce calls 17-20% under their
+    measurements on 2 to 4 ranks, where this residual put them within 6% (nine runs
+    each, alternated, load average 3 to 7): the residual stays until the allreduce's
+    copies have a rate of their own."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
     mem = HostSpec(memory=memory)
 
@@ -636,9 +602,7 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     for n, (copy, add) in zip(HOST_SIZES[1:], per_byte, strict=True):
         other = next((b for b in reversed(per_byte) if b[0] > 0 and b[1] > 0), (0.0, 0.0))
         copy, add = copy if copy > 0 else other[0], add if add > 0 else other[1]
-        summed = (reductions[n] if reductions and n in reductions
-                  else 1 / add if add > 0 else math.inf)
-        rates.append((n, 1 / copy if copy > 0 else math.inf, summed))
+        rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
     step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
     return HostSpec(cores=1, call=call, step=step, copy_bandwidth=rates[-1][1],
                     reduce_bandwidth=rates[-1][2], cached=tuple(rates[:-1]), touch=touch,
