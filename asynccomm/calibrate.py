@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import mmap
@@ -59,7 +60,7 @@ from .sim.host import HostSpec, collective_seconds, footprint, work_of
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
            "measure_switch", "measure_touch", "measure_unwaited", "settle_allocator",
-           "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
+           "steep_steps", "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -555,7 +556,18 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     ``memory`` the copy rates by working set (``measure_memory``): a call's messages cost
     their ping-pong's time and what the call's working set slows their bytes more
     (``sim/host.py`` Rule 1d), the rest is the call's own work, whose rates hold at the
-    largest calls' working set (``working_set``; the allgather's and allreduce's alike)."""
+    largest calls' working set (``working_set``; the allgather's and allreduce's alike).
+    The copy rates come from the allgather calls, the reduce rates are what the
+    allreduce calls take more than their copies at those rates, per byte they reduce.
+
+    So a reduce rate holds more than the sums: whatever else of the allreduce calls the
+    model misprices (a 4 MiB call's came out at 2.6 to 4.2 GB/s, where its float32 sums,
+    timed as the ring does them around the call's working set, run at 10.5 to 11.5; its
+    copies in and out run slower than the allgather's).  Taking the timed sums instead
+    (and the rest of the calls unpriced) put 4 MiB allreduce calls 17-20% under their
+    measurements on 2 to 4 ranks, where this residual put them within 6% (nine runs
+    each, alternated, load average 3 to 7): the residual stays until the allreduce's
+    copies have a rate of their own."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
     mem = HostSpec(memory=memory)
 
@@ -650,6 +662,19 @@ def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
     return sorted(out - set(sizes))
 
 
+def steep_steps(points: dict[int, float], margin: float = 1.1) -> list[int]:
+    """Sizes to measure between each two neighbours of the measured ``points`` (bytes,
+    seconds) whose time grows more than ``margin`` times as fast as their size (their
+    geometric means): a message's time with a latency grows more slowly than its size,
+    faster only where its working set (it and its copy) outgrows a cache, over a factor
+    of 2 to 4 of sizes (2 MiB to 8 MiB on this machine's 16 MiB last cache), which a
+    segment of the fit (at least ``MIN_POINTS`` points) can follow only with points
+    between."""
+    sizes = sorted(points)
+    return [round(math.sqrt(lo * hi)) for lo, hi in itertools.pairwise(sizes)
+            if hi > lo + 1 and points[hi] / points[lo] > margin * hi / lo]
+
+
 def calibrate(transport: str, sizes: Sequence[int] = SIZES,
               repeats: int = 7, *, host: bool | HostSpec = True) -> dict[str, Any]:
     """Measure, fit and return the preset document (see the module docs); ``host=False``
@@ -658,8 +683,9 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
     points = measure_pingpong(transport, sizes, repeats)
     segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                             min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
-    extra = [n for n in near_breaks(sorted(points), segments) if n not in points]
-    if extra:  # a second pass where the first found its breaks, then the fit again
+    extra = sorted({n for n in [*near_breaks(sorted(points), segments), *steep_steps(points)]
+                    if n not in points})
+    if extra:  # a second pass where the first found its breaks and steps, then fit again
         points.update(measure_pingpong(transport, extra, repeats))
         segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
                                 min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))

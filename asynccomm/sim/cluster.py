@@ -111,7 +111,10 @@ class LinkSpec:
     #: bandwidth)`` in increasing ``up_to_bytes``, the last one covering every larger
     #: size.  A stage of n bytes then takes the first segment with n <= up_to_bytes's
     #: latency + n / bandwidth (``stage_time``) instead of ``latency + n /
-    #: effective_bandwidth``; the fields above still time control messages.
+    #: effective_bandwidth``; the fields above still time control messages.  A segment
+    #: past the first is a line over its sizes only: its latency (the line's intercept)
+    #: may be below 0 where its time grows faster than in proportion to the size (out of
+    #: a cache), as long as its time at its smallest size is above 0.
     segments: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
@@ -135,9 +138,15 @@ class LinkSpec:
             if _check_int("segment up_to_bytes", up_to, 0) <= last:
                 raise ValueError(f"LinkSpec segments must be in increasing size, got "
                                  f"{up_to} after {last}")
-            last = up_to
-            _nonnegative_finite("LinkSpec", "segment latency", latency, "seconds")
             _positive("LinkSpec", "segment bandwidth", bandwidth, "bytes/s")
+            if last < 0:  # the first: a message of 0 bytes takes its latency
+                _nonnegative_finite("LinkSpec", "segment latency", latency, "seconds")
+            elif not (math.isfinite(_number("LinkSpec", "segment latency", latency))
+                      and latency + (last + 1) / bandwidth > 0):
+                raise ValueError(f"LinkSpec segment latency must be finite, and leave a time "
+                                 f"> 0 at the segment's smallest size ({last + 1} B), got "
+                                 f"{latency!r}")
+            last = up_to
 
     def stage_time(self, nbytes: int) -> float:
         """Seconds a stage of ``nbytes`` holds the link: its segment's latency + nbytes /

@@ -455,3 +455,64 @@ def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
 
     calibrate.settle_allocator()
     assert faults_of_fresh_arrays() < 8  # where a fresh process maps each one afresh
+
+
+def cache_cliff(n: int) -> float:
+    """One-way seconds of an in-process message on a machine with a 16 MiB last cache (as
+    measured here): 21 us + n / 28 GB/s while the message and its copy stay in the cache,
+    n / 7 GB/s once they are far past it, in between from 2 MiB to 8 MiB."""
+    cached, memory = 21e-6 + n / 28e9, n / 7e9 + 0.3e-3
+    if n <= 2 << 20:
+        return cached
+    if n >= 8 << 20:
+        return memory
+    f = math.log2(n / (2 << 20)) / 2  # 0 at 2 MiB, 1 at 8 MiB
+    return cached * (memory / cached) ** f
+
+
+def test_a_cache_cliff_is_followed_by_a_segment_with_a_negative_intercept() -> None:
+    from asynccomm.calibrate import steep_steps
+
+    points = {n: cache_cliff(n) for n in SIZES}
+    # the second pass measures inside the cliff, where the time grows faster than the size
+    steps = steep_steps(points)
+    assert steps == [round(math.sqrt((1 << 21) * (1 << 22))),
+                     round(math.sqrt((1 << 22) * (1 << 23)))]
+    assert steep_steps({n: eager_rendezvous(n) for n in SIZES}) == []
+    points.update({n: cache_cliff(n) for n in steps})
+    segments = fit_segments(list(points.items()), max_segments=6, breaks=(65536,))
+    # a line through the origin (alpha clamped to 0) missed 4 MiB by 40%, 8 MiB by 20%
+    for n, t in points.items():
+        assert predict(segments, n) == pytest.approx(t, rel=0.1), n
+    assert segments[0].alpha > 0 and any(s.alpha < 0 for s in segments[1:])
+    # every segment's line is above 0 from the size before its first on
+    for before, seg in zip(segments, segments[1:], strict=False):
+        assert seg.alpha + (before.up_to + 1) * seg.beta > 0
+    cluster = calibrated_cluster(segments, name="cliff", ranks=2, shared=True)
+    for n in (4 << 20, 5 << 20, 8 << 20):
+        took = ClusterModel(cluster, 2).transfer(0, 1, n, now=0).duration * 1e-9
+        assert took == pytest.approx(predict(segments, n), abs=2e-9)
+
+
+def test_a_segment_s_line_is_fitted_above_0_from_its_floor() -> None:
+    points = [(4 << 20, 400e-6), (6 << 20, 700e-6), (8 << 20, 1000e-6)]
+    alpha, beta, _ = fit_line(points, floor=2 << 20)  # steep: a negative intercept
+    assert alpha == pytest.approx(-200e-6) and beta == pytest.approx(300e-6 / (2 << 20))
+    steeper = [(4 << 20, 100e-6), (6 << 20, 900e-6), (8 << 20, 1700e-6)]
+    alpha, beta, _ = fit_line(steeper, floor=3 << 20)  # through 0 at the floor
+    assert alpha + beta * (3 << 20) == pytest.approx(0, abs=1e-12) and beta > 0
+    assert fit_line(points)[0] == 0  # the first segment's alpha is a latency: >= 0
+
+
+@pytest.mark.parametrize(("segments", "ok"), [
+    (((100, 1e-6, 1e9), (1000, -0.05e-6, 1e9)), True),  # 101 B: 0.051 us
+    (((100, 1e-6, 1e9), (1000, -0.2e-6, 1e9)), False),  # 101 B: below 0
+    (((100, 1e-6, 1e9), (1000, -math.inf, 1e9)), False),
+])
+def test_a_later_segment_may_have_a_negative_latency_if_its_time_stays_above_0(
+        segments: tuple[tuple[int, float, float], ...], ok: bool) -> None:
+    if ok:
+        assert LinkSpec("l", 1e9, 0.0, segments=segments).stage_time(101) > 0
+    else:
+        with pytest.raises(ValueError, match="smallest size"):
+            LinkSpec("l", 1e9, 0.0, segments=segments)
