@@ -302,7 +302,7 @@ def test_run_returns_results_in_rank_order(loop: str) -> None:
     assert ac.run(main, 3, loop=loop) == [0, 10, 20]
 
 
-@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
 async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool) -> None:
     """``Link.before_wait``: called once by a ``recv`` or ``sendrecv`` whose message has not
     come, just before it waits; a message the link delivers then ends the wait at once. A
