@@ -133,24 +133,25 @@ def test_control_messages_call_mpi_directly(together: Case) -> None:
     """Where MPI's handles are C ints, the C lane's control sends and polls call MPI
     itself; sends MPI cannot finish at once (their receiver away) are kept with their
     buffers, and every message arrives intact."""
-    proc = together("mpi", "direct")
-    assert proc.returncode == 0, _output(proc)
-    if "no C lane" in proc.stdout:
-        pytest.skip("the C lane is not built here")
-    lines = sorted(proc.stdout.strip().splitlines())
-    assert lines == ["rank 0: direct True (int handles: True); kept some",
-                     "rank 1: direct True (int handles: True); 400 of 400 intact"], \
-        _output(proc)
+    assert _c_lane_lines(together, "direct") == [
+        "rank 0: direct True (int handles: True); kept some",
+        "rank 1: direct True (int handles: True); 400 of 400 intact"]
 
 
 def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
-    proc = together("mpi", "lane")
+    assert _c_lane_lines(together, "lane") == [
+        "rank 0: 10/1/10 12/1/12; sent 4",
+        "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"]
+
+
+def _c_lane_lines(together: Case, name: str) -> list[str]:
+    """The lines the ranks of MPI case ``name`` printed, sorted (skipped where the C lane
+    is not built)."""
+    proc = together("mpi", name)
     assert proc.returncode == 0, _output(proc)
     if "no C lane" in proc.stdout:
         pytest.skip("the C lane is not built here")
-    lines = sorted(proc.stdout.strip().splitlines())
-    assert lines == ["rank 0: 10/1/10 12/1/12; sent 4",
-                     "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"], _output(proc)
+    return sorted(proc.stdout.strip().splitlines())
 
 
 @pytest.mark.parametrize("place", ["shm", "hybrid"])

@@ -319,6 +319,14 @@ class _Crowded:
     def sched_yield(self) -> None:
         self.yields += 1
 
+    async def running(self) -> asyncio.Task[None]:
+        """The node's poll task, started: its first poll found a record at time 0
+        (activity), and there is nothing more to find."""
+        task = asyncio.get_running_loop().create_task(self.node._run())
+        await asyncio.sleep(0)
+        self.link.channels.records = 0
+        return task
+
 
 async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -329,10 +337,8 @@ async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
     clock = _Crowded(monkeypatch)
     node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
-    task = asyncio.get_running_loop().create_task(node._run())
+    task = await clock.running()
     try:
-        await asyncio.sleep(0)  # activity: its poll found a record at time 0
-        channels.records = 0
         turns = []
         while node._waiter is None and len(turns) < 100:
             before = clock.yields
@@ -383,7 +389,7 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
     clock = _Crowded(monkeypatch)
     node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
-    task = asyncio.get_running_loop().create_task(node._run())
+    task = await clock.running()
 
     async def wait_for_sleep() -> int:
         """Turns of the loop (the clock moving a step each) until the node sleeps: the
@@ -398,8 +404,6 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
         return clock.yields - before
 
     try:
-        await asyncio.sleep(0)  # activity: its poll found a record at time 0
-        channels.records = 0
         assert await wait_for_sleep() >= 7 * shm.BURST  # a spin
         arms = channels.arms
         clock.now += 10 * shm.CROWDED_SPIN  # a long wait
@@ -581,10 +585,8 @@ async def test_a_record_a_recv_took_before_waiting_counts_as_activity(
     clock = _Crowded(monkeypatch)
     node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
-    task = asyncio.get_running_loop().create_task(node._run())
+    task = await clock.running()
     try:
-        await asyncio.sleep(0)  # activity: its poll found a record at time 0
-        channels.records = 0
         for _ in range(6):
             clock.now += step
             await asyncio.sleep(0)
@@ -607,12 +609,10 @@ async def test_a_crowded_node_times_its_waits_from_the_last_record_a_recv_took(
     seldom: the time since its own last find is no wait, and must not turn its spin off;
     the wait is timed from the last record a recv took."""
     clock = _Crowded(monkeypatch)
-    node, channels = clock.node, clock.link.channels
+    node = clock.node
     step = shm.CROWDED_SPIN / 8
-    task = asyncio.get_running_loop().create_task(node._run())
+    task = await clock.running()
     try:
-        await asyncio.sleep(0)  # activity: its poll found a record at time 0
-        channels.records = 0
         while node._waiter is None:  # its spin, then asleep
             clock.now += step
             await asyncio.sleep(0)
