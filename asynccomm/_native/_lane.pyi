@@ -145,10 +145,12 @@ class Path:
     def fetch(self, msg: Any, rank: int, into: memoryview, ready: Any, /) -> None: ...
     def test(self) -> bool: ...
     def spin(self, until: float, share: Callable[[], None] | None, /) -> bool: ...
-    def direct(self, comm: Any, handle: int, from_handle: Callable[[int], Any], /) -> bool:
-        """The control sends on ``comm`` (``handle``: its MPI handle) call MPI directly, where
-        ``mpi_calls`` found it; a send not complete at once is kept as
-        ``from_handle(handle)``, its buffer in ``progress._held``."""
+    def direct(self, comm: Any, handle: int, from_handle: Callable[[int], Any],
+               max_bytes: int, /) -> bool:
+        """The control sends on ``comm`` (``handle``: its MPI handle) of at most
+        ``max_bytes``, and the data requests, call MPI directly, where ``mpi_calls`` found
+        it; a send not complete at once is kept as ``from_handle(handle)``, its buffer in
+        ``progress._held``."""
 
 # -- the shared-memory link's per-message steps --------------------------------------------
 

@@ -50,6 +50,7 @@ typedef struct {
      * ``MPI.Request.fromhandle`` for a control send that is not complete at once */
     PyObject *comm, *from_handle;
     int comm_handle;
+    Py_ssize_t direct_max;  /* the largest control message sent so */
     /* early messages: the wire's data tags of this rank's (by id) and the set of them, its
      * early announcements landed and unmatched (``early_in``), the link's data sends */
     PyObject *early, *early_tags, *early_in, *link_early;
@@ -692,7 +693,8 @@ send_control(Path *p, PyObject *raw, PyObject *dest, long d)
     if (comm == NULL) {
         return -1;
     }
-    if (comm == p->comm && mpi_isend != NULL && PyBytes_CheckExact(raw)) {
+    if (comm == p->comm && mpi_isend != NULL && PyBytes_CheckExact(raw)
+        && PyBytes_GET_SIZE(raw) <= p->direct_max) {
         Py_DECREF(comm);
         return send_direct(p, raw, d);
     }
@@ -1926,17 +1928,19 @@ out:
     return result;
 }
 
-/* direct(comm, handle, from_handle) -> bool: the control sends on ``comm`` (the progress
- * task's, ``handle`` its MPI handle) call MPI directly, where ``mpi_calls`` found it
- * (``from_handle``: ``MPI.Request.fromhandle``); False where it did not. */
+/* direct(comm, handle, from_handle, max_bytes) -> bool: the control sends on ``comm`` (the
+ * progress task's, ``handle`` its MPI handle) of at most ``max_bytes`` call MPI directly,
+ * as do the data requests, where ``mpi_calls`` found it (``from_handle``:
+ * ``MPI.Request.fromhandle``); False where it did not. */
 static PyObject *
 path_direct(Path *p, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "direct(comm, handle, from_handle)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "direct(comm, handle, from_handle, max_bytes)");
         return NULL;
     }
     int h = (int)PyLong_AsUnsignedLongLongMask(args[1]);
+    Py_ssize_t most = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred()) {
         return NULL;
     }
@@ -1946,6 +1950,7 @@ path_direct(Path *p, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(p->comm, Py_NewRef(args[0]));
     Py_XSETREF(p->from_handle, Py_NewRef(args[2]));
     p->comm_handle = h;
+    p->direct_max = most;
     Py_RETURN_TRUE;
 }
 
@@ -2154,7 +2159,8 @@ static PyMethodDef path_methods[] = {
      "test() -> bool: the data requests that completed, and their callbacks "
      "(Progress._test_requests)"},
     {"direct", (PyCFunction)(void (*)(void))path_direct, METH_FASTCALL,
-     "direct(comm, handle, from_handle) -> bool: control sends on comm call MPI directly"},
+     "direct(comm, handle, from_handle, max_bytes) -> bool: control sends on comm of at "
+     "most max_bytes, and data requests, call MPI directly"},
     {"spin", (PyCFunction)(void (*)(void))path_spin, METH_FASTCALL,
      "spin(until, share) -> bool: poll back to back until something completed or the "
      "clock passed until (Progress._spin)"},
