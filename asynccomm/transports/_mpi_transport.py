@@ -67,7 +67,7 @@ EARLY_MAX = 8 << 20
 #: The largest control message (header included) the C lane sends by its own ``MPI_Isend``
 #: (``accelerate``); larger ones (eager messages of more than 4 KiB) go through mpi4py's.
 #: One-way latency (half a ping-pong, 2 ranks, MPICH 5.0 on one host, against the asyncio
-#: floor of the same run), direct against mpi4py's: 8 B 1.54x vs 1.72x, 1-4 KiB
+#: floor of the same run; one run each), direct against mpi4py's: 8 B 1.54x vs 1.72x, 1-4 KiB
 #: 1.60-1.62x vs 1.80-1.91x; but 8 KiB 2.25x vs 1.86x and 16 KiB 2.22x vs 1.81x, and
 #: 64 KiB ~2.7x vs ~1.9x (the turn is between 4 and 8 KiB, inside MPICH; why, is not known).
 DIRECT_MAX = HEADER.size + 4096
@@ -168,8 +168,9 @@ class MPITransport(Link):
         traced engine's take the Python steps.  The progress task's polls between two turns
         of the loop run there too (``Progress._spin``), and the reposting of the slots they
         handed on (``Progress._repost``).  Where MPI's handles are C ints (MPICH's ABI),
-        the control recvs' ``Test`` and ``Start``, the control sends' ``Isend`` and a
-        rendezvous payload's data requests there call the MPI library itself, not mpi4py
+        the control recvs' ``Test`` and ``Start``, the control sends' ``Isend`` (up to
+        ``DIRECT_MAX``) and a rendezvous payload's data requests there call the MPI
+        library itself, not mpi4py
         (``direct``: no arguments parsed, no request object made but for a request still
         in flight, the GIL kept)."""
         path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
