@@ -327,6 +327,18 @@ class _Crowded:
         self.link.channels.records = 0
         return task
 
+    async def until_asleep(self) -> int:
+        """Turns of the loop (the clock moving ``CROWDED_SPIN / 8`` each) until the node
+        sleeps: the ``sched_yield``s it made meanwhile."""
+        before = self.yields
+        for _ in range(100):
+            await asyncio.sleep(0)
+            self.now += shm.CROWDED_SPIN / 8
+            if self.node._waiter is not None:
+                break
+        assert self.node._waiter is not None
+        return self.yields - before
+
 
 async def test_a_crowded_node_spins_a_bounded_while_giving_its_core_away(
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -390,18 +402,7 @@ async def test_a_crowded_node_spins_only_while_its_waits_end_within_a_spin(
     node, channels = clock.node, clock.link.channels
     step = shm.CROWDED_SPIN / 8
     task = await clock.running()
-
-    async def wait_for_sleep() -> int:
-        """Turns of the loop (the clock moving a step each) until the node sleeps: the
-        ``sched_yield``s it made meanwhile."""
-        before = clock.yields
-        for _ in range(100):
-            await asyncio.sleep(0)
-            clock.now += step
-            if node._waiter is not None:
-                break
-        assert node._waiter is not None
-        return clock.yields - before
+    wait_for_sleep = clock.until_asleep
 
     try:
         assert await wait_for_sleep() >= 7 * shm.BURST  # a spin
@@ -619,12 +620,6 @@ async def test_a_crowded_node_times_its_waits_from_the_last_record_a_recv_took(
         clock.now += 10 * shm.CROWDED_SPIN  # the poll task saw nothing meanwhile...
         node._took_at = clock.now  # ... but a recv took a record just now
         node.kick()
-        before = clock.yields
-        for _ in range(100):
-            await asyncio.sleep(0)
-            clock.now += step
-            if node._waiter is not None:
-                break
-        assert clock.yields - before >= 7 * shm.BURST  # spinning, not asleep at once
+        assert await clock.until_asleep() >= 7 * shm.BURST  # spinning, not asleep at once
     finally:
         await _stop(task, node, clock.peer)
