@@ -18,6 +18,7 @@ points (a failed op), and in the progress task (which fails everything pending).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,18 +77,16 @@ DIRECT_MAX = HEADER.size + 4096
 OfferBytes = Callable[[Any, int, int, memoryview, int, int, str], bool]
 
 
-_DIRECT: list[bool] = []
-
-
 def _direct_calls(lane: Any) -> bool:
-    """Whether the C lane calls MPI directly (``lane.mpi_calls``, asked once a process:
-    of mpi4py's MPI, not of a test's stand-in)."""
-    if not lib.real_mpi():
-        return False
-    if not _DIRECT:
-        calls = lib.direct_calls()
-        _DIRECT.append(calls is not None and bool(lane.mpi_calls(*calls)))
-    return _DIRECT[0]
+    """Whether the C lane calls MPI directly (of mpi4py's MPI, not of a test's stand-in)."""
+    return lib.real_mpi() and _took_calls(lane)
+
+
+@functools.cache
+def _took_calls(lane: Any) -> bool:
+    """``lane.mpi_calls``, asked once a process."""
+    calls = lib.direct_calls()
+    return calls is not None and bool(lane.mpi_calls(*calls))
 
 
 def deliver(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: int, count: int,

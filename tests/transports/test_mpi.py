@@ -74,8 +74,9 @@ CONSERVATION = "tests.transports.mpi_conservation_runner"
 #: need a process of their own.  ``send-error`` comes first: its small send must find a
 #: fast lane that has not sent yet (one that knows the dtype sends it without the failing
 #: call).
-TOGETHER = {"mpi": (2, MPI, cases("send-error", "lane", "direct", "answer-landed", "doorbell",
-                                  "early-withdrawn", "unmatched-at-close")),
+TOGETHER = {"mpi": (2, MPI, (*cases("send-error", "lane", "direct", "answer-landed",
+                                    "doorbell", "early-withdrawn", "unmatched-at-close"),
+                              CONSERVATION)),
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
             "hybrid": (4, TWO_HOSTS, (*cases("links", "unmatched-at-close"), CONSERVATION))}
@@ -154,7 +155,7 @@ def _c_lane_lines(together: Case, name: str) -> list[str]:
     return sorted(proc.stdout.strip().splitlines())
 
 
-@pytest.mark.parametrize("place", ["shm", "hybrid"])
+@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
 def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(
         place: str, together: Case) -> None:
     n, _ = PLACES[place]
