@@ -107,7 +107,7 @@ DUMP_ASK: Final = 9
 DUMP: Final = 10
 #: Fault tolerance (revoke, agreement: ``_comm/agreement.py``): the payload is the
 #: protocol's, opaque to ``Wire``; the shell hands it to the link's ``ft`` hook.  (Kinds
-#: 11 to 14 are the shared-memory link's data records.)
+#: 11 to 15 and 17 are the shared-memory link's data records.)
 FT: Final = 16
 #: The message kinds by name, for logs and tests.
 KIND_NAMES: Final = {EAGER: "EAGER", RTS: "RTS", CTS: "CTS", WITHDRAW: "WITHDRAW",

@@ -5,7 +5,7 @@ from typing import Any
 
 __all__ = ["Path", "PendingBuffers", "Ring", "ShmNode", "ShmPath", "Tally", "Words", "address",
            "charge", "configure", "copy", "inspect", "perf_counter", "readv", "recv", "send",
-           "set_dtype_names"]
+           "set_dtype_names", "share"]
 
 # -- the entry points (configured by asynccomm._comm.native) ------------------------------
 
@@ -88,6 +88,19 @@ def readv(pid: int, into: Any, address: int, /) -> int:
 
     Raises:
         OSError: the kernel refuses (``process_vm_readv``).
+    """
+
+def share(words: Words, board: int, gen: int, pid: int, local: int, remote: int, nbytes: int,
+          piece: int, budget: int, wait_ns: int, write: bool, /) -> bool:
+    """Claim pieces of a copy of ``nbytes`` shared by two processes from the board at
+    ``board`` (generation ``gen``) and copy them, up to ``budget`` bytes: out of ``local``
+    here into ``remote`` in process ``pid`` (``write``), else the other way.  The writer:
+    True once no piece is left to claim.  The reader: True once every piece is copied (a
+    piece given back is copied by it; it waits up to ``wait_ns`` for the writer's).
+
+    Raises:
+        OSError: a copy failed (the writer's piece is given back first).
+        ValueError: ``gen`` not in 1..2**32-1, ``nbytes`` or ``piece`` not above 0.
     """
 
 # -- what the tests compare with the Python ----------------------------------------------

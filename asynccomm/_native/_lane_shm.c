@@ -8,15 +8,19 @@
  * And the single copy of rendezvous data (asynccomm/transports/shm.py): readv(pid, into,
  * address), which copies from a send buffer in process pid (where ``address`` of
  * _lane_buffers.c found it) into a recv buffer with process_vm_readv (the loop's thread
- * lets go of the GIL).
+ * lets go of the GIL); and ``share``, the same copy made by both processes at once, piece
+ * by piece, each claiming the next piece from a board in the segment.
  *
  * The module's entry file (_lane.c) adds these to the module (``shm_add``). */
 #include "_lane.h"
 
+#include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 
 typedef struct {
     PyObject_HEAD
@@ -196,10 +200,174 @@ shm_readv(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(n);
 }
 
+
+/* A shared copy's board (three words of the segment, ``Channels`` sets them): the next
+ * piece to claim, the pieces copied, a piece given back (its index + 1; 0: none).  Each
+ * word carries the copy's generation in its upper 32 bits, so that a process still busy
+ * with an older copy on the same board can neither claim nor count a piece of this one. */
+#define GEN_SHIFT 32
+#define LOW_MASK 0xFFFFFFFFull
+
+static long long
+clock_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Copy piece ``idx`` (``nbytes`` in all, ``piece`` each) between ``local`` here and
+ * ``remote`` in ``pid``: into ``local`` (``write`` 0) or out of it.  0, or an errno. */
+static int
+copy_piece(pid_t pid, char *local, char *remote, size_t nbytes, size_t piece, uint64_t idx,
+           int write)
+{
+    size_t off = (size_t)idx * piece, end = off + piece < nbytes ? off + piece : nbytes;
+    while (off < end) {
+        struct iovec here = {local + off, end - off}, there = {remote + off, end - off};
+        ssize_t n = write ? process_vm_writev(pid, &here, 1, &there, 1, 0)
+                          : process_vm_readv(pid, &here, 1, &there, 1, 0);
+        if (n <= 0) {
+            return n < 0 ? errno : EFAULT;  /* (none copied: the kernel copies all it can) */
+        }
+        off += (size_t)n;
+    }
+    return 0;
+}
+
+/* One more piece of generation ``gen`` copied (not counted if the board moved on). */
+static void
+count_piece(_Atomic uint64_t *done, uint64_t gen)
+{
+    uint64_t v = atomic_load(done);
+    while ((v >> GEN_SHIFT) == gen && !atomic_compare_exchange_weak(done, &v, v + 1)) {
+    }
+}
+
+/* share(words, board, gen, pid, local, remote, nbytes, piece, budget, wait_ns, write)
+ *   -> bool: ``Channels``' shared copy (see shm.py, ``SHARE_MIN``). */
+static PyObject *
+shm_share(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "share(words, board, gen, pid, local, remote, "
+                        "nbytes, piece, budget, wait_ns, write)");
+        return NULL;
+    }
+    if (Py_TYPE(args[0]) != &WordsType) {
+        PyErr_SetString(PyExc_TypeError, "share: words is a Words");
+        return NULL;
+    }
+    Words *w = (Words *)args[0];
+    PyObject *last = PyLong_FromSsize_t(PyLong_AsSsize_t(args[1]) + 16);
+    _Atomic uint64_t *back = last == NULL ? NULL : word_at(w, last);
+    Py_XDECREF(last);
+    _Atomic uint64_t *claim = back == NULL ? NULL : word_at(w, args[1]);
+    if (claim == NULL) {
+        return NULL;
+    }
+    _Atomic uint64_t *done = claim + 1;
+    unsigned long long gen = PyLong_AsUnsignedLongLong(args[2]);
+    long pid = PyLong_AsLong(args[3]);
+    char *local = (char *)PyLong_AsVoidPtr(args[4]);
+    char *remote = (char *)PyLong_AsVoidPtr(args[5]);
+    Py_ssize_t nbytes = PyLong_AsSsize_t(args[6]), piece = PyLong_AsSsize_t(args[7]);
+    Py_ssize_t budget = PyLong_AsSsize_t(args[8]);
+    long long wait_ns = PyLong_AsLongLong(args[9]);
+    int write = PyObject_IsTrue(args[10]);
+    if (PyErr_Occurred() || write < 0) {
+        return NULL;
+    }
+    if (gen == 0 || gen > LOW_MASK || nbytes <= 0 || piece <= 0
+        || (nbytes + piece - 1) / piece > (Py_ssize_t)LOW_MASK) {
+        PyErr_SetString(PyExc_ValueError, "share: a generation of 1 to 2**32-1, and nbytes "
+                        "and piece above 0");
+        return NULL;
+    }
+    uint64_t pieces = (uint64_t)((nbytes + piece - 1) / piece), g = gen;
+    int err = 0, finished = 0;
+    uint64_t failed = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t copied = 0;
+    for (;;) {  /* claim and copy pieces, up to ``budget`` bytes */
+        uint64_t c = atomic_load(claim);
+        if ((c >> GEN_SHIFT) != g) {
+            finished = 1;  /* (the board moved on: nothing of this copy is left) */
+            break;
+        }
+        uint64_t idx = c & LOW_MASK;
+        if (idx >= pieces) {
+            finished = 1;
+            break;
+        }
+        if (copied >= budget) {
+            break;
+        }
+        if (!atomic_compare_exchange_weak(claim, &c, c + 1)) {
+            continue;
+        }
+        err = copy_piece((pid_t)pid, local, remote, (size_t)nbytes, (size_t)piece, idx, write);
+        if (err) {
+            failed = idx + 1;
+            break;
+        }
+        count_piece(done, g);
+        copied += piece;
+    }
+    if (err && write) {  /* the piece is given back: the receiver copies it */
+        atomic_store(back, (g << GEN_SHIFT) | failed);
+    }
+    if (!err && finished && !write) {  /* wait for the helper's pieces (or take them back) */
+        long long until = 0;
+        finished = 0;
+        for (unsigned i = 0;; i++) {
+            uint64_t b = atomic_load(back);
+            if ((b >> GEN_SHIFT) == g && (b & LOW_MASK)) {
+                atomic_store(back, 0);
+                err = copy_piece((pid_t)pid, local, remote, (size_t)nbytes, (size_t)piece,
+                                 (b & LOW_MASK) - 1, 0);
+                if (err) {
+                    break;
+                }
+                count_piece(done, g);
+            }
+            if (atomic_load(done) == ((g << GEN_SHIFT) | pieces)) {
+                finished = 1;
+                break;
+            }
+            if (i >= 64) {
+                sched_yield();
+            }
+            if ((i & 63) == 0) {
+                long long t = clock_ns();
+                if (until == 0) {
+                    until = t + wait_ns;
+                } else if (t > until) {
+                    break;
+                }
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(finished);
+}
+
 static PyMethodDef shm_methods[] = {
     {"readv", (PyCFunction)(void (*)(void))shm_readv, METH_FASTCALL,
      "readv(pid, into, address): copy len(into) bytes from process pid's address into "
      "into; the bytes copied (OSError where the kernel refuses)."},
+    {"share", (PyCFunction)(void (*)(void))shm_share, METH_FASTCALL,
+     "share(words, board, gen, pid, local, remote, nbytes, piece, budget, wait_ns, write): "
+     "claim pieces of a shared copy from the board at offset board (generation gen) and "
+     "copy them (write: from local here to remote in process pid; else the other way), "
+     "up to budget bytes.  The writer: True once no piece is left to claim (a piece it "
+     "could not copy is given back, and OSError raised).  The reader: True once every "
+     "piece is copied (it takes back a piece given back, and waits up to wait_ns for the "
+     "writer's)."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -1,10 +1,15 @@
 """Rings and doorbell words in shared memory: the channels of the shared-memory link.
 
 A world's segment (a ``memfd``: it has no name, so nothing is ever left in ``/dev/shm``)
-holds one doorbell word per rank, then one ring per ordered pair of ranks::
+holds one doorbell word per rank, one board per rank, then one ring per ordered pair of
+ranks::
 
     [bell 0][bell 1]...[bell n-1]            one cache line each
+    [board 0][board 1]...[board n-1]         one cache line each
     [ring 0->0][ring 0->1]...[ring n-1->n-1] (the diagonal is unused)
+
+A rank's board is the state of the copy it shares with a sender (``shm.SHARE_MIN``): the
+next piece to claim, the pieces copied, a piece given back.
 
 A ring is single-producer, single-consumer: its ``tail`` line (the sender's count of bytes
 published, and ``want``: the sender waits for room), its ``head`` line (the receiver's
@@ -140,7 +145,7 @@ def words(mm: mmap.mmap) -> Words:
 
 def segment_bytes(size: int) -> int:
     """The size of a world segment of ``size`` ranks."""
-    return size * LINE + size * size * _RING_SPAN
+    return 2 * size * LINE + size * size * _RING_SPAN
 
 
 class Segment:
@@ -156,9 +161,13 @@ class Segment:
         """The offset of ``rank``'s doorbell word."""
         return rank * LINE
 
+    def board(self, rank: int) -> int:
+        """The offset of ``rank``'s board (three words: see ``shm.Channels.share``)."""
+        return (self.size + rank) * LINE
+
     def ring(self, source: int, dest: int, sender: bool) -> Ring:
         """The ring from ``source`` to ``dest``, as its sender or its receiver sees it."""
-        off = self.size * LINE + (source * self.size + dest) * _RING_SPAN
+        off = 2 * self.size * LINE + (source * self.size + dest) * _RING_SPAN
         return Ring(self, off, sender)
 
     def close(self) -> None:

@@ -74,6 +74,12 @@ DATA_REFUSED = 14
 #: more than one ``READ_CHUNK``: those outlast the sender's ``SPIN``, and its doorbell's
 #: wake would come on the answer's way.
 DATA_COPYING = 15
+#: The receiver of offer ``ident`` shares its copy with the sender (see ``SHARE_MIN``): the
+#: header's tag is the copy's generation on the receiver's board, its count the piece
+#: size, and ``SHARE`` follows (the recv buffer's address, then the send buffer's).  Like
+#: ``DATA_COPYING``, the sender's loop stays awake until the answer.
+DATA_SHARE = 17
+SHARE = struct.Struct("<QQ")
 #: The least rate (bytes per second) a copy announced by ``DATA_COPYING`` is waited for
 #: at, awake; ``COPY_GRACE`` seconds more (an answer that never comes: a bound).
 COPY_LEAST_RATE = 1e9
@@ -85,6 +91,27 @@ COPY_GRACE = 10e-3
 OFFER = struct.Struct("<Q")
 #: The receiver of a single copy copies this much per turn of its loop.
 READ_CHUNK = 4 << 20
+#: An offer of at least this many bytes is copied by both processes at once, where each
+#: has a core of its own (a group no larger than the usable cores): the receiver reads
+#: pieces from the sender's buffer (``process_vm_readv``) while the sender, told so
+#: (``DATA_SHARE``), writes pieces into the recv buffer (``process_vm_writev``), each
+#: claiming the next piece from the receiver's board in the segment (``lane.share``).  A
+#: piece the sender could not copy is given back, and the receiver copies it; the recv is
+#: complete once every piece is in, and only then answered ``DATA_DONE``.  Two cores copy
+#: a message 1.5-2.2x as fast as one (measured here: one process_vm_readv of 1 MiB, 16 MiB
+#: and 256 MiB at 6.5, 5.1 and 5.5 GB/s; two processes copying half each at 10.0, 11.4
+#: and 9.4 GB/s).  Not where the sender sleeps (its doorbell armed), unless the copy is of
+#: more than one ``READ_CHUNK``: its wake-up takes about as long as the copy of 1 MiB, and
+#: the receiver would have claimed every piece by then.
+SHARE_MIN = 256 << 10
+#: A shared copy is cut in about this many pieces, of at least ``SHARE_PIECE_MIN`` and at
+#: most ``SHARE_PIECE_MAX`` bytes (whole pages).
+SHARE_PIECES = 16
+SHARE_PIECE_MIN = 64 << 10
+SHARE_PIECE_MAX = 1 << 20
+#: Once no piece is left to claim, the receiver waits this long (ns), awake, for the
+#: sender's last pieces before its loop turns (it looks again on the next turn).
+SHARE_WAIT_NS = 1_000_000
 #: Rendezvous data moves in fragments of this many bytes: records of a quarter of a ring
 #: (four at once on it: one being written, one read, two waiting), a multiple of 64.
 FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
@@ -184,7 +211,7 @@ class _Push:
 class _Pull:
     """A recv buffer that rendezvous fragments land in."""
 
-    __slots__ = ("address", "done", "ident", "off", "view")
+    __slots__ = ("address", "done", "gen", "ident", "off", "share", "view")
 
     def __init__(self, view: memoryview, done: Callable[[], None]) -> None:
         self.view = view
@@ -192,6 +219,13 @@ class _Pull:
         self.off = 0
         self.address = 0  # a single copy: where the bytes are in the sender
         self.ident = 0  # an offer's copy: the sender's message id
+        self.share = False  # an offer's copy shared with its sender (``SHARE_MIN``)...
+        self.gen = 0  # ... and its generation on this rank's board, once started
+
+
+def share_piece(nbytes: int) -> int:
+    """The piece size of a shared copy of ``nbytes`` (see ``SHARE_PIECES``)."""
+    return max(SHARE_PIECE_MIN, min(SHARE_PIECE_MAX, nbytes // SHARE_PIECES)) & ~4095
 
 
 class _Slot:
@@ -245,6 +279,12 @@ class Channels:
         #: This rank's offers being copied (``DATA_COPYING``), by (receiver, message id):
         #: until when its loop stays awake for the answer.
         self.copying: dict[tuple[int, int], float] = {}
+        #: This rank's offers whose copy it shares (``DATA_SHARE``), by (receiver, message
+        #: id): the generation, the recv buffer's address, the send buffer's, the bytes
+        #: and the piece size; and this rank's board, with the last generation started.
+        self._helping: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+        self._board = segment.board(rank)
+        self._gen = 0
         self._bell = segment.bell(rank)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
@@ -318,7 +358,11 @@ class Channels:
             self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, ident,
                                              b""))
             return
-        if len(pull.view) > READ_CHUNK and not self.node.crowded:
+        if (self.node.share_copies and len(pull.view) >= SHARE_MIN
+                and (len(pull.view) > READ_CHUNK
+                     or not self.words.load(self.segment.bell(source)) & ARMED)):
+            pull.share = True  # (``DATA_SHARE`` once it is the first copy under way)
+        elif len(pull.view) > READ_CHUNK and not self.node.crowded:
             self._answer(source, HEADER.pack(DATA_COPYING, 0, self.rank, 0, len(pull.view),
                                              0, ident, b""))
         self._reading.append((source, tag, pull))
@@ -448,48 +492,106 @@ class Channels:
         return hit
 
     def _awaiting_copy(self) -> bool:
-        """Whether a receiver still copies one of this rank's offers (``DATA_COPYING``):
-        its answer comes soon, and the loop stays awake for it (not past the bound)."""
+        """Whether a receiver still copies one of this rank's offers (``DATA_COPYING``,
+        ``DATA_SHARE``): its answer comes soon, and the loop stays awake for it (not past
+        the bound); meanwhile this rank copies its share of those it was asked to."""
+        if self._helping:
+            self._help()
         now = time.perf_counter()
         for key in [k for k, until in self.copying.items() if until < now]:
             del self.copying[key]
         return bool(self.copying)
 
+    def _help(self) -> None:
+        """Copy this rank's pieces of the shared copies it was asked to (``DATA_SHARE``),
+        up to ``READ_CHUNK`` bytes each this turn."""
+        for key, (gen, into, at, nbytes, piece) in list(self._helping.items()):
+            dest = key[0]
+            finished = True
+            if key in self.copying and dest not in self.dead:
+                try:
+                    finished = single_copy.share(
+                        self.words, self.segment.board(dest), gen,
+                        self.node.pids[self.procs[dest]], at, into, nbytes, piece,
+                        READ_CHUNK, 0, True)
+                except OSError as exc:  # (the piece is given back: the receiver copies it)
+                    if exc.errno in (errno.EPERM, errno.EACCES):
+                        self.node.share_copies = False  # (not allowed: never again)
+            if finished:
+                del self._helping[key]
+
     def _read(self) -> None:
         """Copy the next chunk of the first single copy under way."""
         source, tag, pull = self._reading[0]
+        if pull.share:
+            self._read_shared(source, tag, pull)
+            return
         off = pull.off
         n = min(READ_CHUNK, len(pull.view) - off)
         try:
             n = single_copy.readv(self.node.pids[self.procs[source]],
                                   pull.view[off:off + n], pull.address + off)
         except OSError as exc:
-            self._reading.popleft()
-            if source in self.dead or exc.errno == errno.ESRCH:
-                return  # its process is gone: ``peer_died`` (its ``pidfd``) fails the recv
-            if exc.errno not in (errno.EPERM, errno.EACCES):
-                raise  # (EFAULT: the lent buffer is not there: the link fails)
-            # Refused (no permission to read another process): the bytes come on the ring.
-            self.node.single_copy = False
-            pull.off = 0
-            if pull.ident:
-                self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0,
-                                                 pull.ident, b""))
-            else:
-                self.send(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, 0, b""))
+            self._read_failed(source, tag, pull, exc)
             return
         if n <= 0:  # (the kernel copies all it can, or fails)
             raise OSError(errno.EFAULT, f"nothing could be read from rank {source}")
         pull.off = off + n
         if pull.off >= len(pull.view):
-            self._reading.popleft()
-            del self._pulls[(source, tag)]
-            if pull.ident:
-                self._answer(source, HEADER.pack(DATA_DONE, 0, self.rank, 0, 0, 0,
-                                                 pull.ident, b""))
-            else:
-                self.send(source, HEADER.pack(DATA_DONE, 0, self.rank, tag, 0, 0, 0, b""))
-            pull.done()
+            self._read_done(source, tag, pull)
+
+    def _read_shared(self, source: int, tag: int, pull: _Pull) -> None:
+        """``_read`` for a copy shared with its sender (``SHARE_MIN``): started (its board
+        set, ``DATA_SHARE`` sent) the first time, then pieces claimed and copied, up to
+        ``READ_CHUNK`` bytes a turn; done once the sender's pieces are in too."""
+        nbytes = len(pull.view)
+        piece = share_piece(nbytes)
+        board, words = self._board, self.words
+        if not pull.gen:
+            self._gen = pull.gen = self._gen % 0x7FFF_FFFF + 1  # (a tag: 31 bits)
+            words.store(board + 16, 0)  # (nothing given back; none copied; none claimed)
+            words.store(board + 8, pull.gen << 32)
+            words.store(board, pull.gen << 32)
+            self._answer(source, HEADER.pack(DATA_SHARE, 0, self.rank, pull.gen, nbytes, piece,
+                                             pull.ident, b"")
+                         + SHARE.pack(single_copy.address(pull.view), pull.address))
+        try:
+            done = single_copy.share(words, board, pull.gen, self.node.pids[self.procs[source]],
+                                     single_copy.address(pull.view), pull.address, nbytes,
+                                     piece, READ_CHUNK, SHARE_WAIT_NS, False)
+        except OSError as exc:
+            words.store(board, (pull.gen << 32) | 0xFFFF_FFFF)  # (the sender claims no more)
+            self._read_failed(source, tag, pull, exc)
+            return
+        if done:
+            self._read_done(source, tag, pull)
+
+    def _read_failed(self, source: int, tag: int, pull: _Pull, exc: OSError) -> None:
+        """The first single copy under way failed with ``exc``."""
+        self._reading.popleft()
+        if source in self.dead or exc.errno == errno.ESRCH:
+            return  # its process is gone: ``peer_died`` (its ``pidfd``) fails the recv
+        if exc.errno not in (errno.EPERM, errno.EACCES):
+            raise exc  # (EFAULT: the lent buffer is not there: the link fails)
+        # Refused (no permission to read another process): the bytes come on the ring.
+        self.node.single_copy = self.node.share_copies = False
+        pull.off = 0
+        if pull.ident:
+            self._answer(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0,
+                                             pull.ident, b""))
+        else:
+            self.send(source, HEADER.pack(DATA_REFUSED, 0, self.rank, tag, 0, 0, 0, b""))
+
+    def _read_done(self, source: int, tag: int, pull: _Pull) -> None:
+        """The first single copy under way is in: answer it, and complete its recv."""
+        self._reading.popleft()
+        del self._pulls[(source, tag)]
+        if pull.ident:
+            self._answer(source, HEADER.pack(DATA_DONE, 0, self.rank, 0, 0, 0,
+                                             pull.ident, b""))
+        else:
+            self.send(source, HEADER.pack(DATA_DONE, 0, self.rank, tag, 0, 0, 0, b""))
+        pull.done()
 
     def _send_waiting(self) -> bool:
         moved = False
@@ -521,13 +623,19 @@ class Channels:
             pull.address = address
             self._reading.append((source, tag, pull))
             return
-        if kind == DATA_COPYING:  # (``ident``: an offer being copied)
+        if kind == DATA_COPYING or kind == DATA_SHARE:  # (``ident``: an offer being copied)
             self.copying[(source, address)] = (time.perf_counter() + COPY_GRACE
                                                + nbytes / COPY_LEAST_RATE)
+            if kind == DATA_SHARE and self.node.share_copies:  # (its pieces copied now)
+                _, _, _, gen, _, piece, _, _ = HEADER.unpack_from(view)
+                self._helping[(source, address)] = (gen, *SHARE.unpack_from(view, HEADER.size),
+                                                    nbytes, piece)
+                self._help()
             return
         if kind == DATA_DONE:
             if address:  # ``ident``: an offer copied
                 self.copying.pop((source, address), None)
+                self._helping.pop((source, address), None)
                 self._on_answer(source, address, 0)  # type: ignore[misc]
             else:
                 self._lent.pop((source, tag)).done()
@@ -585,6 +693,8 @@ class Channels:
             del self.offers[key]
         for key in [k for k in self.copying if k[0] == rank]:
             del self.copying[key]
+        for key in [k for k in self._helping if k[0] == rank]:
+            del self._helping[key]
         return moving
 
     def close(self) -> None:
@@ -668,7 +778,9 @@ class ShmTransport(MPITransport):
         channels.poll = path.poll  # type: ignore[method-assign]
         channels._put = path.put  # type: ignore[method-assign]
         path.fragmenting(DATA, FRAGMENT, channels._pulls, self.node.crowded)
-        path.answering(DATA_DONE, ACTIVE, READ_CHUNK, channels.take)  # (offers, answers)
+        # (offers, answers: one to be shared is copied by ``Channels.take``)
+        path.answering(DATA_DONE, ACTIVE,
+                       SHARE_MIN - 1 if self.node.share_copies else READ_CHUNK, channels.take)
         channels._fragments = path.fragments  # type: ignore[method-assign]
         self.path = path
         self.node.accelerate(lane)
@@ -872,6 +984,10 @@ class Node:
         self.single_copy = single_copy is not None
         if self.single_copy:
             self.allow_readers()
+        #: Large offers' copies are shared by their two processes (``SHARE_MIN``): where
+        #: single copy is on and each process has a core of its own, until a copy into
+        #: another process is refused.
+        self.share_copies = self.single_copy and not self.crowded
 
     @staticmethod
     def allow_readers() -> None:

@@ -108,6 +108,9 @@ class _Refusing:
     def readv(self, pid: int, into: object, address: int) -> int:
         raise PermissionError(1, "Operation not permitted")
 
+    def share(self, *args: object) -> bool:
+        raise PermissionError(1, "Operation not permitted")
+
 
 async def large_both_ways(comm: ac.Communicator) -> bool:
     """1 MiB + 5 from rank 0 to 1 and back, checked; whether this rank still copies once."""

@@ -41,10 +41,12 @@ def test_recvs_before_and_after_the_offer_and_cancellations_while_lent(loop: str
     (k0, sender), (k1, receiver) = launch(lent_copies, 2, (loop,))
     assert (k0, k1) == ("ok", "ok"), (sender, receiver)
     # (Where the C lane lands the answers, only the one to a send being withdrawn takes
-    # the Python steps.)
+    # the Python steps: none, where that copy was answered before the send's cancellation
+    # ran, as a copy its sender shares sometimes is.)
     c = sender["answers in C"]
+    assert sender.pop("answered") in ((0, 1) if c else (5,))
     assert sender == {"cancelled send": [True], "withdrawn": True, "lent left": 0, "cts": 0,
-                      "taken": 0, "answered": 1 if c else 5, "answers in C": c}
+                      "taken": 0, "answers in C": c}
     assert receiver == {"offers waiting": 1, "cancelled recv": ["Status"], "offers left": 0,
                         "copies left": 0, "cts": 0, "taken": 5, "answered": 0,
                         "answers in C": c}

@@ -63,6 +63,7 @@ class FakeNode:
     """What a link asks of its node, recorded."""
 
     single_copy = False
+    share_copies = False
     crowded = False
 
     def __init__(self) -> None:
@@ -549,6 +550,8 @@ async def _offers(native: bool, answered: list[int]) -> tuple[Any, ...]:
     statistics, the sender's tallies, and its offers answered by the Python steps
     (``answered``)."""
     nodes = _nodes()
+    for node in nodes:  # (a shared copy is ``Channels.take``'s: test_shm_share's)
+        node.share_copies = False
     try:
         (l0, c0), (l1, c1) = await _open(nodes, native)
         assert l0.channels.node.single_copy and l1.channels.node.single_copy
