@@ -461,7 +461,9 @@ async def wait_all(reqs: Sequence[Request]) -> list[Any]:
         Exception: the first failed request's error, in list order, once all are done.
         asyncio.CancelledError: if a request was cancelled.
     """
-    items = _check_requests(reqs)
+    # A list is read as it is (not copied, nor its items checked first) while every item
+    # is a Request already done and well: nothing runs meanwhile that could change it.
+    items = reqs if type(reqs) is list else _check_requests(reqs)
     results = []
     for r in items:  # the common case, one request at a time: each already done and well
         if type(r) is not Request or r._state is not DONE or r._exc is not None:
@@ -469,6 +471,8 @@ async def wait_all(reqs: Sequence[Request]) -> list[Any]:
         results.append(r._result)
     else:
         return results
+    if items is reqs:
+        items = _check_requests(reqs)
     pending = [r for r in items if not r.done()]
     if pending:
         await _wait(pending, all_done=True)

@@ -151,12 +151,17 @@ def complete(engine: DeviceEngine, recv: Request, source: int, tag: int, nbytes:
         recv._timer = None
     if recv._tracked:
         stream = recv.stream
-        if (engine._recv_buffers is None and stream is not None and not stream._queue
-                and not stream._events and engine._idle is None):
+        if (stream is not None and not stream._queue and not stream._events
+                and engine._idle is None):
             recv._tracked = False  # what _untrack does, inlined: the hot path
             engine._n_pending -= 1
             if recv.nbytes > 0:
                 engine._pending_recvs -= 1
+                if engine._recv_buffers is not None:  # (rows of one array)
+                    if engine._pending_recvs:
+                        engine._recv_buffers.remove(recv)
+                    else:
+                        engine._recv_buffers = None
             del stream._pending[recv.sseq]
         else:
             engine._untrack(recv)

@@ -393,6 +393,17 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     if (t) {  /* another recv is pending: its buffer must not overlap this one */
+        /* The engine's check_recv_buffer, inlined where its index is built (the C one)
+         * and finds no overlap; else it runs (it builds the index, or says which). */
+        PyObject *rb = SLOT(engine, EN.recv_buffers), *owner = NULL;
+        if (rb != NULL && pending_exact(rb)) {
+            if (pending_conflict(rb, buf, nbytes, &owner) < 0) {
+                goto done;
+            }
+            t = owner != NULL;
+        }
+    }
+    if (t) {
         PyObject *n = PyLong_FromSsize_t(nbytes);
         PyObject *r = n == NULL ? NULL : PyObject_CallMethodObjArgs(
             engine, a_check_recv_buffer, buf, n, NULL);

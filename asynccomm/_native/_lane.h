@@ -220,8 +220,14 @@ int shm_add(PyObject *m);
 char *words_base(PyObject *w, Py_ssize_t *len);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
-/* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``) */
+/* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``); for the steps,
+ * what its ``conflict``, ``add`` and ``remove`` do, without a call, on an index that is
+ * exactly one (``pending_exact``). */
 int pending_add(PyObject *m);
+int pending_exact(PyObject *index);
+int pending_conflict(PyObject *index, PyObject *buf, Py_ssize_t nbytes, PyObject **req);
+int pending_insert(PyObject *index, PyObject *buf, Py_ssize_t nbytes, PyObject *req);
+void pending_forget(PyObject *index, PyObject *req);
 
 /* _lane_flight.c: the flight recorder's ring and tallies. */
 extern PyTypeObject RingType, TallyCType;

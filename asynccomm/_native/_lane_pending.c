@@ -314,31 +314,42 @@ Pending_init(Pending *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* The request whose pending buffer overlaps the first nbytes of buf, whose memory's
+ * owner is ``owner`` (``owner_of``): borrowed (the index holds it), else NULL; -1 with an
+ * error set. */
+static int
+conflict_of(Pending *self, PyObject *buf, PyObject *owner, Py_ssize_t nbytes, PyObject **req)
+{
+    *req = NULL;
+    uintptr_t key = (uintptr_t)owner;
+    if (nbytes <= 0 || table_find(&self->owners, key) == NULL) {
+        return 0;
+    }
+    Py_ssize_t start = address_of(self, buf);
+    if (start == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    Slot *slot = table_find(&self->owners, key); /* again: the address may have run Python */
+    *req = slot == NULL ? NULL : group_conflict((Group *)slot->a, start, start + nbytes);
+    return 0;
+}
+
 /* conflict(buf, nbytes): the request whose pending buffer overlaps the first nbytes of
  * buf, or None. */
 static PyObject *
 Pending_conflict(Pending *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t nbytes;
+    PyObject *req;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "conflict(buf, nbytes)");
         return NULL;
     }
     PyObject *owner = owner_of(args[0]);
-    if (owner == NULL || nbytes_of(args[1], &nbytes) < 0) {
+    if (owner == NULL || nbytes_of(args[1], &nbytes) < 0
+        || conflict_of(self, args[0], owner, nbytes, &req) < 0) {
         return NULL;
     }
-    uintptr_t key = (uintptr_t)owner;
-    if (nbytes <= 0 || table_find(&self->owners, key) == NULL) {
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t start = address_of(self, args[0]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    Slot *slot = table_find(&self->owners, key); /* again: the address may have run Python */
-    PyObject *req = slot == NULL ? NULL
-                                 : group_conflict((Group *)slot->a, start, start + nbytes);
     return Py_NewRef(req == NULL ? Py_None : req);
 }
 
@@ -359,24 +370,15 @@ forget(Pending *self, Slot *where)
     Py_DECREF(req);
 }
 
-/* add(buf, nbytes, req): buf's first nbytes are pending, for req (kept until remove). */
-static PyObject *
-Pending_add(Pending *self, PyObject *const *args, Py_ssize_t nargs)
+/* buf's first nbytes are pending, for req (a reference kept until it is removed); its
+ * memory's owner is ``owner`` (``owner_of``).  -1 with an error set. */
+static int
+add_of(Pending *self, PyObject *buf, PyObject *owner, Py_ssize_t nbytes, PyObject *req)
 {
-    Py_ssize_t nbytes;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "add(buf, nbytes, req)");
-        return NULL;
-    }
-    PyObject *buf = args[0], *req = args[2];
-    PyObject *owner = owner_of(buf);
-    if (owner == NULL || nbytes_of(args[1], &nbytes) < 0) {
-        return NULL;
-    }
     uintptr_t key = (uintptr_t)owner;
     Py_ssize_t start = address_of(self, buf);
     if (start == -1 && PyErr_Occurred()) {
-        return NULL;
+        return -1;
     }
     Slot *old = table_find(&self->reqs, (uintptr_t)req);
     if (old != NULL) { /* added again: where it is now */
@@ -390,7 +392,7 @@ Pending_add(Pending *self, PyObject *const *args, Py_ssize_t nargs)
         g = PyMem_Malloc(sizeof(Group));
         if (g == NULL) {
             PyErr_NoMemory();
-            return NULL;
+            return -1;
         }
         g->lo = g->hi = 0;
         g->cap = 1;
@@ -398,7 +400,7 @@ Pending_add(Pending *self, PyObject *const *args, Py_ssize_t nargs)
         slot = table_insert(&self->owners, key);
         if (slot == NULL) {
             group_free(g);
-            return NULL;
+            return -1;
         }
         slot->a = (uintptr_t)g;
     }
@@ -411,11 +413,28 @@ Pending_add(Pending *self, PyObject *const *args, Py_ssize_t nargs)
             table_delete(&self->owners, table_find(&self->owners, key));
             group_free(g);
         }
-        return NULL;
+        return -1;
     }
     where->a = key;
     where->b = start;
     Py_INCREF(req);
+    return 0;
+}
+
+/* add(buf, nbytes, req): buf's first nbytes are pending, for req (kept until remove). */
+static PyObject *
+Pending_add(Pending *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t nbytes;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add(buf, nbytes, req)");
+        return NULL;
+    }
+    PyObject *owner = owner_of(args[0]);
+    if (owner == NULL || nbytes_of(args[1], &nbytes) < 0
+        || add_of(self, args[0], owner, nbytes, args[2]) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -518,4 +537,42 @@ pending_add(PyObject *m)
         return -1;
     }
     return PyModule_AddObjectRef(m, "PendingBuffers", (PyObject *)&PendingType);
+}
+
+/* -- for the lane's steps (_lane.c, _lane_recv.c, _lane_steps.c) ---------------------- */
+
+/* Whether ``index`` is a PendingBuffers (exactly: the steps then call it without its
+ * methods; another index is the Python steps'). */
+int
+pending_exact(PyObject *index)
+{
+    return Py_IS_TYPE(index, &PendingType);
+}
+
+/* ``index.conflict(buf, nbytes)``, for an exact PendingBuffers: the request (borrowed),
+ * or NULL; -1 with an error set. */
+int
+pending_conflict(PyObject *index, PyObject *buf, Py_ssize_t nbytes, PyObject **req)
+{
+    PyObject *owner = owner_of(buf);
+    return owner == NULL ? -1 : conflict_of((Pending *)index, buf, owner, nbytes, req);
+}
+
+/* ``index.add(buf, nbytes, req)``, for an exact PendingBuffers; -1 with an error set. */
+int
+pending_insert(PyObject *index, PyObject *buf, Py_ssize_t nbytes, PyObject *req)
+{
+    PyObject *owner = owner_of(buf);
+    return owner == NULL ? -1 : add_of((Pending *)index, buf, owner, nbytes, req);
+}
+
+/* ``index.remove(req)``, for an exact PendingBuffers (its reference to req goes). */
+void
+pending_forget(PyObject *index, PyObject *req)
+{
+    Pending *self = (Pending *)index;
+    Slot *where = table_find(&self->reqs, (uintptr_t)req);
+    if (where != NULL) {
+        forget(self, where);
+    }
 }

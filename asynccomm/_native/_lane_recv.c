@@ -285,7 +285,20 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
         if (rb == NULL) {
             return -1;
         }
-        if (rb != Py_None) {
+        if (rb != Py_None && pending_exact(rb)) {  /* the engine's _add_buffer, inlined */
+            PyObject *at = SLOT(req, R.array);
+            if (at == Py_None) {
+                at = SLOT(req, M.view);
+            }
+            int rc = at == NULL ? -1 : pending_insert(rb, at, nbytes, req);
+            Py_DECREF(rb);
+            if (rc < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_AttributeError, "unset slot");
+                }
+                return -1;
+            }
+        } else if (rb != Py_None) {
             PyObject *r = PyObject_CallMethodObjArgs(engine, a_add_buffer, rb, req, NULL);
             Py_DECREF(rb);
             if (r == NULL) {

@@ -11,6 +11,7 @@
 
 static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
                        PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, double *when);
+static int untrack_plain(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);
 static inline int finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv,
                               PyObject *exc, PyObject *peer, PyObject *tag, Py_ssize_t nbytes,
                               double t_post, double t_match, double *when);
@@ -164,11 +165,10 @@ settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
     if (SLOT(req, R.tracked) != Py_True) {
         return 0;
     }
-    /* what _untrack does, inlined when nothing else needs telling */
-    int plain = slot_is_none(engine, EN.recv_buffers);
-    if (plain < 0) {
-        return -1;
-    }
+    /* what _untrack does, inlined when nothing else needs telling (no index of pending
+     * recv buffers, or the C one) */
+    PyObject *rb = SLOT(engine, EN.recv_buffers);
+    int plain = rb != NULL && (rb == Py_None || pending_exact(rb));
     PyObject *q = SLOT(stream, S.queue), *ev = SLOT(stream, S.events);
     if (plain && q != NULL && PySequence_Size(q) == 0 && ev != NULL
         && PySequence_Size(ev) == 0) {
@@ -187,16 +187,37 @@ settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
         Py_DECREF(r);
         return 0;
     }
+    Py_INCREF(req);  /* (the index may hold its last reference) */
+    int rc = untrack_plain(engine, req, stream, is_recv);
+    Py_DECREF(req);
+    return rc;
+}
+
+/* ``_untrack`` for ``req`` on ``stream`` where nothing else needs telling (``settle``). */
+static int
+untrack_plain(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
+{
     put_ref(req, R.tracked, Py_False);
     if (slot_add(engine, EN.n_pending, -1) < 0) {
         return -1;
     }
-    long long rn = 0;
+    long long rn = 0, left;
     if (is_recv && slot_ll(req, M.nbytes, &rn) < 0) {
         return -1;
     }
-    if (rn > 0 && slot_add(engine, EN.pending_recvs, -1) < 0) {
-        return -1;
+    if (rn > 0) {
+        if (slot_ll(engine, EN.pending_recvs, &left) < 0
+            || slot_set_ll(engine, EN.pending_recvs, --left) < 0) {
+            return -1;
+        }
+        PyObject *rb = SLOT(engine, EN.recv_buffers);
+        if (rb != NULL && rb != Py_None && pending_exact(rb)) {
+            if (left) {
+                pending_forget(rb, req);
+            } else {  /* none pending: the index goes (built again on need) */
+                put_ref(engine, EN.recv_buffers, Py_None);
+            }
+        }
     }
     PyObject *sseq = SLOT(req, R.sseq), *pending = SLOT(stream, S.pending);
     if (sseq == NULL || pending == NULL) {

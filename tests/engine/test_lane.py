@@ -125,6 +125,41 @@ def test_recvs_pending_in_rows_of_one_array_use_the_lanes_index(native: bool,
     assert kind is (_fastlane.LANE.PendingBuffers if native else PendingBuffers)
 
 
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_rows_that_landed_leave_the_index_and_the_others_stay(native: bool,
+                                                              loop: str) -> None:
+    """Half a burst into pre-posted rows landed: the index holds the pending rows only (a
+    recv into a row that landed is taken; one into a pending row refused, naming it), and
+    those that land later leave it too."""
+    async def main(world: ac.World) -> None:
+        c0, c1 = world.comms
+        engine = c1._engine
+        block = np.zeros((16, 4))
+        reqs = [c1.irecv(block[i], 0, 6) for i in range(16)]
+        await ac.wait_all([c0.isend(np.full(4, float(i)), 1, 6) for i in range(8)])
+        assert [r.done() for r in reqs] == [True] * 8 + [False] * 8
+        assert len(engine._recv_buffers) == engine._pending_recvs == 8
+        again = c1.irecv(block[3], 0, 7)  # landed: its row is free
+        assert len(engine._recv_buffers) == 9
+        with pytest.raises(ValueError, match=r"^rank 1: the recv buffer overlaps the "
+                           r"buffer of recv\(src=0, tag=6\), which is still pending"):
+            c1.irecv(block[7:9].reshape(-1), 0, 8)
+        assert again.cancel()
+        assert len(engine._recv_buffers) == engine._pending_recvs == 8
+        await ac.wait_all([c0.isend(np.full(4, float(i)), 1, 6) for i in range(8, 16)])
+        assert [await r for r in reqs] == [ac.Status(0, 6, 32, 4)] * 16
+        assert block[:, 0].tolist() == [float(i) for i in range(16)]
+        assert engine._recv_buffers is None and engine._pending_recvs == 0
+
+    async def run() -> None:
+        async with ac.open_world(2, native=native) as world:
+            await asyncio.wait_for(main(world), 10)
+
+    runner = asyncio.Runner(loop_factory=LOOPS[loop])
+    with runner:
+        runner.run(run())
+
+
 def test_a_world_asks_for_the_lane_where_it_is_not_built(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``native=True`` without the C lane is refused before the world opens; the others
