@@ -1069,9 +1069,13 @@ static int moved_finish(Moved *m);
 /* ``m.comm.<start>(piece, peer, tag)``: mpi4py's request for one chunk, started by a
  * direct call where the path makes them (``piece`` one piece of bytes: ``view`` holds
  * them while the request is in flight, mpi4py's request made from the handle does not).
- * A new reference, NULL error. */
+ * ``now``: the request is tested at once (``Mover.pull``'s one data recv), by a direct
+ * ``MPI_Test`` where it was started by a direct call: complete, it is never wrapped (the
+ * copy MPICH made in that test has just turned the caches over: no request object is
+ * made or freed before the recv completes), and ``Py_None`` is returned.  A new
+ * reference, NULL error. */
 static PyObject *
-start_piece(Moved *m, PyObject *piece)
+start_piece(Moved *m, PyObject *piece, int now)
 {
     Py_buffer v;
     int recv = m->start == a_Irecv;
@@ -1089,6 +1093,13 @@ start_piece(Moved *m, PyObject *piece)
                 : mpi_isend(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag, m->comm_handle,
                             &req);
             PyBuffer_Release(&v);
+            if (rc == 0 && now && mpi_test != NULL) {
+                int flag = 0;
+                rc = mpi_test(&req, &flag, mpi_status);
+                if (rc == 0 && flag) {
+                    Py_RETURN_NONE;
+                }
+            }
             return rc != 0 ? (mpi_failed(m->mpi_exc, rc), NULL)
                 : PyObject_CallFunction(m->from_handle, "K", (unsigned long long)(long long)req);
         }
@@ -1126,15 +1137,16 @@ moved_more(Moved *m)
                 return -1;
             }
         }
-        PyObject *req = start_piece(m, piece);
+        /* One data recv is tested at once (``Mover.pull``): MPICH copies a transfer it
+         * has seen announced in the first poll, and the recv completes here. */
+        int now = m->total == 1 && m->start == a_Irecv;
+        PyObject *req = start_piece(m, piece, now);
         Py_DECREF(piece);
         if (req == NULL) {
             return -1;
         }
-        /* One data recv is tested at once (``Mover.pull``): MPICH copies a transfer it
-         * has seen announced in the first poll, and the recv completes here. */
-        if (m->total == 1 && m->start == a_Irecv) {
-            int t = tested(req);
+        if (now) {
+            int t = req == Py_None ? 1 : tested(req);
             if (t != 0) {
                 Py_DECREF(req);
                 m->next = m->done = 1;
