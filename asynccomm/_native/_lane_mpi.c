@@ -75,7 +75,8 @@ typedef struct {
  * kept): on the handle an mpi4py request keeps (``Slot.addr``: its address), and, for a
  * send, on a handle of its own, wrapped in an mpi4py request only if the send is not
  * complete at once.  So do the data requests of a rendezvous payload (``start_piece``),
- * each wrapped in an mpi4py request for ``test``.  Everything else, and every link whose
+ * each wrapped in an mpi4py request for ``test`` (but for a data recv tested at once and
+ * complete then: it is never wrapped).  Everything else, and every link whose
  * communicator is not a real one (the tests' fakes), calls mpi4py. */
 typedef int (*mpi_test_fn)(int *, int *, void *);
 typedef int (*mpi_start_fn)(int *);
