@@ -1070,14 +1070,17 @@ static int moved_finish(Moved *m);
 /* ``m.comm.<start>(piece, peer, tag)``: mpi4py's request for one chunk, started by a
  * direct call where the path makes them (``piece`` one piece of bytes: ``view`` holds
  * them while the request is in flight, mpi4py's request made from the handle does not).
- * ``now``: the request is tested at once (``Mover.pull``'s one data recv), by a direct
- * ``MPI_Test`` where it was started by a direct call: complete, it is never wrapped (the
- * copy MPICH made in that test has just turned the caches over: no request object is
- * made or freed before the recv completes), and ``Py_None`` is returned.  A new
- * reference, NULL error. */
+ * With ``*now`` set, the request is to be tested at once (``Mover.pull``'s one data
+ * recv): where it was started by a direct call, by a direct ``MPI_Test``, and ``*now``
+ * says what it found (1 complete: the request is never wrapped, and ``Py_None`` is
+ * returned, so no request object is made or freed between the copy MPICH made, which
+ * has just turned the caches over, and the recv's completion; 0 not complete); else
+ * ``*now`` is -1 (not tested here).  A new reference, NULL error. */
 static PyObject *
-start_piece(Moved *m, PyObject *piece, int now)
+start_piece(Moved *m, PyObject *piece, int *now)
 {
+    int test = *now;
+    *now = -1;
     Py_buffer v;
     int recv = m->start == a_Irecv;
     int got = m->from_handle == NULL ? -1
@@ -1094,9 +1097,10 @@ start_piece(Moved *m, PyObject *piece, int now)
                 : mpi_isend(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag, m->comm_handle,
                             &req);
             PyBuffer_Release(&v);
-            if (rc == 0 && now && mpi_test != NULL) {
+            if (rc == 0 && test && mpi_test != NULL) {
                 int flag = 0;
                 rc = mpi_test(&req, &flag, mpi_status);
+                *now = flag != 0;
                 if (rc == 0 && flag) {
                     Py_RETURN_NONE;
                 }
@@ -1140,14 +1144,14 @@ moved_more(Moved *m)
         }
         /* One data recv is tested at once (``Mover.pull``): MPICH copies a transfer it
          * has seen announced in the first poll, and the recv completes here. */
-        int now = m->total == 1 && m->start == a_Irecv;
-        PyObject *req = start_piece(m, piece, now);
+        int test = m->total == 1 && m->start == a_Irecv, now = test;
+        PyObject *req = start_piece(m, piece, &now);
         Py_DECREF(piece);
         if (req == NULL) {
             return -1;
         }
-        if (now) {
-            int t = req == Py_None ? 1 : tested(req);
+        if (test) {
+            int t = now >= 0 ? now : tested(req);  /* (tested already, or not yet) */
             if (t != 0) {
                 Py_DECREF(req);
                 m->next = m->done = 1;
