@@ -75,7 +75,8 @@ typedef struct {
  * kept): on the handle an mpi4py request keeps (``Slot.addr``: its address), and, for a
  * send, on a handle of its own, wrapped in an mpi4py request only if the send is not
  * complete at once.  So do the data requests of a rendezvous payload (``start_piece``),
- * each wrapped in an mpi4py request for ``test``.  Everything else, and every link whose
+ * each wrapped in an mpi4py request for ``test`` (but for a data recv tested at once and
+ * complete then: it is never wrapped).  Everything else, and every link whose
  * communicator is not a real one (the tests' fakes), calls mpi4py. */
 typedef int (*mpi_test_fn)(int *, int *, void *);
 typedef int (*mpi_start_fn)(int *);
@@ -1069,10 +1070,17 @@ static int moved_finish(Moved *m);
 /* ``m.comm.<start>(piece, peer, tag)``: mpi4py's request for one chunk, started by a
  * direct call where the path makes them (``piece`` one piece of bytes: ``view`` holds
  * them while the request is in flight, mpi4py's request made from the handle does not).
- * A new reference, NULL error. */
+ * With ``*now`` set, the request is to be tested at once (``Mover.pull``'s one data
+ * recv): where it was started by a direct call, by a direct ``MPI_Test``, and ``*now``
+ * says what it found (1 complete: the request is never wrapped, and ``Py_None`` is
+ * returned, so no request object is made or freed between the copy MPICH made, which
+ * has just turned the caches over, and the recv's completion; 0 not complete); else
+ * ``*now`` is -1 (not tested here).  A new reference, NULL error. */
 static PyObject *
-start_piece(Moved *m, PyObject *piece)
+start_piece(Moved *m, PyObject *piece, int *now)
 {
+    int test = *now;
+    *now = -1;
     Py_buffer v;
     int recv = m->start == a_Irecv;
     int got = m->from_handle == NULL ? -1
@@ -1089,6 +1097,14 @@ start_piece(Moved *m, PyObject *piece)
                 : mpi_isend(v.buf, (int)v.len, mpi_byte, (int)peer, (int)tag, m->comm_handle,
                             &req);
             PyBuffer_Release(&v);
+            if (rc == 0 && test && mpi_test != NULL) {
+                int flag = 0;
+                rc = mpi_test(&req, &flag, mpi_status);
+                *now = flag != 0;
+                if (rc == 0 && flag) {
+                    Py_RETURN_NONE;
+                }
+            }
             return rc != 0 ? (mpi_failed(m->mpi_exc, rc), NULL)
                 : PyObject_CallFunction(m->from_handle, "K", (unsigned long long)(long long)req);
         }
@@ -1126,15 +1142,16 @@ moved_more(Moved *m)
                 return -1;
             }
         }
-        PyObject *req = start_piece(m, piece);
+        /* One data recv is tested at once (``Mover.pull``): MPICH copies a transfer it
+         * has seen announced in the first poll, and the recv completes here. */
+        int test = m->total == 1 && m->start == a_Irecv, now = test;
+        PyObject *req = start_piece(m, piece, &now);
         Py_DECREF(piece);
         if (req == NULL) {
             return -1;
         }
-        /* One data recv is tested at once (``Mover.pull``): MPICH copies a transfer it
-         * has seen announced in the first poll, and the recv completes here. */
-        if (m->total == 1 && m->start == a_Irecv) {
-            int t = tested(req);
+        if (test) {
+            int t = now >= 0 ? now : tested(req);  /* (tested already, or not yet) */
             if (t != 0) {
                 Py_DECREF(req);
                 m->next = m->done = 1;
