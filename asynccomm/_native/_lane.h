@@ -218,6 +218,8 @@ PyObject *buffers_address(PyObject *self, PyObject *arg);
 /* _lane_shm.c: the shared-memory link's atomic words and single copy */
 int shm_add(PyObject *m);
 char *words_base(PyObject *w, Py_ssize_t *len);
+/* CLOCK_MONOTONIC in nanoseconds (the bounds of the shared-memory link's waits). */
+long long clock_ns(void);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
 /* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``); for the steps,

@@ -208,7 +208,7 @@ shm_readv(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 #define GEN_SHIFT 32
 #define LOW_MASK 0xFFFFFFFFull
 
-static long long
+long long
 clock_ns(void)
 {
     struct timespec t;

@@ -31,7 +31,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/uio.h>
-#include <time.h>
 
 /* One ring as this rank sees it: the ``Ring``, its words' and records' offsets. */
 typedef struct {
@@ -71,14 +70,6 @@ typedef struct {
  * with no progress (a fragment's copy takes a few microseconds) before the loop turns. */
 #define PEER_WAIT_NS 20000
 
-static long long
-now_ns(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
 /* Wait (at most PEER_WAIT_NS) for the word ``w`` to be other than ``v``; its value.  The
  * core is given away between looks (at once if ``crowded``, else after a few looks): the
  * peer may be waiting for it. */
@@ -92,7 +83,7 @@ wait_change(_Atomic uint64_t *w, uint64_t v, int crowded)
             sched_yield();
         }
         if ((i & 63) == 0) {
-            long long t = now_ns();
+            long long t = clock_ns();
             if (until == 0) {
                 until = t + PEER_WAIT_NS;
             } else if (t > until) {
