@@ -218,8 +218,8 @@ PyObject *buffers_address(PyObject *self, PyObject *arg);
 /* _lane_shm.c: the shared-memory link's atomic words and single copy */
 int shm_add(PyObject *m);
 char *words_base(PyObject *w, Py_ssize_t *len);
-/* CLOCK_MONOTONIC in nanoseconds (the bounds of the shared-memory link's waits). */
-long long clock_ns(void);
+/* One look of a bounded wait for another process (the shared-memory link's). */
+int wait_over(unsigned i, long long *until, long long wait_ns, int share);
 PyObject *set_dtype_names(PyObject *self, PyObject *arg);
 
 /* _lane_pending.c: the pending recv buffers' index (``PendingBuffers``); for the steps,

@@ -208,12 +208,32 @@ shm_readv(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 #define GEN_SHIFT 32
 #define LOW_MASK 0xFFFFFFFFull
 
-long long
+static long long
 clock_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Look ``i`` (from 0) of a wait for another process: the core given away first if
+ * ``share``, or after 64 looks; 1 once the wait has lasted ``wait_ns`` (``*until``, 0 at
+ * the start, is set at the first look). */
+int
+wait_over(unsigned i, long long *until, long long wait_ns, int share)
+{
+    if (share || i >= 64) {
+        sched_yield();
+    }
+    if ((i & 63) == 0) {
+        long long t = clock_ns();
+        if (*until == 0) {
+            *until = t + wait_ns;
+        } else if (t > *until) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Copy piece ``idx`` (``nbytes`` in all, ``piece`` each) between ``local`` here and
@@ -335,16 +355,8 @@ shm_share(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
                 finished = 1;
                 break;
             }
-            if (i >= 64) {
-                sched_yield();
-            }
-            if ((i & 63) == 0) {
-                long long t = clock_ns();
-                if (until == 0) {
-                    until = t + wait_ns;
-                } else if (t > until) {
-                    break;
-                }
+            if (wait_over(i, &until, wait_ns, 0)) {
+                break;
             }
         }
     }

@@ -26,7 +26,6 @@
  * is. */
 #include "_lane.h"
 
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,18 +77,7 @@ wait_change(_Atomic uint64_t *w, uint64_t v, int crowded)
 {
     uint64_t now = atomic_load(w);
     long long until = 0;
-    for (unsigned i = 0; now == v; i++) {
-        if (crowded || i >= 64) {
-            sched_yield();
-        }
-        if ((i & 63) == 0) {
-            long long t = clock_ns();
-            if (until == 0) {
-                until = t + PEER_WAIT_NS;
-            } else if (t > until) {
-                break;
-            }
-        }
+    for (unsigned i = 0; now == v && !wait_over(i, &until, PEER_WAIT_NS, crowded); i++) {
         now = atomic_load(w);
     }
     return now;
