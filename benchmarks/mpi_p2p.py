@@ -298,6 +298,8 @@ class Row:
     #: The asyncio floor, repeat by repeat: latency rows ``floor_pingpong``'s, bandwidth
     #: rows ``floor_stream``'s.
     floor: list[float] = field(default_factory=list)
+    #: A second floor, where a benchmark has one (``shm_p2p``: two processes' copy).
+    floor2: list[float] = field(default_factory=list)
 
     def raw_median(self) -> float:
         return median(self.raw)

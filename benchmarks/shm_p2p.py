@@ -18,10 +18,13 @@ asynccomm's worlds open on it, with no MPI underneath.
   raw mpi4py and asynccomm repeat by repeat, the floor a single copy sets (``copy_stream``):
   one bare ``process_vm_readv`` of the whole message from the sender's buffer, acknowledged
   by a datagram the sender waits for as asynccomm waits (``BANDWIDTH_FLOOR_TARGETS``:
-  asynccomm's share of it).  Beside the 8 B latency, alternating repeat by repeat
-  (``mpi_p2p.measure_engine``, shown, not judged): the same engine between two in-process
-  ranks in rank 0's process (no transport) and a bare ``Future`` hand-off, so that what the
-  link costs can be told from what the engine's steps cost.
+  asynccomm's share of it); and the floor of the copy both processes make at once
+  (``pair_stream``, shown, not judged: the receiver reads the first half while the sender
+  writes the second, each told of the other's end by a datagram), which asynccomm's copy
+  of a message of ``shm.SHARE_MIN`` or more is.  Beside the 8 B latency, alternating
+  repeat by repeat (``mpi_p2p.measure_engine``, shown, not judged): the same engine
+  between two in-process ranks in rank 0's process (no transport) and a bare ``Future``
+  hand-off, so that what the link costs can be told from what the engine's steps cost.
 - At every count: the 8 KiB ring (``sendrecv`` to rank+1; per hop, against raw mpi4py's
   ``Sendrecv``: ``RING_RATIO_TARGET``, judged where the ranks outnumber the cores).  Beside
   it, alternating repeat by repeat, the floors of a ring with no library (``_ring_floors``):
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import dataclasses
 import datetime
 import os
@@ -235,6 +239,51 @@ def copy_stream(comm: Any, buf: np.ndarray[Any, Any], iters: int, pid: int, addr
     return (time.perf_counter() - start) / iters
 
 
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _writev(pid: int, local: int, remote: int, nbytes: int) -> None:
+    """``process_vm_writev`` of ``nbytes`` from ``local`` here to ``remote`` in ``pid``."""
+    libc = _libc
+    while nbytes > 0:
+        here, there = _Iovec(local, nbytes), _Iovec(remote, nbytes)
+        n = libc.process_vm_writev(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
+        if n <= 0:
+            raise OSError(ctypes.get_errno(), "process_vm_writev")
+        local, remote, nbytes = local + n, remote + n, nbytes - n
+
+
+def pair_stream(comm: Any, buf: np.ndarray[Any, Any], iters: int, pids: list[int],
+                addresses: list[int], socks: list[socket.socket], to: list[bytes]) -> float:
+    """The floor of a copy two processes make at once: each message, rank 1 reads the first
+    half of rank 0's ``buf`` into its own (``process_vm_readv``) while rank 0 writes the
+    second half into rank 1's (``process_vm_writev``); rank 0 says it is done with a
+    datagram to ``to[1]``, and rank 1, once both halves are in, acknowledges the message
+    with one to ``to[0]``, which rank 0 waits for (``wait``) before the next."""
+    comm.Barrier()
+    half = len(buf) // 2
+    start = time.perf_counter()
+    if comm.Get_rank() == 0:
+        local = _shm_ring.single_copy.address(buf)
+        for _ in range(iters):
+            _writev(pids[1], local + half, addresses[1] + half, len(buf) - half)
+            socks[0].sendto(b"\0", to[1])
+            wait(socks[0])
+    else:
+        view = buf.data
+        for _ in range(iters):
+            off = 0
+            while off < half:
+                off += _shm_ring.single_copy.readv(pids[0], view[off:half], addresses[0] + off)
+            wait(socks[1])
+            socks[1].sendto(b"\0", to[0])
+    return (time.perf_counter() - start) / iters
+
+
 def wait(sock: socket.socket) -> None:
     """A datagram on ``sock``, waited for as the link waits where a process has a core of
     its own: spinning for ``SPIN``, then asleep in the kernel (rank 0 of ``raw_stream``
@@ -257,12 +306,13 @@ async def measure_bandwidth(comm: ac.Communicator, plan: mpi_p2p.Plan) -> list[m
 
     raw = MPI.COMM_WORLD.Dup()
     ack = np.zeros(1, np.uint8)
-    ack_to = bench_address(f"ack-{raw.bcast(secrets.token_hex(8))}")
+    token = raw.bcast(secrets.token_hex(8))
+    ack_to = bench_address(f"ack-{token}")
+    to = [ack_to, bench_address(f"half-{token}")]  # (``pair_stream``'s: rank 0's, rank 1's)
     sock = datagram_socket(blocking=True)
     rows = []
     try:
-        if raw.Get_rank() == 0:
-            sock.bind(ack_to)
+        sock.bind(to[raw.Get_rank()])
         for nbytes in plan.bandwidth_sizes:
             buf = fill_array(nbytes, 2)
             iters = plan.iters_for(nbytes, bandwidth=True)
@@ -275,8 +325,22 @@ async def measure_bandwidth(comm: ac.Communicator, plan: mpi_p2p.Plan) -> list[m
                 except OSError:  # (EPERM: not allowed to read the peer's memory)
                     where = None
             where = raw.bcast(where, root=1)  # (and rank 0's socket is bound)
+            pair = None
             if where is not None:
                 copy_stream(raw, buf, 1, where[0], where[1], sock, ack_to)
+                pair = raw.allgather((os.getpid(), _shm_ring.single_copy.address(buf)))
+                pids, addresses = [p for p, _ in pair], [a for _, a in pair]
+                socks = [sock, sock]
+                ok = True
+                if raw.Get_rank() == 0:  # (it may be refused to write where rank 1 may read)
+                    half = nbytes // 2
+                    try:
+                        _writev(pids[1], addresses[0] + half, addresses[1] + half, 1)
+                    except OSError:
+                        ok = False
+                pair = pair if all(raw.allgather(ok)) else None
+                if pair is not None:
+                    pair_stream(raw, buf, 1, pids, addresses, socks, to)
             mpi_p2p.raw_stream(raw, buf, ack, 1)
             await mpi_p2p.ac_stream(comm, buf, ack, 1)
             for _ in range(plan.repeats):
@@ -284,6 +348,8 @@ async def measure_bandwidth(comm: ac.Communicator, plan: mpi_p2p.Plan) -> list[m
                 if where is not None:
                     row.floor.append(copy_stream(raw, buf, iters, where[0], where[1], sock,
                                                   ack_to))
+                if pair is not None:
+                    row.floor2.append(pair_stream(raw, buf, iters, pids, addresses, socks, to))
                 row.asynccomm.append(await mpi_p2p.ac_stream(comm, buf, ack, iters))
             rows.append(row)
     finally:
@@ -435,16 +501,19 @@ def print_report(result: dict[str, Any], judged: list[dict[str, Any]], env: dict
                      for r in rows if r.kind == "latency"])
         print_table("Bandwidth (one-way, median, GB/s; single-copy floor: one bare "
                     "process_vm_readv of the message, acknowledged by a datagram waited for "
-                    "as asynccomm waits; asynccomm's copy from 256 KiB is made by both "
-                    "processes at once)",
-                    ["size", "raw mpi4py", "single-copy floor", "asynccomm shm", "of raw",
-                     "of floor", "floor/raw"],
+                    "as asynccomm waits; two-process floor: half of it read by the "
+                    "receiver while the sender writes the other half, bare, as asynccomm "
+                    "copies from 256 KiB)",
+                    ["size", "raw mpi4py", "single-copy floor", "two-process floor",
+                     "asynccomm shm", "of raw", "of floor", "floor/raw", "of two-process"],
                     [[size_label(r.nbytes), f"{r.nbytes / r.raw_median() / 1e9:.2f}",
                       f"{r.nbytes / median(r.floor) / 1e9:.2f}" if r.floor else "-",
+                      f"{r.nbytes / median(r.floor2) / 1e9:.2f}" if r.floor2 else "-",
                       f"{r.nbytes / r.ac_median() / 1e9:.2f}",
                       f"{r.raw_median() / r.ac_median():.1%}",
                       f"{median(r.floor) / r.ac_median():.1%}" if r.floor else "-",
-                      f"{r.raw_median() / median(r.floor):.1%}" if r.floor else "-"]
+                      f"{r.raw_median() / median(r.floor):.1%}" if r.floor else "-",
+                      f"{median(r.floor2) / r.ac_median():.1%}" if r.floor2 else "-"]
                      for r in rows if r.kind == "bandwidth"])
     engine = result.get("engine")
     if engine is not None:

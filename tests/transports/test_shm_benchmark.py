@@ -163,16 +163,25 @@ def test_the_wake_is_shown_beside_its_floor(capsys: pytest.CaptureFixture[str]) 
 def test_the_bandwidth_is_shown_beside_the_single_copy(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The floor's bandwidth, asynccomm's share of it and the floor's share of raw's,
-    in the table and in the judged row (a floor above raw's shows over 100%)."""
+    in the table and in the judged row (a floor above raw's shows over 100%); the
+    two-process floor's bandwidth and asynccomm's share of it, shown, not judged (and
+    "-" where it was not measured)."""
     result = _result(ac_us=2.9, share=0.8, hop_us=4.9, cpu=0.009, wake_ms=0.1,
                      floor_share=0.75)
+    judged = _verdicts(result)
+    result["p2p"][1].floor2 = [1.0] * 3  # type: ignore[index]  (asynccomm's: 1.25)
+    assert _verdicts(result) == judged
     out = _printed(capsys, result)
     row = next(line.split() for line in out.splitlines() if line.startswith("16 MiB"))
     gbs = 16 * MiB / 1e9
-    assert row[2:] == [f"{gbs:.2f}", f"{gbs / 0.75 * 0.8:.2f}", f"{gbs * 0.8:.2f}", "80.0%",
-                       "75.0%", "106.7%"]
+    assert row[2:] == [f"{gbs:.2f}", f"{gbs / 0.75 * 0.8:.2f}", f"{gbs:.2f}",
+                       f"{gbs * 0.8:.2f}", "80.0%", "75.0%", "106.7%", "80.0%"]
     assert "75.0% (floor: 106.7% of raw)" in out
     assert ">= 90% of the single-copy floor" in out
+    result["p2p"][1].floor2 = []  # type: ignore[index]
+    row = next(line.split() for line in _printed(capsys, result).splitlines()
+               if line.startswith("16 MiB"))
+    assert (row[4], row[-1]) == ("-", "-")
 
 
 def test_the_8_byte_latency_is_shown_beside_the_engine_alone(
