@@ -620,10 +620,12 @@ send_direct(Path *p, PyObject *raw, long d)
     PyObject *obj = PyObject_CallFunction(p->from_handle, "K",
                                           (unsigned long long)(long long)req);
     PyObject *held = obj == NULL ? NULL : PyObject_GetAttr(p->progress, a_held);
-    int r = held == NULL || !PyList_Check(held) || PyList_Append(held, raw) < 0 ? -1
-        : sent_control(p, obj, d);
+    int r = -1;
     if (held != NULL && !PyList_Check(held)) {
         PyErr_SetString(PyExc_TypeError, "Progress._held is a list");
+    }
+    else if (held != NULL && PyList_Append(held, raw) == 0) {
+        r = sent_control(p, obj, d);
     }
     Py_XDECREF(held);
     Py_XDECREF(obj);

@@ -30,8 +30,9 @@ typedef struct {
     int held;
 } Words;
 
+/* The ``n`` words from offset ``arg`` of the mapping (checked: aligned, inside it). */
 static _Atomic uint64_t *
-word_at(Words *self, PyObject *arg)
+words_at(Words *self, PyObject *arg, Py_ssize_t n)
 {
     Py_ssize_t off = PyLong_AsSsize_t(arg);
     if (off == -1 && PyErr_Occurred())
@@ -40,12 +41,18 @@ word_at(Words *self, PyObject *arg)
         PyErr_SetString(PyExc_ValueError, "the mapping was released");
         return NULL;
     }
-    if (off < 0 || off > self->len - 8 || (off & 7) != 0) {
+    if (off < 0 || off > self->len - 8 * n || (off & 7) != 0) {
         PyErr_Format(PyExc_IndexError, "offset %zd is not an aligned word of the mapping",
                      off);
         return NULL;
     }
     return (_Atomic uint64_t *)(self->base + off);
+}
+
+static _Atomic uint64_t *
+word_at(Words *self, PyObject *arg)
+{
+    return words_at(self, arg, 1);
 }
 
 static PyObject *
@@ -278,15 +285,11 @@ shm_share(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "share: words is a Words");
         return NULL;
     }
-    Words *w = (Words *)args[0];
-    PyObject *last = PyLong_FromSsize_t(PyLong_AsSsize_t(args[1]) + 16);
-    _Atomic uint64_t *back = last == NULL ? NULL : word_at(w, last);
-    Py_XDECREF(last);
-    _Atomic uint64_t *claim = back == NULL ? NULL : word_at(w, args[1]);
+    _Atomic uint64_t *claim = words_at((Words *)args[0], args[1], 3);
     if (claim == NULL) {
         return NULL;
     }
-    _Atomic uint64_t *done = claim + 1;
+    _Atomic uint64_t *done = claim + 1, *back = claim + 2;
     unsigned long long gen = PyLong_AsUnsignedLongLong(args[2]);
     long pid = PyLong_AsLong(args[3]);
     char *local = (char *)PyLong_AsVoidPtr(args[4]);

@@ -617,7 +617,7 @@ class Channels:
                 self.offers.pop((source, ident), None)
             self._on_control(_Slot(view))
             return
-        _, _, source, tag, nbytes, _, address, _ = HEADER.unpack_from(view)
+        _, _, source, tag, nbytes, count, address, _ = HEADER.unpack_from(view)
         if kind == DATA_AT:
             pull = self._pulls[(source, tag)]
             pull.address = address
@@ -627,9 +627,9 @@ class Channels:
             self.copying[(source, address)] = (time.perf_counter() + COPY_GRACE
                                                + nbytes / COPY_LEAST_RATE)
             if kind == DATA_SHARE and self.node.share_copies:  # (its pieces copied now)
-                _, _, _, gen, _, piece, _, _ = HEADER.unpack_from(view)
-                self._helping[(source, address)] = (gen, *SHARE.unpack_from(view, HEADER.size),
-                                                    nbytes, piece)
+                # (the tag: the copy's generation; the count: its piece size)
+                self._helping[(source, address)] = (tag, *SHARE.unpack_from(view, HEADER.size),
+                                                    nbytes, count)
                 self._help()
             return
         if kind == DATA_DONE:
