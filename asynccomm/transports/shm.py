@@ -112,6 +112,15 @@ SHARE_PIECE_MAX = 1 << 20
 #: Once no piece is left to claim, the receiver waits this long (ns), awake, for the
 #: sender's last pieces before its loop turns (it looks again on the next turn).
 SHARE_WAIT_NS = 1_000_000
+#: A recv whose shared copy stops unfinished (its own read failed, or its link failed) has
+#: its board closed, so that the sender claims no more pieces, and its buffer goes back to
+#: its user only once no piece of the sender's can still be written into it: after the
+#: piece the sender may be copying is counted or given back, the sender's process is gone,
+#: or this many seconds (a bound: a piece is at most ``SHARE_PIECE_MAX``, copied in well
+#: under a millisecond by a running process).
+SHARE_SETTLE = 1.0
+#: A board's claim word once closed: no piece is left to claim (with the generation above).
+CLOSED = 0xFFFF_FFFF
 #: Rendezvous data moves in fragments of this many bytes: records of a quarter of a ring
 #: (four at once on it: one being written, one read, two waiting), a multiple of 64.
 FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
@@ -559,12 +568,49 @@ class Channels:
             done = single_copy.share(words, board, pull.gen, self.node.pids[self.procs[source]],
                                      single_copy.address(pull.view), pull.address, nbytes,
                                      piece, READ_CHUNK, SHARE_WAIT_NS, False)
-        except OSError as exc:
-            words.store(board, (pull.gen << 32) | 0xFFFF_FFFF)  # (the sender claims no more)
+        except OSError as exc:  # (its one piece claimed and not copied: ``lost``)
+            self._settle(source, pull, lost=1)
             self._read_failed(source, tag, pull, exc)
             return
         if done:
             self._read_done(source, tag, pull)
+
+    def _settle(self, source: int, pull: _Pull, lost: int = 0) -> None:
+        """Stop ``pull``'s shared copy, started and unfinished: close its board (the sender
+        claims no more), then wait until the pieces claimed are all counted, given back or
+        ``lost`` (claimed by this rank, and not copied), so that none is being written into
+        the buffer any longer; or until the sender's process is gone, or ``SHARE_SETTLE``."""
+        board, words, gen = self._board, self.words, pull.gen
+        while True:
+            c = words.load(board)
+            if c >> 32 != gen or c & CLOSED == CLOSED:
+                return  # (not this copy's board, or closed already)
+            if words.cas(board, c, (gen << 32) | CLOSED):
+                break
+        claimed = min(c & CLOSED, -(-len(pull.view) // share_piece(len(pull.view))))
+        pid = self.node.pids[self.procs[source]]
+        until = time.perf_counter() + SHARE_SETTLE
+        while True:
+            done, back = words.load(board + 8), words.load(board + 16)
+            settled = (lost + (done & CLOSED if done >> 32 == gen else 0)
+                       + (1 if back >> 32 == gen and back & CLOSED else 0))
+            if settled >= claimed or time.perf_counter() > until:
+                return
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:  # (there, but another user's: it may still write)
+                pass
+            sched_yield()
+
+    def settle(self) -> None:
+        """The link fails: stop the shared copy under way, if one is (``_settle``), before
+        its recv fails and its buffer goes back to its user."""
+        if self._reading:
+            source, _, pull = self._reading[0]
+            if pull.share and pull.gen and source not in self.dead:
+                self._settle(source, pull)
 
     def _read_failed(self, source: int, tag: int, pull: _Pull, exc: OSError) -> None:
         """The first single copy under way failed with ``exc``."""
@@ -811,6 +857,7 @@ class ShmTransport(MPITransport):
         err = TransportError(f"rank {self.rank}: the shared-memory transport failed: "
                              f"{exc!r}", rank=self.rank)
         err.__cause__ = exc
+        self.channels.settle()
         self._break(err)
         self.node.remove(self)
         if self._finished is not None and not self._finished.done():

@@ -13,9 +13,12 @@ with the sender's help, its help failing, and its help refused.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import mmap
 import os
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -66,8 +69,14 @@ class _State:
         self.written.add((g, idx))
 
 
-def _reader(g: int, pieces: int, pc: tuple[Any, ...], st: _State) -> tuple[Any, ...]:
-    """The receiver's next step (``Channels._read_shared``, ``lane.share``'s reader)."""
+CLOSED = 1 << 32  # (a closed board's claim: past every piece)
+
+
+def _reader(g: int, pieces: int, pc: tuple[Any, ...], st: _State,
+            fail: bool = False) -> tuple[Any, ...]:
+    """The receiver's next step (``Channels._read_shared``, ``lane.share``'s reader); its
+    first copy fails if ``fail`` (``Channels._settle``, then the recv fails: nothing may be
+    written into its buffer after)."""
     b, at = st.board, pc[0]
     if at == "init back":
         b["back"] = (g, 0)
@@ -88,8 +97,23 @@ def _reader(g: int, pieces: int, pc: tuple[Any, ...], st: _State) -> tuple[Any, 
         b["claim"] = (g, pc[1][1] + 1)
         return ("copy", pc[1][1], "look")
     if at == "copy":  # a piece it claimed, or one given back
+        if fail:
+            return ("close",)
         st.wrote(g, pc[1])
         return ("count", pc[2])
+    if at == "close":  # compare and swap (as a swap: the receiver alone closes it)
+        c = b["claim"]
+        b["claim"] = (g, CLOSED)
+        return ("settled?", min(c[1], pieces) if c[0] == g else 0)
+    if at == "settled?":  # every piece claimed counted, given back, or its own (lost)?
+        done = b["done"][1] if b["done"][0] == g else 0
+        back = 1 if b["back"][0] == g and b["back"][1] else 0
+        if done + back + 1 < pc[1]:
+            return pc  # (waits: looks again)
+        assert not any(w[0] == g for w in st.writing), (
+            f"generation {g} failed while a piece is written")
+        st.complete.add(g)  # (the recv failed: its buffer is its user's again)
+        return END
     if at == "count":
         st.count(g)
         return (pc[1],)
@@ -189,8 +213,8 @@ def _once_complete(g: int) -> Any:
     return lambda st: g in st.complete
 
 
-def _r(g: int, pieces: int) -> Any:
-    return lambda pc, st: _reader(g, pieces, pc, st)
+def _r(g: int, pieces: int, fail: bool = False) -> Any:
+    return lambda pc, st: _reader(g, pieces, pc, st, fail)
 
 
 def _w(g: int, pieces: int, fail: bool = False) -> Any:
@@ -207,6 +231,31 @@ def test_every_interleaving_completes_only_once_every_piece_is_in(pieces: int,
     n = _explore([(_r(1, pieces), ("init back",), _always),
                   (_w(1, pieces, fail), ("look",), _once_started(1))])
     assert n > 20
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3])
+def test_a_failing_receiver_gives_its_buffer_back_only_once_no_piece_is_written(
+        pieces: int) -> None:
+    """The receiver's copy fails: in every interleaving it closes the board and fails its
+    recv only once the sender writes no piece into the buffer, and the sender writes none
+    after."""
+    n = _explore([(_r(1, pieces, fail=True), ("init back",), _always),
+                  (_w(1, pieces), ("look",), _once_started(1))])
+    assert n > 10
+
+
+def test_the_model_finds_a_receiver_that_fails_at_once() -> None:
+    """(The check can fail: a receiver that fails its recv as soon as its copy fails,
+    while the sender may be copying a piece it claimed, fails early in some
+    interleaving.)"""
+
+    def hasty(pc: tuple[Any, ...], st: _State) -> tuple[Any, ...]:
+        if pc[0] == "settled?":
+            pc = ("settled?", 0)
+        return _reader(1, 2, pc, st, fail=True)
+
+    with pytest.raises(AssertionError, match="while a piece|after it completed"):
+        _explore([(hasty, ("init back",), _always), (_w(1, 2), ("look",), _once_started(1))])
 
 
 def test_a_sender_busy_with_an_older_copy_touches_nothing_of_the_next() -> None:
@@ -441,3 +490,71 @@ def test_a_sender_refused_its_copies_stops_sharing(
     intact, kept, sharing = _run(loop, _shared(True))
     assert intact == [True] * 4 and kept == _CLEAN and not sharing
     assert rec.calls[True] == 1 and rec.claimed[True] == 0
+
+
+class _SlowWriter:
+    """The single copy, where the receiver's copy fails (``error``) just after the sender
+    claimed a piece (claimed here, for it) that it copies slowly, in a thread: it waits for
+    the board to be closed, takes a while, then writes the piece into the recv buffer and
+    counts it.  For an ``OSError`` the receiver's own failing piece is claimed too (an
+    ``OSError`` is a copy that failed; another error fails the link with the copy under
+    way).  The sender's own calls copy nothing."""
+
+    def __init__(self, real: Any, error: BaseException) -> None:
+        self.real = real
+        self.address = real.address
+        self.readv = real.readv
+        self.error = error
+        self.thread: Any = None
+        self.written: list[bool] = []
+
+    def share(self, words: Any, board: int, gen: int, pid: int, local: int, remote: int,
+              nbytes: int, piece: int, *rest: Any) -> bool:
+        if rest[-1] or self.thread is not None:
+            return True  # (the sender: nothing for it)
+        c = words.load(board)
+        first = c & 0xFFFF_FFFF
+        words.store(board, c + (2 if isinstance(self.error, OSError) else 1))
+
+        def copy() -> None:
+            until = time.monotonic() + 10
+            while words.load(board) & 0xFFFF_FFFF != 0xFFFF_FFFF:  # (closed: none claimed)
+                if time.monotonic() > until:
+                    return  # (never closed: the sender would claim on; not copied here)
+                time.sleep(1e-4)
+            time.sleep(0.05)  # (a slow copy: the recv must not fail meanwhile)
+            ctypes.memset(local + first * piece, 0xEE, min(piece, nbytes - first * piece))
+            words.store(board + 8, words.load(board + 8) + 1)
+            self.written.append(True)
+
+        self.thread = threading.Thread(target=copy, daemon=True)
+        self.thread.start()
+        raise self.error
+
+
+@pytest.mark.parametrize("error", ["copy failed", "link failed"])
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_recv_fails_only_once_its_sender_writes_no_more_into_its_buffer(
+        loop: str, error: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver's shared copy stops unfinished (its read fails, or the link fails):
+    its recv fails only after the piece its sender was copying is in, so that nothing is
+    written into the buffer once it is its user's again."""
+    from asynccomm._exceptions import TransportError
+
+    exc = OSError(errno.EFAULT, "Bad address") if error == "copy failed" else RuntimeError("x")
+    fake = _SlowWriter(shm.single_copy, exc)
+    monkeypatch.setattr(shm, "single_copy", fake)
+
+    async def main() -> tuple[bool, list[bool]]:
+        async with _opened(True) as ((l0, c0), (l1, c1)):
+            buf = np.zeros(BIG, np.uint8)
+            recv = c1.irecv(buf, 0, 5)
+            c0.isend(np.ones(BIG, np.uint8), 1, 5)
+            with pytest.raises(TransportError):
+                await asyncio.wait_for(recv, 30)
+            written = list(fake.written)  # (as the recv failed)
+            fake.thread.join(30)
+            return bool((buf == 0xEE).any()), written
+
+    touched, written_first = _run(loop, main())
+    assert touched and written_first == [True]
