@@ -5,16 +5,21 @@ run: the same ranks doing the same numpy work with nothing exchanged (``--no-exc
 Run: ``python -m benchmarks.ps_ceiling [--quick] [--repeats R] [--out DIR]``
 
 Each repeat runs, one after the other, the example in-process, with ``--processes`` (one
-process per rank, shared memory), under ``mpiexec -n 5``, and the two ceilings: in-process
-and 5 processes (``--processes --no-exchange``; under ``mpiexec`` the compute-only ranks
-are the same 5 processes doing the same work).  The figure is the example's own: the
-median epoch's samples/s over every worker (its ``result:`` line), median over repeats.
-The ranks share the machine's cores: with more ranks than cores, the ceiling is what the
-cores give the workers' numpy work, and no transport can go past it.
+process per rank, shared memory), under ``mpiexec -n 5``, the same training as a plain
+program of 5 blocking processes with no library (``benchmarks.ps_blocking``: socket pairs,
+each rank waiting in the kernel), and the two ceilings: in-process and 5 processes
+(``--processes --no-exchange``; under ``mpiexec``, and for the plain program, the
+compute-only ranks are the same 5 processes doing the same work).  The figure is the
+example's own: the median epoch's samples/s over every worker (its ``result:`` line),
+median over repeats.  The ranks share the machine's cores: with more ranks than cores,
+the ceiling is what the cores give the workers' numpy work, and no transport can go past
+it.
 
 No figure here is judged (the exit status is 0 unless a run failed): the ceiling says how
-far each transport is from the most any could reach on this machine, and whether a target
-set as a multiple of another transport's figure (``TARGET_OVER_MPI``) can be met at all.
+far each transport is from the most any could reach on this machine, the plain program
+what synchronous training of these processes gets with no library in the way, and both
+whether a target set as a multiple of another transport's figure (``TARGET_OVER_MPI``) can
+be met at all.
 """
 
 from __future__ import annotations
@@ -37,22 +42,29 @@ WORKERS = 4
 #: The target set for the parameter server on processes: this many times the MPI figure.
 TARGET_OVER_MPI = 2.0
 
-#: (key, what it is, the example's arguments, launched under mpiexec, ceiling of).
-RUNS: tuple[tuple[str, str, tuple[str, ...], bool, str], ...] = (
-    ("in_process", "in-process", (), False, ""),
-    ("processes", "processes (shared memory)", ("--processes",), False, ""),
-    ("mpi", "mpiexec -n 5", (), True, ""),
-    ("ceiling_in_process", "ceiling, in-process", ("--no-exchange",), False, "in_process"),
-    ("ceiling_processes", "ceiling, 5 processes", ("--processes", "--no-exchange"), False,
-     "processes mpi"),
+#: How a run is launched: the example, the example under ``mpiexec``, or the plain program.
+EXAMPLE, MPIEXEC, PLAIN = "example", "mpiexec", "plain"
+#: (key, what it is, its arguments, how it is launched, ceiling of).
+RUNS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
+    ("in_process", "in-process", (), EXAMPLE, ""),
+    ("processes", "processes (shared memory)", ("--processes",), EXAMPLE, ""),
+    ("mpi", "mpiexec -n 5", (), MPIEXEC, ""),
+    ("plain", "plain blocking processes", (), PLAIN, ""),
+    ("ceiling_in_process", "ceiling, in-process", ("--no-exchange",), EXAMPLE, "in_process"),
+    ("ceiling_processes", "ceiling, 5 processes", ("--processes", "--no-exchange"), EXAMPLE,
+     "processes mpi plain"),
 )
 
 
-def command(args: Sequence[str], mpi: bool) -> list[str]:
-    """The example's command line, under ``mpiexec -n WORKERS+1`` if ``mpi``."""
-    if mpi:
+def command(args: Sequence[str], launcher: str) -> list[str]:
+    """A run's command line: the example, under ``mpiexec -n WORKERS+1``, or the plain
+    program (``launcher``)."""
+    if launcher == MPIEXEC:
         mpiexec = Path(sys.executable).parent / "mpiexec"
         return [str(mpiexec), "-n", str(WORKERS + 1), sys.executable, str(SCRIPT), *args]
+    if launcher == PLAIN:
+        return [sys.executable, "-m", "benchmarks.ps_blocking", "--workers", str(WORKERS),
+                *args]
     return [sys.executable, str(SCRIPT), "--workers", str(WORKERS), *args]
 
 
@@ -64,12 +76,13 @@ def result_fields(stdout: str) -> dict[str, str]:
     return dict(field.split("=", 1) for field in lines[0].removeprefix("result: ").split())
 
 
-def run_once(args: Sequence[str], mpi: bool, epochs: int) -> float:
-    """The example's samples/s for one run."""
-    proc = subprocess.run(command([*args, "--epochs", str(epochs)], mpi), cwd=ROOT,
+def run_once(args: Sequence[str], launcher: str, epochs: int) -> float:
+    """One run's samples/s."""
+    proc = subprocess.run(command([*args, "--epochs", str(epochs)], launcher), cwd=ROOT,
                           capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command(args, mpi))} failed:\n{proc.stderr[-2000:]}")
+        raise RuntimeError(f"{' '.join(command(args, launcher))} failed:\n"
+                           f"{proc.stderr[-2000:]}")
     return float(result_fields(proc.stdout)["samples_per_s"])
 
 
@@ -77,8 +90,8 @@ def measure(repeats: int, epochs: int) -> dict[str, list[float]]:
     """Every run's samples/s, repeat by repeat (the runs alternate within each repeat)."""
     out: dict[str, list[float]] = {key: [] for key, *_ in RUNS}
     for _ in range(repeats):
-        for key, _what, args, mpi, _of in RUNS:
-            out[key].append(run_once(args, mpi, epochs))
+        for key, _what, args, launcher, _of in RUNS:
+            out[key].append(run_once(args, launcher, epochs))
     return out
 
 
@@ -86,7 +99,7 @@ def rows(samples: dict[str, list[float]]) -> list[dict[str, Any]]:
     """Per transport: its median samples/s, its ceiling's, and its share of that."""
     ceilings = {of: key for key, _w, _a, _m, ofs in RUNS for of in ofs.split()}
     out = []
-    for key, what, _args, _mpi, of in RUNS:
+    for key, what, _args, _launcher, of in RUNS:
         if of:
             continue
         ceiling = median(samples[ceilings[key]])
@@ -107,13 +120,20 @@ def print_report(samples: dict[str, list[float]], env: dict[str, Any], repeats: 
                 ["transport", "samples/s", "ceiling", "of ceiling"],
                 [[r["what"], f"{r['samples_per_s']:,.0f}", f"{r['ceiling']:,.0f}",
                   f"{r['of_ceiling']:.1%}"] for r in table])
-    mpi = next(r for r in table if r["key"] == "mpi")
+    by_key = {r["key"]: r for r in table}
+    mpi, plain = by_key["mpi"], by_key["plain"]
     need = TARGET_OVER_MPI * mpi["samples_per_s"]
     print(f"\n{TARGET_OVER_MPI:g}x the MPI figure is {need:,.0f} samples/s: "
           f"{need / mpi['ceiling']:.0%} of the 5 processes' compute ceiling "
           f"({mpi['ceiling']:,.0f})"
           + (", out of reach of any transport on this machine." if need > mpi["ceiling"]
              else "."))
+    print(f"The plain program of blocking processes (no library) reaches "
+          f"{plain['samples_per_s']:,.0f} samples/s"
+          + (f": {TARGET_OVER_MPI:g}x the MPI figure is {need / plain['samples_per_s']:.2f}x "
+             f"that." if need > plain["samples_per_s"] else ".")
+          + f" Shared memory reaches {by_key['processes']['samples_per_s'] / plain['samples_per_s']:.0%}"  # noqa: E501
+          f" of it, MPI {mpi['samples_per_s'] / plain['samples_per_s']:.0%}.")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -88,7 +88,9 @@ SUITES: tuple[Suite, ...] = (
           "the parameter-server example (4 workers and a server, the MLP trained for real) "
           "in-process, one process per rank on shared memory and under `mpiexec -n 5`, each "
           "beside the compute ceiling measured in the same run: the same ranks doing the "
-          "same numpy work with nothing exchanged. No target."),
+          "same numpy work with nothing exchanged; and a plain program of blocking processes "
+          "(no library: socket pairs, each rank waiting in the kernel) training the same "
+          "way. No target."),
 )
 
 
