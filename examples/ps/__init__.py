@@ -24,7 +24,7 @@ from .server import serve
 from .worker import work
 
 __all__ = ["TARGET_ACCURACY", "Config", "EpochRow", "PushFailedError", "Report",
-           "RetryPolicy", "train"]
+           "RetryPolicy", "own_processes", "train"]
 
 TARGET_ACCURACY = 0.95
 """Held-out accuracy every mode and every compressor reaches on the defaults (typically
@@ -73,12 +73,23 @@ class Report:
         return sum(comp.wire_bytes(self.model.layer_size(i)) for i in range(self.model.layers))
 
 
-def train(cfg: Config, **world: Any) -> Report | None:
+def own_processes(world: dict[str, Any]) -> bool:
+    """Whether ``ac.run(..., **world)`` gives each rank a process of its own
+    (``backend="processes"``, or MPI: under ``mpiexec`` unless ``backend="local"``)."""
+    backend = world.get("backend")
+    if world.get("processes") or backend in ("processes", "mpi"):
+        return True
+    return backend is None and ac.mpi_world_size() is not None
+
+
+def train(cfg: Config, inline: bool | None = None, **world: Any) -> Report | None:
     """Run ``cfg`` on ``cfg.workers + 1`` ranks and report on every epoch.
 
     ``world`` holds the keywords for ``ac.run`` besides the world size (``loop=...``).
-    The server gathers the workers' measurements, so the report is rank 0's; with one
-    rank per process the other processes get None.
+    ``inline``: the workers compute on their loop's thread (see ``device``); by default
+    where each rank has a process of its own (``own_processes``).  The server gathers the
+    workers' measurements, so the report is rank 0's; with one rank per process the other
+    processes get None.
 
     Raises:
         PushFailedError: a worker gave up on a push.
@@ -86,7 +97,10 @@ def train(cfg: Config, **world: Any) -> Report | None:
     data = cfg.dataset()
     model = cfg.model(data)
     start = perf_counter()
-    outcome = ac.run(_Program(cfg, data, model), world_size=cfg.world_size, **world)
+    if inline is None:
+        inline = own_processes(world)
+    outcome = ac.run(_Program(cfg, data, model, inline),
+                     world_size=cfg.world_size, **world)
     seconds = perf_counter() - start
     # in-process, run() returns every rank's value; one rank per process, its own
     server = outcome[SERVER] if isinstance(outcome, list) else outcome
@@ -102,15 +116,16 @@ class _Program:
     """Every rank's program: the server's or a worker's part (an object, not a closure, so
     that it travels to the ranks' processes with ``backend="processes"``)."""
 
-    def __init__(self, cfg: Config, data: Any, model: Any) -> None:
+    def __init__(self, cfg: Config, data: Any, model: Any, inline: bool = False) -> None:
         self.cfg = cfg
         self.data = data
         self.model = model
+        self.inline = inline  # (each rank in a process of its own: compute on its loop)
 
     async def __call__(self, comm: ac.Communicator) -> ServerLog | None:
         if comm.rank == SERVER:
             return await serve(comm, self.cfg, self.model)
-        log = await work(comm, self.cfg, self.data, self.model)
+        log = await work(comm, self.cfg, self.data, self.model, self.inline)
         await comm.send(log.to_message(), SERVER, LOG_TAG)
         return None
 

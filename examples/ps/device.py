@@ -6,6 +6,15 @@ aggregate.  Like a device's compute stream, ``ComputeStream.run`` hands a kernel
 rank's own thread (numpy releases the GIL while it computes) and returns to the loop, so
 communication proceeds while the rank computes, and overlap is real, on wall time.
 
+Where the rank has a process of its own (``backend="processes"``, or under ``mpiexec``)
+nothing else runs on its loop, and a kernel runs on the loop's own thread instead
+(``inline``): handing it to a thread and back costs a wake-up of each and the GIL passed
+between them every few numpy calls, which on cores shared by more ranks than there are
+cost more than the overlap hides (the parameter server as 5 processes on 2 cores made
+about 60 futex calls a step with the thread, none without, and trained faster without).
+Messages still move meanwhile: a send is posted before the next kernel runs, and a large
+one is copied by its receiver's process.
+
 numpy's BLAS starts threads of its own for each product; with several ranks per host they
 only fight over the same cores, so ``limit_blas_threads`` pins it to one thread per call
 (the ranks are the parallelism), as ``OPENBLAS_NUM_THREADS=1`` would.
@@ -46,27 +55,40 @@ def limit_blas_threads(threads: int = 1) -> bool:
 
 
 class ComputeStream:
-    """One rank's compute: kernels run one at a time, in the order queued, off the loop."""
+    """One rank's compute: kernels run one at a time, in the order queued, off the loop
+    (or, ``inline``, on it: see the module's notes)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, inline: bool = False) -> None:
         limit_blas_threads()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.inline = inline
+        self._pool = None if inline else ThreadPoolExecutor(max_workers=1,
+                                                            thread_name_prefix=name)
 
     def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Queue ``fn(*args)`` behind the kernels already queued and return at once; the
         future completes when it has run.  Queue a whole pass up front, like kernels on a
         device stream, so the thread never idles waiting for the loop to hand it work.
+        Inline, ``fn`` runs now, and the future is done when this returns.
 
         Through ``run_in_executor``: asynccomm's virtual-time loop counts that as thread
         work outstanding (it takes no model time, and is no deadlock)."""
-        return asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        loop = asyncio.get_running_loop()
+        if self._pool is not None:
+            return loop.run_in_executor(self._pool, fn, *args)
+        done: asyncio.Future[T] = loop.create_future()
+        try:
+            done.set_result(fn(*args))
+        except Exception as exc:  # (raised where it is awaited, as from the thread)
+            done.set_exception(exc)
+        return done
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on this rank's thread and return its result."""
         return await self.submit(fn, *args)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     def __enter__(self) -> ComputeStream:
         return self

@@ -82,15 +82,18 @@ class _Stopwatch:
         return total
 
 
-async def work(comm: ac.Communicator, cfg: Config, data: Dataset, model: MLP) -> WorkerLog:
+async def work(comm: ac.Communicator, cfg: Config, data: Dataset, model: MLP,
+               inline: bool = False) -> WorkerLog:
     """Train on shard ``comm.rank - 1`` for ``cfg.epochs`` passes; return the measurements.
+    ``inline``: the rank has a process of its own, and computes on its loop's thread
+    (``ComputeStream``).
 
     Raises:
         PushFailedError: a push timed out ``cfg.retry.max_attempts`` times.
     """
     worker = _Worker(comm, cfg, data, model)
     await ac.wait_all(worker.pull(worker.params))
-    with ComputeStream(f"rank-{comm.rank}") as device:
+    with ComputeStream(f"rank-{comm.rank}", inline) as device:
         for step in range(cfg.epochs * cfg.steps_per_epoch()):
             await worker.step(device, step)
     return worker.log
@@ -142,14 +145,16 @@ class _Worker:
     async def _backward(self, device: ComputeStream, kernels: _Step) -> _Sent:
         """Queue every layer's backward kernel; with overlap, post each gradient as it is
         ready, while the next layer computes (modelled: layer k's isend is posted before
-        layer k-1's ``comm.compute`` is issued)."""
+        layer k-1's ``comm.compute`` is issued).  Inline, each kernel runs once the layer
+        before it is posted."""
         sent: _Sent = []
         batch = len(kernels.y)
-        queued = [device.submit(kernels.next_push) for _ in range(self.model.layers)]
-        for layer, ready in zip(reversed(range(self.model.layers)), queued, strict=True):
+        queued = ([] if device.inline
+                  else [device.submit(kernels.next_push) for _ in range(self.model.layers)])
+        for layer in reversed(range(self.model.layers)):
             if self.modelled:
                 await self.comm.compute(flops=self.model.backward_flops(layer, batch))
-            got, wire = await ready
+            got, wire = await (queued.pop(0) if queued else device.submit(kernels.next_push))
             assert got == layer, (got, layer)
             req = None
             if self.cfg.overlap and self.cfg.exchange:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from ps import TARGET_ACCURACY, Config, Report, train
+from ps import TARGET_ACCURACY, Config, Report, own_processes, train
 
 # Small enough for about a second per run: two workers, 8,000 samples.
 SMALL = Config(workers=2, epochs=2, train_samples=8_000)
@@ -42,6 +42,23 @@ def test_sync_training_is_reproducible_and_overlap_changes_only_timing() -> None
     serial = train(replace(SMALL, overlap=False), loop="uvloop")
     for a, b in zip(overlapped.rows, serial.rows, strict=True):
         assert (a.loss, a.test_accuracy) == (b.loss, b.test_accuracy)
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_computing_on_the_loop_changes_only_timing(loop: str) -> None:
+    """Workers computing on their loop's thread (``inline``, the default where each rank
+    has a process of its own) train the same model, to the bit, as with a compute thread."""
+    threaded = train(SMALL, inline=False, loop=loop)
+    inline = train(SMALL, inline=True, loop=loop)
+    check_learned(inline)
+    for a, b in zip(threaded.rows, inline.rows, strict=True):
+        assert (a.loss, a.test_accuracy) == (b.loss, b.test_accuracy)
+
+
+def test_ranks_have_processes_of_their_own_on_processes_and_mpi() -> None:
+    assert own_processes({"backend": "processes"}) and own_processes({"processes": True})
+    assert own_processes({"backend": "mpi"})
+    assert not own_processes({"backend": "local"}) and not own_processes({"loop": "uvloop"})
 
 
 def test_ssp_with_bound_zero_keeps_workers_in_lockstep() -> None:
