@@ -358,7 +358,7 @@ class HostSpec:
                 + ("; a step on ranks of one loop less by " + ", ".join(
                     f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.unwaited)
                    + " us" if self.unwaited else "")
-                + ("; past the fast lane by " + ", ".join(
+                + ("; a step past the fast lane less by " + ", ".join(
                     f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.past_lane)
                    + " us" if self.past_lane else ""))
 
