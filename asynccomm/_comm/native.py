@@ -34,7 +34,7 @@ from .._core.matching import Matcher
 from .._core.states import DONE, POSTED, QUEUED, Kind
 from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET, Wire
 from .._engine.engine import DeviceEngine
-from .._engine.fast import TIMED_COPY_MIN
+from .._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
 from .._engine.lane import LANE
 from .._engine.request import Request
@@ -254,7 +254,8 @@ def header_offsets(fmt: str) -> dict[str, int]:
 
 #: The numbers the lane takes (C: ``number_vars``): constants, and the wire header's size
 #: and field offsets; their values: ``numbers``.
-NUMBERS: Final = ("TAG_UB", "MIN_BUCKET", "MESSAGE_OVERHEAD", "TIMED_COPY_MIN", "EAGER",
+NUMBERS: Final = ("TAG_UB", "MIN_BUCKET", "MESSAGE_OVERHEAD", "TIMED_COPY_MIN",
+                  "THREAD_COPY_MIN", "EAGER",
                   "H_SIZE", "H_KIND", "H_DLEN", "H_SRC", "H_TAG", "H_NBYTES", "H_COUNT",
                   "H_DTYPE", "DTYPE_MAX", "RTS", "CTS", "H_IDENT")
 
@@ -268,6 +269,7 @@ def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
     at = header_offsets(header)
     values = {"TAG_UB": TAG_UB, "MIN_BUCKET": MIN_BUCKET,
               "MESSAGE_OVERHEAD": MESSAGE_OVERHEAD, "TIMED_COPY_MIN": TIMED_COPY_MIN,
+              "THREAD_COPY_MIN": THREAD_COPY_MIN,
               "EAGER": wire.EAGER, "RTS": wire.RTS, "CTS": wire.CTS, "H_SIZE": at["size"],
               "DTYPE_MAX": struct.calcsize("<" + HEADER_FIELDS[-1][1])}
     values.update((f"H_{field.upper()}", at[field]) for field, _ in HEADER_FIELDS)

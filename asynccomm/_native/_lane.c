@@ -4,8 +4,9 @@
  * ``Communicator._send_op``/``_recv_op`` and the Python steps (asynccomm/_engine/steps.py
  * ``offer``/``complete``, take.py ``take_now``/``post_now``) do for the commonest case: an
  * awaited op (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an
- * exact source or destination and tag, a message under ``TIMED_COPY_MIN``.  In-process (traced or not) it
- * does all of it.  Across processes (an untraced MPI world) a send goes to the link's
+ * exact source or destination and tag, a message under ``THREAD_COPY_MIN`` (one of
+ * ``TIMED_COPY_MIN`` or more timed as the Python steps time it: matched before its copy,
+ * finished after it).  In-process (traced or not) it does all of it.  Across processes (an untraced MPI world) a send goes to the link's
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``Path``'s landing of control messages hands
@@ -174,11 +175,11 @@ call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout
 
 /* The call's Request of ``kind`` done as it was made, as ``_send_op`` and ``_recv_op``
  * hand it back (``finished``): with the communicator's default timeout, its ``flow`` (a
- * traced world's id, else NULL), DONE with ``result`` (stolen) at ``t``; NULL on an
- * error. */
+ * traced world's id, else NULL), DONE with ``result`` (stolen), posted and matched at
+ * ``t0`` (a timed copy's start, else ``t``) and finished at ``t``; NULL on an error. */
 static inline PyObject *
 done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
-             PyObject *result, double t)
+             PyObject *result, double t0, double t)
 {
     PyObject *timeout = slot_get(c->comm, CO.default_timeout);
     PyObject *req = timeout == NULL ? NULL : call_request(c, kind, source, timeout);
@@ -190,7 +191,7 @@ done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
     if (flow != NULL) {
         put_ref(req, M.flow, flow);
     }
-    if (finish_now(req, result, t) < 0) {
+    if (finish_now(req, result, t0, t) < 0) {
         Py_CLEAR(req);
     }
     return req;
@@ -208,7 +209,7 @@ sent_as_posted(struct call *c, PyObject *rank, double t, PyObject *flow)
     if (!c->handle) {
         Py_RETURN_TRUE;
     }
-    return done_request(c, K_SEND, rank, flow, Py_NewRef(Py_None), t);
+    return done_request(c, K_SEND, rank, flow, Py_NewRef(Py_None), t, t);
 }
 
 /* A send to another process (``c->remote``): the MPI link's ``send_now`` (Python) sends it
@@ -306,7 +307,7 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(c.engine);
         return out;
     }
-    if (fits <= 0 || c.nbytes >= TIMED_COPY_MIN) {
+    if (fits <= 0 || c.nbytes >= THREAD_COPY_MIN) {  /* (copied on the worker thread) */
         if (fits > 0) {
             Py_DECREF(c.engine);
         }
@@ -446,16 +447,18 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         if (has) {  /* taken, or not handled: nothing else is tried here */
-            double when = 0.0;
+            double started = 0.0, when = 0.0;
             PyObject *flow = NULL;
-            result = take(engine, matcher, key, src, tag, data, nbytes, name, &when, &flow);
+            result = take(engine, matcher, key, src, tag, data, nbytes, name, &started, &when,
+                          &flow);
             if (result == NULL || result == Py_None || !handle) {
                 Py_XDECREF(flow);
                 goto done;
             }
             /* (its flow: what recv_traced sets) */
             req = done_request(&c, K_RECV, src,
-                               SLOT(engine, EN.tracer) != Py_None ? flow : NULL, result, when);
+                               SLOT(engine, EN.tracer) != Py_None ? flow : NULL, result,
+                               started, when);
             Py_DECREF(flow);
             result = req == NULL ? NULL : Py_NewRef(req);
             goto done;

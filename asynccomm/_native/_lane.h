@@ -40,7 +40,7 @@ extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType,
 extern PyObject *get_running_loop, *perf_counter, *deque_type;
 extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
 /* native.NUMBERS: constants, and where the wire header's fields are (``wire.HEADER``) */
-extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, EAGER;
+extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, THREAD_COPY_MIN, EAGER;
 extern long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
 extern long RTS, CTS, H_IDENT;
 /* native.STATUS_FIELDS: the fields of a Status tuple the lane builds */
@@ -259,14 +259,14 @@ PyObject *new_message(PyTypeObject *type, PyObject *source, PyObject *tag, Py_ss
 PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,
                       PyObject *tag, Py_ssize_t nbytes, Py_ssize_t count, PyObject *dtype,
                       PyObject *stream, PyObject *timeout, PyObject *array);
-int finish_now(PyObject *req, PyObject *result, double t);
+int finish_now(PyObject *req, PyObject *result, double t0, double t);
 
 /* _lane_steps.c and _lane_recv.c: the receiving engine's steps. */
 int offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
           Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when);
 PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src,
-               PyObject *tag, char *data, Py_ssize_t nbytes, PyObject *dtype, double *when,
-               PyObject **flow);
+               PyObject *tag, char *data, Py_ssize_t nbytes, PyObject *dtype, double *started,
+               double *when, PyObject **flow);
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
          PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
 int track_on(PyObject *engine, PyObject *stream, PyObject *req);

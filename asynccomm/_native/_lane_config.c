@@ -14,7 +14,7 @@ PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightRecord
     *RankTraceType;
 PyObject *get_running_loop, *perf_counter, *deque_type;
 PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
-long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, EAGER;
+long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, THREAD_COPY_MIN, EAGER;
 long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
 long RTS, CTS, H_IDENT;
 struct message_slots M;
@@ -78,8 +78,9 @@ static PyObject **const object_vars[] = {
 };
 
 static long *const number_vars[] = {
-    &TAG_UB, &MIN_BUCKET, &MESSAGE_OVERHEAD, &TIMED_COPY_MIN, &EAGER, &H_SIZE, &H_KIND,
-    &H_DLEN, &H_SRC, &H_TAG, &H_NBYTES, &H_COUNT, &H_DTYPE, &DTYPE_MAX, &RTS, &CTS, &H_IDENT,
+    &TAG_UB, &MIN_BUCKET, &MESSAGE_OVERHEAD, &TIMED_COPY_MIN, &THREAD_COPY_MIN, &EAGER,
+    &H_SIZE, &H_KIND, &H_DLEN, &H_SRC, &H_TAG, &H_NBYTES, &H_COUNT, &H_DTYPE, &DTYPE_MAX,
+    &RTS, &CTS, &H_IDENT,
 };
 
 static PyObject **const name_vars[] = {

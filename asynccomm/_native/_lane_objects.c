@@ -489,20 +489,23 @@ new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,
     return req;
 }
 
-/* ``steps.finished``'s fields for a request done as it was made, at ``t`` (its record
- * is already made): DONE, ``result`` (stolen), posted, matched and finished at ``t``. */
+/* ``steps.finished``'s fields for a request done as it was made (its record is already
+ * made): DONE, ``result`` (stolen), posted and matched at ``t0`` (when its timed copy
+ * began; else ``t``), finished at ``t``. */
 int
-finish_now(PyObject *req, PyObject *result, double t)
+finish_now(PyObject *req, PyObject *result, double t0, double t)
 {
     PyObject *tf = PyFloat_FromDouble(t);
-    if (tf == NULL) {
+    PyObject *ts = tf == NULL || t0 == t ? Py_XNewRef(tf) : PyFloat_FromDouble(t0);
+    if (ts == NULL) {
+        Py_XDECREF(tf);
         Py_DECREF(result);
         return -1;
     }
     put_ref(req, R.state, S_DONE);
     put(req, R.result, result);
-    put_ref(req, R.t_post, tf);
-    put_ref(req, R.t_match, tf);
+    put_ref(req, R.t_post, ts);
+    put(req, R.t_match, ts);
     put(req, R.t_fin, tf);
     return 0;
 }

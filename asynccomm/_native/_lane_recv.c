@@ -8,13 +8,56 @@
 
 #include <string.h>
 
+/* ``StagingPool.release(view)``, inlined: a staged message's bytearray back to ``pool``
+ * (kept for reuse while the cache has room).  0 done, -1 error. */
+static int
+release(PyObject *pool, PyObject *view)
+{
+    Py_ssize_t size = PyByteArray_GET_SIZE(view);
+    long long cached, capacity;
+    if (slot_add(pool, PO.in_use, -(size + MESSAGE_OVERHEAD)) < 0
+        || slot_ll(pool, PO.cached, &cached) < 0
+        || slot_ll(pool, PO.capacity_bytes, &capacity) < 0) {
+        return -1;
+    }
+    if (!size || cached + size > capacity) {
+        return 0;
+    }
+    PyObject *free = slot_get(pool, PO.free);
+    PyObject *sz = free == NULL ? NULL : PyLong_FromSsize_t(size);
+    PyObject *list = sz == NULL ? NULL : PyDict_GetItemWithError(free, sz);
+    int rc = -1;
+    if (sz != NULL && list == NULL && !PyErr_Occurred()) {
+        list = PyList_New(0);
+        if (list != NULL) {
+            rc = PyDict_SetItem(free, sz, list);
+            Py_DECREF(list);  /* the dict holds it */
+        }
+    } else {
+        rc = list == NULL ? -1 : 0;
+    }
+    if (rc == 0) {
+        rc = PyList_Append(list, view);
+    }
+    Py_XDECREF(sz);
+    Py_XDECREF(free);
+    if (rc < 0 || slot_set_ll(pool, PO.cached, cached + size) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
 /* A message waiting in ``matcher`` for (src, tag), taken into ``data`` (``take_now`` and
- * the receiver's record, traced with the message's flow): its Status, with when it was
- * taken and its flow (0 if it has none; a new reference), or Py_None when not handled
- * (nothing changed). */
+ * the receiver's record, traced with the message's flow): staged, or in this process
+ * waiting at its sender (a rendezvous: the copy comes from the send's buffer, and the
+ * link's ``received`` completes the send): its Status, with when its
+ * timed copy began (``*started``: one of ``TIMED_COPY_MIN`` or more; else when it was
+ * taken), when it was taken (``*when``) and its flow (0 if it has none; a new reference),
+ * or Py_None when not handled (nothing changed). */
 PyObject *
 take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject *tag,
-     char *data, Py_ssize_t nbytes, PyObject *dtype, double *when, PyObject **flow)
+     char *data, Py_ssize_t nbytes, PyObject *dtype, double *started, double *when,
+     PyObject **flow)
 {
     PyObject *pool = slot_get(engine, EN.pool);
     if (pool == NULL) {
@@ -41,14 +84,20 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
         goto done;
     }
     Py_INCREF(msg);
-    PyObject *md = SLOT(msg, M.dtype);
+    PyObject *md = SLOT(msg, M.dtype), *where = SLOT(msg, M.where);
     long long n;
     view = SLOT(msg, M.view);
-    if (SLOT(msg, M.where) != W_STAGED || md == NULL
+    /* staged here, or (in this process) a send waiting at its sender, its bytes' view
+     * (the rendezvous of an instant link: ``take_now``'s direct copy) */
+    int at_sender = where == W_AT_SENDER && SLOT(engine, EN.peers) != Py_None;
+    if ((where != W_STAGED && !at_sender) || md == NULL
         || (md != dtype && PyObject_RichCompareBool(md, dtype, Py_EQ) != 1)
-        || slot_ll(msg, M.nbytes, &n) < 0 || n > nbytes || n >= TIMED_COPY_MIN
-        || view == NULL || !PyByteArray_CheckExact(view)
-        || PyByteArray_GET_SIZE(view) < n) {
+        || slot_ll(msg, M.nbytes, &n) < 0 || n > nbytes || n >= THREAD_COPY_MIN
+        || view == NULL || (at_sender ? !PyMemoryView_Check(view)
+                            || PyMemoryView_GET_BUFFER(view)->len < n
+                            || !PyBuffer_IsContiguous(PyMemoryView_GET_BUFFER(view), 'C')
+                            : !PyByteArray_CheckExact(view)
+                            || PyByteArray_GET_SIZE(view) < n)) {
         view = NULL;
         result = PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
         goto done;
@@ -74,43 +123,21 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
     if (slot_add(matcher, MA.matched, 1) < 0) {
         goto done;
     }
-    if (n) {
-        memmove(data, PyByteArray_AS_STRING(view), (size_t)n);
-    }
-    /* pool.release(view), inlined */
-    Py_ssize_t size = PyByteArray_GET_SIZE(view);
-    long long cached, capacity;
-    if (slot_add(pool, PO.in_use, -(size + MESSAGE_OVERHEAD)) < 0
-        || slot_ll(pool, PO.cached, &cached) < 0
-        || slot_ll(pool, PO.capacity_bytes, &capacity) < 0) {
+    double t0 = -1.0;  /* ``taken_at`` */
+    if (n >= TIMED_COPY_MIN && now_of(engine, &t0) < 0) {
         goto done;
     }
-    if (size && cached + size <= capacity) {
-        PyObject *free = slot_get(pool, PO.free);
-        PyObject *sz = free == NULL ? NULL : PyLong_FromSsize_t(size);
-        PyObject *list = sz == NULL ? NULL : PyDict_GetItemWithError(free, sz);
-        int rc = -1;
-        if (sz != NULL && list == NULL && !PyErr_Occurred()) {
-            list = PyList_New(0);
-            if (list != NULL) {
-                rc = PyDict_SetItem(free, sz, list);
-                Py_DECREF(list);  /* the dict holds it */
-            }
-        } else {
-            rc = list == NULL ? -1 : 0;
-        }
-        if (rc == 0) {
-            rc = PyList_Append(list, view);
-        }
-        Py_XDECREF(sz);
-        Py_XDECREF(free);
-        if (rc < 0 || slot_set_ll(pool, PO.cached, cached + size) < 0) {
-            goto done;
-        }
+    if (n) {
+        memmove(data, at_sender ? PyMemoryView_GET_BUFFER(view)->buf
+                : PyByteArray_AS_STRING(view), (size_t)n);
+    }
+    if (!at_sender && release(pool, view) < 0) {
+        goto done;
     }
     /* the link's received(msg, rank): across processes (MPI) its credit goes back to its
-     * sender; LocalLink.received does nothing for a staged message on an instant link */
-    if (SLOT(engine, EN.peers) == Py_None) {
+     * sender; in this process it completes the send waiting at its sender, and does
+     * nothing for a staged message on an instant link */
+    if (SLOT(engine, EN.peers) == Py_None || at_sender) {
         PyObject *link = SLOT(engine, EN.link), *rank = SLOT(engine, EN.rank);
         PyObject *r = link == NULL || rank == NULL ? NULL
             : PyObject_CallMethodObjArgs(link, a_received, msg, rank, NULL);
@@ -136,10 +163,11 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
     PyObject *mflow = SLOT(msg, M.flow);  /* a traced world's id for it, if any */
     if (now_of(engine, &now) < 0
         || record(engine, 1, PyTuple_GET_ITEM(status, 0), PyTuple_GET_ITEM(status, 1),
-                  (Py_ssize_t)n, zero, now, now, now, mflow) < 0) {
+                  (Py_ssize_t)n, zero, t0 < 0 ? now : t0, t0 < 0 ? now : t0, now, mflow) < 0) {
         Py_DECREF(status);
         goto done;
     }
+    *started = t0 < 0 ? now : t0;
     *when = now;
     *flow = mflow == NULL ? Py_NewRef(zero) : Py_NewRef(mflow);
     result = status;

@@ -17,7 +17,8 @@ static inline int finish_done(PyObject *engine, PyObject *req, PyObject *stream,
                               double t_post, double t_match, double *when);
 
 /* What ``steps.complete`` does for a posted ``recv`` (state POSTED) that the message
- * (source, tag, nbytes, count) just filled; traced with the recv's flow, if it has one.
+ * (source, tag, nbytes, count) just filled (matched at its ``t_match`` if a timed copy set
+ * it, else now); traced with the recv's flow, if it has one.
  * The recv's stream is held for the whole step: it calls back into Python (waiters,
  * the timer), which could drop the recv's own reference. */
 int
@@ -227,8 +228,9 @@ untrack_plain(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
     return PyObject_DelItem(pending, sseq);
 }
 
-/* What ``steps.offer`` does (under TIMED_COPY_MIN; ``flow``: the message's id in a
- * traced world, else NULL): 1 if a posted recv took the message, 3 if the pool staged it,
+/* What ``steps.offer`` does (under THREAD_COPY_MIN, the caller's check: a copy of
+ * TIMED_COPY_MIN or more is timed, the recv matched before it; ``flow``: the message's id
+ * in a traced world, else NULL): 1 if a posted recv took the message, 3 if the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
  * a posted recv may take it, and 2 says that none is posted that could (no recv for its
  * source and tag, and no wildcard recv), having changed nothing. */
@@ -297,6 +299,15 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
             if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0) {
                 Py_DECREF(recv);
                 goto done;
+            }
+            if (nbytes >= TIMED_COPY_MIN) {  /* a timed copy: matched before it */
+                double t;
+                PyObject *tm = now_of(peer, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+                if (tm == NULL) {
+                    Py_DECREF(recv);
+                    goto done;
+                }
+                put(recv, R.t_match, tm);
             }
             if (nbytes) {
                 memmove(dst, data, (size_t)nbytes);

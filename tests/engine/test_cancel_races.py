@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 import asynccomm as ac
+from asynccomm._engine.fast import TIMED_COPY_MIN
 from asynccomm.testing import posted
 
 from ..transports.environments import ENVIRONMENTS, run_world
 
 ENVS = list(ENVIRONMENTS)
 BIG = ac.EAGER_LIMIT + 1
+TIMED = TIMED_COPY_MIN  # (staged when no recv waits, and copied timed)
 
 
 class _CancelOnCompletion:
@@ -38,7 +40,7 @@ async def _wait(req: ac.Request) -> object:
     return await req
 
 
-@pytest.mark.parametrize("nbytes", [8, BIG])
+@pytest.mark.parametrize("nbytes", [8, TIMED, BIG, 1 << 20])
 @pytest.mark.parametrize("env", ENVS)
 def test_a_cancellation_at_the_moment_a_recv_completes_loses_nothing(env: str,
                                                                      nbytes: int) -> None:
@@ -57,7 +59,7 @@ def test_a_cancellation_at_the_moment_a_recv_completes_loses_nothing(env: str,
     run_world(env, 2, body)
 
 
-@pytest.mark.parametrize("nbytes", [8, BIG])
+@pytest.mark.parametrize("nbytes", [8, TIMED, BIG, 1 << 20])
 @pytest.mark.parametrize("env", ENVS)
 def test_a_cancellation_at_the_moment_a_send_completes_loses_nothing(env: str,
                                                                      nbytes: int) -> None:

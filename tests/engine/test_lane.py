@@ -1,12 +1,13 @@
 """The C lane (``asynccomm/_lane.c``) does exactly what the Python steps do.
 
 Random programs of sends and recvs (awaited and not, exact and wildcard, some that misfit,
-some on another stream, some left pending, some cancelled; sendrecv and batch exchanges)
-run twice on the same loop: in a world on the C lane (``open_world(native=True)``) and in
-one on the Python steps (``native=False``).  Everything a program can observe must be the
-same: each op's outcome, the bytes received, each rank's flight record (without its
-times; the C lane's ``Ring`` against a deque), summary tallies (its ``Tally`` against the
-Python one), staging-pool and matcher statistics, and in a traced world each traced op
+some on another stream, some left pending, some cancelled; sendrecv and batch exchanges;
+small messages and timed copies of 64 KiB and more) run twice on the same loop: in a world
+on the C lane (``open_world(native=True)``) and in one on the Python steps
+(``native=False``).  Everything a program can observe must be the same: each op's outcome,
+the bytes received, each rank's flight record (its times by how they were read, on a clock
+that steps at each reading; the C lane's ``Ring`` against a deque), summary tallies (its
+``Tally`` against the Python one), staging-pool and matcher statistics, and in a traced world each traced op
 with its message's flow id.  These tests are marked ``native``: where the lane is not
 built (or ``ASYNCCOMM_PURE_PYTHON=1``, whose pass of ``make test`` deselects them) there
 is nothing to compare them with.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
 import os
 import sys
 import tempfile
@@ -31,10 +33,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
-from asynccomm._buffers import PendingBuffers
+from asynccomm._buffers import PendingBuffers, dtype_name
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
+from asynccomm._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from asynccomm._engine.flight import Tally
 
 BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
@@ -247,6 +250,158 @@ def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     assert refs == 2  # the test's own name and getrefcount's argument: nothing else
 
 
+#: Timed copies (``_engine.fast``): at the eager limit (staged when no recv waits), past
+#: it (waits at its sender), and the largest inline one (under ``THREAD_COPY_MIN``).
+TIMED = [TIMED_COPY_MIN, TIMED_COPY_MIN + 8, 1 << 20, THREAD_COPY_MIN - 8]
+
+
+@pytest.mark.native
+@needs_lane
+@pytest.mark.parametrize("nbytes", TIMED, ids=["64K", "64K+8", "1M", "4M-8"])
+def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPatch,
+                                                   nbytes: int) -> None:
+    """A message of 64 KiB or more copied inline goes the C lane whole: into a recv
+    posted for it (awaited, or ``irecv``/``isend``), and at the eager limit staged and
+    then taken; past it, its recv takes it from the send waiting at its sender.  One of
+    ``THREAD_COPY_MIN`` is left to the Python steps."""
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    async def main(world: ac.World) -> list[float]:
+        c0, c1 = world.comms
+        n = nbytes // 8
+        await c0.send(np.ones(2), 1, 6)  # a dtype's name is learnt the first time it is sent
+        await c1.recv(np.empty(2), 0, 6)
+        monkeypatch.setattr(ac.Communicator, "_send_op", refuse)
+        monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        got = []
+        out = np.empty(n)
+        task = asyncio.ensure_future(c1.recv(out, 0, 8))
+        await asyncio.sleep(0)
+        await c0.send(np.full(n, 9.0), 1, 8)
+        assert (await task).nbytes == nbytes
+        got.append(out[-1])
+        req = c1.irecv(out, 0, 9)
+        await c0.isend(np.full(n, 5.0), 1, 9)
+        await req
+        got.append(out[-1])
+        if nbytes <= ac.EAGER_LIMIT:  # staged, then taken (awaited, and irecv)
+            for i in range(2):
+                await c0.send(np.full(n, float(i)), 1, 7)
+                await (c1.recv(out, 0, 7) if i == 0 else c1.irecv(out, 0, 7))
+                got.append(out[-1])
+        else:  # the send waits at its sender (the general path), the recv takes it here
+            monkeypatch.undo()
+            monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+            for i in range(2):
+                send = c0.isend(np.full(n, float(i)), 1, 7)
+                assert not send.done()
+                await (c1.recv(out, 0, 7) if i == 0 else c1.irecv(out, 0, 7))
+                assert send.done()
+                got.append(out[-1])
+        monkeypatch.undo()
+        assert _fastlane.LANE.send(c0, np.ones(THREAD_COPY_MIN // 8), 1, 3, False) is False
+        return got
+
+    async def run() -> list[float]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(main(world), 10)
+
+    assert asyncio.run(run()) == [9.0, 5.0, 0.0, 1.0]
+
+
+async def _timed_pair(world: ac.World, nbytes: int, posted: bool, handle: bool) -> Any:
+    """One message of ``nbytes`` from rank 0 to rank 1, its recv ``posted`` first or its
+    send, awaited or (``handle``) as requests; on a clock that steps at each reading (a
+    record's times equal where one reading made them): the records' times by how they
+    were read, the tallies' waits and copies by whether they took time, the requests'."""
+    c0, c1 = world.comms
+    _count_clock(world)
+    n = nbytes // 8
+    src, out = np.arange(float(n)), np.zeros(n)
+    if posted:
+        recv = c1.irecv(out, 0, 1) if handle else asyncio.ensure_future(c1.recv(out, 0, 1))
+        await asyncio.sleep(0)
+        send = c0.isend(src, 1, 1) if handle else c0.send(src, 1, 1)
+        await send
+        status = await recv
+    else:
+        send = c0.isend(src, 1, 1) if handle else asyncio.ensure_future(c0.send(src, 1, 1))
+        await asyncio.sleep(0)
+        recv = c1.irecv(out, 0, 1) if handle else c1.recv(out, 0, 1)
+        status = await recv
+        await send
+    assert np.array_equal(out, src)
+    seen: list[Any] = [tuple(status)]
+    for comm in world.comms:
+        flight = comm._engine.flight
+        seen.append([({k: v for k, v in e.items() if k not in ("post", "match", "finish")},
+                      _times(e)) for e in comm.flight_record()])
+        seen.append([{peer: (t.n, t.nbytes, t.w == 0, t.c == 0) for peer, t in tally.items()}
+                     for tally in (flight.sends, flight.recvs)])
+    if handle:
+        seen.append([(r.t_post == r.t_match, r.t_match == r.t_fin, r.t_post <= r.t_fin)
+                     for r in (send, recv)])
+    return seen
+
+
+@pytest.mark.parametrize("nbytes", [8, *TIMED], ids=["8", "64K", "64K+8", "1M", "4M-8"])
+@pytest.mark.parametrize("posted", [True, False], ids=["recv-first", "send-first"])
+@pytest.mark.parametrize("handle", [False, True], ids=["awaited", "requests"])
+@pytest.mark.parametrize("traced", [False, True], ids=["plain", "traced"])
+def test_timed_copies_are_recorded_as_the_python_steps_record_them(
+        nbytes: int, posted: bool, handle: bool, traced: bool, tmp_path: Path) -> None:
+    """Each lane's flight record, tallies and requests for one message: a timed copy's
+    recv matched before its copy and finished after it, a small one's in one reading;
+    on the C lane exactly as on the Python steps (and the same on both where the lane is
+    not built)."""
+    async def run(native: bool) -> Any:
+        trace = str(tmp_path / f"{native}.json") if traced else None
+        async with ac.open_world(2, native=native, trace=trace) as world:
+            return await asyncio.wait_for(_timed_pair(world, nbytes, posted, handle), 10)
+
+    python = asyncio.run(run(False))
+    if nbytes >= TIMED_COPY_MIN:  # the recv's record: matched before its copy, finished after
+        assert python[3][0][1][1] is False
+    if BUILT and not PURE:
+        assert asyncio.run(run(True)) == python
+
+
+@pytest.mark.parametrize("nbytes", TIMED, ids=["64K", "64K+8", "1M", "4M-8"])
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_recv_cancelled_before_a_timed_copy_leaves_it_to_the_next(native: bool, loop: str,
+                                                                    nbytes: int) -> None:
+    """A recv cancelled before its message came is not filled, nor recorded done; the
+    message (64 KiB or more) goes to the next recv that names it."""
+    async def main(world: ac.World) -> None:
+        c0, c1 = world.comms
+        n = nbytes // 8
+        first, second = np.zeros(n), np.zeros(n)
+        task = asyncio.ensure_future(c1.recv(first, 0, 4))
+        req = c1.irecv(np.zeros(n), 0, 5)
+        await asyncio.sleep(0)
+        task.cancel()
+        assert req.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        send = asyncio.ensure_future(c0.send(np.full(n, 2.0), 1, 4))
+        await asyncio.sleep(0)
+        status = await c1.recv(second, 0, 4)
+        await send
+        assert status.nbytes == nbytes and second[0] == second[-1] == 2.0
+        assert not first.any()
+        states = sorted((e["op"], e["state"]) for e in c1.flight_record())
+        assert states == [("recv", "cancelled"), ("recv", "cancelled"), ("recv", "done")]
+        assert c1.iprobe(0, 4) is None and c1.statistics().pending_ops == 0
+
+    async def run() -> None:
+        async with ac.open_world(2, native=native) as world:
+            await asyncio.wait_for(main(world), 10)
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        runner.run(run())
+
+
 @pytest.mark.native
 @needs_lane
 def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
@@ -349,7 +504,9 @@ def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
 
 _rank = st.integers(0, SIZE - 1)
 _tag = st.integers(0, 2)
-_n = st.sampled_from([0, 1, 3, 8, 100])
+#: Elements per message: small ones, and (float64) a timed copy at the eager limit, one
+#: past it, and one of 320 KiB (int32: half those bytes); all inline (THREAD_COPY_MIN).
+_n = st.sampled_from([0, 1, 3, 8, 100, 0, 1, 3, 8, 100, 8192, 8193, 40_000])
 _dt = st.sampled_from(range(len(DTYPES)))
 _send = st.sampled_from(["send", "send", "isend", "send_stream"])
 _recv = st.sampled_from(["recv", "recv", "irecv", "recv_stream"])
@@ -389,8 +546,28 @@ def _outcome(value: Any) -> Any:
     return tuple(value) if isinstance(value, tuple) else value
 
 
+def _times(entry: dict[str, Any]) -> tuple[bool, bool]:
+    """How a flight record's times are made, on a clock that never reads the same twice:
+    whether it was matched as it was posted, and finished as it was matched (a timed copy
+    is matched before it and finished after it)."""
+    return entry["post"] == entry["match"], entry["match"] == entry["finish"]
+
+
+def _count_clock(world: ac.World) -> None:
+    """Every engine of ``world`` on one clock that steps at each reading: records made
+    from one reading have equal times, from two readings different ones."""
+    ticks = itertools.count(1)
+
+    def now() -> float:
+        return float(next(ticks))
+
+    for comm in world.comms:
+        comm._engine.now = now
+
+
 async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]:
     comms = world.comms
+    _count_clock(world)
     streams = [c.stream() for c in comms]
     pending: list[tuple[int, Any, np.ndarray[Any, Any] | None]] = []
     seen: list[Any] = []
@@ -448,8 +625,8 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
             result = exc
         seen.append((i, _outcome(result), None if out is None else out.tolist()))
     for comm in comms:
-        flight = [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
-                  for e in comm.flight_record()]
+        flight = [({k: v for k, v in e.items() if k not in ("post", "match", "finish")},
+                   _times(e)) for e in comm.flight_record()]
         engine = comm._engine
         tallies = [{peer: (t.n, t.nbytes) for peer, t in tally.items()}
                    for tally in (engine.flight.sends, engine.flight.recvs)]
@@ -472,6 +649,8 @@ def _result(what: Any) -> Any:
 
 
 def _run(loop: str, traced: bool, program: list[tuple[Any, ...]], native: bool) -> list[Any]:
+    for dtype in DTYPES:  # names known from the start (each first message goes the full way)
+        dtype_name(np.dtype(dtype), "a")
     async def main(trace: str | None) -> list[Any]:
         async with ac.open_world(SIZE, trace=trace, native=native) as world:
             return await asyncio.wait_for(_program(world, program), 20)
