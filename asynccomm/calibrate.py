@@ -23,8 +23,7 @@ their messages, the first touch of their fresh scratch's pages, the copy rate at
 sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
 arrays, a ping-pong's among one buffer and its copy), what a step of small ring calls on 3
 to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
-ranks share one event loop, and find many messages arrived) and what a step of calls whose
-messages are past the fast lane does (``measure_past_lane``), and on processes and MPI
+ranks share one event loop, and find many messages arrived), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
 calls less a message, ``measure_step``) and what it costs more on more ranks than cores
 (barrier calls on one process more than the cores); the preset's ``host`` holds them.
@@ -54,15 +53,13 @@ from typing import Any
 import numpy as np
 
 from . import Communicator, launched_by_mpi, run
-from ._engine.fast import TIMED_COPY_MIN
 from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
-           "measure_past_lane", "measure_switch", "measure_touch", "measure_unwaited",
-           "settle_allocator",
+           "measure_switch", "measure_touch", "measure_unwaited", "settle_allocator",
            "steep_steps", "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
@@ -470,8 +467,7 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
             else in_process_host(repeats))
     if transport == "local":
         return host
-    # ranks of their own loops (Rules 2c and 2d)
-    host = dataclasses.replace(host, unwaited=(), past_lane=())
+    host = dataclasses.replace(host, unwaited=())  # ranks of their own loops (Rule 2c)
     # processes of their own: a step on two of them, each on a core of its own, then one
     # more than the cores take turns
     cores = os.cpu_count() or 1
@@ -492,14 +488,13 @@ def in_process_host(repeats: int = 7,
                backend="local")[0]["allgather"][8]
     two = run(partial(_collective_calls, sizes=HOST_SIZES, repeats=repeats, clock=clock), 2,
               backend="local")[0]
-    halves = sorted({max(1, n // 2) for n in HOST_SIZES} | {LANE_BYTES})
+    halves = sorted({max(1, n // 2) for n in HOST_SIZES})
     half: dict[int, float] = run(lambda comm: pingpong(comm, halves, repeats, clock=clock), 2,
                                  backend="local")[0]
     host = fit_host(call, two, half, measure_touch(HOST_SIZES[-1], repeats, clock),
                     measure_memory(clock=clock))
-    return dataclasses.replace(
-        host, unwaited=measure_unwaited(host, half[min(half)], repeats, clock),
-        past_lane=measure_past_lane(host, half[LANE_BYTES], repeats, clock))
+    return dataclasses.replace(host, unwaited=measure_unwaited(
+        host, half[min(half)], repeats, clock))
 
 
 #: The rank counts on one event loop whose step ``measure_unwaited`` measures (past the
@@ -526,42 +521,14 @@ def measure_unwaited(host: HostSpec, message: float, repeats: int = 7,
     return tuple(sorted(out))
 
 
-def unwaited_of(host: HostSpec, message: float, algorithm: str, p: int, took: float,
-                nbytes: int = LOOP_BYTES) -> float:
-    """The seconds per step of a rank by which a call of ``algorithm`` of ``nbytes`` on
+def unwaited_of(host: HostSpec, message: float, algorithm: str, p: int, took: float) -> float:
+    """The seconds per step of a rank by which a call of ``algorithm`` of ``LOOP_BYTES`` on
     ``p`` ranks of one loop (``took`` seconds) comes in under the model of ``host``: ``p``
     times the call's work on the one core and its steps' messages (``message``: the
-    one-way seconds of a ping-pong of a step's message; ``measure_unwaited``,
-    ``measure_past_lane``)."""
-    steps = work_of(algorithm, nbytes, p).steps
-    return (p * (collective_seconds(host, algorithm, nbytes, p) + steps * message)
+    one-way seconds of the smallest ping-pong; ``measure_unwaited``)."""
+    steps = work_of(algorithm, LOOP_BYTES, p).steps
+    return (p * (collective_seconds(host, algorithm, LOOP_BYTES, p) + steps * message)
             - took) / (p * steps)
-
-
-#: The bytes of each message of the calls ``measure_past_lane`` times: the fast lane's
-#: first size past it (``_engine.fast.TIMED_COPY_MIN``, ``sim/host.py`` ``LANE_LIMIT``).
-LANE_BYTES = TIMED_COPY_MIN
-
-
-def measure_past_lane(host: HostSpec, message: float, repeats: int = 7,
-                      clock: Callable[[], float] = time.process_time,
-                      ranks: Sequence[int] = LOOP_RANKS) -> tuple[tuple[str, int, float], ...]:
-    """What a step of a ring allgather and a ring allreduce call on each of ``ranks``
-    in-process ranks, whose messages are past the fast lane, costs less than the model of
-    ``host`` without Rule 2c gives it (``HostSpec`` ``past_lane``, ``sim/host.py`` Rule
-    2d; negative: more): calls whose every message is ``LANE_BYTES`` (``p`` times as many
-    bytes on ``p`` ranks), timed on ``clock`` as ``time_calls`` does, against ``message``,
-    the one-way seconds of a ping-pong of ``LANE_BYTES`` (``unwaited_of``)."""
-    bare = dataclasses.replace(host, unwaited=(), past_lane=())
-    out = []
-    for p in ranks:
-        n = p * LANE_BYTES
-        got = run(partial(_collective_calls, sizes=(n,), repeats=repeats, clock=clock), p,
-                  backend="local")[0]
-        out += [(f"{name}.ring", p, unwaited_of(bare, message, f"{name}.ring", p,
-                                                got[name][n], n))
-                for name in ("allgather", "allreduce")]
-    return tuple(sorted(out))
 
 
 #: An array whose release makes glibc's allocator serve arrays up to its size from the

@@ -67,22 +67,6 @@ once its sender, waiting for the match as no ping-pong sender does, is woken: no
 A call's work never goes below nothing.  Measured on in-process ranks from small ring
 allgather and allreduce calls on a few rank counts, against their model
 (``asynccomm.calibrate.measure_unwaited``); ranks in processes of their own have none.
-Rule 2d (the fast lane).  In-process messages under ``LANE_LIMIT`` bytes take the fast
-lane (``_engine.fast.TIMED_COPY_MIN``: its C steps post, stage, take and complete them);
-larger ones run the Python steps on both sides, a request each.  A ping-pong hardly sees
-the difference (its receiver waits a turn for every message whichever steps moved it),
-but a step that finds its message arrived pays the Python steps where it would have saved
-a wait: on 3 to 6 ranks of one loop a step whose messages are past the lane costs several
-microseconds more than the model of two ranks gives it, where one in the lane costs
-several less, eager or rendezvous alike.  So a step of a call on ``p`` ranks whose
-messages are at least ``LANE_LIMIT`` bytes costs ``past_lane`` (``(algorithm, ranks,
-seconds)``, read as ``unwaited`` is: its entry of the most ranks up to ``p``, none below
-its first, an algorithm without entries the mean of the others') less, instead of Rule
-2c's (no staging copy is taken from it: the calls it is measured on stage theirs too).
-Measured on in-process ranks from ring allgather and allreduce calls whose messages are
-``LANE_LIMIT`` bytes, the lane's first size, on a few rank counts, against their model
-without Rule 2c (``asynccomm.calibrate.measure_past_lane``); without entries (presets
-written before), Rule 2c holds for every size.  Ranks in processes of their own have none.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
@@ -111,9 +95,6 @@ class Work(NamedTuple):
 #: Messages past this many bytes go by rendezvous (Rule 2c): ``asynccomm.EAGER_LIMIT``,
 #: the default of every transport, written here as this module imports nothing of ours.
 EAGER_LIMIT = 65_536
-#: In-process messages of at least this many bytes leave the fast lane (Rule 2d):
-#: ``asynccomm._engine.fast.TIMED_COPY_MIN``, written here for the same reason.
-LANE_LIMIT = 65_536
 
 #: The work of an algorithm on n bytes and p > 1 ranks.
 WorkOf = Callable[[int, int], Work]
@@ -235,9 +216,6 @@ class HostSpec:
     #: (algorithm, ranks, seconds a step costs less on that many ranks of one event loop),
     #: by algorithm and ranks (Rule 2c)
     unwaited: tuple[tuple[str, int, float], ...] = ()
-    #: (algorithm, ranks, seconds a step whose messages are past the fast lane costs less
-    #: on that many ranks of one loop), by algorithm and ranks (Rule 2d)
-    past_lane: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -275,8 +253,21 @@ class HostSpec:
                 or self.working_set < 0:
             raise ValueError(f"HostSpec working_set must be an int >= 0, got "
                              f"{self.working_set!r}")
-        for field in ("unwaited", "past_lane"):
-            _check_steps(field, getattr(self, field))
+        if not isinstance(self.unwaited, tuple) or not all(
+                isinstance(u, tuple) and len(u) == 3 and isinstance(u[0], str)
+                for u in self.unwaited):
+            raise TypeError("HostSpec unwaited must be a tuple of (algorithm, ranks, seconds) "
+                            "tuples")
+        for _, ranks, less in self.unwaited:
+            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+                raise ValueError(f"HostSpec unwaited ranks must be an int >= 2, got {ranks!r}")
+            if isinstance(less, bool) or not isinstance(less, int | float) \
+                    or not math.isfinite(less):
+                raise ValueError(f"HostSpec unwaited seconds must be a finite number, got "
+                                 f"{less!r}")
+        if [u[:2] for u in self.unwaited] != sorted({u[:2] for u in self.unwaited}):
+            raise ValueError("HostSpec unwaited must be sorted by algorithm and ranks, each "
+                             "once")
 
     @property
     def free(self) -> bool:
@@ -285,7 +276,7 @@ class HostSpec:
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
-                and not self.memory and not self.unwaited and not self.past_lane)
+                and not self.memory and not self.unwaited)
 
     def rates(self, nbytes: int, working_set: float = 0.0) -> tuple[float, float]:
         """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b) among ``working_set``
@@ -323,17 +314,16 @@ class HostSpec:
     def step_less(self, algorithm: str, p: int, message: float = 0.0,
                   copy: float = math.inf) -> float:
         """Seconds a step of a call of ``algorithm`` (``"allgather.ring"``) on ``p`` ranks,
-        whose messages are of ``message`` bytes, costs less: past the fast lane (at least
-        ``LANE_LIMIT`` bytes) with ``past_lane`` entries, its entry there (Rule 2d), else
-        its entry in ``unwaited`` (Rule 2c) less a copy of the message at ``copy`` bytes/s
-        (never below 0 for a saving), 0 for a rendezvous message; an entry is that of the
-        most ranks up to ``p`` (0 below its first; without entries for ``algorithm``, the
-        mean of the other algorithms')."""
-        if message >= LANE_LIMIT and self.past_lane:
-            return _entry(self.past_lane, algorithm, p)
+        whose messages are of ``message`` bytes, costs less (Rule 2c): its entry of the
+        most ranks up to ``p`` in ``unwaited`` (0 below its first; without entries, the
+        mean of the other algorithms') less a copy of the message at ``copy`` bytes/s
+        (never below 0 for a saving); 0 for a rendezvous message."""
         if message > EAGER_LIMIT or not self.unwaited:
             return 0.0
-        less = _entry(self.unwaited, algorithm, p)
+        named = {a for a, _, _ in self.unwaited}
+        less = statistics.fmean(
+            next((u for a, n, u in reversed(self.unwaited) if a == name and n <= p), 0.0)
+            for name in ({algorithm} if algorithm in named else named))
         return less if less <= 0 else max(0.0, less - message / copy)
 
     def core(self, rank: int) -> int:
@@ -357,10 +347,7 @@ class HostSpec:
                    + " GB/s" if self.memory else "")
                 + ("; a step on ranks of one loop less by " + ", ".join(
                     f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.unwaited)
-                   + " us" if self.unwaited else "")
-                + ("; a step past the fast lane less by " + ", ".join(
-                    f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.past_lane)
-                   + " us" if self.past_lane else ""))
+                   + " us" if self.unwaited else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (infinite rates as None)."""
@@ -370,8 +357,7 @@ class HostSpec:
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
                 "switch": self.switch, "touch": self.touch,
                 "memory": [list(m) for m in self.memory], "working_set": self.working_set,
-                "unwaited": [list(u) for u in self.unwaited],
-                "past_lane": [list(u) for u in self.past_lane]}
+                "unwaited": [list(u) for u in self.unwaited]}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:
@@ -387,36 +373,8 @@ class HostSpec:
         fields["cached"] = tuple((n, _read_rate(c), _read_rate(r))
                                  for n, c, r in fields.get("cached", ()))
         fields["memory"] = tuple((n, r) for n, r in fields.get("memory", ()))
-        for steps in ("unwaited", "past_lane"):
-            fields[steps] = tuple((a, n, u) for a, n, u in fields.get(steps, ()))
+        fields["unwaited"] = tuple((a, n, u) for a, n, u in fields.get("unwaited", ()))
         return cls(**fields)
-
-
-def _check_steps(field: str, steps: object) -> None:
-    """``HostSpec``'s ``unwaited`` or ``past_lane``: (algorithm, ranks >= 2, finite
-    seconds) tuples, sorted by algorithm and ranks, each once."""
-    if not isinstance(steps, tuple) or not all(
-            isinstance(u, tuple) and len(u) == 3 and isinstance(u[0], str) for u in steps):
-        raise TypeError(f"HostSpec {field} must be a tuple of (algorithm, ranks, seconds) "
-                        "tuples")
-    for _, ranks, less in steps:
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
-            raise ValueError(f"HostSpec {field} ranks must be an int >= 2, got {ranks!r}")
-        if isinstance(less, bool) or not isinstance(less, int | float) \
-                or not math.isfinite(less):
-            raise ValueError(f"HostSpec {field} seconds must be a finite number, got "
-                             f"{less!r}")
-    if [u[:2] for u in steps] != sorted({u[:2] for u in steps}):
-        raise ValueError(f"HostSpec {field} must be sorted by algorithm and ranks, each once")
-
-
-def _entry(steps: tuple[tuple[str, int, float], ...], algorithm: str, p: int) -> float:
-    """``algorithm``'s entry of the most ranks up to ``p`` in ``steps`` (0 below its first);
-    without entries for it, the mean of the other algorithms'."""
-    named = {a for a, _, _ in steps}
-    return statistics.fmean(
-        next((u for a, n, u in reversed(steps) if a == name and n <= p), 0.0)
-        for name in ({algorithm} if algorithm in named else named))
 
 
 def _json_rate(rate: float) -> float | None:

@@ -409,11 +409,9 @@ def test_ranks_in_processes_of_their_own_have_no_steps_of_one_loop(
     monkeypatch.setattr(calibrate.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(calibrate, "measure_step", lambda host, *a: host.step)
     monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k: 0.0)
-    in_process = HostSpec(cores=1, call=10e-6, unwaited=(("allgather.ring", 3, 1e-6),),
-                          past_lane=(("allgather.ring", 3, -1e-6),))
-    theirs = calibrate.measure_host("processes", 1, in_process)
-    assert theirs.unwaited == theirs.past_lane == ()
-    assert calibrate.measure_host("local", 1, in_process) == in_process
+    in_process = HostSpec(cores=1, call=10e-6, unwaited=(("allgather.ring", 3, 1e-6),))
+    assert calibrate.measure_host("processes", 1, in_process).unwaited == ()
+    assert calibrate.measure_host("local", 1, in_process).unwaited == in_process.unwaited
 
 
 def test_the_step_of_ranks_of_one_loop_is_what_their_calls_take_less_than_the_model() -> None:
@@ -429,34 +427,6 @@ def test_the_step_of_ranks_of_one_loop_is_what_their_calls_take_less_than_the_mo
         assert unwaited_of(host, 9e-6, name, p, took) == pytest.approx(2.5e-6)
         assert unwaited_of(host, 9e-6, name, p, model + p * steps * 1e-6) \
             == pytest.approx(-1e-6)  # dearer than the model: kept, negative
-
-
-def test_a_step_past_the_fast_lane_is_what_its_calls_take_less_than_the_model() -> None:
-    from asynccomm.calibrate import LANE_BYTES, unwaited_of
-    from asynccomm.sim.host import HostSpec, collective_seconds, work_of
-
-    host = HostSpec(cores=1, call=12e-6, step=0.5e-6, copy_bandwidth=1e10,
-                    reduce_bandwidth=1e10)
-    for name, p in (("allgather.ring", 4), ("allreduce.ring", 3)):
-        n = p * LANE_BYTES  # every message LANE_BYTES
-        steps = work_of(name, n, p).steps
-        model = p * (collective_seconds(host, name, n, p) + steps * 30e-6)
-        took = model + p * steps * 6e-6  # every step of every rank 6 us more
-        assert unwaited_of(host, 30e-6, name, p, took, n) == pytest.approx(-6e-6)
-
-
-def test_the_steps_past_the_fast_lane_are_measured_by_algorithm_and_rank_count() -> None:
-    from asynccomm._engine.fast import TIMED_COPY_MIN
-    from asynccomm.calibrate import LANE_BYTES, measure_past_lane
-    from asynccomm.sim.host import HostSpec
-
-    assert LANE_BYTES == TIMED_COPY_MIN  # the lane's first size past it
-    host = HostSpec(cores=1, call=12e-6, copy_bandwidth=1e10, reduce_bandwidth=1e10,
-                    unwaited=(("allgather.ring", 3, 1e-3),))  # left out: Rule 2d replaces it
-    got = measure_past_lane(host, 25e-6, repeats=1, ranks=(3,))
-    assert [u[:2] for u in got] == [("allgather.ring", 3), ("allreduce.ring", 3)]
-    assert all(abs(u[2]) < 1e-3 for u in got)  # seconds per step: well under a millisecond
-    HostSpec(past_lane=got)  # a valid table
 
 
 def test_the_steps_of_ranks_of_one_loop_are_measured_by_algorithm_and_rank_count() -> None:

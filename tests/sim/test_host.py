@@ -305,14 +305,6 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"unwaited": (("allgather.ring", 3, math.nan),)}, ValueError, "must be a finite number"),
     ({"unwaited": (("allgather.ring", 4, 1e-6), ("allgather.ring", 3, 1e-6))}, ValueError,
      "unwaited must be sorted"),
-    ({"past_lane": [("allgather.ring", 3, -1e-6)]}, TypeError, "past_lane must be a tuple"),
-    ({"past_lane": ((3, -1e-6),)}, TypeError, "past_lane must be a tuple"),
-    ({"past_lane": (("allgather.ring", True, -1e-6),)}, ValueError,
-     "past_lane ranks must be an int >= 2"),
-    ({"past_lane": (("allgather.ring", 3, math.inf),)}, ValueError,
-     "past_lane seconds must be a finite number"),
-    ({"past_lane": (("allreduce.ring", 3, 0.0), ("allgather.ring", 3, 0.0))}, ValueError,
-     "past_lane must be sorted"),
 ])
 def test_bad_host_rates(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=message):
@@ -388,73 +380,6 @@ def test_an_eager_message_found_arrived_pays_its_staging_copy_and_a_rendezvous_o
     assert dearer.step_less("allgather.ring", 3, 1000, 1e9) == pytest.approx(-1e-6)
 
 
-#: ``UNWAITED`` with steps past the fast lane: dearer on 3 ranks, dearer still on 4.
-PAST_LANE = dataclasses.replace(UNWAITED, past_lane=(
-    ("allgather.ring", 3, -5e-6), ("allgather.ring", 4, -7e-6), ("allreduce.ring", 4, -6e-6)))
-
-
-def test_the_fast_lane_ends_where_the_engine_s_c_steps_stop_taking_messages() -> None:
-    from asynccomm._engine.fast import TIMED_COPY_MIN
-    from asynccomm.sim import host
-
-    assert host.LANE_LIMIT == TIMED_COPY_MIN
-
-
-def test_a_step_whose_messages_are_past_the_fast_lane_costs_its_own_entry_less() -> None:
-    from asynccomm.sim.host import LANE_LIMIT
-
-    lane = LANE_LIMIT
-    # in the lane: Rule 2c as before (its entry less the staging copy)
-    assert PAST_LANE.step_less("allgather.ring", 4, lane - 1000, 1e12) == pytest.approx(
-        UNWAITED.step_less("allgather.ring", 4, lane - 1000, 1e12))
-    # past it, eager (at the limit) or rendezvous alike: the entry, no copy taken from it
-    for message in (lane, lane + 8, 4 << 20):
-        assert PAST_LANE.step_less("allgather.ring", 4, message, 1e9) == pytest.approx(-7e-6)
-        assert PAST_LANE.step_less("allgather.ring", 6, message, 1e9) == pytest.approx(-7e-6)
-        assert PAST_LANE.step_less("allgather.ring", 3, message, 1e9) == pytest.approx(-5e-6)
-        assert PAST_LANE.step_less("allgather.ring", 2, message, 1e9) == 0.0  # below its first
-        assert PAST_LANE.step_less("allreduce.ring", 3, message, 1e9) == 0.0
-        # an algorithm without entries: the mean of the others' (4 ranks: -7 us and -6 us)
-        assert PAST_LANE.step_less("alltoall.pairwise", 4, message, 1e9) == pytest.approx(
-            -6.5e-6)
-    # presets without entries: Rule 2c for every size (a rendezvous message saves nothing)
-    assert UNWAITED.step_less("allgather.ring", 4, lane) == pytest.approx(3e-6)
-    assert UNWAITED.step_less("allgather.ring", 4, lane + 8) == 0.0
-    assert not dataclasses.replace(HostSpec(), past_lane=PAST_LANE.past_lane).free
-    assert "allgather.ring on 4 -7.0, allreduce" in PAST_LANE.describe().split("fast lane")[1]
-
-
-def test_a_call_whose_messages_are_past_the_fast_lane_takes_its_steps_more() -> None:
-    from asynccomm.sim.host import LANE_LIMIT
-
-    plain = dataclasses.replace(PAST_LANE, unwaited=(), past_lane=())
-    for p in (3, 4):
-        n = p * LANE_LIMIT  # a block of LANE_LIMIT bytes on each rank
-        steps = work_of("allgather.ring", n, p).steps
-        more = 5e-6 if p == 3 else 7e-6
-        assert collective_seconds(PAST_LANE, "allgather", n, p) == pytest.approx(
-            collective_seconds(plain, "allgather", n, p) + steps * more, abs=1e-12)
-        # the same call without entries: Rule 2c's saving, as before
-        assert collective_seconds(UNWAITED, "allgather", n, p) < collective_seconds(
-            plain, "allgather", n, p)
-
-
-def test_a_modelled_call_past_the_fast_lane_takes_its_steps_more() -> None:
-    from asynccomm.sim.host import LANE_LIMIT
-
-    async def allgather(comm: ac.Communicator) -> float:
-        p = comm.size
-        t0 = comm.model_time()
-        await comm.allgather(np.zeros(LANE_LIMIT, np.uint8), np.zeros((p, LANE_LIMIT), np.uint8),
-                             algorithm="ring")
-        return comm.model_time() - t0
-
-    bare = dataclasses.replace(PAST_LANE, unwaited=(), past_lane=())
-    took = [ac.run(allgather, 4, cluster=cluster(h), clock="virtual")[0] for h in (bare, PAST_LANE)]
-    # 3 steps of 7 us more on each of 4 ranks, all on the one core
-    assert took[1] - took[0] == pytest.approx(4 * 3 * 7e-6, abs=1e-8)  # whole ns
-
-
 def test_a_call_s_work_never_goes_below_nothing() -> None:
     host = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
     assert collective_seconds(host, "allreduce", 64, 4) == 0.0
@@ -470,5 +395,3 @@ def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
 def test_the_steps_of_ranks_of_one_loop_round_trip_through_a_preset() -> None:
     assert HostSpec.from_dict(json.loads(json.dumps(UNWAITED.to_dict()))) == UNWAITED
     assert HostSpec.from_dict({"call": 1e-6}).unwaited == ()  # presets written before
-    assert HostSpec.from_dict(json.loads(json.dumps(PAST_LANE.to_dict()))) == PAST_LANE
-    assert HostSpec.from_dict({"call": 1e-6}).past_lane == ()
