@@ -28,11 +28,11 @@ __all__ = ["CHUNK_BYTES", "MAX_INFLIGHT", "Mover"]
 #: 32 MiB.  Each chunk is an MPI rendezvous of its own, and cutting costs: a 16 MiB message
 #: and its 1-byte ack took ~105 us more than raw mpi4py's as one request, ~130 us in 8 MiB
 #: chunks and ~150 us in 4 MiB chunks (medians of paired runs, 2 ranks on one host).  What
-#: remains at 16 MiB is not in the chunking or the polling (longer data bursts, or one more
-#: poll as a burst ends, changed nothing): it is the announcement and ``CTS`` before MPI's
-#: own rendezvous, and the Python steps between the recv's completion and the ack, which
-#: run after the copy has turned the caches over (they take ~2-3x as long after a 16 MiB
-#: copy as after a 1 MiB one).
+#: remained at 16 MiB was not in the chunking or the polling (longer data bursts, or one
+#: more poll as a burst ends, changed nothing): it was the announcement and ``CTS`` before
+#: MPI's own rendezvous (a 16 MiB message now goes early, ``EARLY_MAX``), and the Python
+#: steps between the recv's completion and the ack, which run after the copy has turned
+#: the caches over (they take ~2-3x as long after a 16 MiB copy as after a 1 MiB one).
 CHUNK_BYTES = 16 << 20
 #: (1, 2 and 3 measured alike at 64 MiB, within the noise of this host: 93-98% of raw.)
 MAX_INFLIGHT = 2

@@ -60,10 +60,10 @@ __all__ = ["EARLY_MAX", "MPITransport", "OfferBytes", "deliver"]
 #: 7.4, was in after 93.0 us instead of 96.7, and the ack was back after 107.4 us instead
 #: of 111.9 (raw mpi4py's message and ack: ~85 us).  Smaller rendezvous messages are those
 #: of a sender out of credit (MPI would send them eagerly, staging them unbounded).
-#: Larger ones keep the ``CTS`` first: from 8 MiB the handshake is under 1% of the
-#: transfer (16 MiB take ~1.1 ms), and withdrawing an early message costs its receiver a
-#: scratch buffer of its size; from 16 MiB the data moves in chunks (one data send each).
-EARLY_MAX = 8 << 20
+#: Up to ``CHUNK_BYTES`` (one data send): larger ones keep the ``CTS`` first, their data
+#: moving in chunks.  Withdrawing an early message costs its receiver a scratch buffer of
+#: its size (16 MiB at most).
+EARLY_MAX = CHUNK_BYTES
 
 #: The largest control message (header included) the C lane sends by its own ``MPI_Isend``
 #: (``accelerate``); larger ones (eager messages of more than 4 KiB) go through mpi4py's.
