@@ -113,6 +113,16 @@ def _server(cfg: Config, socks: list[socket.socket], out: Any) -> None:
         s.close()
 
 
+def _rank(target: Any, keep: list[Any], every: list[Any], *args: Any) -> None:
+    """Run ``target(*args)`` in a forked rank that holds only its own sockets and pipe
+    ends (``keep``) of ``every`` one the parent made: a peer that dies then closes the
+    last copy of its end, and whoever waits on it hears of it."""
+    for end in every:
+        if not any(end is k for k in keep):
+            end.close()
+    target(*args)
+
+
 def run(cfg: Config) -> dict[str, float]:
     """Train ``cfg`` (sync) with blocking processes: samples/s (as the example reckons it:
     the median epoch's, over every worker) and the held-out accuracy."""
@@ -123,23 +133,34 @@ def run(cfg: Config) -> dict[str, float]:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
     pipes = [ctx.Pipe(duplex=False) for _ in range(cfg.workers + 1)]
-    procs = [ctx.Process(target=_server, args=(cfg, [a for a, _ in pairs], pipes[0][1]))]
-    procs += [ctx.Process(target=_worker, args=(w + 1, cfg, pairs[w][1], pipes[w + 1][1]))
+    every = [end for pair in [*pairs, *pipes] for end in pair]
+    server = [a for a, _ in pairs]
+    procs = [ctx.Process(target=_rank, args=(_server, [*server, pipes[0][1]], every, cfg,
+                                             server, pipes[0][1]))]
+    procs += [ctx.Process(target=_rank, args=(_worker, [pairs[w][1], pipes[w + 1][1]], every,
+                                              w + 1, cfg, pairs[w][1], pipes[w + 1][1]))
               for w in range(cfg.workers)]
     for p in procs:
         p.start()
-    for a, b in pairs:
+    for a, b in pairs:  # (the ranks' own now: a rank that dies closes its end)
         a.close()
         b.close()
+    for _, end in pipes:  # (so that a rank that dies without reporting ends the wait)
+        end.close()
+    snapshots: list[Any] = []
+    logs: list[WorkerLog] = []
     try:
         snapshots = pipes[0][0].recv()
         logs = [WorkerLog.from_message(pipes[w + 1][0].recv()) for w in range(cfg.workers)]
+    except EOFError:  # (a rank ended without reporting: its exit code says so below)
+        pass
     finally:
         for p in procs:
             p.join(60)
             if p.is_alive():
                 p.kill()
-    if any(p.exitcode for p in procs):
+                p.join()
+    if any(p.exitcode for p in procs) or len(logs) < cfg.workers:
         raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
     per_epoch = cfg.steps_per_epoch()
     samples = cfg.workers * per_epoch * cfg.batch_size

@@ -75,3 +75,21 @@ def test_the_plain_program_trains_the_example_model() -> None:
     assert got["samples_per_s"] > 0 and 0 < got["comm_share"] < 1
     report = train(cfg)  # (in-process, on asynccomm: the same result, to the bit)
     assert report is not None and got["test_accuracy"] == report.test_accuracy >= 0.9
+
+
+def test_the_plain_program_fails_when_a_rank_dies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that dies ends the run with an error naming the exit codes, not a hang."""
+    import sys
+    from pathlib import Path
+
+    from benchmarks import ps_blocking
+
+    sys.path.insert(0, str(Path(ps_blocking.__file__).resolve().parents[1] / "examples"))
+    from ps import Config
+
+    def dies(*args: object) -> None:
+        raise SystemExit(3)
+
+    monkeypatch.setattr(ps_blocking, "_worker", dies)  # (the forked ranks run it)
+    with pytest.raises(RuntimeError, match="exit codes"):
+        ps_blocking.run(Config(mode="sync", workers=2, epochs=1))
