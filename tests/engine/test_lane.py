@@ -7,10 +7,10 @@ on the C lane (``open_world(native=True)``) and in one on the Python steps
 (``native=False``).  Everything a program can observe must be the same: each op's outcome,
 the bytes received, each rank's flight record (its times by how they were read, on a clock
 that steps at each reading; the C lane's ``Ring`` against a deque), summary tallies (its
-``Tally`` against the Python one), staging-pool and matcher statistics, and in a traced world each traced op
-with its message's flow id.  These tests are marked ``native``: where the lane is not
-built (or ``ASYNCCOMM_PURE_PYTHON=1``, whose pass of ``make test`` deselects them) there
-is nothing to compare them with.
+``Tally`` against the Python one), staging-pool and matcher statistics, and in a traced
+world each traced op with its message's flow id.  These tests are marked ``native``: where
+the lane is not built (or ``ASYNCCOMM_PURE_PYTHON=1``, whose pass of ``make test``
+deselects them) there is nothing to compare them with.
 """
 
 from __future__ import annotations
