@@ -161,13 +161,16 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
     }
     double now;
     PyObject *mflow = SLOT(msg, M.flow);  /* a traced world's id for it, if any */
-    if (now_of(engine, &now) < 0
-        || record(engine, 1, PyTuple_GET_ITEM(status, 0), PyTuple_GET_ITEM(status, 1),
-                  (Py_ssize_t)n, zero, t0 < 0 ? now : t0, t0 < 0 ? now : t0, now, mflow) < 0) {
+    if (now_of(engine, &now) < 0) {
         Py_DECREF(status);
         goto done;
     }
-    *started = t0 < 0 ? now : t0;
+    *started = t0 < 0 ? now : t0;  /* (not timed: posted, matched and taken now) */
+    if (record(engine, 1, PyTuple_GET_ITEM(status, 0), PyTuple_GET_ITEM(status, 1),
+               (Py_ssize_t)n, zero, *started, *started, now, mflow) < 0) {
+        Py_DECREF(status);
+        goto done;
+    }
     *when = now;
     *flow = mflow == NULL ? Py_NewRef(zero) : Py_NewRef(mflow);
     result = status;

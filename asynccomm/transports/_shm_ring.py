@@ -162,7 +162,7 @@ class Segment:
         return rank * LINE
 
     def board(self, rank: int) -> int:
-        """The offset of ``rank``'s board (three words: see ``shm.Channels.share``)."""
+        """The offset of ``rank``'s board (three words: see ``shm.SHARE_MIN``)."""
         return (self.size + rank) * LINE
 
     def ring(self, source: int, dest: int, sender: bool) -> Ring:

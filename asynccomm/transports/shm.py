@@ -121,6 +121,9 @@ SHARE_WAIT_NS = 1_000_000
 SHARE_SETTLE = 1.0
 #: A board's claim word once closed: no piece is left to claim (with the generation above).
 CLOSED = 0xFFFF_FFFF
+#: The offsets in a board (``Segment.board``) of its words: the next piece to claim, the
+#: pieces copied, a piece given back (``lane.share``).
+CLAIM, COPIED, BACK = 0, 8, 16
 #: Rendezvous data moves in fragments of this many bytes: records of a quarter of a ring
 #: (four at once on it: one being written, one read, two waiting), a multiple of 64.
 FRAGMENT = (RING_BYTES // 4 - 8 - HEADER.size) & ~63
@@ -558,9 +561,9 @@ class Channels:
         board, words = self._board, self.words
         if not pull.gen:
             self._gen = pull.gen = self._gen % 0x7FFF_FFFF + 1  # (a tag: 31 bits)
-            words.store(board + 16, 0)  # (nothing given back; none copied; none claimed)
-            words.store(board + 8, pull.gen << 32)
-            words.store(board, pull.gen << 32)
+            words.store(board + BACK, 0)  # (nothing given back; none copied; none claimed)
+            words.store(board + COPIED, pull.gen << 32)
+            words.store(board + CLAIM, pull.gen << 32)
             self._answer(source, HEADER.pack(DATA_SHARE, 0, self.rank, pull.gen, nbytes, piece,
                                              pull.ident, b"")
                          + SHARE.pack(single_copy.address(pull.view), pull.address))
@@ -582,16 +585,16 @@ class Channels:
         the buffer any longer; or until the sender's process is gone, or ``SHARE_SETTLE``."""
         board, words, gen = self._board, self.words, pull.gen
         while True:
-            c = words.load(board)
+            c = words.load(board + CLAIM)
             if c >> 32 != gen or c & CLOSED == CLOSED:
                 return  # (not this copy's board, or closed already)
-            if words.cas(board, c, (gen << 32) | CLOSED):
+            if words.cas(board + CLAIM, c, (gen << 32) | CLOSED):
                 break
         claimed = min(c & CLOSED, -(-len(pull.view) // share_piece(len(pull.view))))
         pid = self.node.pids[self.procs[source]]
         until = time.perf_counter() + SHARE_SETTLE
         while True:
-            done, back = words.load(board + 8), words.load(board + 16)
+            done, back = words.load(board + COPIED), words.load(board + BACK)
             settled = (lost + (done & CLOSED if done >> 32 == gen else 0)
                        + (1 if back >> 32 == gen and back & CLOSED else 0))
             if settled >= claimed or time.perf_counter() > until:

@@ -18,7 +18,6 @@ import errno
 import mmap
 import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -494,11 +493,12 @@ def test_a_sender_refused_its_copies_stops_sharing(
 
 class _SlowWriter:
     """The single copy, where the receiver's copy fails (``error``) just after the sender
-    claimed a piece (claimed here, for it) that it copies slowly, in a thread: it waits for
-    the board to be closed, takes a while, then writes the piece into the recv buffer and
-    counts it.  For an ``OSError`` the receiver's own failing piece is claimed too (an
-    ``OSError`` is a copy that failed; another error fails the link with the copy under
-    way).  The sender's own calls copy nothing."""
+    claimed a piece (claimed here, for it) that it copies in a thread: only once the
+    receiver has closed the board and waits for it (``sched_yield``, replaced by
+    ``yield_``) does it write the piece into the recv buffer and count it.  For an
+    ``OSError`` the receiver's own failing piece is claimed too (an ``OSError`` is a copy
+    that failed; another error fails the link with the copy under way).  The sender's own
+    calls copy nothing."""
 
     def __init__(self, real: Any, error: BaseException) -> None:
         self.real = real
@@ -507,6 +507,15 @@ class _SlowWriter:
         self.error = error
         self.thread: Any = None
         self.written: list[bool] = []
+        self.waited = threading.Event()  # (the receiver waits, its board closed)
+        self.board: tuple[Any, int] | None = None
+
+    def yield_(self) -> None:
+        if self.board is not None:
+            words, board = self.board
+            if words.load(board) & 0xFFFF_FFFF == 0xFFFF_FFFF:
+                self.waited.set()
+        os.sched_yield()
 
     def share(self, words: Any, board: int, gen: int, pid: int, local: int, remote: int,
               nbytes: int, piece: int, *rest: Any) -> bool:
@@ -515,16 +524,13 @@ class _SlowWriter:
         c = words.load(board)
         first = c & 0xFFFF_FFFF
         words.store(board, c + (2 if isinstance(self.error, OSError) else 1))
+        self.board = (words, board)
 
         def copy() -> None:
-            until = time.monotonic() + 10
-            while words.load(board) & 0xFFFF_FFFF != 0xFFFF_FFFF:  # (closed: none claimed)
-                if time.monotonic() > until:
-                    return  # (never closed: the sender would claim on; not copied here)
-                time.sleep(1e-4)
-            time.sleep(0.05)  # (a slow copy: the recv must not fail meanwhile)
+            if not self.waited.wait(10):
+                return  # (nobody waits for it: the sender would claim on; not copied here)
             ctypes.memset(local + first * piece, 0xEE, min(piece, nbytes - first * piece))
-            words.store(board + 8, words.load(board + 8) + 1)
+            words.store(board + shm.COPIED, words.load(board + shm.COPIED) + 1)
             self.written.append(True)
 
         self.thread = threading.Thread(target=copy, daemon=True)
@@ -544,6 +550,7 @@ def test_a_recv_fails_only_once_its_sender_writes_no_more_into_its_buffer(
     exc = OSError(errno.EFAULT, "Bad address") if error == "copy failed" else RuntimeError("x")
     fake = _SlowWriter(shm.single_copy, exc)
     monkeypatch.setattr(shm, "single_copy", fake)
+    monkeypatch.setattr(shm, "sched_yield", fake.yield_)
 
     async def main() -> tuple[bool, list[bool]]:
         async with _opened(True) as ((l0, c0), (l1, c1)):
