@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from . import Communicator, launched_by_mpi, run
+from ._comm.process_runner import settle_allocator
 from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
@@ -529,22 +530,6 @@ def unwaited_of(host: HostSpec, message: float, algorithm: str, p: int, took: fl
     steps = work_of(algorithm, LOOP_BYTES, p).steps
     return (p * (collective_seconds(host, algorithm, LOOP_BYTES, p) + steps * message)
             - took) / (p * steps)
-
-
-#: An array whose release makes glibc's allocator serve arrays up to its size from the
-#: heap from then on (it raises its mmap threshold to a freed mapped block's size, for
-#: blocks up to 32 MiB on 64 bits, its bookkeeping included: 16 MiB is under it).
-SETTLE_BYTES = 16 << 20
-
-
-def settle_allocator() -> None:
-    """Put this process's allocator in the state of a program that has run a while: an
-    array of ``SETTLE_BYTES`` made and released, after which a call's scratch up to that
-    size comes from memory the process holds (warm) rather than from pages the system
-    maps afresh for each call.  A program that has freed a large array (the calibration's
-    own ping-pong does) is in that state, and its calls' page faults are few; a fresh
-    process faults in a share of a 4 MiB call's scratch on every call."""
-    np.ones(SETTLE_BYTES, np.uint8)
 
 
 def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, float],

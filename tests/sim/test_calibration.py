@@ -442,16 +442,9 @@ def test_the_steps_of_ranks_of_one_loop_are_measured_by_algorithm_and_rank_count
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_a_settled_allocator_hands_a_call_s_scratch_back_warm() -> None:
-    import resource
-
     from asynccomm import calibrate
 
-    def faults_of_fresh_arrays() -> int:
-        np.empty(4 << 20, np.uint8).fill(1)  # the heap grows once
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(8):
-            np.empty(4 << 20, np.uint8).fill(1)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    from ..transports.shm_cases import faults_of_fresh_arrays
 
     calibrate.settle_allocator()
     assert faults_of_fresh_arrays() < 8  # where a fresh process maps each one afresh

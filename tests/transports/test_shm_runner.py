@@ -5,6 +5,7 @@ behind: no process, no shared-memory file)."""
 from __future__ import annotations
 
 import os
+import platform
 import select
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import asynccomm as ac
 from asynccomm._comm.process_runner import RemoteTraceback, launch
 from asynccomm.transports import shm
 
-from .shm_cases import a_broken_link, a_killed_rank, one_fails, who
+from .shm_cases import a_broken_link, a_killed_rank, fresh_array_faults, one_fails, who
 
 pytestmark = pytest.mark.skipif(shm.missing() is not None, reason=str(shm.missing()))
 
@@ -41,6 +42,13 @@ def test_each_rank_runs_in_a_process_of_its_own_and_results_come_in_rank_order()
 def test_processes_true_is_the_same_backend_and_loop_is_honoured() -> None:
     got = ac.run(who, 2, processes=True, loop="asyncio")
     assert got == [(0, 2, "asyncio.unix_events"), (1, 1, "asyncio.unix_events")]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_a_rank_s_allocator_is_settled_before_main_runs() -> None:
+    # A new process, handed its arguments, would map and fault in each large temporary
+    # afresh (a parameter-server worker: 400 page faults a step).
+    assert all(faults < 8 for faults in ac.run(fresh_array_faults, 2, backend="processes"))
 
 
 def test_a_failing_rank_is_raised_with_its_rank_and_its_peers_hear_why() -> None:
