@@ -26,7 +26,7 @@ from .._engine.lane import Lane, choose
 from .._engine.options import check_timeout
 from .._engine.request import Request, TaskRequest, wait_all
 from .._engine.steps import finished, offer
-from .._engine.stream import Stream
+from .._engine.stream import Stream, idle
 from .._engine.summary import measured_records, rank_summary
 from .._engine.take import post_now, take_now
 from .._engine.traced import recv_traced, send_traced
@@ -292,11 +292,15 @@ class Communicator:
             view = as_send_buffer(buf, count, dtype)
             mv, nbytes, n, name = view.mv, view.nbytes, view.count, view.dtype
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
-        if (engine.fast and arr is not None and stream is None
-                and not engine.default_stream._queue
+        if (engine.fast and arr is not None
+                and (not engine.default_stream._queue if stream is None else idle(stream, engine))
                 and (offer(peers[dst], self.rank, tag, arr, nbytes, n, name)
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
+            if stream is not None:  # (done as posted: never tracked, as Stream._submit does)
+                stream = cast(Stream, stream)
+                return finished(engine, Request(engine, SEND, dst, tag, None, nbytes, n, name,
+                                                stream, timeout, arr), None)
             if not handle:
                 t = engine.now()  # FlightRecorder.add, inlined (done as posted)
                 (flight := engine.flight).ring.append((0, dst, tag, nbytes, 0, 0, t, t, t))
@@ -337,6 +341,11 @@ class Communicator:
         timeout = self._default_timeout if timeout is None else check_timeout(timeout)
         if engine._pending_recvs:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
+        if (stream is not None and engine.fast and arr is not None and idle(stream, engine)
+                and (status := take_now(engine, src, tag, arr, nbytes, name)) is not None):
+            stream = cast(Stream, stream)  # (a message was waiting: done as posted)
+            return finished(engine, Request(engine, RECV, src, tag, None, nbytes, n, name,
+                                            stream, timeout, arr), status, engine.taken_at)
         if (engine.fast and arr is not None and stream is None
                 and not engine.default_stream._queue):
             status = take_now(engine, src, tag, arr, nbytes, name)

@@ -30,7 +30,7 @@ from .._core.states import DONE, QUEUED
 from .._exceptions import CommClosedError
 from .request import Request
 
-__all__ = ["Event", "Stream", "StreamOwner", "StreamStatistics"]
+__all__ = ["Event", "Stream", "StreamOwner", "StreamStatistics", "idle"]
 
 
 class StreamOwner(Protocol):
@@ -279,3 +279,12 @@ class Stream:
         events = self._events
         while events and (not pending or next(iter(pending)) > events[0].seq):
             events.popleft()._fire()
+
+
+def idle(stream: object, engine: object) -> bool:
+    """Whether an op posted on ``stream`` now would start at once (``Stream._submit``):
+    ``stream`` is a Stream of ``engine`` with nothing queued on it, nor, where it keeps
+    its order, pending.  False for anything else (``Communicator._check_stream`` then says
+    what is wrong)."""
+    return (type(stream) is Stream and stream._owner is engine and not stream._queue
+            and not (stream.in_order and len(stream._pending) > stream._queued))

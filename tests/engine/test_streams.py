@@ -153,3 +153,37 @@ async def test_an_event_wakes_only_the_streams_that_wait_for_it() -> None:
         await rendezvous
         await held  # the event fired and released it
         assert c1.iprobe(0, 2) is not None
+
+
+async def test_ops_on_an_idle_stream_finish_as_they_are_posted() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s0, s1 = c0.stream(), c1.stream()
+        sent = c0.isend(np.arange(4, dtype=np.int64), 1, 3, stream=s0, timeout=5.0)
+        assert sent.done() and sent.stream is s0  # eager: staged at once
+        out = np.empty(4, np.int64)
+        got = c1.irecv(out, 0, 3, stream=s1, timeout=5.0)  # the message was waiting
+        assert got.done() and got.stream is s1 and (await got).count == 4
+        assert list(out) == [0, 1, 2, 3]
+        assert s0.statistics().submitted == s1.statistics().submitted == 0
+        assert s0.record().done() and s1.record().done()
+
+
+async def test_a_busy_stream_leaves_a_waiting_message_to_its_turn() -> None:
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        s = c1.stream()
+        await c0.send(np.full(4, 2, np.int64), 1, 2)  # waiting at rank 1 before its recv
+        first = c1.irecv(np.empty(4, np.int64), 0, 1, stream=s)  # nothing came yet
+        out = np.zeros(4, np.int64)
+        second = c1.irecv(out, 0, 2, stream=s)
+        assert not second.done() and not out.any()  # in order: behind the first
+        assert c1.iprobe(0, 2) is not None  # still waiting, not taken
+        held = c1.stream()
+        held.wait(s.record())
+        third = c1.irecv(np.empty(4, np.int64), 0, 2, stream=held)  # held by the event
+        await c0.send(np.full(4, 2, np.int64), 1, 2)
+        assert not third.done()
+        await c0.send(np.full(4, 1, np.int64), 1, 1)
+        await ac.wait_all([first, second, third])
+        assert list(out) == [2, 2, 2, 2]
