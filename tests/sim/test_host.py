@@ -380,6 +380,24 @@ def test_an_eager_message_found_arrived_pays_its_staging_copy_and_a_rendezvous_o
     assert dearer.step_less("allgather.ring", 3, 1000, 1e9) == pytest.approx(-1e-6)
 
 
+def test_a_staged_message_s_copy_runs_at_the_rate_of_its_own_working_set() -> None:
+    # the call's copies at 10 GB/s; the staging copy of a 64 KiB message runs among it
+    # and its copy, at 40 GB/s (MEMORY among 1 MiB or less)
+    host = dataclasses.replace(UNWAITED, unwaited=(("allgather.ring", 4, 10e-6),),
+                               copy_bandwidth=1e10, cached=((1 << 30, 1e10, 1e10),),
+                               memory=MEMORY.memory)
+    plain = dataclasses.replace(host, unwaited=())
+    n, p = 256 << 10, 4  # 64 KiB messages, eager
+    steps = work_of("allgather.ring", n, p).steps
+    assert collective_seconds(host, "allgather", n, p) == pytest.approx(
+        collective_seconds(plain, "allgather", n, p) - steps * (10e-6 - (64 << 10) / 4e10))
+    # without copy rates by working set, at the call's copy rate
+    bare = dataclasses.replace(host, memory=())
+    assert collective_seconds(bare, "allgather", n, p) == pytest.approx(
+        collective_seconds(dataclasses.replace(bare, unwaited=()), "allgather", n, p)
+        - steps * (10e-6 - (64 << 10) / 1e10))
+
+
 def test_a_call_s_work_never_goes_below_nothing() -> None:
     host = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
     assert collective_seconds(host, "allreduce", 64, 4) == 0.0
