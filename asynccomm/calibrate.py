@@ -543,7 +543,8 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     (``sim/host.py`` Rule 1d), the rest is the call's own work, whose rates hold at the
     largest calls' working set (``working_set``; the allgather's and allreduce's alike).
     The copy rates come from the allgather calls, the reduce rates are what the
-    allreduce calls take more than their copies at those rates, per byte they reduce.
+    allreduce calls take more than their copies at those rates, per byte they reduce;
+    the large calls' rates of their bytes beyond the cached calls' (Rule 1b).
 
     So a reduce rate holds more than the sums: whatever else of the allreduce calls the
     model misprices (a 4 MiB call's came out at 2.6 to 4.2 GB/s, where its float32 sums,
@@ -577,10 +578,15 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     touch = min(fresh_page * faulted, max(0.0, bare[-1] - bare[0] - 1.5 * n_top * cached_copy)
                 / work_of("allgather.ring", n_top, 2).fresh)
     gather, reduce = work("allgather", 2, touch), work("allreduce", 4, touch)
-    per_byte = []  # (seconds per byte copied, per byte reduced) of calls up to each size
+    # (seconds per byte copied, per byte reduced) of the first cached calls' bytes, then
+    # of the bytes each size has beyond the size before (``sim/host.py`` Rule 1b: a call
+    # past a piece pays the piece's rates up to its size)
+    per_byte = []
     for i, n in enumerate(HOST_SIZES[1:], 1):
-        per_copy = max(0.0, gather[i] - gather[0]) / n / 1.5
-        per_byte.append((per_copy, max(0.0, (reduce[i] - reduce[0]) / n - 2 * per_copy) / 0.5))
+        more = n - (HOST_SIZES[i - 1] if i > 1 else 0)
+        per_copy = max(0.0, gather[i] - gather[i - 1]) / more / 1.5
+        per_byte.append((per_copy, max(0.0, (reduce[i] - reduce[i - 1]) / more
+                                       - 2 * per_copy) / 0.5))
     # a rate that load made vanish (its time no more than the small call's) is the other
     # size's, when that one is known
     rates: list[tuple[int, float, float]] = []

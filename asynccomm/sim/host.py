@@ -16,9 +16,16 @@ reduce_bandwidth + fresh * touch`` seconds, where ``steps``, ``copied`` and ``re
 are those of the algorithm the call runs (``WORK``, keyed ``"allreduce.ring"``; a bare
 collective name is its bandwidth algorithm's, a tree's for bcast, reduce, gather, scatter),
 and ``fresh`` the bytes of the scratch arrays it allocates; one rank costs ``call`` only.
-Rule 1b (caches).  A call whose ``nbytes`` is at most a piece of ``cached`` (``(up_to,
-copy_bandwidth, reduce_bandwidth)``, the first that holds it) copies and reduces at that
-piece's rates: a small call's arrays stay in the caches, a large one's go to memory.
+Rule 1b (caches).  ``cached`` holds pieces ``(up_to, copy_bandwidth, reduce_bandwidth)``
+by size: a small call's arrays stay in the caches, a large one's go to memory.  A call
+copies and reduces the bytes a call of the first piece's ``up_to`` would at that piece's
+rates, the bytes a call of the next piece's has beyond those at the next piece's, and so
+on, the bytes past the last piece at ``copy_bandwidth`` and ``reduce_bandwidth``
+(``asynccomm.calibrate.fit_host`` fits each piece's rates on the bytes beyond the piece
+before's): a call's time never falls as its size grows.  Every byte of a call past the
+last piece at the large calls' rates (scaled to a working set far smaller than theirs,
+Rule 1d) put calls of 384 and 512 KiB on two ranks 9-17% under their measurements,
+below the 256 KiB calls' time.
 Rule 1c (first touch).  A scratch array allocated by a call lands on pages the process
 has not touched yet as often as not (the allocator hands large freed blocks back to the
 system): ``touch`` is the seconds per byte of those page faults, on average over the
@@ -31,8 +38,8 @@ between them on log2 of the bytes); each byte a rank receives into the call's la
 arrays (not a ring reduce-scatter's, which land in one block the caches keep) in a call
 whose working set is W (``footprint``) costs 1 / memory(W) - 1 / memory(2 m) more on
 its core, m its messages' size (none where the call's working set is no larger).  The
-call's own copies and reductions past the ``cached`` pieces take their rates times
-memory(W) / memory(``working_set``), the working set of the calls those rates were
+call's own copies and reductions past the ``cached`` pieces (Rule 1b) take their rates
+times memory(W) / memory(``working_set``), the working set of the calls those rates were
 fitted on (0: the rates hold at every working set).
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
@@ -61,9 +68,13 @@ so a step of a call of an algorithm on ``p`` ranks costs ``unwaited`` (``(algori
 seconds)``, its entry of the most ranks up to ``p``, none below its first; an algorithm
 without entries the mean of the others') less: how many messages are found arrived
 differs from one algorithm to another.  A message found arrived was staged on its way
-(eager: a copy more of its bytes, at the call's copy rate, which the saving pays first);
-a rendezvous one (past ``EAGER_LIMIT``) is found only announced and moves
-once its sender, waiting for the match as no ping-pong sender does, is woken: no saving.
+(eager: the engine copies it into a warm buffer of its staging pool and out again into
+the recv, a copy more of its bytes, which the saving pays first at the rate of a copy
+among the message and its copy, memory(2 m) of Rule 1d, or without ``memory`` at the
+call's copy rate; that rate, of copies among the call's scratch and output, put calls
+on 4 ranks with 32 to 64 KiB messages 6-16% too dear); a rendezvous one (past
+``EAGER_LIMIT``) is found only announced and moves once its sender, waiting for the
+match as no ping-pong sender does, is woken: no saving.
 A call's work never goes below nothing.  Measured on in-process ranks from small ring
 allgather and allreduce calls on a few rank counts, against their model
 (``asynccomm.calibrate.measure_unwaited``); ranks in processes of their own have none.
@@ -240,6 +251,8 @@ class HostSpec:
                 raise ValueError(f"HostSpec cached up_to must be an int >= 0, got {up_to!r}")
             _rate("cached copy_bandwidth", copy)
             _rate("cached reduce_bandwidth", reduce)
+        if [c[0] for c in self.cached] != sorted({c[0] for c in self.cached}):
+            raise ValueError("HostSpec cached must be sorted by up_to, each once")
         if not isinstance(self.memory, tuple) or not all(
                 isinstance(m, tuple) and len(m) == 2 for m in self.memory):
             raise TypeError("HostSpec memory must be a tuple of (bytes, copy_bandwidth) tuples")
@@ -280,7 +293,8 @@ class HostSpec:
 
     def rates(self, nbytes: int, working_set: float = 0.0) -> tuple[float, float]:
         """(copy, reduce) bytes/s of a call of ``nbytes`` (Rule 1b) among ``working_set``
-        bytes (Rule 1d; 0: as fitted)."""
+        bytes (Rule 1d; 0: as fitted): its cached piece's, or past them all the rates of
+        its bytes beyond the last piece's (``work_seconds``)."""
         for up_to, copy, reduce in self.cached:
             if nbytes <= up_to:
                 return copy, reduce
@@ -288,6 +302,23 @@ class HostSpec:
             return self.copy_bandwidth, self.reduce_bandwidth
         faster = self.per_byte(self.working_set) / self.per_byte(working_set)
         return self.copy_bandwidth * faster, self.reduce_bandwidth * faster
+
+    def work_seconds(self, name: str, nbytes: int, p: int,
+                     working_set: float = 0.0) -> float:
+        """Seconds of the copies and reductions of a call of ``name`` (as ``work_of``) of
+        ``nbytes`` on ``p`` ranks among ``working_set`` bytes (Rules 1b and 1d): each
+        ``cached`` piece's rates for the bytes a call of its ``up_to`` has beyond the
+        piece before's, the bytes past them all at ``rates``."""
+        work = work_of(name, nbytes, p)
+        spent, below = 0.0, Work(0, 0.0, 0.0, 0.0)
+        for up_to, copy, reduce in (*self.cached, (None, *self.rates(nbytes, working_set))):
+            upto = work if up_to is None or nbytes <= up_to else work_of(name, up_to, p)
+            spent += ((upto.copied - below.copied) / copy
+                      + (upto.reduced - below.reduced) / reduce)
+            if upto is work:
+                return spent
+            below = upto
+        return spent
 
     def per_byte(self, working_set: float) -> float:
         """Seconds per byte copied with ``working_set`` bytes in use (Rule 1d): ``memory``
@@ -316,8 +347,8 @@ class HostSpec:
         """Seconds a step of a call of ``algorithm`` (``"allgather.ring"``) on ``p`` ranks,
         whose messages are of ``message`` bytes, costs less (Rule 2c): its entry of the
         most ranks up to ``p`` in ``unwaited`` (0 below its first; without entries, the
-        mean of the other algorithms') less a copy of the message at ``copy`` bytes/s
-        (never below 0 for a saving); 0 for a rendezvous message."""
+        mean of the other algorithms') less its staging copy of the message at ``copy``
+        bytes/s (never below 0 for a saving); 0 for a rendezvous message."""
         if message > EAGER_LIMIT or not self.unwaited:
             return 0.0
         named = {a for a, _, _ in self.unwaited}
@@ -434,11 +465,14 @@ def footprint(name: str, nbytes: int, p: int) -> Footprint:
 
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks."""
-    steps, copied, reduced, fresh = work_of(name, nbytes, p)
+    steps, _, _, fresh = work_of(name, nbytes, p)
     fp = footprint(name, nbytes, p)
-    copy, reduce = host.rates(nbytes, fp.working_set)
     each = fp.received / fp.messages if fp.messages else float(nbytes)  # a step's message
+    # a staged message's copy runs among it and its copy (Rule 2c)
+    staging = (1 / host.per_byte(2 * each) if host.memory
+               else host.rates(nbytes, fp.working_set)[0])
     step = (host.step + (host.switch if 0 < host.cores < p else 0.0)
-            - host.step_less(_algorithm(name), p, each, copy))
-    return max(0.0, host.call + steps * step + copied / copy + reduced / reduce
+            - host.step_less(_algorithm(name), p, each, staging))
+    return max(0.0, host.call + steps * step
+               + host.work_seconds(name, nbytes, p, fp.working_set)
                + fresh * host.touch + host.slower_messages(fp))

@@ -191,10 +191,32 @@ def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
                     cached=((1000, 4e9, 2e9), (4000, 2e9, 1e9)))
     # allgather of n on 2 ranks copies 1.5 n; allreduce copies 2 n and reduces n / 2
     assert collective_seconds(host, "allgather", 1000, 2) == pytest.approx(1500 / 4e9)
-    assert collective_seconds(host, "allgather", 1001, 2) == pytest.approx(1501.5 / 2e9)
-    assert collective_seconds(host, "allreduce", 8000, 2) == pytest.approx(20000 / 1e9)
+    # the bytes beyond the first piece's at the next piece's rates
+    assert collective_seconds(host, "allgather", 1001, 2) == pytest.approx(
+        1500 / 4e9 + 1.5 / 2e9)
+    # each piece's bytes at its rates, those past the last at the large calls'
+    assert collective_seconds(host, "allreduce", 8000, 2) == pytest.approx(
+        2000 / 4e9 + 500 / 2e9 + 6000 / 2e9 + 1500 / 1e9 + 8000 / 1e9 + 2000 / 1e9)
     assert not HostSpec(cached=((10, 1e9, math.inf),)).free
     assert "calls <= 1000 B: copy 4.00, reduce 2.00" in host.describe()
+
+
+def test_a_call_just_past_the_cached_pieces_costs_no_less_than_the_last_piece_s() -> None:
+    # large calls' rates fitted among 20 MiB, far faster among the 2 MiB of a call of
+    # 384 KiB on 2 ranks: its bytes up to the piece's size still take the piece's rates
+    host = HostSpec(copy_bandwidth=15e9, reduce_bandwidth=4e9, memory=MEMORY.memory,
+                    working_set=20 * MiB, cached=((256 << 10, 17e9, 31e9),))
+    for name in ("allgather", "allreduce", "alltoall"):
+        times = [collective_seconds(host, name, n << 10, 2) for n in (128, 256, 384, 512)]
+        assert times == sorted(times), name
+    among = footprint("allgather", 384 << 10, 2).working_set  # 1.875 MiB
+    faster = MEMORY.per_byte(20 * MiB) / MEMORY.per_byte(among)
+    assert faster > 2  # all its bytes at that rate: cheaper than a call of 256 KiB
+    assert host.work_seconds("allgather", 384 << 10, 2, among) == pytest.approx(
+        1.5 * (256 << 10) / 17e9 + 1.5 * (128 << 10) / (15e9 * faster))
+    # a call of the piece's own size takes its rates alone
+    assert host.work_seconds("allreduce", 256 << 10, 2) == pytest.approx(
+        2 * (256 << 10) / 17e9 + (128 << 10) / 31e9)
 
 
 def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
@@ -260,9 +282,11 @@ def test_copies_past_the_cached_pieces_take_the_working_set_s_rate() -> None:
     assert host.rates(3 * MiB, 4 * MiB) == host.rates(3 * MiB) == (1e9, 5e8)  # as fitted
     assert host.rates(1000, 21 * MiB) == (4e9, 2e9)  # a cached piece's arrays stay cached
     assert HostSpec(copy_bandwidth=1e9, memory=MEMORY.memory).rates(3 * MiB, 21 * MiB)[0] == 1e9
-    # allgather of 3 MiB on 3 ranks: copies n / p + n, among 21 MiB
+    # allgather of 3 MiB on 3 ranks: copies n / p + n, among 21 MiB (those of a call of
+    # the cached piece's 1000 bytes at its rate)
     assert collective_seconds(host, "allgather", 3 * MiB, 3) == pytest.approx(
-        4 * MiB * slower / 1e9 + collective_seconds(MEMORY, "allgather", 3 * MiB, 3))
+        4000 / 3 / 4e9 + (4 * MiB - 4000 / 3) * slower / 1e9
+        + collective_seconds(MEMORY, "allgather", 3 * MiB, 3))
     assert "(among 4 MiB)" in host.describe()
 
 
@@ -293,6 +317,8 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"cached": [(8, 1e9, 1e9)]}, TypeError, "cached must be a tuple"),
     ({"cached": ((-1, 1e9, 1e9),)}, ValueError, "up_to must be an int >= 0"),
     ({"cached": ((8, 0.0, 1e9),)}, ValueError, "cached copy_bandwidth must be > 0"),
+    ({"cached": ((16, 1e9, 1e9), (8, 1e9, 1e9))}, ValueError, "cached must be sorted"),
+    ({"cached": ((8, 1e9, 1e9), (8, 2e9, 1e9))}, ValueError, "cached must be sorted"),
     ({"memory": [(8, 1e9)]}, TypeError, "memory must be a tuple"),
     ({"memory": ((0, 1e9),)}, ValueError, "memory bytes must be an int >= 1"),
     ({"memory": ((8, -1.0),)}, ValueError, "memory copy_bandwidth must be > 0"),
@@ -378,6 +404,24 @@ def test_an_eager_message_found_arrived_pays_its_staging_copy_and_a_rendezvous_o
     assert UNWAITED.step_less("allgather.ring", 4, EAGER_LIMIT + 1) == 0.0
     dearer = HostSpec(unwaited=(("allgather.ring", 3, -1e-6),))  # measured dearer: kept
     assert dearer.step_less("allgather.ring", 3, 1000, 1e9) == pytest.approx(-1e-6)
+
+
+def test_a_staged_message_s_copy_runs_at_the_rate_of_its_own_working_set() -> None:
+    # the call's copies at 10 GB/s; the staging copy of a 64 KiB message runs among it
+    # and its copy, at 40 GB/s (MEMORY among 1 MiB or less)
+    host = dataclasses.replace(UNWAITED, unwaited=(("allgather.ring", 4, 10e-6),),
+                               copy_bandwidth=1e10, cached=((1 << 30, 1e10, 1e10),),
+                               memory=MEMORY.memory)
+    plain = dataclasses.replace(host, unwaited=())
+    n, p = 256 << 10, 4  # 64 KiB messages, eager
+    steps = work_of("allgather.ring", n, p).steps
+    assert collective_seconds(host, "allgather", n, p) == pytest.approx(
+        collective_seconds(plain, "allgather", n, p) - steps * (10e-6 - (64 << 10) / 4e10))
+    # without copy rates by working set, at the call's copy rate
+    bare = dataclasses.replace(host, memory=())
+    assert collective_seconds(bare, "allgather", n, p) == pytest.approx(
+        collective_seconds(dataclasses.replace(bare, unwaited=()), "allgather", n, p)
+        - steps * (10e-6 - (64 << 10) / 1e10))
 
 
 def test_a_call_s_work_never_goes_below_nothing() -> None:
