@@ -885,7 +885,7 @@ next_early_tag(Path *p)
 
 /* ``MPITransport._send_early``: the early message ``msg``'s data send, to ``dest`` on
  * ``data_tag``, kept by the link (untested until the ``RTS`` is answered); an MPI error:
- * ``_early_failed`` (the link breaks).  0 done, -1 error. */
+ * ``_early_failed`` (the link breaks, and the send fails).  0 done, -1 error. */
 static int
 send_early(Path *p, PyObject *msg, PyObject *ident, PyObject *dest, PyObject *data_tag)
 {
@@ -897,7 +897,7 @@ send_early(Path *p, PyObject *msg, PyObject *ident, PyObject *dest, PyObject *da
     PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     Py_DECREF(comm);
     if (req == NULL) {
-        return PyErr_ExceptionMatches(p->mpi_exc) ? hand_on(p->link, s_early_failed, dest, NULL)
+        return PyErr_ExceptionMatches(p->mpi_exc) ? hand_on(p->link, s_early_failed, dest, msg)
             : -1;
     }
     int rc = PyDict_SetItem(p->link_early, ident, req);

@@ -690,6 +690,55 @@ def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
         assert sent == [(w.RTS, 0, CTRL_TAG)]
 
 
+class AnnouncingComm(DataComm):
+    """``DataComm`` that notes, as each ``Isend`` is called, the messages the wire of
+    ``link`` (set once the world is open) has recorded as announced; ``fails``: ``"rts"``
+    an ``RTS``'s, ``"data"`` a data send's raises MPI's error."""
+
+    def __init__(self, fails: str) -> None:
+        super().__init__()
+        self.send_fails = fails
+        self.link: MPITransport | None = None
+        self.announced_then: list[dict[int, int] | None] = []
+
+    def Isend(self, buf: Any, dest: int, tag: int) -> Req:
+        link = self.link
+        self.announced_then.append(None if link is None else dict(link.wire.announced))
+        if (self.send_fails == "rts" and tag == CTRL_TAG and bytes(buf)[0] == w.RTS) or (
+                self.send_fails == "data" and tag != CTRL_TAG):
+            raise FakeMPIError("Isend failed")
+        return super().Isend(buf, dest, tag)
+
+
+async def _early_data_refused(native: bool) -> tuple[str, str, int, list[Any]]:
+    """This rank (1 of 2) on the fake communicator posts a rendezvous send sent early,
+    whose data send MPI fails to post: how the send ended after a few turns of the loop,
+    the link's failure, the ops left pending, and what was handed to MPI."""
+    w.encode_dtype("<f8")
+    comm_ = AnnouncingComm("data")
+    link, comm = _open_rank(comm_, native)
+    req = comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    ended = "pending" if not req.done() else repr(req.exception())
+    return ended, repr(link.broken), comm._engine.pending_ops, comm_.sent
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+async def test_a_send_whose_early_data_send_mpi_refuses_fails_with_the_link(
+        monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """MPI fails to post an early message's data send (its ``RTS`` has gone: the
+    receiver would wait for the data): the link breaks, and the send fails with its
+    ``TransportError``, not left pending forever."""
+    _unstarted(monkeypatch)
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    ended, broken, pending, sent = await _early_data_refused(native)
+    assert ended.startswith("TransportError") and "Isend failed" in ended
+    assert "TransportError" in broken and pending == 0
+    assert [raw[0] for raw, _, tag in sent] == [w.RTS]
+
+
 async def _broken_while_moving(native: bool, how: str) -> str:
     """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
     ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
