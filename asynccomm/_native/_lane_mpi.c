@@ -883,26 +883,21 @@ next_early_tag(Path *p)
     return NULL;
 }
 
-/* ``MPITransport._send_early``: the early message ``msg``'s data send, to ``dest`` on
- * ``data_tag``, kept by the link (untested until the ``RTS`` is answered); an MPI error:
- * ``_early_failed`` (the link breaks, and the send fails).  0 done, -1 error. */
-static int
-send_early(Path *p, PyObject *msg, PyObject *ident, PyObject *dest, PyObject *data_tag)
+/* ``MPITransport._send_early``'s data send of the early message ``msg``, to ``dest`` on
+ * ``data_tag`` (kept by the link, untested until the ``RTS`` is answered: ``path_send``
+ * records it).  A new reference; NULL error (an MPI one: once ``path_send`` has
+ * recorded the message, the link breaks and the send fails, ``_early_failed``). */
+static PyObject *
+send_early(Path *p, PyObject *msg, PyObject *dest, PyObject *data_tag)
 {
     PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
     if (comm == NULL) {
-        return -1;
+        return NULL;
     }
     PyObject *argv[4] = {comm, SLOT(msg, M.view), dest, data_tag};
     PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     Py_DECREF(comm);
-    if (req == NULL) {
-        return PyErr_ExceptionMatches(p->mpi_exc) ? hand_on(p->link, s_early_failed, dest, msg)
-            : -1;
-    }
-    int rc = PyDict_SetItem(p->link_early, ident, req);
-    Py_DECREF(req);
-    return rc;
+    return req;
 }
 
 /* send(msg, dest) -> None: ``MPITransport.send`` for a message too large to go eagerly,
@@ -968,9 +963,6 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     PyObject *raw = NULL;
     int rc = -1;
     if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
-        || PyDict_SetItem(p->announced, ident, dest) < 0
-        || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
-                      || PySet_Add(p->early_tags, data_tag) < 0))
         || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {
         goto done;
     }
@@ -992,15 +984,36 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     put_ref(msg, M.ident, ident);
-    if (PyDict_SetItem(p->sends, ident, msg) < 0) {
-        goto done;
-    }
+    /* The RTS leaves first, an early message's data send right behind it, and the message
+     * is recorded as announced after both (the wire's ``announced``, its early data tag,
+     * the link's ``_sends`` and ``_early``): nothing can answer it meanwhile (control
+     * messages land only in the progress task's polls), and the end state is the Python
+     * steps' (one whose RTS MPI failed to send is never recorded: ``_send_failed`` finds
+     * nothing to forget; one whose data send failed is, then the link breaks). */
     rc = send_control(p, raw, dest, d);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_send_failed, msg, dest);
+        goto done;
     }
-    else if (rc == 0 && early) {
-        rc = send_early(p, msg, ident, dest, data_tag);
+    PyObject *req = rc == 0 && early ? send_early(p, msg, dest, data_tag) : NULL;
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    int failed = rc < 0 || (early && req == NULL);  /* (any other error: recorded too) */
+    if (failed) {
+        PyErr_Fetch(&et, &ev, &tb);
+    }
+    int r = PyDict_SetItem(p->announced, ident, dest) < 0
+        || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
+                      || PySet_Add(p->early_tags, data_tag) < 0))
+        || PyDict_SetItem(p->sends, ident, msg) < 0
+        || (req != NULL && PyDict_SetItem(p->link_early, ident, req) < 0) ? -1 : 0;
+    Py_XDECREF(req);
+    if (failed) {
+        PyErr_Restore(et, ev, tb);
+        rc = rc == 0 && PyErr_ExceptionMatches(p->mpi_exc)  /* the data send's */
+            ? hand_on(p->link, s_early_failed, dest, msg) : -1;
+    }
+    else {
+        rc = r;
     }
 done:
     Py_XDECREF(data_tag);

@@ -710,6 +710,60 @@ class AnnouncingComm(DataComm):
         return super().Isend(buf, dest, tag)
 
 
+async def _announced_send(native: bool, fails: str) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator posts one rendezvous send (its data
+    sent behind its ``RTS`` if the link's limits say so), MPI failing as ``fails`` says:
+    the send's end, the wire's and the link's records, whether the link broke, what was
+    handed to MPI; and the announcements recorded as each ``Isend`` was called."""
+    w.encode_dtype("<f8")
+    comm_ = AnnouncingComm(fails)
+    link, comm = _open_rank(comm_, native)
+    comm_.link = link
+    req = comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    await asyncio.sleep(0)
+    return ((req.done(), req.done() and repr(req.exception())), dict(link.wire.announced),
+            dict(link.wire.early), set(link.wire.early_tags), sorted(link._sends),
+            sorted(link._early), repr(link.broken),
+            [(raw[0] if tag == CTRL_TAG else -1, tag) for raw, _, tag in comm_.sent]
+            ), comm_.announced_then
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(("fails", "early"), [
+    ("", False), ("", True), ("rts", False), ("rts", True), ("data", True)],
+    ids=["cts-first", "early", "rts-fails", "early-rts-fails", "data-fails"])
+def test_a_send_is_recorded_as_announced_once_its_rts_and_early_data_are_with_mpi(
+        monkeypatch: pytest.MonkeyPatch, fails: str, early: bool) -> None:
+    """The C lane hands a rendezvous send's ``RTS`` to MPI, and an early one's data send
+    right behind it, before it records the message as announced (nothing can answer it
+    meanwhile: fewer steps before the receiver hears of it); the Python steps record it
+    first.  Either way the end is the same: recorded once both are with MPI; never, if
+    MPI fails to send the ``RTS`` (the send fails); and if the data send fails, recorded,
+    then the link breaks (the send fails)."""
+    _unstarted(monkeypatch)
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    if not early:
+        monkeypatch.setattr(MPITransport, "early_max", 4096)  # (none is early)
+    seen = _each_lane(lambda native: _announced_send(native, fails))
+    (c, c_then), (python, python_then) = seen[True], seen[False]
+    assert c == python
+    ident = 1
+    sends = [(w.RTS, CTRL_TAG), (-1, c[2].get(ident, -2))] if early else [(w.RTS, CTRL_TAG)]
+    if fails == "rts":
+        assert c[0][0] and "TransportError" in c[0][1]
+        assert c[1:6] == ({}, {}, set(), [], []) and c[6] == "None" and c[7] == []
+    elif fails == "data":
+        assert c[0][0] and "TransportError" in c[0][1] and "TransportError" in c[6]
+        assert c[4:6] == ([], [])  # (the link let go of it)
+        assert c[7] == [(w.RTS, CTRL_TAG)]
+    else:
+        assert c[0] == (False, False) and c[1] == {ident: 0} and c[4] == [ident]
+        assert c[5] == ([ident] if early else []) and c[7] == sends
+    calls = len(sends) if fails != "rts" else 1
+    assert c_then == [{}] * calls  # handed to MPI before it was recorded
+    assert python_then == [{ident: 0}] * calls
+
+
 async def _early_data_refused(native: bool) -> tuple[str, str, int, list[Any]]:
     """This rank (1 of 2) on the fake communicator posts a rendezvous send sent early,
     whose data send MPI fails to post: how the send ended after a few turns of the loop,
