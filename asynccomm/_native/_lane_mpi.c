@@ -1636,11 +1636,10 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
     }
     Py_INCREF(dtype);
     PyObject *tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
-    PyObject *key = PyTuple_Pack(2, src, ident);
-    PyObject *msg = NULL, *r = NULL;
+    PyObject *key = NULL, *msg = NULL, *r = NULL;
     long long data_tag = get_le(b + H_SIZE - 4, 4);  /* wire.data_tag_of */
     PyObject *early = NULL;
-    if (tag != NULL && key != NULL) {
+    if (tag != NULL) {
         msg = new_message(MessageType, src, tag, nbytes, count, dtype, p->remote_where,
                           Py_None);
     }
@@ -1650,8 +1649,9 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
         if (taken != 0) {
             r = taken < 0 ? NULL : Py_NewRef(Py_None);
         }
-        else if ((data_tag == 0
-                  || (early = Py_BuildValue("(Ln)", data_tag, nbytes)) != NULL)
+        else if ((key = PyTuple_Pack(2, src, ident)) != NULL
+                 && (data_tag == 0
+                     || (early = Py_BuildValue("(Ln)", data_tag, nbytes)) != NULL)
                  && PySet_Add(p->unmatched, key) == 0
                  && (early == NULL || PyDict_SetItem(p->early_in, key, early) == 0)
                  && PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
