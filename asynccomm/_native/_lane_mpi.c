@@ -203,7 +203,7 @@ static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
 static PyObject *s_early, *s_early_tags, *s_early_in, *s_link_early, *s_early_min,
     *s_early_max, *s_next_early_tag, *s_data_tag_ub, *s_early_failed;
 static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
-                      PyObject *ready_cb, PyObject *recv);
+                      PyObject *ready_cb, PyObject *recv, long long fresh);
 
 void
 put_le(char *at, unsigned long long v, int n)
@@ -883,26 +883,21 @@ next_early_tag(Path *p)
     return NULL;
 }
 
-/* ``MPITransport._send_early``: the early message ``msg``'s data send, to ``dest`` on
- * ``data_tag``, kept by the link (untested until the ``RTS`` is answered); an MPI error:
- * ``_early_failed`` (the link breaks).  0 done, -1 error. */
-static int
-send_early(Path *p, PyObject *msg, PyObject *ident, PyObject *dest, PyObject *data_tag)
+/* ``MPITransport._send_early``'s data send of the early message ``msg``, to ``dest`` on
+ * ``data_tag`` (kept by the link, untested until the ``RTS`` is answered: ``path_send``
+ * records it).  A new reference; NULL error (an MPI one: once ``path_send`` has
+ * recorded the message, the link breaks and the send fails, ``_early_failed``). */
+static PyObject *
+send_early(Path *p, PyObject *msg, PyObject *dest, PyObject *data_tag)
 {
     PyObject *comm = PyObject_GetAttr(p->progress, a_comm);
     if (comm == NULL) {
-        return -1;
+        return NULL;
     }
     PyObject *argv[4] = {comm, SLOT(msg, M.view), dest, data_tag};
     PyObject *req = PyObject_VectorcallMethod(a_Isend, argv, 4, NULL);
     Py_DECREF(comm);
-    if (req == NULL) {
-        return PyErr_ExceptionMatches(p->mpi_exc) ? hand_on(p->link, s_early_failed, dest, NULL)
-            : -1;
-    }
-    int rc = PyDict_SetItem(p->link_early, ident, req);
-    Py_DECREF(req);
-    return rc;
+    return req;
 }
 
 /* send(msg, dest) -> None: ``MPITransport.send`` for a message too large to go eagerly,
@@ -968,9 +963,6 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     PyObject *raw = NULL;
     int rc = -1;
     if (ident == NULL || PyObject_SetAttr(p->wire, a_next_ident, ident) < 0
-        || PyDict_SetItem(p->announced, ident, dest) < 0
-        || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
-                      || PySet_Add(p->early_tags, data_tag) < 0))
         || (raw = PyBytes_FromStringAndSize(NULL, H_SIZE)) == NULL) {
         goto done;
     }
@@ -992,15 +984,36 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     put_ref(msg, M.ident, ident);
-    if (PyDict_SetItem(p->sends, ident, msg) < 0) {
-        goto done;
-    }
+    /* The RTS leaves first, an early message's data send right behind it, and the message
+     * is recorded as announced after both (the wire's ``announced``, its early data tag,
+     * the link's ``_sends`` and ``_early``): nothing can answer it meanwhile (control
+     * messages land only in the progress task's polls), and the end state is the Python
+     * steps' (one whose RTS MPI failed to send is never recorded: ``_send_failed`` finds
+     * nothing to forget; one whose data send failed is, then the link breaks). */
     rc = send_control(p, raw, dest, d);
     if (rc < 0 && PyErr_ExceptionMatches(p->mpi_exc)) {
         rc = hand_on(p->link, a_send_failed, msg, dest);
+        goto done;
     }
-    else if (rc == 0 && early) {
-        rc = send_early(p, msg, ident, dest, data_tag);
+    PyObject *req = rc == 0 && early ? send_early(p, msg, dest, data_tag) : NULL;
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    int failed = rc < 0 || (early && req == NULL);  /* (any other error: recorded too) */
+    if (failed) {
+        PyErr_Fetch(&et, &ev, &tb);
+    }
+    int r = PyDict_SetItem(p->announced, ident, dest) < 0
+        || (early && (PyDict_SetItem(p->early, ident, data_tag) < 0
+                      || PySet_Add(p->early_tags, data_tag) < 0))
+        || PyDict_SetItem(p->sends, ident, msg) < 0
+        || (req != NULL && PyDict_SetItem(p->link_early, ident, req) < 0) ? -1 : 0;
+    Py_XDECREF(req);
+    if (failed) {
+        PyErr_Restore(et, ev, tb);
+        rc = rc == 0 && PyErr_ExceptionMatches(p->mpi_exc)  /* the data send's */
+            ? hand_on(p->link, s_early_failed, dest, msg) : -1;
+    }
+    else {
+        rc = r;
     }
 done:
     Py_XDECREF(data_tag);
@@ -1572,10 +1585,13 @@ posted_clear(Posted *at)
 
 /* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
  * for it (``posted_find``), and its ``_take``: the recv is active and the data is fetched
- * straight into its array, the recv completing in C as it lands.  1 done, 0 not judged
- * here (nothing changed: the engine's Python steps take it), -1 error. */
+ * straight into its array, the recv completing in C as it lands.  ``data_tag``: the one
+ * its ``RTS`` named, 0 none (``fetch_into``'s ``fresh``: the announcement was never
+ * recorded as unmatched).  1 done, 0 not judged here (nothing changed: the engine's
+ * Python steps take it), -1 error. */
 static int
-match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes)
+match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes,
+      long long data_tag)
 {
     Posted at;
     int rc = posted_find(engine, SLOT(msg, M.source), tag, SLOT(msg, M.dtype), nbytes, &at);
@@ -1583,7 +1599,7 @@ match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes
         /* The recv's array outlives the transfer: the ``Moved`` tracking it holds the recv. */
         PyObject *into = PyMemoryView_FromMemory(at.dst, nbytes, PyBUF_WRITE);
         rc = into == NULL || posted_take(engine, &at, p->active) < 0
-            || fetch_into(p, engine, msg, into, NULL, at.recv) < 0 ? -1 : 1;
+            || fetch_into(p, engine, msg, into, NULL, at.recv, data_tag) < 0 ? -1 : 1;
         Py_XDECREF(into);
     }
     posted_clear(&at);
@@ -1591,8 +1607,12 @@ match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes
 }
 
 /* An ``RTS`` landed (``_on_control``'s ``Announced``): the announcement arrives at the
- * engine as a ``REMOTE`` message (a recv that matches it calls ``fetch``).  A closing
- * rank's, a shape's, a dtype not seen yet: the Python steps. */
+ * engine as a ``REMOTE`` message (a recv that matches it calls ``fetch``).  One that an
+ * exact recv posted for it takes at once (``match``) is fetched without being recorded
+ * as unmatched first (the wire's ``unmatched`` and ``early_in``, the link's
+ * ``_announced``, which ``fetch`` would empty again at once: the state after is the
+ * same, and the data recv is posted sooner).  A closing rank's, a shape's, a dtype not
+ * seen yet: the Python steps. */
 static int
 announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *ident)
 {
@@ -1616,27 +1636,29 @@ announced(Path *p, PyObject *endpoint, const char *b, PyObject *src, PyObject *i
     }
     Py_INCREF(dtype);
     PyObject *tag = PyLong_FromLongLong(get_le(b + H_TAG, 4));
-    PyObject *key = PyTuple_Pack(2, src, ident);
-    PyObject *msg = NULL, *r = NULL;
+    PyObject *key = NULL, *msg = NULL, *r = NULL;
     long long data_tag = get_le(b + H_SIZE - 4, 4);  /* wire.data_tag_of */
-    PyObject *early = data_tag == 0 ? NULL : Py_BuildValue("(Ln)", data_tag, nbytes);
-    if (tag != NULL && key != NULL && (data_tag == 0 || early != NULL)
-        && PySet_Add(p->unmatched, key) == 0
-        && (early == NULL || PyDict_SetItem(p->early_in, key, early) == 0)) {
+    PyObject *early = NULL;
+    if (tag != NULL) {
         msg = new_message(MessageType, src, tag, nbytes, count, dtype, p->remote_where,
                           Py_None);
     }
-    Py_XDECREF(early);
     if (msg != NULL) {
         put_ref(msg, M.ident, ident);
-        int taken = match(p, endpoint, msg, tag, nbytes);
+        int taken = match(p, endpoint, msg, tag, nbytes, data_tag);
         if (taken != 0) {
             r = taken < 0 ? NULL : Py_NewRef(Py_None);
         }
-        else if (PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
+        else if ((key = PyTuple_Pack(2, src, ident)) != NULL
+                 && (data_tag == 0
+                     || (early = Py_BuildValue("(Ln)", data_tag, nbytes)) != NULL)
+                 && PySet_Add(p->unmatched, key) == 0
+                 && (early == NULL || PyDict_SetItem(p->early_in, key, early) == 0)
+                 && PyDict_SetItem(p->announced_msgs, key, msg) == 0) {
             r = PyObject_CallMethodOneArg(endpoint, a_arrived, msg);
         }
     }
+    Py_XDECREF(early);
     Py_XDECREF(r);
     Py_XDECREF(msg);
     Py_XDECREF(key);
@@ -1697,7 +1719,7 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
         }
         return PyObject_Vectorcall(p->py_fetch, args, nargs, NULL);
     }
-    int rc = fetch_into(p, endpoint, msg, into, args[3], NULL);
+    int rc = fetch_into(p, endpoint, msg, into, args[3], NULL, -1);
     Py_DECREF(endpoint);
     if (rc < 0) {
         return NULL;
@@ -1710,41 +1732,56 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
  * data leaves only once the ``CTS`` has landed there, so it all but always finds the recv
  * posted; MPI matches any that came sooner); as the recv completes, ``ready(None,
  * None)`` runs, or the C steps complete ``recv``.  An MPI error breaks the link
- * (``_fetch_failed``).  0 done, -1 error. */
+ * (``_fetch_failed``).  ``fresh``: -1, the announcement is recorded as unmatched (the
+ * wire's ``unmatched`` and ``early_in``, the link's ``_announced``: it leaves them);
+ * else it never was (``announced``, matched as it landed), and ``fresh`` is the data tag
+ * its ``RTS`` named, 0 none.  0 done, -1 error. */
 static int
 fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into, PyObject *ready_cb,
-           PyObject *recv)
+           PyObject *recv, long long fresh)
 {
     PyObject *source = SLOT(msg, M.source), *ident = SLOT(msg, M.ident);
-    PyObject *key = PyTuple_Pack(2, source, ident);
-    PyObject *tag = NULL, *raw = NULL;
+    PyObject *key = NULL, *tag = NULL, *raw = NULL;
     int rc = -1;
     long s = PyLong_AsLong(source);
     long long id = PyLong_AsLongLong(ident);
-    if (key == NULL || PyErr_Occurred()) {
+    if (PyErr_Occurred()) {
         goto done;
     }
-    int had = PyDict_Contains(p->announced_msgs, key);
-    if (had < 0 || (had && PyDict_DelItem(p->announced_msgs, key) < 0)
-        || PySet_Discard(p->unmatched, key) < 0) {
-        goto done;
+    if (fresh > 0) {  /* the data tag its RTS named */
+        tag = PyLong_FromLongLong(fresh);
     }
-    PyObject *early = PyDict_GetItemWithError(p->early_in, key);
-    if (early == NULL && PyErr_Occurred()) {
-        goto done;
-    }
-    if (early != NULL) {  /* the data tag its RTS named */
-        tag = PyTuple_Check(early) && PyTuple_GET_SIZE(early) == 2
-            ? Py_NewRef(PyTuple_GET_ITEM(early, 0)) : NULL;
-        if (tag == NULL || PyDict_DelItem(p->early_in, key) < 0) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "wire.early_in: (data tag, nbytes) pairs");
-            }
-            goto done;
-        }
+    else if (fresh == 0) {
+        tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
     }
     else {
-        tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+        key = PyTuple_Pack(2, source, ident);
+        if (key == NULL) {
+            goto done;
+        }
+        int had = PyDict_Contains(p->announced_msgs, key);
+        if (had < 0 || (had && PyDict_DelItem(p->announced_msgs, key) < 0)
+            || PySet_Discard(p->unmatched, key) < 0) {
+            goto done;
+        }
+        PyObject *early = PyDict_GetItemWithError(p->early_in, key);
+        if (early == NULL && PyErr_Occurred()) {
+            goto done;
+        }
+        if (early != NULL) {  /* the data tag its RTS named */
+            tag = PyTuple_Check(early) && PyTuple_GET_SIZE(early) == 2
+                ? Py_NewRef(PyTuple_GET_ITEM(early, 0)) : NULL;
+            if (tag == NULL || PyDict_DelItem(p->early_in, key) < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_TypeError,
+                                    "wire.early_in: (data tag, nbytes) pairs");
+                }
+                goto done;
+            }
+        }
+        else {
+            tag = PyObject_CallMethodNoArgs(p->wire, a_next_data_tag);
+        }
     }
     long t = tag == NULL ? -1 : PyLong_AsLong(tag);
     raw = t == -1 ? NULL : PyBytes_FromStringAndSize(NULL, H_SIZE);

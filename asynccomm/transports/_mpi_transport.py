@@ -382,17 +382,20 @@ class MPITransport(Link):
 
     def _send_early(self, msg: Message, dest: int, ident: int) -> None:
         """Post the data send of the early message ``ident`` (announced to ``dest``),
-        kept untested until its ``RTS`` is answered.  An MPI error breaks the link: the
-        receiver, told of the data, would wait for it."""
+        kept untested until its ``RTS`` is answered.  An MPI error breaks the link (the
+        receiver, told of the data, would wait for it), and the send fails."""
         try:
             self._early[ident] = self.progress.comm.Isend(msg.view, dest,
                                                           self.wire.early[ident])
         except self._foreign as exc:
-            self._early_failed(exc, dest)
+            self._early_failed(exc, dest, msg)
 
-    def _early_failed(self, exc: BaseException, dest: int) -> None:
-        """MPI failed while ``send`` posted an early message's data send."""
+    def _early_failed(self, exc: BaseException, dest: int, msg: Message) -> None:
+        """MPI failed while ``send`` posted the data send of the early message ``msg``:
+        the link breaks, and ``msg`` fails with it (it is not pending yet: the break does
+        not reach it)."""
         self._break(translate(exc, f"send to rank {dest}", self.rank))
+        self.endpoint.failed(msg, translate(exc, f"send to rank {dest}", self.rank))
 
     def _send_failed(self, exc: BaseException, msg: Message, dest: int) -> None:
         """MPI failed while ``send`` announced ``msg`` to ``dest``: the wire and the link

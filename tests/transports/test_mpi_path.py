@@ -690,6 +690,109 @@ def test_only_a_payload_within_the_early_limit_and_one_chunk_is_sent_early(
         assert sent == [(w.RTS, 0, CTRL_TAG)]
 
 
+class AnnouncingComm(DataComm):
+    """``DataComm`` that notes, as each ``Isend`` is called, the messages the wire of
+    ``link`` (set once the world is open) has recorded as announced; ``fails``: ``"rts"``
+    an ``RTS``'s, ``"data"`` a data send's raises MPI's error."""
+
+    def __init__(self, fails: str) -> None:
+        super().__init__()
+        self.send_fails = fails
+        self.link: MPITransport | None = None
+        self.announced_then: list[dict[int, int] | None] = []
+
+    def Isend(self, buf: Any, dest: int, tag: int) -> Req:
+        link = self.link
+        self.announced_then.append(None if link is None else dict(link.wire.announced))
+        if (self.send_fails == "rts" and tag == CTRL_TAG and bytes(buf)[0] == w.RTS) or (
+                self.send_fails == "data" and tag != CTRL_TAG):
+            raise FakeMPIError("Isend failed")
+        return super().Isend(buf, dest, tag)
+
+
+async def _announced_send(native: bool, fails: str) -> tuple[Any, ...]:
+    """This rank (1 of 2) on the fake communicator posts one rendezvous send (its data
+    sent behind its ``RTS`` if the link's limits say so), MPI failing as ``fails`` says:
+    the send's end, the wire's and the link's records, whether the link broke, what was
+    handed to MPI; and the announcements recorded as each ``Isend`` was called."""
+    w.encode_dtype("<f8")
+    comm_ = AnnouncingComm(fails)
+    link, comm = _open_rank(comm_, native)
+    comm_.link = link
+    req = comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    await asyncio.sleep(0)
+    return ((req.done(), req.done() and repr(req.exception())), dict(link.wire.announced),
+            dict(link.wire.early), set(link.wire.early_tags), sorted(link._sends),
+            sorted(link._early), repr(link.broken),
+            [(raw[0] if tag == CTRL_TAG else -1, tag) for raw, _, tag in comm_.sent]
+            ), comm_.announced_then
+
+
+@pytest.mark.native
+@pytest.mark.parametrize(("fails", "early"), [
+    ("", False), ("", True), ("rts", False), ("rts", True), ("data", True)],
+    ids=["cts-first", "early", "rts-fails", "early-rts-fails", "data-fails"])
+def test_a_send_is_recorded_as_announced_once_its_rts_and_early_data_are_with_mpi(
+        monkeypatch: pytest.MonkeyPatch, fails: str, early: bool) -> None:
+    """The C lane hands a rendezvous send's ``RTS`` to MPI, and an early one's data send
+    right behind it, before it records the message as announced (nothing can answer it
+    meanwhile: fewer steps before the receiver hears of it); the Python steps record it
+    first.  Either way the end is the same: recorded once both are with MPI; never, if
+    MPI fails to send the ``RTS`` (the send fails); and if the data send fails, recorded,
+    then the link breaks (the send fails)."""
+    _unstarted(monkeypatch)
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    if not early:
+        monkeypatch.setattr(MPITransport, "early_max", 4096)  # (none is early)
+    seen = _each_lane(lambda native: _announced_send(native, fails))
+    (c, c_then), (python, python_then) = seen[True], seen[False]
+    assert c == python
+    ident = 1
+    sends = [(w.RTS, CTRL_TAG), (-1, c[2].get(ident, -2))] if early else [(w.RTS, CTRL_TAG)]
+    if fails == "rts":
+        assert c[0][0] and "TransportError" in c[0][1]
+        assert c[1:6] == ({}, {}, set(), [], []) and c[6] == "None" and c[7] == []
+    elif fails == "data":
+        assert c[0][0] and "TransportError" in c[0][1] and "TransportError" in c[6]
+        assert c[4:6] == ([], [])  # (the link let go of it)
+        assert c[7] == [(w.RTS, CTRL_TAG)]
+    else:
+        assert c[0] == (False, False) and c[1] == {ident: 0} and c[4] == [ident]
+        assert c[5] == ([ident] if early else []) and c[7] == sends
+    calls = len(sends) if fails != "rts" else 1
+    assert c_then == [{}] * calls  # handed to MPI before it was recorded
+    assert python_then == [{ident: 0}] * calls
+
+
+async def _early_data_refused(native: bool) -> tuple[str, str, int, list[Any]]:
+    """This rank (1 of 2) on the fake communicator posts a rendezvous send sent early,
+    whose data send MPI fails to post: how the send ended after a few turns of the loop,
+    the link's failure, the ops left pending, and what was handed to MPI."""
+    w.encode_dtype("<f8")
+    comm_ = AnnouncingComm("data")
+    link, comm = _open_rank(comm_, native)
+    req = comm.isend(np.arange(BIG // 8, dtype="<f8"), 0, 7)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    ended = "pending" if not req.done() else repr(req.exception())
+    return ended, repr(link.broken), comm._engine.pending_ops, comm_.sent
+
+
+@pytest.mark.native
+@pytest.mark.parametrize("native", [True, False], ids=["c", "python"])
+async def test_a_send_whose_early_data_send_mpi_refuses_fails_with_the_link(
+        monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """MPI fails to post an early message's data send (its ``RTS`` has gone: the
+    receiver would wait for the data): the link breaks, and the send fails with its
+    ``TransportError``, not left pending forever."""
+    _unstarted(monkeypatch)
+    monkeypatch.setattr(MPITransport, "early_min", 4096)
+    ended, broken, pending, sent = await _early_data_refused(native)
+    assert ended.startswith("TransportError") and "Isend failed" in ended
+    assert "TransportError" in broken and pending == 0
+    assert [raw[0] for raw, _, tag in sent] == [w.RTS]
+
+
 async def _broken_while_moving(native: bool, how: str) -> str:
     """This rank (1 of 2) on the fake communicator receives a rendezvous message whose
     ``RTS`` landed first, by ``recv`` (posted at once, on the fast lane) or ``irecv`` (on
