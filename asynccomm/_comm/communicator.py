@@ -185,9 +185,8 @@ class Communicator:
             RuntimeError: called from another thread or event loop.
             CommClosedError: this communicator is closed.
         """
-        if (stream is None and timeout is None and count is None and dtype is None
-                and (lane := self._lane_send) is not None
-                and (req := lane(self, buf, dst, tag, True)) is not False):
+        if (count is None and dtype is None and (lane := self._lane_send) is not None
+                and (req := lane(self, buf, dst, tag, True, stream, timeout)) is not False):
             return req  # type: ignore[no-any-return]  # the C lane did it all
         return self._send_op(buf, dst, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
@@ -200,9 +199,8 @@ class Communicator:
         Raises:
             TypeError, ValueError, RuntimeError, CommClosedError: as ``isend``.
         """
-        if (stream is None and timeout is None and count is None and dtype is None
-                and (lane := self._lane_recv) is not None
-                and (req := lane(self, buf, src, tag, True)) is not None):
+        if (count is None and dtype is None and (lane := self._lane_recv) is not None
+                and (req := lane(self, buf, src, tag, True, stream, timeout)) is not None):
             return req  # type: ignore[no-any-return]  # the C lane: taken or posted
         return self._recv_op(buf, src, tag, stream, timeout, count, dtype, True)  # type: ignore[return-value]
 
@@ -220,8 +218,8 @@ class Communicator:
                 An eager message (up to the eager limit) completes as soon as it is
                 staged, so only larger messages, or ops held on their stream, time out.
         """
-        req = (lane(self, buf, dst, tag, False)
-               if (stream is None and timeout is None and count is None and dtype is None
+        req = (lane(self, buf, dst, tag, False, stream, timeout)
+               if (count is None and dtype is None
                    and (lane := self._lane_send) is not None) else False)
         if req is True:
             return  # the C lane did it all (the commonest case)
@@ -245,8 +243,8 @@ class Communicator:
             CommBrokenError: ``src`` closed or failed.
             CommTimeoutError: nothing matched within ``timeout`` (withdrawn).
         """
-        out = (lane(self, buf, src, tag, False)  # the C lane: the commonest case
-               if (stream is None and timeout is None and count is None and dtype is None
+        out = (lane(self, buf, src, tag, False, stream, timeout)  # the C lane's, where it fits
+               if (count is None and dtype is None
                    and (lane := self._lane_recv) is not None) else None)
         if out is None:
             out = self._recv_op(buf, src, tag, stream, timeout, count, dtype, False)
@@ -414,13 +412,15 @@ class Communicator:
                                                    recvtag):
             # Every check batch makes holds already: post the two at once the fast way (the
             # C lane's, where it takes them, else the Python steps').
-            lane = self._lane_recv if timeout is None else None
-            posted = None if lane is None else lane(self, recvbuf, src, recvtag, True)
+            lane = self._lane_recv
+            posted = None if lane is None else lane(self, recvbuf, src, recvtag, True, None,
+                                                    timeout)
             # (No ``cast``: a call, where this runs per message.)
             recv: Request = posted if posted is not None else self._recv_op(  # type: ignore[assignment]
                 recvbuf, src, recvtag, None, timeout, None, None, True)
-            lane = self._lane_send if timeout is None else None
-            went = False if lane is None else lane(self, sendbuf, dst, sendtag, True)
+            lane = self._lane_send
+            went = False if lane is None else lane(self, sendbuf, dst, sendtag, True, None,
+                                                   timeout)
             send: Request = went if went is not False else self._send_op(  # type: ignore[assignment]
                 sendbuf, dst, sendtag, None, timeout, None, None, True)
             reqs = [send, recv]

@@ -48,7 +48,7 @@ from ..transports._shm_ring import Ring
 from ..transports.base import Link
 from ..transports.shm import Channels, Node, ShmTransport, _Pull
 
-__all__ = ["CLASSES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
+__all__ = ["CLASSES", "ENTRIES", "HEADER_FIELDS", "NAMES", "NUMBERS", "OBJECTS", "SLOTS",
            "STATUS_FIELDS", "LaneMismatch", "check", "configure", "configure_lane", "numbers",
            "spec"]
 
@@ -74,7 +74,7 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
     "Request": ("array", "_owner", "kind", "peer", "stream", "timeout", "_record", "t_post",
                 "t_match", "_state", "_result", "_exc", "_waiters", "_timer", "_tracked",
                 "t_fin", "sseq"),
-    "Stream": ("_queue", "_events", "_pending", "_seq", "sid"),
+    "Stream": ("_queue", "_events", "_pending", "_seq", "sid", "_owner", "_queued", "in_order"),
     "FlightRecorder": ("ring", "sends", "recvs"),
     "Tally": ("n", "nbytes", "w", "c"),
     "Matcher": ("_by_source", "events", "_matched", "_n_posted", "_n_unexp",
@@ -87,6 +87,15 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
                      "gone", "_idle", "instant", "link", "matcher", "_n_pending", "now",
                      "peers", "_pending_recvs", "pool", "rank", "_recv_buffers", "traced",
                      "tracer"),
+}
+
+#: The lane's entry points and their arguments, in order (C: ``send`` and ``recv`` in
+#: ``_lane.c``, their usage strings and ``ENTRY_ARGS``; ``_lane.pyi``): what
+#: ``Communicator`` passes them.  ``stream`` and ``timeout`` are the op's own, None where
+#: absent (the default stream; the communicator's default timeout).
+ENTRIES: Final[Mapping[str, tuple[str, ...]]] = {
+    "send": ("comm", "buf", "dst", "tag", "handle", "stream", "timeout"),
+    "recv": ("comm", "buf", "src", "tag", "handle", "stream", "timeout"),
 }
 
 #: The fields of the ``Status`` tuple the lane builds (C: ``STATUS_FIELDS``, its length).

@@ -1,9 +1,12 @@
 /* Optional accelerator: the fast lane's per-message path in C.
  *
- * ``send(comm, buf, dst, tag, handle)`` and ``recv(comm, buf, src, tag, handle)`` do what
+ * ``send(comm, buf, dst, tag, handle, stream, timeout)`` and ``recv(comm, buf, src, tag,
+ * handle, stream, timeout)`` (``ENTRY_ARGS``, as ``native.ENTRIES`` declares them) do what
  * ``Communicator._send_op``/``_recv_op`` and the Python steps (asynccomm/_engine/steps.py
  * ``offer``/``complete``, take.py ``take_now``/``post_now``) do for the commonest case: an
- * awaited op (or ``isend``/``irecv``) on the default stream, an exact 1-D ndarray, an
+ * awaited op (or ``isend``/``irecv``) on the default stream or on an idle stream of the
+ * user's (``stream.idle``: then on the fast lane only, never traced), with no timeout or
+ * a valid one (``check_timeout``'s), an exact 1-D ndarray, an
  * exact source or destination and tag, a message under ``THREAD_COPY_MIN`` (one of
  * ``TIMED_COPY_MIN`` or more timed as the Python steps time it: matched before its copy,
  * finished after it).  In-process (traced or not) it does all of it.  Across processes (an untraced MPI world) a send goes to the link's
@@ -37,18 +40,52 @@
 #define LANE_IMPORTS_NUMPY
 #include "_lane.h"
 
+#include <math.h>
 #include <pthread.h>
 
 /* -- entry points -------------------------------------------------------------------- */
+
+/* Whether ``s``, a Stream (exact class), would start an op posted on it now
+ * (``stream.idle``): a stream of ``engine``, with nothing queued, nor pending where it
+ * keeps its order.  1 or 0 (never an error: anything odd is "not idle", and the Python
+ * steps say what is wrong). */
+static int
+stream_idle(PyObject *s, PyObject *engine)
+{
+    if (SLOT(s, S.owner) != engine) {
+        return 0;
+    }
+    PyObject *q = SLOT(s, S.queue);
+    Py_ssize_t n = q == NULL ? -1 : PySequence_Size(q);
+    if (n != 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ordered = slot_true(s, S.in_order);
+    if (ordered <= 0) {
+        PyErr_Clear();
+        return ordered == 0;
+    }
+    PyObject *pending = SLOT(s, S.pending);
+    long long queued;
+    if (pending == NULL || slot_ll(s, S.queued, &queued) < 0
+        || (n = PyObject_Size(pending)) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return n <= queued;
+}
 
 /* comm's engine, if this runs on comm's loop, the engine is open and on the fast lane (in
  * this process: traced or not, with a tracer the lane can keep; across processes, an MPI
  * link's ``send_now``: untraced only, a traced one numbers what arrives in Python), with
  * nothing queued on its default stream (new reference; *stream borrowed through the
  * engine; *remote: whether its peers are in other processes); NULL without an error when
- * not. */
+ * not.  With ``user`` (a Stream of the caller's, not None): the engine on the fast lane
+ * itself (never a traced one: its Python steps take a user's stream the general way) and
+ * ``user`` idle (``stream_idle``), then *stream is ``user``. */
 static PyObject *
-fast_engine(PyObject *comm, PyObject **stream, int *remote)
+fast_engine(PyObject *comm, PyObject *user, PyObject **stream, int *remote)
 {
     PyObject *engine = slot_get(comm, CO.engine);
     if (engine == NULL || Py_TYPE(engine) != DeviceEngineType) {
@@ -71,7 +108,7 @@ fast_engine(PyObject *comm, PyObject **stream, int *remote)
     }
     int t = slot_true(engine, EN.closed);
     int f = t == 0 ? slot_true(engine, EN.fast) : 0;
-    if (f == 0 && t == 0 && !*remote) {
+    if (f == 0 && t == 0 && !*remote && user == NULL) {
         f = slot_true(engine, EN.traced);
     }
     if (t != 0 || f != 1 || !trace_ok(engine)) {
@@ -80,6 +117,14 @@ fast_engine(PyObject *comm, PyObject **stream, int *remote)
         }
         Py_DECREF(engine);
         return NULL;
+    }
+    if (user != NULL) {
+        if (!stream_idle(user, engine)) {
+            Py_DECREF(engine);
+            return NULL;
+        }
+        *stream = user;
+        return engine;
     }
     PyObject *s = slot_get(engine, EN.default_stream);
     if (s == NULL) {
@@ -109,22 +154,62 @@ in_range(PyObject *v, long hi)
     return !overflow && x >= 0 && x < hi;
 }
 
-/* A call of send or recv: its arguments, and the engine it runs on. */
+/* The arguments of ``send`` and ``recv`` (``native.ENTRIES``). */
+#define ENTRY_ARGS 7
+
+/* Whether ``v``, a ``timeout=`` that is not None, is one ``check_timeout`` accepts as it
+ * is: an exact float or int, finite and >= 0 (an int a float can hold); its seconds in
+ * *out.  Anything else (a subclass, a bool, a bad value) is left to the Python steps,
+ * which raise the typed error.  1 or 0, never an error. */
+static int
+timeout_ok(PyObject *v, double *out)
+{
+    double x;
+    if (PyFloat_CheckExact(v)) {
+        x = PyFloat_AS_DOUBLE(v);
+    } else if (PyLong_CheckExact(v)) {
+        x = PyLong_AsDouble(v);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();  /* (too large for a float: check_timeout says so) */
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+    if (!(x >= 0) || isinf(x)) {
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* A call of send or recv: its arguments, the engine it runs on, the stream it goes on (the
+ * default one, or the user's) and its own timeout (a float, new reference; NULL: None,
+ * the communicator's default applies). */
 struct call {
-    PyObject *comm, *buf, *peer, *tag, *name, *engine, *stream;
+    PyObject *comm, *buf, *peer, *tag, *name, *engine, *stream, *timeout;
     Py_ssize_t nbytes, count;
-    int handle, remote;
+    int handle, remote, user;
 };
 
+/* What a call that fits holds: its engine and its timeout. */
+static void
+call_release(struct call *c)
+{
+    Py_DECREF(c->engine);
+    Py_XDECREF(c->timeout);
+}
+
 /* Whether a call fits the lane: 1 when ``comm`` is a Communicator, ``buf`` an exact 1-D
- * array of a known dtype (writable for a recv), the peer and tag exact ints in range, and
- * the engine on the fast lane (``fast_engine``: c->engine is then a new reference); 0
- * when not; -1 on an error. */
+ * array of a known dtype (writable for a recv), the peer and tag exact ints in range, the
+ * stream None or a Stream, the timeout None or a valid one (``timeout_ok``), and the
+ * engine on the fast lane (``fast_engine``: c->engine and c->timeout are then held,
+ * ``call_release``); 0 when not; -1 on an error. */
 static int
 accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *usage,
             struct call *c)
 {
-    if (nargs != 5) {
+    if (nargs != ENTRY_ARGS) {
         PyErr_SetString(PyExc_TypeError, usage);
         return -1;
     }
@@ -142,6 +227,13 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     if (Py_TYPE(c->comm) != CommunicatorType) {
         return 0;
     }
+    PyObject *user = args[5], *timeout = args[6];
+    double seconds = 0.0;
+    c->user = user != Py_None;
+    if ((c->user && Py_TYPE(user) != StreamType)
+        || (timeout != Py_None && !timeout_ok(timeout, &seconds))) {
+        return 0;
+    }
     int j = judge_array(names, c->buf, writable, &c->name, &c->nbytes, &c->count);
     if (j <= 0) {
         return j;
@@ -156,11 +248,28 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
     if (!in_range(c->peer, (long)size)) {
         return 0;
     }
-    c->engine = fast_engine(c->comm, &c->stream, &c->remote);
+    c->engine = fast_engine(c->comm, c->user ? user : NULL, &c->stream, &c->remote);
     if (c->engine == NULL) {
         return PyErr_Occurred() ? -1 : 0;
     }
+    c->timeout = NULL;
+    if (timeout != Py_None) {  /* float(timeout), as check_timeout returns it */
+        c->timeout = PyFloat_CheckExact(timeout) ? Py_NewRef(timeout)
+            : PyFloat_FromDouble(seconds);
+        if (c->timeout == NULL) {
+            Py_CLEAR(c->engine);
+            return -1;
+        }
+    }
     return 1;
+}
+
+/* The call's timeout: its own, else the communicator's default (None: none); a new
+ * reference, NULL on an error. */
+static inline PyObject *
+call_timeout(struct call *c)
+{
+    return c->timeout != NULL ? Py_NewRef(c->timeout) : slot_get(c->comm, CO.default_timeout);
 }
 
 /* The call's new Request of ``kind`` (from ``source``) on the default stream, as
@@ -174,14 +283,14 @@ call_request(struct call *c, PyObject *kind, PyObject *source, PyObject *timeout
 }
 
 /* The call's Request of ``kind`` done as it was made, as ``_send_op`` and ``_recv_op``
- * hand it back (``finished``): with the communicator's default timeout, its ``flow`` (a
+ * hand it back (``finished``): with the call's timeout (``call_timeout``), its ``flow`` (a
  * traced world's id, else NULL), DONE with ``result`` (stolen), posted and matched at
  * ``t0`` (a timed copy's start, else ``t``) and finished at ``t``; NULL on an error. */
 static inline PyObject *
 done_request(struct call *c, PyObject *kind, PyObject *source, PyObject *flow,
              PyObject *result, double t0, double t)
 {
-    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
+    PyObject *timeout = call_timeout(c);
     PyObject *req = timeout == NULL ? NULL : call_request(c, kind, source, timeout);
     Py_XDECREF(timeout);
     if (req == NULL) {
@@ -240,26 +349,26 @@ send_remote(struct call *c)
     return out;
 }
 
-/* What ``_send_op`` and the engine's ``start`` do for a send to another process that
- * ``send_now`` refused (a message the link announces, or one waiting for credit): a
- * Request, POSTED with its bytes' view, handed to the link's ``send``, then tracked on the
- * default stream unless that finished it.  The Request; False, having done nothing, where
- * the communicator has a default timeout (the Python steps arm it); NULL on an error. */
+/* What ``_send_op``, ``Stream._submit`` and the engine's ``start`` and ``track`` do for a
+ * send to another process that ``send_now`` refused (a message the link announces, or one
+ * waiting for credit): a Request, POSTED with its bytes' view, handed to the link's
+ * ``send``, then, unless that finished it, tracked on its stream (the default one or the
+ * user's idle one) and its timer armed where it has a timeout.  The Request; NULL on an
+ * error. */
 static PyObject *
 post_remote(struct call *c)
 {
-    PyObject *timeout = slot_get(c->comm, CO.default_timeout);
-    if (timeout == NULL || timeout != Py_None) {
-        Py_XDECREF(timeout);
-        return timeout == NULL ? NULL : Py_NewRef(Py_False);
+    PyObject *timeout = call_timeout(c);
+    if (timeout == NULL) {
+        return NULL;
     }
     PyObject *engine = c->engine;
     PyObject *rank = slot_get(c->comm, CO.rank);
     PyObject *req = rank == NULL ? NULL : call_request(c, K_SEND, rank, timeout);
     Py_XDECREF(rank);
-    Py_DECREF(timeout);
     if (req == NULL || start_now(engine, req) < 0) {
         Py_XDECREF(req);
+        Py_DECREF(timeout);
         return NULL;
     }
     PyObject *view = PyMemoryView_FromObject(c->buf);  /* bytes_of */
@@ -276,40 +385,45 @@ post_remote(struct call *c)
     if (link == NULL) {
         Py_XDECREF(view);
         Py_DECREF(req);
+        Py_DECREF(timeout);
         return NULL;
     }
     put(req, M.view, view);
     PyObject *argv[3] = {link, req, c->peer};
     PyObject *r = PyObject_VectorcallMethod(a_link_send, argv, 3, NULL);
     Py_DECREF(link);
-    /* failed at once: never tracked; else tracked (a send with no timer: nothing more) */
-    if (r == NULL || track_unless_done(engine, c->stream, req) < 0) {
+    /* failed at once: never tracked; else tracked, and its timer armed (the engine's
+     * ``track``) */
+    int done = r == NULL ? -1 : track_unless_done(engine, c->stream, req);
+    if (done < 0 || (done == 0 && timeout != Py_None && arm_timer(engine, req, timeout) < 0)) {
         Py_CLEAR(req);
     }
     Py_XDECREF(r);
+    Py_DECREF(timeout);
     return req;
 }
 
-/* send(comm, buf, dst, tag, handle) -> bool | Request: once the message went the fast
- * lane (the send is done, and recorded), True, or with ``handle`` its Request; a send to
- * another process that waits for its recv: its posted Request (``post_remote``); False,
- * having done nothing, when the Python path must run. */
+/* send(comm, buf, dst, tag, handle, stream, timeout) -> bool | Request: once the
+ * message went the fast lane (the send is done, and recorded), True, or with ``handle``
+ * its Request; a send to another process that waits for its recv: its posted Request
+ * (``post_remote``); False, having done nothing, when the Python path must run. */
 static PyObject *
 lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct call c;
-    int fits = accept_call(args, nargs, 0, "send(comm, buf, dst, tag, handle)", &c);
+    int fits = accept_call(args, nargs, 0, "send(comm, buf, dst, tag, handle, stream, timeout)",
+                           &c);
     if (fits > 0 && c.remote) {
         PyObject *out = send_remote(&c);
         if (out == Py_False) {  /* not sent eagerly: posted as the Python steps post it */
             Py_SETREF(out, post_remote(&c));
         }
-        Py_DECREF(c.engine);
+        call_release(&c);
         return out;
     }
     if (fits <= 0 || c.nbytes >= THREAD_COPY_MIN) {  /* (copied on the worker thread) */
         if (fits > 0) {
-            Py_DECREF(c.engine);
+            call_release(&c);
         }
         if (fits < 0) {
             return NULL;
@@ -366,25 +480,27 @@ done:
     Py_XDECREF(tracer);
     Py_XDECREF(rank);
     Py_XDECREF(peers);
-    Py_DECREF(engine);
+    call_release(&c);
     return result;
 }
 
-/* recv(comm, buf, src, tag, handle) -> Status | Request | None: the Status of a message
- * already waiting (taken; with ``handle``, its done Request); else the posted Request to
- * await; None, having done nothing, when the Python path must run. */
+/* recv(comm, buf, src, tag, handle, stream, timeout) -> Status | Request | None: the
+ * Status of a message already waiting (taken; with ``handle``, its done Request); else the
+ * posted Request to await (tracked on its stream, its timer armed); None, having done
+ * nothing, when the Python path must run. */
 static PyObject *
 lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     struct call c;
-    int fits = accept_call(args, nargs, 1, "recv(comm, buf, src, tag, handle)", &c);
+    int fits = accept_call(args, nargs, 1, "recv(comm, buf, src, tag, handle, stream, timeout)",
+                           &c);
     if (fits <= 0) {
         if (fits < 0) {
             return NULL;
         }
         Py_RETURN_NONE;
     }
-    PyObject *comm = c.comm, *buf = c.buf, *src = c.peer, *tag = c.tag, *name = c.name;
+    PyObject *buf = c.buf, *src = c.peer, *tag = c.tag, *name = c.name;
     PyObject *engine = c.engine, *stream = c.stream;
     Py_ssize_t nbytes = c.nbytes;
     int handle = c.handle;
@@ -464,7 +580,16 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    timeout = slot_get(comm, CO.default_timeout);
+    if (c.user) {
+        /* A peer gone: the engine's ``start`` withdraws the recv before its stream tracks
+         * it, ``post`` after: the Python steps take it. */
+        int gone = slot_true(engine, EN.gone);
+        if (gone != 0) {
+            result = gone < 0 ? NULL : Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    timeout = call_timeout(&c);
     if (timeout == NULL) {
         goto done;
     }
@@ -478,7 +603,7 @@ done:
     Py_XDECREF(timeout);
     Py_XDECREF(key);
     Py_XDECREF(matcher);
-    Py_DECREF(engine);
+    call_release(&c);
     return result;
 }
 
@@ -507,9 +632,9 @@ lane_perf_counter(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
-     "send(comm, buf, dst, tag, handle) -> bool | Request"},
+     "send(comm, buf, dst, tag, handle, stream, timeout) -> bool | Request"},
     {"recv", (PyCFunction)(void (*)(void))lane_recv, METH_FASTCALL,
-     "recv(comm, buf, src, tag, handle) -> Status | Request | None"},
+     "recv(comm, buf, src, tag, handle, stream, timeout) -> Status | Request | None"},
     {"configure", configure, METH_O, "configure(spec): what the lane works with"},
     {"inspect", (PyCFunction)(void (*)(void))buffers_inspect, METH_FASTCALL,
      "inspect(buf, writable) -> (name, nbytes, count) or None"},

@@ -56,7 +56,9 @@ extern struct request_slots {
     Py_ssize_t array, owner, kind, peer, stream, timeout, record, t_post, t_match, state,
         result, exc, waiters, timer, tracked, t_fin, sseq;
 } R;
-extern struct stream_slots { Py_ssize_t queue, events, pending, seq, sid; } S;
+extern struct stream_slots {
+    Py_ssize_t queue, events, pending, seq, sid, owner, queued, in_order;
+} S;
 extern struct flight_slots { Py_ssize_t ring, sends, recvs; } F;
 extern struct tally_slots { Py_ssize_t n, nbytes, w, c; } T;
 extern struct matcher_slots {
@@ -272,6 +274,7 @@ int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
 int track_on(PyObject *engine, PyObject *stream, PyObject *req);
 int start_now(PyObject *engine, PyObject *req);
 int track_unless_done(PyObject *engine, PyObject *stream, PyObject *req);
+int arm_timer(PyObject *engine, PyObject *req, PyObject *timeout);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);

@@ -16,14 +16,18 @@ def configure(spec: dict[str, tuple[Any, ...]], /) -> None:
         TypeError: a part is missing, of the wrong length, or a declared slot is not one.
     """
 
-def send(comm: Any, buf: Any, dst: Any, tag: Any, handle: bool, /) -> Any:
+def send(comm: Any, buf: Any, dst: Any, tag: Any, handle: bool, stream: Any, timeout: Any,
+         /) -> Any:
     """True, or with ``handle`` the done Request, once the message went the fast lane; the
     posted Request of a send to another process that waits for its recv; False, having
-    done nothing, when the Python steps must run."""
+    done nothing, when the Python steps must run.  ``stream``: None (the default stream)
+    or the op's Stream; ``timeout``: None (the communicator's default) or the op's."""
 
-def recv(comm: Any, buf: Any, src: Any, tag: Any, handle: bool, /) -> Any:
+def recv(comm: Any, buf: Any, src: Any, tag: Any, handle: bool, stream: Any, timeout: Any,
+         /) -> Any:
     """The Status of a message already waiting (with ``handle``, its done Request), else
-    the posted Request; None, having done nothing, when the Python steps must run."""
+    the posted Request; None, having done nothing, when the Python steps must run.
+    ``stream`` and ``timeout``: as ``send``'s."""
 
 # -- the Python steps' buffer primitives ----------------------------------------------------
 

@@ -245,6 +245,25 @@ track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
     return track_on(engine, stream, req) < 0 ? -1 : 0;
 }
 
+/* What the engine's ``track`` does last for a tracked request with a ``timeout`` (not
+ * None): its timer armed, ``loop.call_later(timeout, engine._on_timeout, req)``.  0 done,
+ * -1 error. */
+int
+arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
+{
+    PyObject *loop = slot_get(engine, EN.loop);
+    PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
+    PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
+        loop, a_call_later, timeout, cb, req, NULL);
+    Py_XDECREF(cb);
+    Py_XDECREF(loop);
+    if (timer == NULL) {
+        return -1;
+    }
+    put(req, R.timer, timer);
+    return 0;
+}
+
 /* What ``post_now`` does for a new exact recv with no message waiting for it. */
 int
 post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
@@ -340,17 +359,8 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
             Py_DECREF(rb);
         }
     }
-    if (timeout != Py_None) {
-        PyObject *loop = slot_get(engine, EN.loop);
-        PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
-        PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
-            loop, a_call_later, timeout, cb, req, NULL);
-        Py_XDECREF(cb);
-        Py_XDECREF(loop);
-        if (timer == NULL) {
-            return -1;
-        }
-        put(req, R.timer, timer);
+    if (timeout != Py_None && arm_timer(engine, req, timeout) < 0) {
+        return -1;
     }
     int gone = slot_true(engine, EN.gone);
     if (gone < 0) {

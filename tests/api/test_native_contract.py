@@ -100,6 +100,21 @@ def test_the_c_spells_no_attribute_name_of_ours() -> None:
     assert found <= {"__asyncio_running_event_loop__"}
 
 
+def test_the_entry_points_take_the_declared_arguments() -> None:
+    """``send`` and ``recv`` check the declared count, say the declared arguments (their
+    usage and their docstrings), and the stub types them so."""
+    text = (NATIVE / "_lane.c").read_text()
+    m = re.search(r"#define ENTRY_ARGS (\d+)", text)
+    assert m and {len(args) for args in native.ENTRIES.values()} == {int(m.group(1))}
+    stub = (NATIVE / "_lane.pyi").read_text()
+    for name, args in native.ENTRIES.items():
+        usage = f"{name}({', '.join(args)})"
+        assert f'accept_call(args, nargs, {int(name == "recv")}, "{usage}"' in text
+        assert f'"{usage} -> ' in text
+        sig = re.search(rf"^def {name}\((.*?),\s*/\)", stub, re.S | re.M)
+        assert sig and [p.split(":")[0].strip() for p in sig.group(1).split(",")] == list(args)
+
+
 def test_the_status_the_c_builds_has_the_declared_fields() -> None:
     m = re.search(r"#define STATUS_FIELDS (\d+)", _source("_lane.h"))
     assert m and int(m.group(1)) == len(native.STATUS_FIELDS)
@@ -315,8 +330,8 @@ def test_the_c_refuses_a_part_of_another_length_and_stays_off(part: str) -> None
     spec[part] = spec[part][:-1]
     with pytest.raises(TypeError, match=f"spec\\['{part}'\\] must be a tuple of"):
         LANE.configure(spec)
-    assert LANE.send(None, None, 0, 0, False) is False  # off: "not handled"
-    assert LANE.recv(None, None, 0, 0, False) is None
+    assert LANE.send(None, None, 0, 0, False, None, None) is False  # off: "not handled"
+    assert LANE.recv(None, None, 0, 0, False, None, None) is None
 
 
 @needs_lane

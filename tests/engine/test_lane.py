@@ -39,6 +39,7 @@ from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
 from asynccomm._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from asynccomm._engine.flight import Tally
+from asynccomm._engine.stream import StreamStatistics
 
 BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
@@ -226,6 +227,137 @@ def test_small_awaited_messages_never_reach_the_python_steps(
 
 @pytest.mark.native
 @needs_lane
+def test_ops_on_an_idle_stream_or_with_a_timeout_never_reach_the_python_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane takes an op on an idle stream of the user's and one with a timeout: done
+    as posted, or posted and tracked on its stream, its timer armed (a recv that times
+    out is withdrawn by it)."""
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    async def main(world: ac.World) -> list[Any]:
+        c0, c1 = world.comms
+        s0, s1 = c0.stream(), c1.stream()
+        await c0.send(np.ones(2), 1, 6)  # a dtype's name is learnt the first time it is sent
+        await c1.recv(np.empty(2), 0, 6)
+        monkeypatch.setattr(ac.Communicator, "_send_op", refuse)
+        monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        got: list[Any] = []
+        out = np.empty(2)
+        for stream, timeout in ((s0, None), (None, 5.0), (s0, 5), (s0, 0.0)):
+            sent = c0.isend(np.full(2, 3.0), 1, 7, stream=stream, timeout=timeout)
+            assert sent.done() and sent.stream is (stream or c0._engine.default_stream)
+            assert sent.timeout == (None if timeout is None else float(timeout))
+            await c0.send(np.full(2, 4.0), 1, 7, stream=stream, timeout=timeout)
+            recv_stream = None if stream is None else s1
+            got.append((await c1.recv(out, 0, 7, stream=recv_stream, timeout=timeout),
+                        out[0]))
+            req = c1.irecv(out, 0, 7, stream=recv_stream, timeout=timeout)
+            assert req.done()
+            got.append((await req, out[0]))
+            req = c1.irecv(out, 0, 8, stream=recv_stream, timeout=timeout)  # posted
+            assert not req.done() and req._tracked and (req._timer is None) is (
+                timeout is None)
+            stats = (recv_stream or c1._engine.default_stream).statistics()
+            got.append((stats.active, c1._engine._n_pending, c1._engine._pending_recvs))
+            if timeout == 0:
+                with pytest.raises(ac.CommTimeoutError):
+                    await req
+            else:
+                await c0.send(np.full(2, 5.0), 1, 8, stream=stream, timeout=timeout)
+                got.append((await req, out[0]))
+            assert not req._tracked and req._timer is None
+        return got
+
+    async def run() -> list[Any]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(main(world), 10)
+
+    status = ac.Status(0, 7, 16, 2)
+    filled = ac.Status(0, 8, 16, 2)
+    assert asyncio.run(run()) == [(status, 3.0), (status, 4.0), (1, 1, 1), (filled, 5.0)] * 3 + [
+        (status, 3.0), (status, 4.0), (1, 1, 1)]
+
+
+@pytest.mark.native
+@needs_lane
+def test_a_stream_or_timeout_the_lane_does_not_take_leaves_it_to_the_python_steps() -> None:
+    """A busy or held stream, another communicator's stream, a traced world's stream and
+    a timeout ``check_timeout`` refuses (or one of a subclass) are not handled, having
+    changed nothing: the lane answers False or None."""
+    from asynccomm._engine.lane import LANE
+
+    async def main(world: ac.World, other: ac.World) -> None:
+        c0, c1 = world.comms
+        await c0.send(np.ones(2), 1, 6)
+        await c1.recv(np.empty(2), 0, 6)
+        busy = c1.stream()
+        pending = c1.irecv(np.empty(2), 0, 1, stream=busy)
+        held = c1.stream()
+        held.wait(busy.record())
+        foreign = other.comms[1].stream()
+        for stream in (busy, held, foreign, "stream"):
+            assert LANE.send(c1, np.ones(2), 0, 2, True, stream, None) is False
+            assert LANE.recv(c1, np.empty(2), 0, 2, True, stream, None) is None
+        for timeout in (-1, -0.5, float("nan"), float("inf"), True, "1", 10 ** 400,
+                        np.float64(1.0)):
+            assert LANE.send(c1, np.ones(2), 0, 2, True, None, timeout) is False
+            assert LANE.recv(c1, np.empty(2), 0, 2, True, None, timeout) is None
+        assert c1.statistics().pending_ops == 1 and c0.iprobe(1, 2) is None
+        assert busy.statistics().submitted == 1 and held.statistics().submitted == 0
+        with pytest.raises(TypeError, match="timeout must be a number"):
+            c1.irecv(np.empty(2), 0, 2, timeout=True)
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            c1.isend(np.ones(2), 0, 2, stream=c1.stream(), timeout=float("nan"))
+        with pytest.raises(TypeError, match=r"send\(comm, buf, dst, tag, handle, stream, "
+                           r"timeout\)"):
+            LANE.send(c1, np.ones(2), 0, 2, True)
+        assert pending.cancel()
+
+    async def traced(world: ac.World) -> None:
+        c0, c1 = world.comms
+        assert LANE.send(c0, np.ones(2), 1, 2, True, c0.stream(), None) is False
+        assert LANE.recv(c1, np.empty(2), 0, 2, True, c1.stream(), None) is None
+
+    async def run() -> None:
+        async with ac.open_world(2) as world, ac.open_world(2) as other:
+            await asyncio.wait_for(main(world, other), 10)
+        with tempfile.TemporaryDirectory() as tmp:
+            async with ac.open_world(2, trace=str(Path(tmp) / "t.json")) as world:
+                await asyncio.wait_for(traced(world), 10)
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_recv_on_a_stream_from_a_gone_peer_fails_untracked(native: bool, loop: str) -> None:
+    """A recv on an idle stream from a rank that closed fails as it is posted: its stream
+    never counts it (the engine's ``start`` fails it before ``Stream._submit`` tracks
+    it), and no timer is left; a recv from a live rank is counted after it."""
+    async def main(world: ac.World) -> list[Any]:
+        c0, _, c2 = world.comms
+        await c2.aclose()
+        s = c0.stream()
+        req = c0.irecv(np.empty(2), 2, 1, stream=s, timeout=1000.0)
+        got: list[Any] = [req.done(), req._timer, s.statistics(), c0.statistics().pending_ops]
+        with pytest.raises(ac.CommBrokenError):
+            await req
+        live = c0.irecv(np.empty(2), 1, 1, stream=s, timeout=1000.0)
+        got += [s.statistics(), live.sseq, c0.statistics().pending_ops]
+        assert live.cancel()
+        return got
+
+    async def run() -> list[Any]:
+        async with ac.open_world(3, native=native) as world:
+            return await asyncio.wait_for(main(world), 10)
+
+    with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
+        got = runner.run(run())
+    assert got == [True, None, StreamStatistics(0, 0, 0), 0, StreamStatistics(0, 1, 1), 1, 1]
+
+
+@pytest.mark.native
+@needs_lane
 def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     """A staged message can be part of no cycle; the collector does not walk it."""
     import gc
@@ -300,7 +432,8 @@ def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPat
                 assert send.done()
                 got.append(out[-1])
         monkeypatch.undo()
-        assert _fastlane.LANE.send(c0, np.ones(THREAD_COPY_MIN // 8), 1, 3, False) is False
+        assert _fastlane.LANE.send(c0, np.ones(THREAD_COPY_MIN // 8), 1, 3, False, None,
+                                     None) is False
         return got
 
     async def run() -> list[float]:
@@ -404,26 +537,37 @@ def test_a_recv_cancelled_before_a_timed_copy_leaves_it_to_the_next(native: bool
 
 @pytest.mark.native
 @needs_lane
-def test_a_recv_posted_by_the_lane_is_the_request_python_makes() -> None:
-    """Every field of a recv the lane posted equals the Python steps' own."""
+@pytest.mark.parametrize(("on_stream", "timeout"),
+                         [(False, None), (True, None), (False, 5), (True, 2.5)])
+def test_a_recv_posted_by_the_lane_is_the_request_python_makes(on_stream: bool,
+                                                               timeout: Any) -> None:
+    """Every field of a recv the lane posted equals the Python steps' own, on the default
+    stream or an idle one of the user's, with a timeout or none; and so does what tracks
+    it (its stream's and its engine's counts)."""
     fields = [n for cls in ac.Request.__mro__ for n in getattr(cls, "__slots__", ())]
 
-    async def post(world: ac.World) -> dict[str, Any]:
+    async def post(world: ac.World) -> tuple[dict[str, Any], Any]:
         c1 = world.comms[1]
-        req = c1.irecv(np.empty(4), 0, 3)
+        stream = c1.stream() if on_stream else None
+        req = c1.irecv(np.empty(4), 0, 3, stream=stream, timeout=timeout)
         out = {n: getattr(req, n, "<unset>") for n in fields}
+        engine = c1._engine
+        held = req.stream
+        counts = (held.statistics(), list(held._pending), held._seq, engine._n_pending,
+                  engine._pending_recvs, held is (stream or engine.default_stream))
         req.cancel()
-        return out
+        return out, counts
 
-    async def run(native: bool) -> dict[str, Any]:
+    async def run(native: bool) -> tuple[dict[str, Any], Any]:
         async with ac.open_world(2, native=native) as world:
             return await asyncio.wait_for(post(world), 10)
 
-    lane = asyncio.run(run(True))
-    python = asyncio.run(run(False))
-    for name in ("t_post", "array", "_owner", "stream"):  # times, and this world's objects
+    lane, lane_counts = asyncio.run(run(True))
+    python, python_counts = asyncio.run(run(False))
+    for name in ("t_post", "array", "_owner", "stream", "_timer"):  # times, objects
         assert type(lane.pop(name)) is type(python.pop(name))
     assert lane == python
+    assert lane_counts == python_counts
 
 
 @pytest.mark.native
@@ -479,8 +623,8 @@ def test_a_lane_that_does_not_fit_the_classes_leaves_the_python_steps(
         with pytest.raises(TypeError, match="is not a slot"):
             LANE.configure(spec)
         # The lane is off now, and says so: every op takes the Python steps.
-        assert LANE.send(None, None, 0, 0, False) is False
-        assert LANE.recv(None, None, 0, 0, False) is None
+        assert LANE.send(None, None, 0, 0, False, None, None) is False
+        assert LANE.recv(None, None, 0, 0, False, None, None) is None
         assert asyncio.run(one_message()) == 7.0
 
         def stale(lane: object, communicator: type) -> None:
@@ -508,8 +652,14 @@ _tag = st.integers(0, 2)
 #: past it, and one of 320 KiB (int32: half those bytes); all inline (THREAD_COPY_MIN).
 _n = st.sampled_from([0, 1, 3, 8, 100, 0, 1, 3, 8, 100, 8192, 8193, 40_000])
 _dt = st.sampled_from(range(len(DTYPES)))
-_send = st.sampled_from(["send", "send", "isend", "send_stream"])
-_recv = st.sampled_from(["recv", "recv", "irecv", "recv_stream"])
+_send = st.sampled_from(["send", "send", "isend", "send_stream", "send_timeout",
+                         "isend_timeout", "send_stream_timeout"])
+_recv = st.sampled_from(["recv", "recv", "irecv", "recv_stream", "recv_timeout",
+                         "irecv_timeout", "recv_stream_timeout", "hold"])
+#: The timeouts of the ops that take one (``*_timeout``), in turn: none that fires before
+#: the program ends but 0 (at the loop's next turn), int and float, and ones
+#: ``check_timeout`` refuses (the op is then an error, nothing posted).
+TIMEOUTS = (0, 1000.0, 0.0, 1000, None, -1, float("nan"), True)
 _exchange = st.sampled_from(["sendrecv", "sendrecv", "batch"])
 
 
@@ -517,7 +667,10 @@ _exchange = st.sampled_from(["sendrecv", "sendrecv", "batch"])
 def programs(draw: st.DrawFn) -> list[tuple[Any, ...]]:
     """Messages (a send and a recv that names it, mostly with room and the same dtype,
     sometimes a wildcard, a smaller buffer or another dtype), exchanges (sendrecv or batch
-    on both sides), stray sends, recvs and exchanges, and cancellations, shuffled."""
+    on both sides), stray sends, recvs and exchanges, and cancellations, shuffled.  Ops
+    go on the default stream or on the rank's stream, with a timeout or none; a "hold"
+    posts a recv on the rank's other stream and holds its stream until that one is done
+    (so later ops on the stream queue)."""
     out: list[tuple[Any, ...]] = []
     for _ in range(draw(st.integers(1, 10))):
         src, dst, tag, n, dt = draw(_rank), draw(_rank), draw(_tag), draw(_n), draw(_dt)
@@ -569,11 +722,15 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
     comms = world.comms
     _count_clock(world)
     streams = [c.stream() for c in comms]
+    others = [c.stream() for c in comms]
     pending: list[tuple[int, Any, np.ndarray[Any, Any] | None]] = []
     seen: list[Any] = []
     for i, (op, rank, peer, tag, n, dt) in enumerate(program):
         comm = comms[rank]
         dtype = DTYPES[dt]
+        timeout = TIMEOUTS[(i + tag) % len(TIMEOUTS)] if op.endswith("_timeout") else None
+        on_stream = "_stream" in op
+        op = op.removesuffix("_timeout").removesuffix("_stream")
         if op in ("sendrecv", "batch"):  # with ``peer`` both ways, on one tag
             buf = np.arange(i * 100, i * 100 + n).astype(dtype)
             out = np.full(n, -1).astype(dtype)
@@ -581,17 +738,21 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
                         if op == "sendrecv" else
                         comm.batch([ac.SendOp(buf, peer, tag), ac.RecvOp(out, peer, tag)]))
             pending.append((i, asyncio.ensure_future(exchange), out))
-        elif op.startswith("send") or op == "isend":  # "send_stream": an isend on a stream
+        elif op in ("send", "isend"):  # "send_stream": an isend on a stream
             buf = np.arange(i * 100, i * 100 + n).astype(dtype)
-            if op == "send":
+            if op == "send" and not on_stream:
                 try:
-                    await asyncio.wait_for(comm.send(buf, peer, tag), 0.05)
+                    await asyncio.wait_for(comm.send(buf, peer, tag, timeout=timeout), 0.05)
                     seen.append((i, "sent"))
-                except (ac.AsyncCommError, TimeoutError) as exc:
+                except (ac.AsyncCommError, TimeoutError, ValueError, TypeError) as exc:
                     seen.append((i, _outcome(exc)))
             else:
-                stream = streams[rank] if op == "send_stream" else None
-                pending.append((i, comm.isend(buf, peer, tag, stream=stream), None))
+                stream = streams[rank] if on_stream else None
+                try:
+                    pending.append((i, comm.isend(buf, peer, tag, stream=stream,
+                                                  timeout=timeout), None))
+                except (ValueError, TypeError) as exc:
+                    seen.append((i, _outcome(exc)))
         elif op == "cancel":
             for _, what, _ in pending:
                 if isinstance(what, asyncio.Future | asyncio.Task) and not what.done():
@@ -600,14 +761,22 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
                 if isinstance(what, ac.Request) and not what.done():
                     what.cancel()
                     break
+        elif op == "hold":  # a recv on the other stream, which holds this one
+            out = np.full(n, -1).astype(dtype)
+            pending.append((i, comm.irecv(out, peer, tag, stream=others[rank]), out))
+            streams[rank].wait(others[rank].record())
         else:
             out = np.full(n, -1).astype(dtype)
-            if op == "recv":
-                task = asyncio.ensure_future(comm.recv(out, peer, tag))
+            if op == "recv" and not on_stream:
+                task = asyncio.ensure_future(comm.recv(out, peer, tag, timeout=timeout))
                 pending.append((i, task, out))
             else:
-                stream = streams[rank] if op == "recv_stream" else None
-                pending.append((i, comm.irecv(out, peer, tag, stream=stream), out))
+                stream = streams[rank] if on_stream else None
+                try:
+                    pending.append((i, comm.irecv(out, peer, tag, stream=stream,
+                                                  timeout=timeout), out))
+                except (ValueError, TypeError) as exc:
+                    seen.append((i, _outcome(exc)))
         await asyncio.sleep(0)
         await asyncio.sleep(0)
     for _ in range(4):
@@ -615,6 +784,8 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
     # (pending ops are listed stream by stream, and streams in no fixed order)
     seen.append([(c.statistics(), c._engine._pending_recvs,
                   sorted((e["op"], e["state"]) for e in c.flight_record())) for c in comms])
+    seen.append([(s.statistics(), list(s._pending), [r.sseq for r in s._pending.values()])
+                 for s in streams + others])
     for i, what, out in pending:
         if not what.done():
             what.cancel()

@@ -32,6 +32,7 @@ from asynccomm._core import wire as w
 from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.flight import Tally
 from asynccomm._engine.lane import LANE
+from asynccomm._engine.stream import StreamStatistics
 from asynccomm._exceptions import TransportError
 from asynccomm.transports import _mpi_lib
 from asynccomm.transports._mpi_progress import CTRL_SLOTS, CTRL_TAG, Slot
@@ -540,10 +541,12 @@ def test_a_matched_announcement_sends_its_cts_before_posting_the_data_recv(
     assert steps == ["cts", "irecv", "rts", "data"]
 
 
-async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
+async def _posted_send(native: bool, timeout: float | None, own: float | None = None,
+                       on_stream: bool = False) -> tuple[Any, ...]:
     """This rank (1 of 2) on the fake communicator awaits a rendezvous ``send`` (its
-    communicator's default timeout ``timeout``): the request as posted, before its
-    ``CTS``; then, once answered and its data sent, what the send gave and what remains."""
+    communicator's default timeout ``timeout``; its own ``own``; on a stream of its own
+    with ``on_stream``): the request as posted, before its ``CTS``; then, once answered
+    and its data sent, what the send gave and what remains."""
     from asynccomm._buffers import dtype_name
 
     dtype_name(np.dtype("<f8"), "send")
@@ -553,13 +556,16 @@ async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
     comm._default_timeout = timeout
     engine, progress = comm._engine, link.progress
     data = np.arange(BIG // 8, dtype="<f8")
-    task = asyncio.ensure_future(comm.send(data, 0, 7))
+    stream = comm.stream() if on_stream else None
+    task = asyncio.ensure_future(comm.send(data, 0, 7, stream=stream, timeout=own))
     await asyncio.sleep(0)
-    (req,) = engine.default_stream._pending.values()
+    held = stream or engine.default_stream
+    (req,) = held._pending.values()
     posted = (task.done(), req._state.name, req.t_post >= 0, req._tracked, req.sseq,
               req.source, req.peer, req.tag, req.nbytes, req.count, req.dtype,
               req.view.format, bytes(req.view) == data.tobytes(), req.array is data,
-              engine._n_pending, req._timer is not None, list(comm_.sent))
+              engine._n_pending, req._timer is not None, req.stream is held, req.timeout,
+              held.statistics(), list(comm_.sent))
     land(progress._slots[0], w.HEADER.pack(w.CTS, 0, 0, 3, 0, 0, link.wire._next_ident, b""))
     progress._land()
     for r in list(progress._reqs):
@@ -567,7 +573,7 @@ async def _posted_send(native: bool, timeout: float | None) -> tuple[Any, ...]:
     progress._test_requests()
     outcome = await asyncio.wait_for(task, 5)
     return posted, (outcome, req._state.name, req._exc, req._tracked, engine._n_pending,
-                    dict(engine.default_stream._pending), comm_.sent[len(posted[-1]):],
+                    dict(held._pending), held.statistics(), comm_.sent[len(posted[-1]):],
                     comm.statistics(),
                     [{k: v for k, v in e.items() if k not in ("post", "match", "finish")}
                      for e in comm.flight_record()])
@@ -593,22 +599,28 @@ def _on_both_lanes(monkeypatch: pytest.MonkeyPatch, run: Callable[[bool], Any]
 
 
 @pytest.mark.native
-@pytest.mark.parametrize("timeout", [None, 60.0])
+@pytest.mark.parametrize(("timeout", "own", "on_stream"),
+                         [(None, None, False), (60.0, None, False), (None, 30.0, False),
+                          (None, None, True), (60.0, 30, True)])
 def test_a_send_the_link_announces_is_posted_by_the_c_lane_as_by_the_python_steps(
-        monkeypatch: pytest.MonkeyPatch, timeout: float | None) -> None:
+        monkeypatch: pytest.MonkeyPatch, timeout: float | None, own: float | None,
+        on_stream: bool) -> None:
     """A ``send`` too large to go eagerly to another process is posted by the C lane
-    (the request POSTED with its bytes' view, handed to the link, tracked on the default
-    stream) as the Python steps post it; ``send`` waits for it to finish, and it finishes
-    alike.  With a default timeout the Python steps post it (they arm the timer)."""
-    seen, took = _on_both_lanes(monkeypatch, functools.partial(_posted_send,
-                                                               timeout=timeout))
-    assert took == {True: 0 if timeout is None else 1, False: 1}
+    (the request POSTED with its bytes' view, handed to the link, tracked on its stream:
+    the default one, or an idle one of the user's; its timer armed where it has a
+    timeout, its own or the communicator's default) as the Python steps post it;
+    ``send`` waits for it to finish, and it finishes alike."""
+    seen, took = _on_both_lanes(monkeypatch, functools.partial(
+        _posted_send, timeout=timeout, own=own, on_stream=on_stream))
+    assert took == {True: 0, False: 1}
     assert seen[True] == seen[False]
     posted, done = seen[True]
+    timed = own if own is not None else timeout
     assert posted[:5] == (False, "POSTED", True, True, 1)
-    assert posted[11:16] == ("B", True, True, 1, timeout is not None)
+    assert posted[11:18] == ("B", True, True, 1, timed is not None, True, timed)
+    assert posted[18] == StreamStatistics(queued=0, active=1, submitted=1)
     assert [raw[0] for raw, _, tag in posted[-1]] == [w.RTS]
-    assert done[:6] == (None, "DONE", None, False, 0, {})
+    assert done[:7] == (None, "DONE", None, False, 0, {}, StreamStatistics(0, 0, 1))
 
 
 async def _refused_send(native: bool) -> tuple[Any, ...]:
