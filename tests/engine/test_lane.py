@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -699,6 +700,15 @@ def _outcome(value: Any) -> Any:
     return tuple(value) if isinstance(value, tuple) else value
 
 
+def _post(pending: list[Any], seen: list[Any], i: int, out: Any,
+          op: Callable[[], ac.Request]) -> None:
+    """Post op ``i`` (its recv buffer ``out``); one refused is seen as its error's name."""
+    try:
+        pending.append((i, op(), out))
+    except (ValueError, TypeError) as exc:
+        seen.append((i, _outcome(exc)))
+
+
 def _times(entry: dict[str, Any]) -> tuple[bool, bool]:
     """How a flight record's times are made, on a clock that never reads the same twice:
     whether it was matched as it was posted, and finished as it was matched (a timed copy
@@ -748,11 +758,8 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
                     seen.append((i, _outcome(exc)))
             else:
                 stream = streams[rank] if on_stream else None
-                try:
-                    pending.append((i, comm.isend(buf, peer, tag, stream=stream,
-                                                  timeout=timeout), None))
-                except (ValueError, TypeError) as exc:
-                    seen.append((i, _outcome(exc)))
+                _post(pending, seen, i, None, partial(comm.isend, buf, peer, tag,
+                                                      stream=stream, timeout=timeout))
         elif op == "cancel":
             for _, what, _ in pending:
                 if isinstance(what, asyncio.Future | asyncio.Task) and not what.done():
@@ -772,11 +779,8 @@ async def _program(world: ac.World, program: list[tuple[Any, ...]]) -> list[Any]
                 pending.append((i, task, out))
             else:
                 stream = streams[rank] if on_stream else None
-                try:
-                    pending.append((i, comm.irecv(out, peer, tag, stream=stream,
-                                                  timeout=timeout), out))
-                except (ValueError, TypeError) as exc:
-                    seen.append((i, _outcome(exc)))
+                _post(pending, seen, i, out, partial(comm.irecv, out, peer, tag,
+                                                     stream=stream, timeout=timeout))
         await asyncio.sleep(0)
         await asyncio.sleep(0)
     for _ in range(4):
