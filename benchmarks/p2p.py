@@ -68,36 +68,48 @@ async def future_pingpong(iters: int) -> float:
     return (time.perf_counter() - t0) / (2 * iters)
 
 
+#: The timeout of the ping-pong's ops with one (never reached: it arms a timer where an op
+#: waits, and cancels it when the op finishes).
+OP_TIMEOUT = 60.0
+
+
 async def comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
-                         iters: int) -> float:
-    """Seconds per one-way send->recv (half a round trip) between ranks 0 and 1."""
+                         iters: int, variant: str = "") -> float:
+    """Seconds per one-way send->recv (half a round trip) between ranks 0 and 1; the ops
+    on the default stream, or (``variant``) ``"stream"``: on a stream of each rank's own,
+    ``"timeout"``: with a timeout."""
     count = max(1, nbytes // 8)
     s0, r0 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
     s1, r1 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
+    kw0: dict[str, Any] = {"stream": {"stream": c0.stream()},
+                           "timeout": {"timeout": OP_TIMEOUT}}.get(variant, {})
+    kw1: dict[str, Any] = {"stream": {"stream": c1.stream()},
+                           "timeout": {"timeout": OP_TIMEOUT}}.get(variant, {})
 
     async def ping() -> None:
         for _ in range(iters):
-            await c0.send(s0, 1, 5)
-            await c0.recv(r0, 1, 5)
+            await c0.send(s0, 1, 5, **kw0)
+            await c0.recv(r0, 1, 5, **kw0)
 
     async def pong() -> None:
         for _ in range(iters):
-            await c1.recv(r1, 0, 5)
-            await c1.send(s1, 0, 5)
+            await c1.recv(r1, 0, 5, **kw1)
+            await c1.send(s1, 0, 5, **kw1)
 
     t0 = time.perf_counter()
     await asyncio.gather(pong(), ping())
     return (time.perf_counter() - t0) / (2 * iters)
 
 
-async def _calls_per_message(c0: ac.Communicator, c1: ac.Communicator, nbytes: int) -> float:
+async def _calls_per_message(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
+                             variant: str = "") -> float:
     """Python-level function calls per one-way message of the ping-pong (cProfile counts
     every call, the library's, asyncio's and numpy's, minus the benchmark's own loop)."""
     iters = 2000
-    await comm_pingpong(c0, c1, nbytes, 100)
+    await comm_pingpong(c0, c1, nbytes, 100, variant)
     profile = cProfile.Profile()
     profile.enable()
-    await comm_pingpong(c0, c1, nbytes, iters)
+    await comm_pingpong(c0, c1, nbytes, iters, variant)
     profile.disable()
     stats = pstats.Stats(profile)
     return float(stats.total_calls) / (2 * iters)  # type: ignore[attr-defined]
@@ -107,19 +119,22 @@ async def _latency_main(s: Settings) -> list[dict[str, Any]]:
     rows = []
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        for nbytes in s.latency_sizes:
+        # each size on the default stream, then the smallest on streams, and with a timeout
+        for nbytes, variant in [*((n, "") for n in s.latency_sizes),
+                                (s.latency_sizes[0], "stream"), (s.latency_sizes[0], "timeout")]:
             await future_pingpong(max(100, s.latency_iters // 10))  # warm-up
-            await comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10))
+            await comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10), variant)
             base, ours = [], []
             for _ in range(s.latency_repeats):
                 gc.collect()
                 base.append(await future_pingpong(s.latency_iters))
                 gc.collect()
-                ours.append(await comm_pingpong(c0, c1, nbytes, s.latency_iters))
+                ours.append(await comm_pingpong(c0, c1, nbytes, s.latency_iters, variant))
             ours_us, base_us = median(ours) * 1e6, median(base) * 1e6
-            calls = await _calls_per_message(c0, c1, nbytes)
+            calls = await _calls_per_message(c0, c1, nbytes, variant)
             rows.append({
-                "nbytes": nbytes, "dtype": "float64", "iterations": s.latency_iters,
+                "nbytes": nbytes, "variant": variant,
+                "dtype": "float64", "iterations": s.latency_iters,
                 "calls_per_message": calls,
                 "repeats": s.latency_repeats, "one_way_us": ours_us,
                 "baseline_one_way_us": base_us, "ratio": ours_us / base_us,
@@ -129,9 +144,13 @@ async def _latency_main(s: Settings) -> list[dict[str, Any]]:
     return rows
 
 
+def _latency_label(row: dict[str, Any]) -> str:
+    return size_label(row["nbytes"]) + (f", {row['variant']}" if row.get("variant") else "")
+
+
 def run_latency(loop: str, s: Settings) -> SectionResult:
     rows = run_on(loop, lambda: _latency_main(s))
-    checks = [Check(loop, f"latency {size_label(r['nbytes'])} / Future hand-off", r["ratio"], "x",
+    checks = [Check(loop, f"latency {_latency_label(r)} / Future hand-off", r["ratio"], "x",
                     f"<= {LATENCY_TARGET:g}x (goal {LATENCY_GOAL:g}x)",
                     r["ratio"] <= LATENCY_TARGET, binding=loop == "uvloop")
               for r in rows]
@@ -142,11 +161,12 @@ def table_latency(results: dict[str, SectionResult]) -> None:
     out = []
     for loop, res in results.items():
         for r, c in zip(res.rows, res.checks[:len(res.rows)], strict=True):
-            out.append([loop, size_label(r["nbytes"]), f"{r['one_way_us']:.2f}",
+            out.append([loop, _latency_label(r), f"{r['one_way_us']:.2f}",
                         f"{r['baseline_one_way_us']:.2f}", f"{r['ratio']:.2f}x",
                         f"{r['calls_per_message']:.0f}", c.target, c.verdict])
     print_table("One-way latency (half a ping-pong, median of repeats; us; calls: Python "
-                "function calls per one-way message)",
+                "function calls per one-way message; stream: each rank's ops on a stream of its "
+                "own; timeout: each op with a timeout, a timer armed for each that waits)",
                 ["loop", "size", "asynccomm", "Future hand-off", "ratio", "calls", "target",
                  "status"], out)
 
