@@ -475,8 +475,22 @@ async def wait_all(reqs: Sequence[Request]) -> list[Any]:
         items = _check_requests(reqs)
     pending = [r for r in items if not r.done()]
     if pending:
+        look = _before_wait(pending)
+        if look is not None:
+            look()  # (the link looks once more: a message may have come meanwhile)
         await _wait(pending, all_done=True)
     return [r._outcome() for r in items]
+
+
+def _before_wait(pending: list[Request]) -> Callable[[], None] | None:
+    """What the link of the first pending recv of ``pending`` calls before a recv waits
+    (``Link.before_wait``, as ``Communicator.recv`` calls it), or None: ``wait_all`` calls
+    it once before it waits, so that a message come meanwhile is taken without the turns of
+    the loop a wake-up costs."""
+    for r in pending:
+        if type(r) is Request and r.kind is RECV:
+            return getattr(getattr(r._owner, "link", None), "before_wait", None)
+    return None
 
 
 async def wait_any(reqs: Sequence[Request]) -> tuple[int, Any]:

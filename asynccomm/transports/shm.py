@@ -1300,8 +1300,9 @@ class Node:
             return  # a datagram waits there already, or it is gone
 
     def before_wait(self) -> None:
-        """A recv of this process found its message not come and is about to wait on its
-        loop (``Link.before_wait``): look at the rings a few times more first, as the spin of
+        """A recv of this process (``recv``, ``sendrecv``, or one that ``wait_all`` waits
+        for) found its message not come and is about to wait on its loop
+        (``Link.before_wait``): look at the rings a few times more first, as the spin of
         ``_run`` does (``BURST`` looks, the core given away after each that found nothing,
         where crowded; else ``SPIN_BURST``, the core kept), and take what came now.  The
         wait then often ends where it began, without the turns of the loop that the poll

@@ -326,3 +326,31 @@ async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool
         assert looks == ["look", "look"] and status.tag == 7
         await c0.recv(out, 1, 8)
     np.testing.assert_array_equal(out, buf)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
+async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
+        native: bool) -> None:
+    """``wait_all`` of requests with a recv not done calls that recv's ``Link.before_wait``
+    once before it waits (as ``recv`` does); a message the link delivers then is taken, and
+    requests all done already call nothing."""
+    buf, out = arange(4), np.zeros(4, "<f4")
+    async with ac.open_world(2, native=native) as world:
+        c0, c1 = world.comms
+        looks: list[str] = []
+
+        def look() -> None:
+            looks.append("look")
+            c0.isend(buf, 1, 7)  # it came meanwhile
+
+        c1._engine.link.before_wait = look
+        await c0.send(buf, 1, 6)
+        done = c1.irecv(out, 0, 6)
+        await done
+        assert await ac.wait_all([done]) == [done.status] and looks == []
+        sent = c1.isend(buf, 0, 8)
+        # (Bounded: without the look nothing would send tag 7.)
+        results = await asyncio.wait_for(ac.wait_all([sent, c1.irecv(out, 0, 7)]), 10)
+        assert looks == ["look"] and results[1].tag == 7
+        await c0.recv(out, 1, 8)
+    np.testing.assert_array_equal(out, buf)
