@@ -123,10 +123,10 @@ class Link(abc.ABC):
 
     #: The ranks are in other processes: their pending ops cannot be seen from here.
     remote = False
-    #: Called by a ``recv`` or ``sendrecv`` whose message has not come, once, just before
-    #: it waits on the loop: a link whose messages are looked for by polling may look once
-    #: more and take what came, so that the wait ends without a turn of the loop
-    #: (``transports.shm``); None: nothing to do.
+    #: Called by a ``recv`` or ``sendrecv`` whose message has not come, or a ``wait_all``
+    #: on such a recv, once, just before it waits on the loop: a link whose messages are
+    #: looked for by polling may look once more and take what came, so that the wait ends
+    #: without a turn of the loop (``transports.shm``); None: nothing to do.
     before_wait: Callable[[], None] | None = None
 
     @abc.abstractmethod
