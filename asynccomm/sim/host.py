@@ -54,8 +54,8 @@ A step whose message is past ``EAGER_LIMIT`` (rendezvous) costs ``rendezvous_swi
 again there: its receiver is woken for the announcement and its sender again for the
 completion, two hand-offs where an eager message has one.  Calibrated from ring allgather
 calls on as many processes, of messages just past the limit against messages at it
-(``asynccomm.calibrate.measure_rendezvous_switch``); without it the model put 256 KiB
-calls on 3 processes (85 KiB messages) 20-35% under their measurements.
+(``asynccomm.calibrate.measure_rendezvous_switch``); without it 256 KiB calls on 3
+processes (85 KiB messages) measured 30-55% above the model.
 Their messages share the cores too: a transfer into a rank is held on its core
 (``sim/model.py`` Rule 4b).  Where that one core also moves every message of the node in
 turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
