@@ -60,7 +60,8 @@ from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
-           "measure_switch", "measure_touch", "measure_unwaited", "settle_allocator",
+           "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
+           "rendezvous_calls", "settle_allocator",
            "steep_steps", "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
@@ -368,6 +369,80 @@ def _barrier_call(transport: str, ranks: int, repeats: int) -> float:
         return float(json.loads(path.read_text()))
 
 
+#: The messages of the ring allgather calls that time a rendezvous step on more ranks than
+#: cores (``measure_rendezvous_switch``): one at the eager limit, one just past it.
+RENDEZVOUS_MESSAGES = (EAGER_LIMIT, EAGER_LIMIT + (8 << 10))
+
+
+async def rendezvous_calls(comm: Communicator, repeats: int,
+                           clock: Callable[[], float] = time.perf_counter,
+                           iterations: int | None = None) -> float:
+    """Seconds (on ``clock``) a ring allgather call whose messages are just past the eager
+    limit takes more than one whose messages are at it (``RENDEZVOUS_MESSAGES``), each in
+    the calibration's loop (``time_calls``), the two one after the other in each of
+    ``repeats`` turns so that a burst of load falls on both: the median over the turns
+    (rank 0's; others 0).  ``iterations``: calls per loop (else sized from ``CALL_BUDGET``
+    by a warm-up loop of the larger, rank 0's choice)."""
+    p = comm.size
+    eager, rendezvous = (partial(comm.allgather, np.zeros(m, np.uint8),
+                                 np.zeros((p, m), np.uint8), algorithm="ring")
+                         for m in RENDEZVOUS_MESSAGES)
+    iters = np.full(1, iterations or 1, np.int64)
+    if iterations is None:
+        warm, _ = await time_calls(comm, rendezvous, 1, clock, iterations=1)
+        iters[0] = max(1, min(500, int(CALL_BUDGET / max(warm, 1e-6))))
+        await comm.bcast(iters, root=0)
+    k = int(iters[0])
+    more = []
+    for _ in range(repeats):
+        past = (await time_calls(comm, rendezvous, 1, clock, iterations=k))[0]
+        at = (await time_calls(comm, eager, 1, clock, iterations=k))[0]
+        more.append(past - at)
+    return statistics.median(more) if comm.rank == 0 else 0.0
+
+
+def _rendezvous_call(transport: str, ranks: int, repeats: int) -> float:
+    """``rendezvous_calls`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
+    if transport != "mpi":
+        return float(run(partial(rendezvous_calls, repeats=repeats), ranks,
+                         backend="processes")[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rendezvous.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--rendezvous",
+                 str(path), "--repeats", str(repeats)], ranks)
+        return float(json.loads(path.read_text()))
+
+
+def measure_rendezvous_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
+                              repeats: int = 7, transport: str = "processes") -> float:
+    """Seconds more per step whose message is past the eager limit, on ``cores + 1`` ranks
+    of ``transport`` (``HostSpec`` ``rendezvous_switch``): a rendezvous message wakes its
+    receiver for the announcement and its sender again for the completion, where an eager
+    one hands off once.  Ring allgather calls of messages just past the limit less calls
+    of messages at it (``rendezvous_calls``), timed on ``cores + 1`` processes, and the
+    ``rendezvous_switch`` with which the model (``segments``' link, ``host`` on ``cores``
+    cores, its ``switch`` calibrated already) makes the same difference: the difference
+    is linear in it, so it is read off the line through the model's without one and with
+    a closed-form guess, as ``measure_switch`` reads the switch."""
+    p = max(2, cores) + 1
+    took = _rendezvous_call(transport, p, repeats)
+
+    def model(extra: float) -> float:
+        cluster = calibrated_cluster(segments, name="rendezvous", ranks=p,
+                                     host=dataclasses.replace(host, cores=max(1, cores),
+                                                              rendezvous_switch=extra))
+        return float(run(lambda comm: rendezvous_calls(comm, 1, comm.model_time,
+                                                       MODEL_CALLS),
+                         p, cluster=cluster, clock="virtual")[0])
+
+    bare = model(0.0)
+    if took <= bare:
+        return 0.0
+    guess = (took - bare) / (-(-p // max(1, cores)) * work_of("allgather", 0, p).steps)
+    grown = model(guess) - bare
+    return guess * (took - bare) / grown if grown > 0 else guess
+
+
 #: The size of the calls that time a step on a transport (``measure_step``): their
 #: messages a latency, their copies next to nothing.
 STEP_SIZE = 8
@@ -450,8 +525,9 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     scratch (counted).  On processes and MPI, ``step`` is a step's on two ranks of the
     transport (``measure_step``, where there are two cores), and ``switch`` what a step
     costs more on one process more than the cores (``measure_switch``, from barrier
-    calls), both solved on the model of ``segments`` (the fitted messages, free by
-    default) and timed on the wall clock.
+    calls; and ``rendezvous_switch`` what a step past the eager limit costs more again
+    there, ``measure_rendezvous_switch``), solved on the model of ``segments`` (the fitted
+    messages, free by default) and timed on the wall clock.
     The other calls are timed on this process's CPU clock whatever the transport: their rates
     are a rank's own work, which the turns other programs take on a shared machine would
     only blur (a burst of load during the few seconds they take made a reduction ten times
@@ -475,7 +551,10 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     if cores > 1:
         host = dataclasses.replace(host, step=measure_step(host, segments, repeats, transport))
     # a wall-clock median, which load moves: three times the samples
-    return dataclasses.replace(host, cores=cores, switch=measure_switch(
+    host = dataclasses.replace(host, cores=cores, switch=measure_switch(
+        cores, host, segments, 3 * repeats, transport=transport))
+    # a rendezvous step's second hand-off, on top of that switch
+    return dataclasses.replace(host, rendezvous_switch=measure_rendezvous_switch(
         cores, host, segments, 3 * repeats, transport=transport))
 
 
@@ -717,6 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--points", type=Path, help=argparse.SUPPRESS)  # an MPI run's rank 0
     p.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)  # the same, _barriers
     p.add_argument("--steps", type=Path, help=argparse.SUPPRESS)  # the same, _step_call
+    p.add_argument("--rendezvous", type=Path, help=argparse.SUPPRESS)  # rendezvous_calls
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")
@@ -730,6 +810,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                          backend="mpi")
         if rank == 0:
             args.steps.write_text(json.dumps(more))
+        return 0
+    if args.rendezvous is not None:
+        rank, more = run(lambda comm: _ranked(comm, rendezvous_calls(comm, args.repeats)),
+                         backend="mpi")
+        if rank == 0:
+            args.rendezvous.write_text(json.dumps(more))
         return 0
     if args.barrier is not None:
         rank, took = run(lambda comm: _ranked(comm, _barriers(comm, args.repeats)),

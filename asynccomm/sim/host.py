@@ -50,6 +50,12 @@ until the system's scheduler moves them, and a rank that slept costs a wake-up (
 ranks share one event loop, which switches between them itself).  Calibrated on
 processes and MPI from barrier calls on one process more than the cores, whose ranks all
 wait at once as a collective's do at each step (``asynccomm.calibrate.measure_switch``).
+A step whose message is past ``EAGER_LIMIT`` (rendezvous) costs ``rendezvous_switch`` more
+again there: its receiver is woken for the announcement and its sender again for the
+completion, two hand-offs where an eager message has one.  Calibrated from ring allgather
+calls on as many processes, of messages just past the limit against messages at it
+(``asynccomm.calibrate.measure_rendezvous_switch``); without it 256 KiB calls on 3
+processes (85 KiB messages) measured 30-55% above the model.
 Their messages share the cores too: a transfer into a rank is held on its core
 (``sim/model.py`` Rule 4b).  Where that one core also moves every message of the node in
 turn (``Cluster(shared_intra=True)`` with a ``"fifo"`` link:
@@ -220,6 +226,9 @@ class HostSpec:
     #: (up_to, copy_bandwidth, reduce_bandwidth) for calls of at most up_to bytes (Rule 1b)
     cached: tuple[tuple[int, float, float], ...] = ()
     switch: float = 0.0  # seconds more per step on more ranks than cores (Rule 2)
+    #: seconds more again per step whose message is past EAGER_LIMIT, on more ranks than
+    #: cores (Rule 2)
+    rendezvous_switch: float = 0.0
     touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
@@ -233,7 +242,7 @@ class HostSpec:
             raise TypeError(f"HostSpec cores must be an int, got {type(self.cores).__name__}")
         if self.cores < 0:
             raise ValueError(f"HostSpec cores must be >= 0, got {self.cores}")
-        for field in ("call", "step", "switch", "touch"):
+        for field in ("call", "step", "switch", "rendezvous_switch", "touch"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"HostSpec {field} must be a number, got {type(value).__name__}")
@@ -285,7 +294,8 @@ class HostSpec:
     @property
     def free(self) -> bool:
         """True when a call costs nothing (Rule 3)."""
-        return (self.call == self.step == self.switch == self.touch == 0
+        return (self.call == self.step == self.switch == self.rendezvous_switch
+                == self.touch == 0
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
@@ -367,7 +377,8 @@ class HostSpec:
                   for n, c, r in self.cached]
         return (f"{f'{self.cores} core(s)' if self.cores else 'a core per rank'}, call "
                 f"{self.call * 1e6:.1f} us, step {self.step * 1e6:.1f} us (+"
-                f"{self.switch * 1e6:.1f} us on more ranks than cores), first touch "
+                f"{self.switch * 1e6:.1f} us on more ranks than cores, +"
+                f"{self.rendezvous_switch * 1e6:.1f} us more past the eager limit), first touch "
                 f"{self.touch * 4096 * 1e6:.2f} us per 4 KiB page of scratch, "
                 + "; ".join([*pieces, f"{'larger' if pieces else 'calls'}: copy "
                              f"{self.copy_bandwidth / 1e9:.2f}, reduce "
@@ -386,7 +397,8 @@ class HostSpec:
                 "copy_bandwidth": _json_rate(self.copy_bandwidth),
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
-                "switch": self.switch, "touch": self.touch,
+                "switch": self.switch, "rendezvous_switch": self.rendezvous_switch,
+                "touch": self.touch,
                 "memory": [list(m) for m in self.memory], "working_set": self.working_set,
                 "unwaited": [list(u) for u in self.unwaited]}
 
@@ -471,7 +483,10 @@ def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
     # a staged message's copy runs among it and its copy (Rule 2c)
     staging = (1 / host.per_byte(2 * each) if host.memory
                else host.rates(nbytes, fp.working_set)[0])
-    step = (host.step + (host.switch if 0 < host.cores < p else 0.0)
+    crowded = 0 < host.cores < p  # Rule 2: a step's hand-offs, two past the eager limit
+    step = (host.step
+            + (host.switch + (host.rendezvous_switch if each > EAGER_LIMIT else 0.0)
+               if crowded else 0.0)
             - host.step_less(_algorithm(name), p, each, staging))
     return max(0.0, host.call + steps * step
                + host.work_seconds(name, nbytes, p, fp.working_set)

@@ -205,6 +205,22 @@ def test_closed_forms_add_the_ranks_work_on_the_busiest_core() -> None:
     assert dict(busy_model.resources) == {}  # the live model is left alone
 
 
+def test_closed_forms_add_the_rendezvous_switch_of_steps_past_the_eager_limit() -> None:
+    from asynccomm.sim.calibration import Segment, calibrated_cluster
+    from asynccomm.sim.host import HostSpec
+
+    segments = [Segment(1 << 30, 5e-6, 1 / 10e9)]
+    host = HostSpec(cores=2, call=1e-5, step=2e-6, switch=3e-6, rendezvous_switch=4e-5)
+    costs = CollectiveCosts(ClusterModel(calibrated_cluster(segments, name="x", host=host),
+                                         3), range(3))
+    # 3 ranks on 2 cores, the busiest doing two ranks' work: a ring allgather's 2 steps
+    # of 64 KiB messages (eager) a switch more each, of 72 KiB (rendezvous) 40 us more again
+    assert costs.work("allgather.ring", 3 * 64 * KiB) == pytest.approx(
+        2 * (1e-5 + 2 * (2e-6 + 3e-6)))
+    assert costs.work("allgather.ring", 3 * 72 * KiB) == pytest.approx(
+        2 * (1e-5 + 2 * (2e-6 + 3e-6 + 4e-5)))
+
+
 def test_model_chooser_weighs_the_ranks_work() -> None:
     from asynccomm.sim.calibration import Segment, calibrated_cluster
     from asynccomm.sim.host import HostSpec

@@ -3,6 +3,7 @@ the preset it makes loads back and times messages as fitted, and the command run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import platform
@@ -287,6 +288,49 @@ def test_the_switch_of_mpi_is_measured_on_mpi_ranks(monkeypatch: pytest.MonkeyPa
     assert calibrate.measure_switch(2, host, segments, 1, transport="mpi") == 0.0
 
 
+def test_the_rendezvous_switch_is_what_makes_the_model_s_calls_differ_as_measured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import asynccomm.calibrate as calibrate
+    from asynccomm.sim.host import HostSpec
+
+    launched: list[tuple[list[str], int]] = []
+
+    def fake_mpi_run(args: list[str], ranks: int) -> None:  # calls past the limit 300 us dearer
+        launched.append((list(args), ranks))
+        Path(args[args.index("--rendezvous") + 1]).write_text(json.dumps(300e-6))
+
+    monkeypatch.setattr(calibrate, "mpi_run", fake_mpi_run)
+    host = HostSpec(call=10e-6, step=1e-6, switch=20e-6)
+    segments = [Segment(65536, 5e-6, 1e-10), Segment(1 << 20, 15e-6, 1e-10)]
+    extra = calibrate.measure_rendezvous_switch(2, host, segments, 1, transport="mpi")
+    assert [ranks for _, ranks in launched] == [3]  # one process more than the cores
+    assert launched[0][0][:5] == ["-m", "asynccomm.calibrate", "--transport", "mpi",
+                                  "--rendezvous"]
+    assert extra > 0
+
+    def model(rendezvous_switch: float) -> float:
+        crowded = calibrated_cluster(segments, name="x", ranks=3, host=dataclasses.replace(
+            host, cores=2, rendezvous_switch=rendezvous_switch))
+        return ac.run(lambda comm: calibrate.rendezvous_calls(
+            comm, 1, comm.model_time, calibrate.MODEL_CALLS), 3, cluster=crowded,
+            clock="virtual")[0]
+
+    # the model with it makes the calls differ as measured, on the virtual clock
+    assert model(extra) == pytest.approx(300e-6, rel=1e-4)
+    # calls no further apart than the model's without it: none
+    monkeypatch.setattr(calibrate, "_rendezvous_call", lambda *a: model(0.0) / 2)
+    assert calibrate.measure_rendezvous_switch(2, host, segments, 1) == 0.0
+
+
+def test_the_rendezvous_calls_run_on_processes() -> None:
+    from asynccomm.calibrate import _rendezvous_call
+
+    # the measurement's shape (not its timing): rank 0's seconds, a difference that load
+    # can make negative, well under a second either way
+    took = _rendezvous_call("processes", 3, 1)
+    assert isinstance(took, float) and abs(took) < 1.0
+
+
 def test_the_switch_s_barrier_calls_run_on_one_process_more_than_the_cores() -> None:
     from asynccomm.calibrate import _barrier_call
 
@@ -394,10 +438,14 @@ def test_the_calibrated_host_of_processes_has_the_transport_s_step(
     seen: list[HostSpec] = []
     monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k:
                         seen.append(host) or 2e-6)
+    monkeypatch.setattr(calibrate, "measure_rendezvous_switch", lambda cores, host, *a, **k:
+                        seen.append(host) or 3e-6)
     in_process = HostSpec(cores=1, call=10e-6, step=1e-6)
     got = calibrate.measure_host("processes", 1, in_process)
-    assert (got.cores, got.step, got.switch) == (2, pytest.approx(8e-6), 2e-6)
+    assert (got.cores, got.step, got.switch, got.rendezvous_switch) == (
+        2, pytest.approx(8e-6), 2e-6, 3e-6)
     assert seen[0].step == pytest.approx(8e-6)  # the switch is solved on top of that step
+    assert seen[1].switch == 2e-6  # and a rendezvous step's on top of the switch
     assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
 
 
@@ -409,6 +457,7 @@ def test_ranks_in_processes_of_their_own_have_no_steps_of_one_loop(
     monkeypatch.setattr(calibrate.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(calibrate, "measure_step", lambda host, *a: host.step)
     monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k: 0.0)
+    monkeypatch.setattr(calibrate, "measure_rendezvous_switch", lambda *a, **k: 0.0)
     in_process = HostSpec(cores=1, call=10e-6, unwaited=(("allgather.ring", 3, 1e-6),))
     assert calibrate.measure_host("processes", 1, in_process).unwaited == ()
     assert calibrate.measure_host("local", 1, in_process).unwaited == in_process.unwaited

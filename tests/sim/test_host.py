@@ -227,6 +227,27 @@ def test_steps_cost_the_switch_on_more_ranks_than_cores() -> None:
     assert not HostSpec(switch=1e-4).free
 
 
+def test_steps_past_the_eager_limit_cost_the_rendezvous_switch_on_more_ranks_than_cores(
+        ) -> None:
+    host = HostSpec(cores=2, call=1e-5, step=1e-6, switch=1e-4, rendezvous_switch=3e-5)
+    at, past = 65536, 65536 + 8192  # an allgather's messages: at the eager limit, past it
+    # 3 ranks on 2 cores: each of the ring's 2 steps a switch more, and past the eager
+    # limit (rendezvous: two hand-offs) the rendezvous switch more again
+    assert collective_seconds(host, "allgather", 3 * at, 3) == pytest.approx(
+        1e-5 + 2 * (1e-6 + 1e-4))
+    assert collective_seconds(host, "allgather", 3 * past, 3) == pytest.approx(
+        1e-5 + 2 * (1e-6 + 1e-4 + 3e-5))
+    # a ring allreduce's 4 steps, each of a block of n / p
+    assert collective_seconds(host, "allreduce", 3 * past, 3) == pytest.approx(
+        1e-5 + 4 * (1e-6 + 1e-4 + 3e-5))
+    # as many ranks as cores, or a core per rank: none
+    assert collective_seconds(host, "allgather", 2 * past, 2) == pytest.approx(1e-5 + 1e-6)
+    assert collective_seconds(HostSpec(rendezvous_switch=3e-5), "allgather", 8 * past,
+                              8) == 0
+    assert not HostSpec(rendezvous_switch=3e-5).free
+    assert "+30.0 us more past the eager limit" in host.describe()
+
+
 MiB = 1 << 20
 #: Copies at 40 GB/s among 1 MiB, 10 GB/s among 16 MiB and more.
 MEMORY = HostSpec(memory=((MiB, 4e10), (16 * MiB, 1e10)))
@@ -292,7 +313,8 @@ def test_copies_past_the_cached_pieces_take_the_working_set_s_rate() -> None:
 
 def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     c = cluster(HostSpec(cores=2, call=3e-5, step=2e-6, reduce_bandwidth=2e9,
-                         cached=((4096, 8e9, math.inf),), switch=5e-5, touch=1e-10,
+                         cached=((4096, 8e9, math.inf),), switch=5e-5, rendezvous_switch=2e-5,
+                         touch=1e-10,
                          memory=MEMORY.memory, working_set=20 * MiB))
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"cluster": c.to_dict()}))
@@ -310,6 +332,8 @@ def test_host_rates_round_trip_through_a_preset(tmp_path: Path) -> None:
     ({"call": -1e-6}, ValueError, "call must be a finite number >= 0"),
     ({"step": math.nan}, ValueError, "step must be a finite number >= 0"),
     ({"switch": -1.0}, ValueError, "switch must be a finite number >= 0"),
+    ({"rendezvous_switch": math.nan}, ValueError,
+     "rendezvous_switch must be a finite number >= 0"),
     ({"touch": math.inf}, ValueError, "touch must be a finite number >= 0"),
     ({"call": "1"}, TypeError, "call must be a number"),
     ({"copy_bandwidth": 0}, ValueError, "copy_bandwidth must be > 0"),
