@@ -293,6 +293,13 @@ def envelope(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ..
     return tuple((size, max(r for _, r in points[i:])) for i, (size, _) in enumerate(points))
 
 
+async def _timed_ranked(comm: Communicator, timed: Callable[..., Awaitable[Any]],
+                        repeats: int) -> tuple[int, Any]:
+    """``timed(comm, repeats)`` with this rank (``_ranked``): what a parent process asks of
+    ranks under ``mpiexec``."""
+    return await _ranked(comm, timed(comm, repeats))
+
+
 async def _barriers(comm: Communicator, repeats: int) -> float:
     """Median wall seconds of one barrier call, in the calibration's loop of calls
     (``time_calls``; rank 0's, others 0)."""
@@ -339,10 +346,17 @@ def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
             host, cores=max(1, cores), switch=switch))
         return float(run(_model_barriers, p, cluster=cluster, clock="virtual")[0])
 
+    return _read_off(model, took, -(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
+
+
+def _read_off(model: Callable[[float], float], took: float, per_unit: float) -> float:
+    """The value ``x`` with which ``model(x)`` (seconds, linear in ``x``) takes ``took``,
+    read off the line through ``model(0)`` and ``model(guess)``, ``guess`` the closed
+    form's ``(took - model(0)) / per_unit``; 0 where ``model(0)`` takes as long already."""
     bare = model(0.0)
     if took <= bare:
         return 0.0
-    guess = (took - bare) / (-(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
+    guess = (took - bare) / per_unit
     grown = model(guess) - bare
     return guess * (took - bare) / grown if grown > 0 else guess
 
@@ -435,12 +449,7 @@ def measure_rendezvous_switch(cores: int, host: HostSpec, segments: Sequence[Seg
                                                        MODEL_CALLS),
                          p, cluster=cluster, clock="virtual")[0])
 
-    bare = model(0.0)
-    if took <= bare:
-        return 0.0
-    guess = (took - bare) / (-(-p // max(1, cores)) * work_of("allgather", 0, p).steps)
-    grown = model(guess) - bare
-    return guess * (took - bare) / grown if grown > 0 else guess
+    return _read_off(model, took, -(-p // max(1, cores)) * work_of("allgather", 0, p).steps)
 
 
 #: The size of the calls that time a step on a transport (``measure_step``): their
@@ -805,24 +814,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             args.points.write_text(json.dumps(points))
         return 0
-    if args.steps is not None:  # the same, step_calls
-        rank, more = run(lambda comm: _ranked(comm, step_calls(comm, args.repeats)),
-                         backend="mpi")
-        if rank == 0:
-            args.steps.write_text(json.dumps(more))
-        return 0
-    if args.rendezvous is not None:
-        rank, more = run(lambda comm: _ranked(comm, rendezvous_calls(comm, args.repeats)),
-                         backend="mpi")
-        if rank == 0:
-            args.rendezvous.write_text(json.dumps(more))
-        return 0
-    if args.barrier is not None:
-        rank, took = run(lambda comm: _ranked(comm, _barriers(comm, args.repeats)),
-                         backend="mpi")
-        if rank == 0:
-            args.barrier.write_text(json.dumps(took))
-        return 0
+    calls: tuple[tuple[Path | None, Callable[..., Awaitable[Any]]], ...] = (
+        (args.steps, step_calls), (args.rendezvous, rendezvous_calls),
+        (args.barrier, _barriers))
+    for path, timed in calls:  # the same, for the calls of a step, a rendezvous, a barrier
+        if path is not None:
+            rank, got = run(partial(_timed_ranked, timed=timed, repeats=args.repeats),
+                            backend="mpi")
+            if rank == 0:
+                path.write_text(json.dumps(got))
+            return 0
     doc = calibrate(args.transport, sorted(set(args.sizes)), args.repeats)
     out = args.out or Path(f"calibrated-{args.transport}.json")
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -302,6 +303,16 @@ def test_run_returns_results_in_rank_order(loop: str) -> None:
     assert ac.run(main, 3, loop=loop) == [0, 10, 20]
 
 
+def _looker(c0: ac.Communicator, buf: np.ndarray, looks: list[str]) -> Callable[[], None]:
+    """A ``Link.before_wait`` that notes each call in ``looks`` and has rank 0 send ``buf``
+    to rank 1 with tag 7 meanwhile (the message a waiting recv of rank 1 wants)."""
+    def look() -> None:
+        looks.append("look")
+        c0.isend(buf, 1, 7)
+
+    return look
+
+
 @pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
 async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool) -> None:
     """``Link.before_wait``: called once by a ``recv`` or ``sendrecv`` whose message has not
@@ -311,12 +322,7 @@ async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool
     async with ac.open_world(2, native=native) as world:
         c0, c1 = world.comms
         looks: list[str] = []
-
-        def look() -> None:
-            looks.append("look")
-            c0.isend(buf, 1, 7)  # it came meanwhile
-
-        c1._before_wait = look
+        c1._before_wait = _looker(c0, buf, looks)
         await c0.send(buf, 1, 6)
         await c1.recv(out, 0, 6)  # there already
         assert looks == []
@@ -338,12 +344,7 @@ async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
     async with ac.open_world(2, native=native) as world:
         c0, c1 = world.comms
         looks: list[str] = []
-
-        def look() -> None:
-            looks.append("look")
-            c0.isend(buf, 1, 7)  # it came meanwhile
-
-        c1._engine.link.before_wait = look
+        c1._engine.link.before_wait = _looker(c0, buf, looks)
         await c0.send(buf, 1, 6)
         done = c1.irecv(out, 0, 6)
         await done
