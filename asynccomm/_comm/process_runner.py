@@ -113,8 +113,8 @@ def settle_allocator() -> None:
     both to its size.  A program that has freed a large array is in that state; a rank
     handed its arrays (unpickled, as a rank's arguments are) that never frees a large one
     is not, and a loop whose temporaries pass those limits faults their pages in afresh at
-    every pass: a parameter-server worker's step made over 400 page faults, and spent
-    about a sixth of its CPU on them.  Settled, arrays up to ``SETTLE_BYTES`` come from
+    every pass: the parameter server's 5 processes made over 400 page faults a step, and
+    spent about an eighth of their CPU on them.  Settled, arrays up to ``SETTLE_BYTES`` come from
     memory the process holds.  ``bytes`` asks ``calloc``, which maps the block untouched:
     two system calls, no page touched.  Elsewhere than glibc it costs as little and does
     nothing."""
