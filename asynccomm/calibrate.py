@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -374,13 +374,7 @@ async def _model_barriers(comm: Communicator) -> float:
 
 def _barrier_call(transport: str, ranks: int, repeats: int) -> float:
     """``_barriers`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
-    if transport != "mpi":
-        return float(run(partial(_barriers, repeats=repeats), ranks, backend="processes")[0])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "barrier.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--barrier", str(path),
-                 "--repeats", str(repeats)], ranks)
-        return float(json.loads(path.read_text()))
+    return _timed_call("barrier", transport, ranks, repeats)
 
 
 #: The messages of the ring allgather calls that time a rendezvous step on more ranks than
@@ -417,14 +411,7 @@ async def rendezvous_calls(comm: Communicator, repeats: int,
 
 def _rendezvous_call(transport: str, ranks: int, repeats: int) -> float:
     """``rendezvous_calls`` on ``ranks`` ranks of ``transport`` (MPI: under ``mpiexec``)."""
-    if transport != "mpi":
-        return float(run(partial(rendezvous_calls, repeats=repeats), ranks,
-                         backend="processes")[0])
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "rendezvous.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--rendezvous",
-                 str(path), "--repeats", str(repeats)], ranks)
-        return float(json.loads(path.read_text()))
+    return _timed_call("rendezvous", transport, ranks, repeats)
 
 
 def measure_rendezvous_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
@@ -490,12 +477,25 @@ async def step_calls(comm: Communicator, repeats: int,
 
 def _step_call(transport: str, repeats: int) -> float:
     """``step_calls`` on two ranks of ``transport`` (MPI: under ``mpiexec``)."""
+    return _timed_call("steps", transport, 2, repeats)
+
+
+#: The calls timed on ranks of a transport, by the option of ``main`` that has them timed
+#: under ``mpiexec`` (its file takes rank 0's figure).
+_TIMED: dict[str, Callable[..., Coroutine[Any, Any, float]]] = {
+    "barrier": _barriers, "rendezvous": rendezvous_calls, "steps": step_calls}
+
+
+def _timed_call(option: str, transport: str, ranks: int, repeats: int) -> float:
+    """Rank 0's figure of ``_TIMED[option]`` on ``ranks`` ranks of ``transport``: in
+    processes of this machine, or on MPI under ``mpiexec`` (``main``'s ``--<option>``)."""
     if transport != "mpi":
-        return float(run(partial(step_calls, repeats=repeats), 2, backend="processes")[0])
+        return float(run(partial(_TIMED[option], repeats=repeats), ranks,
+                         backend="processes")[0])
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "steps.json"
-        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", "--steps", str(path),
-                 "--repeats", str(repeats)], 2)
+        path = Path(tmp) / f"{option}.json"
+        mpi_run(["-m", "asynccomm.calibrate", "--transport", "mpi", f"--{option}", str(path),
+                 "--repeats", str(repeats)], ranks)
         return float(json.loads(path.read_text()))
 
 
@@ -814,10 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if points:
             args.points.write_text(json.dumps(points))
         return 0
-    calls: tuple[tuple[Path | None, Callable[..., Awaitable[Any]]], ...] = (
-        (args.steps, step_calls), (args.rendezvous, rendezvous_calls),
-        (args.barrier, _barriers))
-    for path, timed in calls:  # the same, for the calls of a step, a rendezvous, a barrier
+    for option, timed in _TIMED.items():  # the same, for the calls of _timed_call
+        path = getattr(args, option)
         if path is not None:
             rank, got = run(partial(_timed_ranked, timed=timed, repeats=args.repeats),
                             backend="mpi")

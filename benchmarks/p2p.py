@@ -81,10 +81,12 @@ async def comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
     count = max(1, nbytes // 8)
     s0, r0 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
     s1, r1 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
-    kw0: dict[str, Any] = {"stream": {"stream": c0.stream()},
-                           "timeout": {"timeout": OP_TIMEOUT}}.get(variant, {})
-    kw1: dict[str, Any] = {"stream": {"stream": c1.stream()},
-                           "timeout": {"timeout": OP_TIMEOUT}}.get(variant, {})
+    def options(comm: ac.Communicator) -> dict[str, Any]:
+        if variant == "stream":
+            return {"stream": comm.stream()}
+        return {"timeout": OP_TIMEOUT} if variant == "timeout" else {}
+
+    kw0, kw1 = options(c0), options(c1)
 
     async def ping() -> None:
         for _ in range(iters):

@@ -296,7 +296,6 @@ class Communicator:
                      if (peers := engine.peers) is not None
                      else engine.link.send_now(dst, tag, arr, nbytes, n, name))):
             if stream is not None:  # (done as posted: never tracked, as Stream._submit does)
-                stream = cast(Stream, stream)
                 return finished(engine, Request(engine, SEND, dst, tag, None, nbytes, n, name,
                                                 stream, timeout, arr), None)
             if not handle:
@@ -341,7 +340,7 @@ class Communicator:
             engine.check_recv_buffer(buf if mv is None else mv, nbytes)
         if (stream is not None and engine.fast and arr is not None and idle(stream, engine)
                 and (status := take_now(engine, src, tag, arr, nbytes, name)) is not None):
-            stream = cast(Stream, stream)  # (a message was waiting: done as posted)
+            # (a message was waiting: done as posted)
             return finished(engine, Request(engine, RECV, src, tag, None, nbytes, n, name,
                                             stream, timeout, arr), status, engine.taken_at)
         if (engine.fast and arr is not None and stream is None

@@ -114,10 +114,10 @@ def settle_allocator() -> None:
     handed its arrays (unpickled, as a rank's arguments are) that never frees a large one
     is not, and a loop whose temporaries pass those limits faults their pages in afresh at
     every pass: the parameter server's 5 processes made over 400 page faults a step, and
-    spent about an eighth of their CPU on them.  Settled, arrays up to ``SETTLE_BYTES`` come from
-    memory the process holds.  ``bytes`` asks ``calloc``, which maps the block untouched:
-    two system calls, no page touched.  Elsewhere than glibc it costs as little and does
-    nothing."""
+    spent about an eighth of their CPU on them.  Settled, arrays up to ``SETTLE_BYTES``
+    come from memory the process holds.  ``bytes`` asks ``calloc``, which maps the block
+    untouched: two system calls, no page touched.  Elsewhere than glibc it costs as little
+    and does nothing."""
     bytes(SETTLE_BYTES)
 
 
