@@ -6,7 +6,8 @@ order; no message whose send was withdrawn (cancelled, timed out) is ever receiv
 recv that raised leaves its buffer untouched.
 
 A ``Plan`` is drawn by hypothesis (``plans()``).  Rank 0 sends the plan's messages to rank
-1 on one tag, each with its way of being cancelled (arrays, or in half the plans Python
+1 on one tag, each with its way of being cancelled or timed out, on the default stream or
+awaited on a stream of the rank's own (arrays, or in half the plans Python
 objects holding them: ``send_obj``, whose buffers travel as messages of their own); rank 1
 receives with its own cycle of cancellations until rank 0's manifest (the list of sends
 that succeeded) arrives, then drains what is left and checks the invariant.  One of its
@@ -34,11 +35,14 @@ import asynccomm as ac
 SIZES = (0, 8, ac.EAGER_LIMIT, ac.EAGER_LIMIT + 1, 1 << 20, (4 << 20) + 8)
 LARGEST = max(SIZES)
 SEND_MODES = ("send", "isend", "req_cancel", "task_cancel", "timeout0", "timeout_tiny",
-              "asyncio_timeout")
+              "asyncio_timeout", "stream", "stream_timeout")
 RECV_MODES = ("recv", "any_source", "req_cancel", "task_cancel", "timeout0", "timeout_tiny",
-              "asyncio_timeout", "sendrecv_cancel")
+              "asyncio_timeout", "sendrecv_cancel", "stream_timeout")
 #: Seconds: short enough to expire while a peer is busy, long enough to sometimes not.
 TINY = 1e-4
+#: The timeout of the awaited modes that have one ("stream": an awaited send on a stream
+#: of the rank's own, idle when posted; objects have no streams, and go the default one).
+TIMEOUTS = {"timeout0": 0.0, "timeout_tiny": TINY, "stream": None, "stream_timeout": TINY}
 DATA, MANIFEST, DONE, ECHO = 1, 2, 3, 4
 SENTINEL = 0xEE
 
@@ -106,9 +110,10 @@ async def _send_one(comm: ac.Communicator, msg: np.ndarray[Any, Any], ident: int
     def start() -> ac.Request | ac.TaskRequest:
         return comm.isend_obj(obj, 1, DATA) if objects else comm.isend(msg, 1, DATA)
 
-    async def send(timeout: float | None = None) -> None:
+    async def send(timeout: float | None = None, on_stream: bool = False) -> None:
         await (comm.send_obj(obj, 1, DATA, timeout=timeout) if objects
-               else comm.send(msg, 1, DATA, timeout=timeout))
+               else comm.send(msg, 1, DATA, timeout=timeout,
+                              stream=comm.stream() if on_stream else None))
 
     if mode == "send":
         await send()
@@ -134,7 +139,7 @@ async def _send_one(comm: ac.Communicator, msg: np.ndarray[Any, Any], ident: int
             async with asyncio.timeout(TINY):
                 await send()
         else:
-            await send(timeout=0 if mode == "timeout0" else TINY)
+            await send(timeout=TIMEOUTS[mode], on_stream=mode.startswith("stream"))
     except TimeoutError:  # CommTimeoutError is one too
         return False
     return True
@@ -207,8 +212,9 @@ class _Arrays:
     def start(self, src: int) -> ac.Request:
         return self.comm.irecv(self.buf, src, DATA)
 
-    async def recv(self, timeout: float | None = None) -> ac.Status:
-        return await self.comm.recv(self.buf, 0, DATA, timeout=timeout)
+    async def recv(self, timeout: float | None = None, on_stream: bool = False) -> ac.Status:
+        return await self.comm.recv(self.buf, 0, DATA, timeout=timeout,
+                                    stream=self.comm.stream() if on_stream else None)
 
     def took(self, result: ac.Status) -> None:
         self.seen.took(self.buf, result)
@@ -226,7 +232,8 @@ class _Objects:
     def start(self, src: int) -> ac.TaskRequest:
         return self.comm.irecv_obj(src, DATA)
 
-    async def recv(self, timeout: float | None = None) -> tuple[Any, ac.Status]:
+    async def recv(self, timeout: float | None = None,
+                   on_stream: bool = False) -> tuple[Any, ac.Status]:
         return await self.comm.recv_obj(0, DATA, timeout=timeout)
 
     def took(self, result: tuple[Any, ac.Status]) -> None:
@@ -308,7 +315,7 @@ async def _recv_one(comm: ac.Communicator, objects: bool, mode: str, k: int,
             async with asyncio.timeout(TINY):
                 result = await way.recv()
         else:
-            result = await way.recv(timeout=0 if mode == "timeout0" else TINY)
+            result = await way.recv(timeout=TIMEOUTS[mode], on_stream=mode.startswith("stream"))
     except TimeoutError:  # (an object abandoned by its sender's timeout too)
         way.untouched("timed out")
     else:
