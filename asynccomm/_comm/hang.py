@@ -372,7 +372,7 @@ def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
                 return None
             for w in r._waiters or ():
                 out.add(w.fut if isinstance(w, _Countdown) else w)
-        for stream in list(e._streams):
+        for stream in e.streams():
             for event in stream._events:
                 out.update(event._waiters)
     out.update(awaiting())  # resolved by an object's task, which is checked in turn

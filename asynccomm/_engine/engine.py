@@ -120,9 +120,13 @@ class DeviceEngine:
         #: copied as soon as a recv matches it.
         self.instant = instant
         self.default_stream = Stream(self, 0, in_order=False)
-        # Streams the program still holds: a dropped stream with nothing pending goes (its
-        # pending requests keep it alive until they finish).
-        self._streams: weakref.WeakSet[Stream] = weakref.WeakSet((self.default_stream,))
+        # Streams the program still holds, by weak reference: a dropped stream with nothing
+        # pending goes (its pending requests keep it alive until they finish).  A set of
+        # references rather than a WeakSet, whose iterator guards against removals with a
+        # context manager that costs more than the scan of ``_live`` (2 us of 3 for two
+        # streams, paid each time a rank's pending recvs go from one to two).
+        self._streams: set[weakref.ref[Stream]] = set()
+        self._streams.add(weakref.ref(self.default_stream, self._streams.discard))
         self._next_sid = 0
         self._probes: dict[Request, None] = {}  # waiting probes (on no stream)
         #: The other ranks' endpoints when the link is instant and in-process: the fast lane
@@ -168,8 +172,12 @@ class DeviceEngine:
     def new_stream(self) -> Stream:
         self._next_sid += 1
         stream = Stream(self, self._next_sid, in_order=True)
-        self._streams.add(stream)
+        self._streams.add(weakref.ref(stream, self._streams.discard))
         return stream
+
+    def streams(self) -> list[Stream]:
+        """The streams the program still holds, in no order."""
+        return [s for ref in list(self._streams) if (s := ref()) is not None]
 
     def track(self, req: Request) -> None:
         """Keep a request that did not finish as it was posted, and arm its timeout (its
@@ -208,7 +216,7 @@ class DeviceEngine:
 
     def _live(self) -> list[Request]:
         """Every unfinished op of this rank: its streams' and its probes'."""
-        out = [r for stream in list(self._streams) for r in stream._pending.values()]
+        out = [r for stream in self.streams() for r in stream._pending.values()]
         out += self._probes
         return out
 
