@@ -96,7 +96,8 @@ async def test_each_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """asynccomm's progress task keeps polling in the loop for a while after its repeat
     (``_mpi_progress.SPIN``): each floor repeat, latency and bandwidth, runs right after
-    ``quiet`` (which outlasts that), never in that task's wake."""
+    ``quiet`` (which outlasts that), never in that task's wake; the matched floor's right
+    after the asyncio floor's."""
     calls: list[str] = []
 
     def step(name: str) -> Callable[..., Any]:
@@ -110,7 +111,7 @@ async def test_each_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
         return sync if name.startswith("raw") else coro
 
     for name in ("raw_pingpong", "raw_stream", "floor_pingpong", "floor_stream",
-                 "ac_pingpong", "ac_stream", "quiet", "ac_responsiveness"):
+                 "matched_stream", "ac_pingpong", "ac_stream", "quiet", "ac_responsiveness"):
         monkeypatch.setattr(mpi_p2p, name, step(name))
     world = types.SimpleNamespace(Dup=lambda: types.SimpleNamespace(Free=lambda: None))
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(COMM_WORLD=world))
@@ -118,9 +119,12 @@ async def test_each_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
     rows, _ = await asyncio.wait_for(mpi_p2p.measure(None, plan), 10)  # type: ignore[arg-type]
     assert [(r.kind, len(r.floor)) for r in rows] == [
         ("latency", 3), ("latency", 3), ("bandwidth", 3)]
+    assert [len(r.floor2) for r in rows] == [0, 0, 3]
     for row in rows:
         for at in map(int, row.floor):
             assert calls[at].startswith("floor") and calls[at - 1] == "quiet"
+        for at in map(int, row.floor2):
+            assert calls[at] == "matched_stream" and calls[at - 1] == "floor_stream"
 
 
 async def test_each_ring_floor_repeat_waits_for_asynccomms_progress_to_go_idle(
