@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.states import ACTIVE, Kind
+from .._deadlines import owner_of
 from .._engine import waits as _waits
 from .._engine.diagnostics import describe
 from .._engine.log import NullLogger
@@ -380,14 +381,21 @@ def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
 
 
 def _loop_quiet(loop: asyncio.AbstractEventLoop, own: asyncio.TimerHandle | None) -> bool:
-    """No ready callback and no timer but ``own`` (asyncio's loop shows them; uvloop not)."""
+    """No ready callback and no timer but ``own`` (asyncio's loop shows them; uvloop not),
+    nor a shared deadline timer with a live deadline (a stale one wakes nothing)."""
     ready = getattr(loop, "_ready", None)
     if ready:
         return False
     scheduled = getattr(loop, "_scheduled", None)
     if scheduled is None:
         return True
-    return all(h is own or h.cancelled() for h in scheduled)
+    for h in list(scheduled):  # (settling one may arm another: it is asked, not listed)
+        if h is own or h.cancelled():
+            continue
+        owner = owner_of(h)
+        if owner is None or owner.settle():  # a shared deadline timer counts if live
+            return False
+    return True
 
 
 # -- dumps on a signal --------------------------------------------------------------------

@@ -21,7 +21,7 @@ import struct
 import time
 import types
 import warnings
-from asyncio import AbstractEventLoop, Future, TimerHandle
+from asyncio import Future
 from asyncio.events import _get_running_loop
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -33,6 +33,7 @@ from .._core.descriptors import AT_SENDER, STAGED, Message
 from .._core.matching import Matcher
 from .._core.states import DONE, POSTED, QUEUED, Kind
 from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET, Wire
+from .._deadlines import Deadlines
 from .._engine.engine import DeviceEngine
 from .._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
@@ -86,7 +87,7 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
     "DeviceEngine": ("closed", "default_stream", "eager_limit", "loop", "fast", "flight",
                      "gone", "_idle", "instant", "link", "matcher", "_n_pending", "now",
                      "peers", "_pending_recvs", "pool", "rank", "_recv_buffers", "traced",
-                     "tracer"),
+                     "tracer", "deadlines"),
 }
 
 #: The lane's entry points and their arguments, in order (C: ``send`` and ``recv`` in
@@ -132,15 +133,13 @@ NAMES: Final[Mapping[str, Name]] = {
     "unreachable": _m("_unreachable", DeviceEngine),
     "withdraw": _m("withdraw", DeviceEngine),
     "broken": _m("broken", DeviceEngine),
-    "on_timeout": _m("_on_timeout", DeviceEngine),
-    "call_later": _m("call_later", AbstractEventLoop),
+    "arm": _m("arm", Deadlines),
     "add_buffer": _m("_add_buffer", DeviceEngine),
     "check_recv_buffer": _m("check_recv_buffer", DeviceEngine),
     "append": _m("append", deque),
     "popleft": _m("popleft", deque),
     "done": _m("done", Future),
     "set_result": _m("set_result", Future),
-    "cancel": _m("cancel", TimerHandle),
     "send_now": _m("send_now", MPITransport),
     "received": _m("received", Link),
     # the MPI link's steps (``Path``)

@@ -28,8 +28,8 @@ struct pool_slots PO;
 struct comm_slots CO;
 struct engine_slots EN;
 PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex, *a_first_wait,
-    *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later, *a_add_buffer,
-    *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result, *a_cancel,
+    *a_unreachable, *a_withdraw, *a_broken, *a_arm, *a_add_buffer,
+    *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
     *a_send_now, *a_received;
 PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
     *a_link_broken, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked,
@@ -85,8 +85,8 @@ static long *const number_vars[] = {
 
 static PyObject **const name_vars[] = {
     &a_untrack, &a_drain, &a_index_add, &a_fire_probes, &a_unindex, &a_first_wait,
-    &a_unreachable, &a_withdraw, &a_broken, &a_on_timeout, &a_call_later, &a_add_buffer,
-    &a_check_recv_buffer, &a_append, &a_popleft, &a_done, &a_set_result, &a_cancel,
+    &a_unreachable, &a_withdraw, &a_broken, &a_arm, &a_add_buffer,
+    &a_check_recv_buffer, &a_append, &a_popleft, &a_done, &a_set_result,
     &a_send_now, &a_received,
     &a_Isend, &a_comm, &a_Test, &a_Start, &a_rotate, &a_req, &a_buf, &a_payload,
     &a_link_broken, &a_ctrl, &a_reap, &a_bells, &a_flag, &a_ring, &a_sent, &a_parked,

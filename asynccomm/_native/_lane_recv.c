@@ -246,21 +246,19 @@ track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
 }
 
 /* What the engine's ``track`` does last for a tracked request with a ``timeout`` (not
- * None): its timer armed, ``loop.call_later(timeout, engine._on_timeout, req)``.  0 done,
- * -1 error. */
+ * None): its deadline armed, ``engine.deadlines.arm(req, timeout)`` (a heap push; the
+ * entry becomes its ``_timer``).  0 done, -1 error. */
 int
 arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
 {
-    PyObject *loop = slot_get(engine, EN.loop);
-    PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
-    PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
-        loop, a_call_later, timeout, cb, req, NULL);
-    Py_XDECREF(cb);
-    Py_XDECREF(loop);
-    if (timer == NULL) {
+    PyObject *deadlines = slot_get(engine, EN.deadlines);
+    PyObject *r = deadlines == NULL ? NULL : PyObject_CallMethodObjArgs(
+        deadlines, a_arm, req, timeout, NULL);
+    Py_XDECREF(deadlines);
+    if (r == NULL) {
         return -1;
     }
-    put(req, R.timer, timer);
+    Py_DECREF(r);
     return 0;
 }
 
