@@ -15,6 +15,7 @@ to the struct in ``_lane.h`` (same place), and run that test (``_native/README.m
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import struct
@@ -133,7 +134,14 @@ NAMES: Final[Mapping[str, Name]] = {
     "unreachable": _m("_unreachable", DeviceEngine),
     "withdraw": _m("withdraw", DeviceEngine),
     "broken": _m("broken", DeviceEngine),
-    "arm": _m("arm", Deadlines),
+    "arm_at": _m("_arm_at", Deadlines),
+    "compact": _m("_compact", Deadlines),
+    "d_time": _a("_time", Deadlines),
+    "d_seq": _a("_seq", Deadlines),
+    "d_heap": _a("_heap", Deadlines),
+    "d_handle": _a("_handle", Deadlines),
+    "d_at": _a("_at", Deadlines),
+    "d_limit": _a("_limit", Deadlines),
     "add_buffer": _m("_add_buffer", DeviceEngine),
     "check_recv_buffer": _m("check_recv_buffer", DeviceEngine),
     "append": _m("append", deque),
@@ -287,7 +295,7 @@ def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
 #: The objects the lane compares with or calls (C: ``object_vars``).
 OBJECTS: Final[Mapping[str, object]] = {
     "get_running_loop": _get_running_loop, "perf_counter": time.perf_counter,
-    "deque_type": deque,
+    "deque_type": deque, "heappush": heapq.heappush,
     "K_SEND": Kind.SEND, "K_RECV": Kind.RECV, "S_QUEUED": QUEUED, "S_POSTED": POSTED,
     "S_DONE": DONE, "W_AT_SENDER": AT_SENDER, "W_STAGED": STAGED,
 }
