@@ -10,7 +10,8 @@ pending op's, a stream event's, another such task, or a ``gather`` of such tasks
 has a timeout armed, no timeout the library armed around an await is pending (a
 collective's, ``split``'s: ``_engine.waits``), none has matched (its copy is moving), no copy runs
 on a worker thread, and (on asyncio) the loop has no ready callback and no timer but the
-check's own.
+check's own (the timer ops' timeouts share, ``asynccomm._deadlines``, counts only while it
+has a live deadline: one left armed after its ops finished is settled, not counted).
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
 On uvloop, which does not show its timers, a task's own ``asyncio.timeout`` is looked for
