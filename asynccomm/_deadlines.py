@@ -9,6 +9,7 @@ a heap (``when`` is ``loop.time() + delay``, exactly what ``call_later`` would c
 ``seq`` breaks ties between equal deadlines in arming order) and stores it as the
 request's ``_timer``.  Whoever ends the op first ends the entry: ``entry[2] = None`` and
 ``req._timer = None`` (``end``); the entry stays on the heap, dead, until it surfaces.
+The C lane arms and ends entries the same way (``arm_timer`` and ``settle``, in C).
 Rule 2 (the timer).  One loop timer, armed at ``at``, no later than the earliest live
 deadline: ``arm`` arms it when none is armed, and re-arms it when the new deadline is
 earlier; otherwise arming costs the push and a comparison.  When it fires, every entry
@@ -29,12 +30,19 @@ deadline) and says whether one is.  The virtual-time loop settles one before jum
 it (a stale one never moves virtual time); the deadlock proof settles one before
 counting it (``_comm.hang``).  A live op's entry is its request's ``_timer``, which the
 proof reads from the request.
+Rule 5 (order among the loop's timers).  On the virtual-time loop (``timer_seq``,
+``call_at_seq``) an entry's ``seq`` is drawn from the loop's own timer sequence, and the
+timer is armed with its first entry's: it fires among the loop's other timers due at the
+same time exactly where that op's own timer would have.  What differs: ops' deadlines due
+at the same instant expire together, at the place of the first, before a timer of another
+kind due then too that was scheduled between them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable, Iterator
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -47,14 +55,21 @@ SLACK = 64
 class Deadlines:
     """The deadlines of the timed ops on one loop, behind one loop timer (module docs)."""
 
-    __slots__ = ("_at", "_handle", "_heap", "_limit", "_loop", "_seq", "_time")
+    __slots__ = ("_at", "_call_at", "_first", "_handle", "_heap", "_limit", "_loop", "_seq",
+                 "_time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._time = loop.time
         self._heap: list[list[Any]] = []
-        self._seq = itertools.count()
+        # On the virtual-time loop entries draw the loop's own timer sequence numbers, and
+        # the timer takes its first entry's: it sits among the loop's timers where that
+        # op's own timer would have (Rule 5).
+        self._seq: Iterator[int] = getattr(loop, "timer_seq", None) or itertools.count()
+        self._call_at: Callable[..., asyncio.TimerHandle] | None = getattr(
+            loop, "call_at_seq", None)
         self._handle: asyncio.TimerHandle | None = None
+        self._first: list[Any] | None = None  # the entry the timer is armed for
         self._at = 0.0
         self._limit = SLACK
 
@@ -67,7 +82,7 @@ class Deadlines:
         heappush(heap, entry)
         req._timer = entry
         if self._handle is None or when < self._at:
-            self._arm_at(when)
+            self._arm_at()
         elif len(heap) > self._limit:
             self._compact()
 
@@ -89,24 +104,32 @@ class Deadlines:
         if not heap:
             self._disarm()
             return False
-        if self._handle is None or heap[0][0] != self._at:
-            self._arm_at(heap[0][0])
+        if self._handle is None or heap[0] is not self._first:
+            self._arm_at()
         return True
 
     def close(self) -> None:
         """Disarm the timer if no live entry is left (an engine that has closed)."""
         self.settle()
 
-    def _arm_at(self, when: float) -> None:
+    def _arm_at(self) -> None:
+        """Arm the timer at the first entry's deadline."""
         if self._handle is not None:
             self._handle.cancel()
-        self._handle = self._loop.call_at(when, self._fire)
+        first = self._heap[0]
+        when = first[0]
+        if self._call_at is None:
+            self._handle = self._loop.call_at(when, self._fire)
+        else:
+            self._handle = self._call_at(when, first[1], self._fire)
         self._at = when
+        self._first = first
 
     def _disarm(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._first = None
 
     def _compact(self) -> None:
         heap = self._heap
@@ -115,7 +138,7 @@ class Deadlines:
         self._limit = 2 * len(heap) + SLACK
 
     def _fire(self) -> None:
-        self._handle = None
+        self._handle = self._first = None
         heap = self._heap
         limit = max(self._at, self._time())
         bound = next(self._seq)  # entries armed meanwhile wait for the next round

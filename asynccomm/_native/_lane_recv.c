@@ -302,7 +302,7 @@ arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
             || (at != NULL && at_t == -1.0 && PyErr_Occurred())) {
             rc = -1;
         } else if (handle == Py_None || t + delay < at_t) {
-            r = PyObject_CallMethodOneArg(dl, a_arm_at, when);
+            r = PyObject_CallMethodNoArgs(dl, a_arm_at);
             rc = r == NULL ? -1 : 0;
             Py_XDECREF(r);
         } else {

@@ -15,7 +15,8 @@ file descriptors are registered, the loop waits for them in real time without mo
 clock, so thread work takes no virtual time and runs stay deterministic.
 Rule 4: timers due at the same time fire in the order they were scheduled: each timer
 carries a sequence number that breaks ties in the heap, so a program's model time never
-depends on the heap's treatment of equal keys, hash order or other accidents.
+depends on the heap's treatment of equal keys, hash order or other accidents
+(``call_at_seq`` gives a timer that stands for one scheduled earlier that one's number).
 Rule 5: when nothing is ready, no timer is scheduled and nothing real is outstanding,
 nothing can ever wake the program: the loop calls its idle handler (the world fails every
 pending operation with ``DeadlockError``); if there is none, or the handler finds nothing
@@ -35,7 +36,7 @@ import heapq
 import itertools
 import math
 import selectors
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any
 
@@ -127,7 +128,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._check_closed()  # type: ignore[attr-defined]
         if self.get_debug():
             self._check_thread()  # type: ignore[attr-defined]
-        timer = _Timer(when, next(self._timer_seq), callback, args, self, context)
+        return self.call_at_seq(when, next(self._timer_seq), callback, *args, context=context)
+
+    @property
+    def timer_seq(self) -> Iterator[int]:
+        """The sequence numbers that order timers due at the same time (Rule 4)."""
+        return self._timer_seq
+
+    def call_at_seq(self, when: float, seq: int, callback: Callable[..., Any], *args: Any,
+                    context: Any = None) -> asyncio.TimerHandle:
+        """``call_at``, ordered among timers due at the same time as if scheduled when
+        ``seq`` was drawn from ``timer_seq`` (a timer that stands for one scheduled
+        earlier: ``asynccomm._deadlines``)."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _Timer(when, seq, callback, args, self, context)
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True  # type: ignore[attr-defined]
         return timer

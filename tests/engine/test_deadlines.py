@@ -240,3 +240,27 @@ async def test_due_entries_are_handed_over_in_deadline_then_arming_order() -> No
     await done
     assert owner.due == [reqs[4], reqs[1], reqs[3], reqs[5], reqs[0]]
     assert deadlines.armed is None and deadlines._heap == []
+
+
+def test_a_deadline_fires_among_the_loops_timers_where_the_ops_own_timer_would() -> None:
+    # Deadlines at 0.5 s (A) and 1 s (B), then a timer of the program's at 1 s (X), all
+    # armed at t=0; A's op completes at 0.1 s, so the shared timer moves from A to B: B
+    # still expires before X, in the order they were armed.
+    async def main(comm: ac.Communicator) -> list[bool]:
+        loop = asyncio.get_running_loop()
+        if comm.rank == 1:
+            await comm.compute(seconds=0.1)
+            await comm.send(np.zeros(1), 0, tag=1)
+            await comm.recv(np.zeros(1), 0, tag=99)  # stays open until rank 0 is done
+            return []
+        a = comm.irecv(np.zeros(1), 1, tag=1, timeout=0.5)
+        b = comm.irecv(np.zeros(1), 1, tag=2, timeout=1.0)
+        seen: list[bool] = []
+        loop.call_later(1.0, lambda: seen.append(b.done()))
+        await a
+        with pytest.raises(ac.CommTimeoutError):
+            await b
+        await comm.send(np.zeros(1), 1, tag=99)
+        return seen
+
+    assert ac.run(main, 2, clock="virtual")[0] == [True]
