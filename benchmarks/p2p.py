@@ -68,8 +68,8 @@ async def future_pingpong(iters: int) -> float:
     return (time.perf_counter() - t0) / (2 * iters)
 
 
-#: The timeout of the ping-pong's ops with one (never reached: it arms a timer where an op
-#: waits, and cancels it when the op finishes).
+#: The timeout of the ping-pong's ops with one (never reached: where an op waits its
+#: deadline is pushed on the loop's heap of deadlines, and ended when the op finishes).
 OP_TIMEOUT = 60.0
 
 
@@ -185,7 +185,7 @@ def table_latency(results: dict[str, SectionResult]) -> None:
                         f"{r['calls_per_message']:.0f}", c.target, c.verdict])
     print_table("One-way latency (half a ping-pong, median of repeats; us; calls: Python "
                 "function calls per one-way message; stream: each rank's ops on a stream of its "
-                "own; timeout: each op with a timeout, a timer armed for each that waits)",
+                "own; timeout: each op with a timeout, a deadline armed for each that waits)",
                 ["loop", "size", "asynccomm", "Future hand-off", "ratio", "calls", "target",
                  "status"], out)
 

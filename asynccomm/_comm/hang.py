@@ -10,7 +10,8 @@ pending op's, a stream event's, another such task, or a ``gather`` of such tasks
 has a timeout armed, no timeout the library armed around an await is pending (a
 collective's, ``split``'s: ``_engine.waits``), none has matched (its copy is moving), no copy runs
 on a worker thread, and (on asyncio) the loop has no ready callback and no timer but the
-check's own.
+check's own (the timer ops' timeouts share, ``asynccomm._deadlines``, counts only while it
+has a live deadline: one left armed after its ops finished is settled, not counted).
 Anything else a task awaits (a sleep, ``asyncio.to_thread``, a user's future, a
 ``TaskGroup`` or ``asyncio.wait``) means the case is not proven and nothing is raised.
 On uvloop, which does not show its timers, a task's own ``asyncio.timeout`` is looked for
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core.states import ACTIVE, Kind
+from .._deadlines import owner_of
 from .._engine import waits as _waits
 from .._engine.diagnostics import describe
 from .._engine.log import NullLogger
@@ -380,14 +382,21 @@ def _library_futures(engines: Sequence[DeviceEngine]) -> set[Any] | None:
 
 
 def _loop_quiet(loop: asyncio.AbstractEventLoop, own: asyncio.TimerHandle | None) -> bool:
-    """No ready callback and no timer but ``own`` (asyncio's loop shows them; uvloop not)."""
+    """No ready callback and no timer but ``own`` (asyncio's loop shows them; uvloop not),
+    nor a shared deadline timer with a live deadline (a stale one wakes nothing)."""
     ready = getattr(loop, "_ready", None)
     if ready:
         return False
     scheduled = getattr(loop, "_scheduled", None)
     if scheduled is None:
         return True
-    return all(h is own or h.cancelled() for h in scheduled)
+    for h in list(scheduled):  # (settling one may arm another: it is asked, not listed)
+        if h is own or h.cancelled():
+            continue
+        owner = owner_of(h)
+        if owner is None or owner.settle():  # a shared deadline timer counts if live
+            return False
+    return True
 
 
 # -- dumps on a signal --------------------------------------------------------------------

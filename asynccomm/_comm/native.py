@@ -15,13 +15,14 @@ to the struct in ``_lane.h`` (same place), and run that test (``_native/README.m
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import struct
 import time
 import types
 import warnings
-from asyncio import AbstractEventLoop, Future, TimerHandle
+from asyncio import Future
 from asyncio.events import _get_running_loop
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from .._core.descriptors import AT_SENDER, STAGED, Message
 from .._core.matching import Matcher
 from .._core.states import DONE, POSTED, QUEUED, Kind
 from .._core.wire import MESSAGE_OVERHEAD, MIN_BUCKET, Wire
+from .._deadlines import Deadlines
 from .._engine.engine import DeviceEngine
 from .._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from .._engine.flight import FlightRecorder, Tally
@@ -86,7 +88,7 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
     "DeviceEngine": ("closed", "default_stream", "eager_limit", "loop", "fast", "flight",
                      "gone", "_idle", "instant", "link", "matcher", "_n_pending", "now",
                      "peers", "_pending_recvs", "pool", "rank", "_recv_buffers", "traced",
-                     "tracer"),
+                     "tracer", "deadlines"),
 }
 
 #: The lane's entry points and their arguments, in order (C: ``send`` and ``recv`` in
@@ -132,15 +134,20 @@ NAMES: Final[Mapping[str, Name]] = {
     "unreachable": _m("_unreachable", DeviceEngine),
     "withdraw": _m("withdraw", DeviceEngine),
     "broken": _m("broken", DeviceEngine),
-    "on_timeout": _m("_on_timeout", DeviceEngine),
-    "call_later": _m("call_later", AbstractEventLoop),
+    "arm_at": _m("_arm_at", Deadlines),
+    "compact": _m("_compact", Deadlines),
+    "d_time": _a("_time", Deadlines),
+    "d_seq": _a("_seq", Deadlines),
+    "d_heap": _a("_heap", Deadlines),
+    "d_handle": _a("_handle", Deadlines),
+    "d_at": _a("_at", Deadlines),
+    "d_limit": _a("_limit", Deadlines),
     "add_buffer": _m("_add_buffer", DeviceEngine),
     "check_recv_buffer": _m("check_recv_buffer", DeviceEngine),
     "append": _m("append", deque),
     "popleft": _m("popleft", deque),
     "done": _m("done", Future),
     "set_result": _m("set_result", Future),
-    "cancel": _m("cancel", TimerHandle),
     "send_now": _m("send_now", MPITransport),
     "received": _m("received", Link),
     # the MPI link's steps (``Path``)
@@ -288,7 +295,7 @@ def numbers(header: str = wire.HEADER.format) -> dict[str, int]:
 #: The objects the lane compares with or calls (C: ``object_vars``).
 OBJECTS: Final[Mapping[str, object]] = {
     "get_running_loop": _get_running_loop, "perf_counter": time.perf_counter,
-    "deque_type": deque,
+    "deque_type": deque, "heappush": heapq.heappush,
     "K_SEND": Kind.SEND, "K_RECV": Kind.RECV, "S_QUEUED": QUEUED, "S_POSTED": POSTED,
     "S_DONE": DONE, "W_AT_SENDER": AT_SENDER, "W_STAGED": STAGED,
 }

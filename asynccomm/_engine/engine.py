@@ -35,6 +35,7 @@ from .._buffers import PendingIndex, StagingPool, new_array
 from .._core.descriptors import AT_SENDER, INLINE, STAGED, Message
 from .._core.matching import Matcher, ProbeMatched, RecvRejected
 from .._core.states import ACTIVE, CANCELLED, DONE, NEXT, POSTED, QUEUED, Kind, State, check
+from .._deadlines import deadlines_of
 from .._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
 from .._types import ANY_SOURCE, Status
 from ..sim.records import OpRecord
@@ -72,7 +73,7 @@ class DeviceEngine:
     __slots__ = (
         "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
         "_probes", "_recv_buffers", "_streams", "acked", "clock", "closed", "context", "copy",
-        "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
+        "deadlines", "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
         "flight", "gone", "inline_copies", "inspect", "instant", "lane", "link", "log", "loop",
         "matcher", "now", "peers", "pool", "private", "rank", "recent", "records", "revoked",
         "scopes", "size", "taken_at", "trace", "traced", "tracer", "unheard", "world_rank",
@@ -93,6 +94,9 @@ class DeviceEngine:
         #: A private context's engine: it does not log its opening and closing.
         self.private = False
         self.loop = loop
+        #: The deadlines of timed ops, behind one loop timer shared by the loop's engines
+        #: (``asynccomm._deadlines``).
+        self.deadlines = deadlines_of(loop)
         self.link = link
         self.eager_limit = eager_limit
         self.matcher = Matcher(on_wait=functools.partial(link.waiting, rank))
@@ -191,7 +195,7 @@ class DeviceEngine:
             if self._recv_buffers is not None:
                 self._add_buffer(self._recv_buffers, req)
         if req.timeout is not None and req._timer is None:
-            req._timer = self.loop.call_later(req.timeout, self._on_timeout, req)
+            self.deadlines.arm(req, req.timeout)
 
     def _untrack(self, req: Request) -> None:
         req._tracked = False
@@ -701,5 +705,6 @@ class DeviceEngine:
         self.link.close(self.rank, reason)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
+        self.deadlines.close()
         if not self.private:
             self.log.info("comm.closed")

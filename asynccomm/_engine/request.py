@@ -122,7 +122,8 @@ class Request(Message):
         self._result: Any = None
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        #: Its deadline's entry while a timeout is armed (``asynccomm._deadlines``).
+        self._timer: list[Any] | None = None
         self._tracked = False
 
     def __repr__(self) -> str:
@@ -251,8 +252,9 @@ class Request(Message):
 
     def _wake(self) -> None:
         """Stop the timer and wake every waiter (engine only, once the outcome is set)."""
-        if self._timer is not None:
-            self._timer.cancel()
+        timer = self._timer
+        if timer is not None:  # its deadline ended (``_deadlines.end``, inlined)
+            timer[2] = None
             self._timer = None
         waiters = self._waiters
         if waiters is not None:

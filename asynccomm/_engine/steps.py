@@ -146,8 +146,9 @@ def complete(engine: DeviceEngine, recv: Request, source: int, tag: int, nbytes:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-    if recv._timer is not None:
-        recv._timer.cancel()
+    timer = recv._timer
+    if timer is not None:  # _deadlines.end, inlined
+        timer[2] = None
         recv._timer = None
     if recv._tracked:
         stream = recv.stream

@@ -76,6 +76,6 @@ def post_now(engine: DeviceEngine, req: Request) -> None:
         if engine._recv_buffers is not None:
             engine._add_buffer(engine._recv_buffers, req)
     if req.timeout is not None:
-        req._timer = engine.loop.call_later(req.timeout, engine._on_timeout, req)
+        engine.deadlines.arm(req, req.timeout)
     if engine.gone and engine._unreachable(req.peer):
         engine.withdraw(req, engine.broken(req.peer))

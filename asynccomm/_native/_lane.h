@@ -37,7 +37,7 @@ extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType,
     *FlightRecorderType, *TallyType, *MatcherType, *StagingPoolType, *CommunicatorType,
     *DeviceEngineType, *RankTraceType;
 /* native.OBJECTS */
-extern PyObject *get_running_loop, *perf_counter, *deque_type;
+extern PyObject *get_running_loop, *perf_counter, *deque_type, *heappush;
 extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
 /* native.NUMBERS: constants, and where the wire header's fields are (``wire.HEADER``) */
 extern long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, THREAD_COPY_MIN, EAGER;
@@ -72,15 +72,16 @@ extern struct comm_slots { Py_ssize_t default_timeout, engine, loop, rank, size;
 extern struct engine_slots {
     Py_ssize_t closed, default_stream, eager_limit, loop, fast, flight, gone, idle,
         instant, link, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers,
-        traced, tracer;
+        traced, tracer, deadlines;
 } EN;
 
 /* native.NAMES: a_<key>, the interned names of the methods and attributes the lane calls
  * or reads by name. */
 extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
-    *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later,
+    *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact, *a_d_time, *a_d_seq, *a_d_heap, *a_d_handle,
+    *a_d_at, *a_d_limit,
     *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
-    *a_cancel, *a_send_now, *a_received;
+    *a_send_now, *a_received;
 extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
     *a_link_broken, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked,
     *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,

@@ -12,7 +12,7 @@ PyObject *zero, *minus_one, *minus_one_f;
 PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightRecorderType,
     *TallyType, *MatcherType, *StagingPoolType, *CommunicatorType, *DeviceEngineType,
     *RankTraceType;
-PyObject *get_running_loop, *perf_counter, *deque_type;
+PyObject *get_running_loop, *perf_counter, *deque_type, *heappush;
 PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
 long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, THREAD_COPY_MIN, EAGER;
 long H_SIZE, H_KIND, H_DLEN, H_SRC, H_TAG, H_NBYTES, H_COUNT, H_DTYPE, DTYPE_MAX;
@@ -28,8 +28,9 @@ struct pool_slots PO;
 struct comm_slots CO;
 struct engine_slots EN;
 PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex, *a_first_wait,
-    *a_unreachable, *a_withdraw, *a_broken, *a_on_timeout, *a_call_later, *a_add_buffer,
-    *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result, *a_cancel,
+    *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact, *a_d_time, *a_d_seq, *a_d_heap, *a_d_handle,
+    *a_d_at, *a_d_limit, *a_add_buffer,
+    *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
     *a_send_now, *a_received;
 PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
     *a_link_broken, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked,
@@ -73,7 +74,7 @@ static const struct layout {
 };
 
 static PyObject **const object_vars[] = {
-    &get_running_loop, &perf_counter, &deque_type, &K_SEND, &K_RECV, &S_QUEUED, &S_POSTED,
+    &get_running_loop, &perf_counter, &deque_type, &heappush, &K_SEND, &K_RECV, &S_QUEUED, &S_POSTED,
     &S_DONE, &W_AT_SENDER, &W_STAGED,
 };
 
@@ -85,8 +86,9 @@ static long *const number_vars[] = {
 
 static PyObject **const name_vars[] = {
     &a_untrack, &a_drain, &a_index_add, &a_fire_probes, &a_unindex, &a_first_wait,
-    &a_unreachable, &a_withdraw, &a_broken, &a_on_timeout, &a_call_later, &a_add_buffer,
-    &a_check_recv_buffer, &a_append, &a_popleft, &a_done, &a_set_result, &a_cancel,
+    &a_unreachable, &a_withdraw, &a_broken, &a_arm_at, &a_compact, &a_d_time, &a_d_seq, &a_d_heap, &a_d_handle,
+    &a_d_at, &a_d_limit, &a_add_buffer,
+    &a_check_recv_buffer, &a_append, &a_popleft, &a_done, &a_set_result,
     &a_send_now, &a_received,
     &a_Isend, &a_comm, &a_Test, &a_Start, &a_rotate, &a_req, &a_buf, &a_payload,
     &a_link_broken, &a_ctrl, &a_reap, &a_bells, &a_flag, &a_ring, &a_sent, &a_parked,

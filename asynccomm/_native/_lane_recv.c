@@ -246,22 +246,83 @@ track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
 }
 
 /* What the engine's ``track`` does last for a tracked request with a ``timeout`` (not
- * None): its timer armed, ``loop.call_later(timeout, engine._on_timeout, req)``.  0 done,
- * -1 error. */
+ * None): its deadline armed, as ``Deadlines.arm(req, timeout)`` does (``_deadlines``):
+ * the entry [loop.time() + timeout, seq, req] pushed on the loop's heap and kept as the
+ * request's ``_timer``; the shared timer armed (``_arm_at``) when none is or the deadline
+ * is earlier, else the heap compacted when it holds too many dead entries.  0 done, -1
+ * error. */
 int
 arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
 {
-    PyObject *loop = slot_get(engine, EN.loop);
-    PyObject *cb = loop == NULL ? NULL : PyObject_GetAttr(engine, a_on_timeout);
-    PyObject *timer = cb == NULL ? NULL : PyObject_CallMethodObjArgs(
-        loop, a_call_later, timeout, cb, req, NULL);
-    Py_XDECREF(cb);
-    Py_XDECREF(loop);
-    if (timer == NULL) {
+    PyObject *dl = slot_get(engine, EN.deadlines);
+    if (dl == NULL) {
         return -1;
     }
-    put(req, R.timer, timer);
-    return 0;
+    double delay = PyFloat_AsDouble(timeout);
+    PyObject *now = delay == -1.0 && PyErr_Occurred() ? NULL : PyObject_CallMethodNoArgs(
+        dl, a_d_time);
+    double t = now == NULL ? -1.0 : PyFloat_AsDouble(now);
+    Py_XDECREF(now);
+    PyObject *when = now == NULL || (t == -1.0 && PyErr_Occurred())
+        ? NULL : PyFloat_FromDouble(t + delay);
+    PyObject *count = when == NULL ? NULL : PyObject_GetAttr(dl, a_d_seq);
+    PyObject *seq = count == NULL ? NULL : PyIter_Next(count);
+    Py_XDECREF(count);
+    PyObject *heap = seq == NULL ? NULL : PyObject_GetAttr(dl, a_d_heap);
+    PyObject *entry = heap == NULL ? NULL : PyList_New(3);
+    if (entry == NULL) {
+        if (count != NULL && seq == NULL && !PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "a deadline sequence ended");
+        }
+        Py_XDECREF(heap);
+        Py_XDECREF(seq);
+        Py_XDECREF(when);
+        Py_DECREF(dl);
+        return -1;
+    }
+    Py_INCREF(when);
+    PyList_SET_ITEM(entry, 0, when);
+    PyList_SET_ITEM(entry, 1, seq);  /* stolen */
+    Py_INCREF(req);
+    PyList_SET_ITEM(entry, 2, req);
+    PyObject *argv[2] = {heap, entry};
+    PyObject *r = PyObject_Vectorcall(heappush, argv, 2, NULL);
+    int rc = r == NULL ? -1 : 0;
+    Py_XDECREF(r);
+    Py_ssize_t n = PyList_Check(heap) ? PyList_GET_SIZE(heap) : 0;
+    Py_DECREF(heap);
+    if (rc == 0) {
+        put(req, R.timer, entry);  /* stolen */
+        entry = NULL;
+        PyObject *handle = PyObject_GetAttr(dl, a_d_handle);
+        PyObject *at = handle == NULL || handle == Py_None ? NULL : PyObject_GetAttr(dl, a_d_at);
+        double at_t = at == NULL ? 0.0 : PyFloat_AsDouble(at);
+        Py_XDECREF(at);
+        if (handle == NULL || (handle != Py_None && at == NULL)
+            || (at != NULL && at_t == -1.0 && PyErr_Occurred())) {
+            rc = -1;
+        } else if (handle == Py_None || t + delay < at_t) {
+            r = PyObject_CallMethodNoArgs(dl, a_arm_at);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        } else {
+            PyObject *lim = PyObject_GetAttr(dl, a_d_limit);
+            Py_ssize_t limit = lim == NULL ? -1 : PyLong_AsSsize_t(lim);
+            Py_XDECREF(lim);
+            if (limit == -1 && PyErr_Occurred()) {
+                rc = -1;
+            } else if (n > limit) {
+                r = PyObject_CallMethodNoArgs(dl, a_compact);
+                rc = r == NULL ? -1 : 0;
+                Py_XDECREF(r);
+            }
+        }
+        Py_XDECREF(handle);
+    }
+    Py_XDECREF(entry);
+    Py_DECREF(when);
+    Py_DECREF(dl);
+    return rc;
 }
 
 /* What ``post_now`` does for a new exact recv with no message waiting for it. */

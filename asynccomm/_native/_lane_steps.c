@@ -125,8 +125,8 @@ recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok)
 }
 
 /* What ends a request whose outcome is set (``Request._wake``, then the engine's
- * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its timer
- * stopped, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
+ * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its deadline
+ * ended, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
  * buffer fewer), else a send.  The caller holds ``stream``. */
 int
 settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
@@ -156,12 +156,16 @@ settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
     }
     PyObject *timer = SLOT(req, R.timer);
     if (timer != NULL && timer != Py_None) {
-        PyObject *r = PyObject_CallMethodNoArgs(timer, a_cancel);
-        if (r == NULL) {
+        /* its deadline's entry ends (``_deadlines.end``): [when, seq, req] */
+        if (!PyList_CheckExact(timer) || PyList_GET_SIZE(timer) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a request's deadline entry");
             return -1;
         }
-        Py_DECREF(r);
+        Py_INCREF(timer);
+        Py_INCREF(Py_None);
+        PyList_SetItem(timer, 2, Py_None);  /* drops the entry's reference to req */
         put_ref(req, R.timer, Py_None);
+        Py_DECREF(timer);
     }
     if (SLOT(req, R.tracked) != Py_True) {
         return 0;

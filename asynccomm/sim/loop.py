@@ -15,11 +15,16 @@ file descriptors are registered, the loop waits for them in real time without mo
 clock, so thread work takes no virtual time and runs stay deterministic.
 Rule 4: timers due at the same time fire in the order they were scheduled: each timer
 carries a sequence number that breaks ties in the heap, so a program's model time never
-depends on the heap's treatment of equal keys, hash order or other accidents.
+depends on the heap's treatment of equal keys, hash order or other accidents
+(``call_at_seq`` gives a timer that stands for one scheduled earlier that one's number).
 Rule 5: when nothing is ready, no timer is scheduled and nothing real is outstanding,
 nothing can ever wake the program: the loop calls its idle handler (the world fails every
 pending operation with ``DeadlockError``); if there is none, or the handler finds nothing
 to wake, it raises ``DeadlockError`` itself.
+Rule 6: a shared deadline timer (``asynccomm._deadlines``) with no live deadline left is
+stale: it would wake nothing, so it is settled (disarmed, or moved to the earliest live
+deadline) before the clock would jump to it, and never moves the clock nor keeps Rule 5
+from applying.
 
 uvloop cannot fake time, which is why virtual time needs this selector loop.
 """
@@ -31,10 +36,11 @@ import heapq
 import itertools
 import math
 import selectors
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future as ConcurrentFuture
 from typing import Any
 
+from .._deadlines import owner_of
 from .._exceptions import DeadlockError
 
 __all__ = ["VirtualTimeLoop", "new_virtual_loop"]
@@ -69,10 +75,8 @@ class _VirtualSelector(selectors.BaseSelector):
         loop = self._loop
         if loop._outstanding_real_work():
             return self._real.select(timeout)  # Rule 3: real waiting, clock still
-        if timeout is not None:
-            loop._jump_to_next_timer()  # Rule 2
-            return []
-        loop._idle()  # Rule 5
+        if timeout is None or not loop._jump_to_next_timer():  # Rule 2
+            loop._idle()  # Rule 5
         return []
 
 
@@ -124,7 +128,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._check_closed()  # type: ignore[attr-defined]
         if self.get_debug():
             self._check_thread()  # type: ignore[attr-defined]
-        timer = _Timer(when, next(self._timer_seq), callback, args, self, context)
+        return self.call_at_seq(when, next(self._timer_seq), callback, *args, context=context)
+
+    @property
+    def timer_seq(self) -> Iterator[int]:
+        """The sequence numbers that order timers due at the same time (Rule 4)."""
+        return self._timer_seq
+
+    def call_at_seq(self, when: float, seq: int, callback: Callable[..., Any], *args: Any,
+                    context: Any = None) -> asyncio.TimerHandle:
+        """``call_at``, ordered among timers due at the same time as if scheduled when
+        ``seq`` was drawn from ``timer_seq`` (a timer that stands for one scheduled
+        earlier: ``asynccomm._deadlines``)."""
+        if when is None:
+            raise TypeError("when cannot be None")
+        self._check_closed()  # type: ignore[attr-defined]
+        timer = _Timer(when, seq, callback, args, self, context)
         heapq.heappush(self._scheduled, timer)  # type: ignore[attr-defined]
         timer._scheduled = True  # type: ignore[attr-defined]
         return timer
@@ -157,15 +176,30 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _outstanding_real_work(self) -> bool:
         return self._executor_jobs > 0 or len(self._selector.get_map()) > self._base_fds
 
-    def _jump_to_next_timer(self) -> None:
+    def _jump_to_next_timer(self) -> bool:
+        """Move the clock to the earliest timer that will wake something; False if none
+        will (Rule 6: a stale shared deadline timer is settled, never jumped to)."""
         scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        if scheduled:
-            when_ns = math.ceil(scheduled[0].when() * 1e9)
+        while scheduled:
+            first = scheduled[0]
+            if first.cancelled():
+                heapq.heappop(scheduled)  # what the loop does with one on top
+                first._scheduled = False  # type: ignore[attr-defined]
+                self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+                continue
+            owner = owner_of(first)
+            if owner is not None:
+                owner.settle()  # disarms a stale one, or moves it to its live deadline
+                if first.cancelled():
+                    continue
+            when_ns = math.ceil(first.when() * 1e9)
             # Float rounding must never leave the timer a hair in the future.
-            while when_ns / 1e9 < scheduled[0].when():
+            while when_ns / 1e9 < first.when():
                 when_ns += 1
             if when_ns > self._now_ns:
                 self._now_ns = when_ns
+            return True
+        return False
 
     def _idle(self) -> None:
         handler = self.on_idle

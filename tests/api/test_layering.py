@@ -257,6 +257,8 @@ LAYERS: dict[str, int] = {
     "asynccomm._core": 1,
     # buffers; the C extension (it is handed what it uses, it imports nothing of ours)
     "asynccomm._buffers": 2, "asynccomm._native": 2,
+    # op deadlines behind one loop timer (the virtual-time loop knows its timer)
+    "asynccomm._deadlines": 2,
     # the cluster model, model time and the virtual-time loop
     "asynccomm.sim": 3,
     # transports: links between engines
