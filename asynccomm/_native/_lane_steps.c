@@ -173,11 +173,11 @@ sent_here(PyObject *engine, PyObject *msg)
     if (tf != NULL) {
         put(msg, R.t_fin, tf);
         ring_push(ring, 0, p, g, n, d, 0, t_post, t_match, t);
-        double post = t_post >= 0 ? t_post : t;
+        double since = t_post >= 0 ? t_post : t;
         if (t_match >= 0) {
-            tally_add(tally, n, t_match - post, t - t_match);
+            tally_add(tally, n, t_match - since, t - t_match);
         } else {
-            tally_add(tally, n, 0.0, t - post);
+            tally_add(tally, n, 0.0, t - since);
         }
         rc = settle(owner, msg, stream, 0) < 0 ? -1 : 1;
     }

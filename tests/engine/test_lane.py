@@ -40,7 +40,9 @@ from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
 from asynccomm._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from asynccomm._engine.flight import Tally
+from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.stream import StreamStatistics
+from asynccomm.transports.local import LocalLink
 
 BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
@@ -423,9 +425,9 @@ def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPat
                 await c0.send(np.full(n, float(i)), 1, 7)
                 await (c1.recv(out, 0, 7) if i == 0 else c1.irecv(out, 0, 7))
                 got.append(out[-1])
-        else:  # the send waits at its sender (the general path), the recv takes it here
-            monkeypatch.undo()
-            monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        else:  # the send waits at its sender (posted here), the recv takes it here
+            monkeypatch.setattr(LocalLink, "received", refuse)
+            monkeypatch.setattr(DeviceEngine, "start", refuse)
             for i in range(2):
                 send = c0.isend(np.full(n, float(i)), 1, 7)
                 assert not send.done()
@@ -433,8 +435,17 @@ def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPat
                 assert send.done()
                 got.append(out[-1])
         monkeypatch.undo()
-        assert _fastlane.LANE.send(c0, np.ones(THREAD_COPY_MIN // 8), 1, 3, False, None,
-                                     None) is False
+        big, into = np.ones(THREAD_COPY_MIN // 8), np.empty(THREAD_COPY_MIN // 8)
+        req = c1.irecv(into, 0, 3)  # a recv posted for it: copied on the worker thread
+        assert _fastlane.LANE.send(c0, big, 1, 3, False, None, None) is False
+        await c0.send(big, 1, 3)
+        await req
+        # none posted: the send is posted here (it waits at its sender), the recv copies it
+        # on the worker thread
+        send = _fastlane.LANE.send(c0, big, 1, 3, False, None, None)
+        assert type(send) is ac.Request and not send.done()
+        assert (await c1.recv(into, 0, 3)).nbytes == THREAD_COPY_MIN
+        await send
         return got
 
     async def run() -> list[float]:
