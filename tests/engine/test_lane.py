@@ -38,9 +38,9 @@ from asynccomm._buffers import PendingBuffers, dtype_name
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
+from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from asynccomm._engine.flight import Tally
-from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.stream import StreamStatistics
 from asynccomm.transports.local import LocalLink
 
