@@ -9,7 +9,10 @@
  * a valid one (``check_timeout``'s), an exact 1-D ndarray, an
  * exact source or destination and tag, a message under ``THREAD_COPY_MIN`` (one of
  * ``TIMED_COPY_MIN`` or more timed as the Python steps time it: matched before its copy,
- * finished after it).  In-process (traced or not) it does all of it.  Across processes (an untraced MPI world) a send goes to the link's
+ * finished after it).  In-process (traced or not) it does all of it; untraced, it also
+ * posts a rendezvous send (past the eager limit, any size) that no recv is posted for
+ * (``post_local``: announced at its receiver, waiting at its sender), which the recv that
+ * takes it completes (_lane_steps.c ``sent_here``).  Across processes (an untraced MPI world) a send goes to the link's
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``Path``'s landing of control messages hands
