@@ -267,3 +267,29 @@ def test_many_sends_waiting_are_received_in_order(native: bool, nbytes: int,
 
     with asyncio.Runner(loop_factory=LOOPS[loop]) as runner:
         runner.run(asyncio.wait_for(main(), 10))
+
+
+async def _taken_then_cancelled(world: ac.World, nbytes: int) -> Any:
+    """An awaited send waiting at its sender, taken by a recv, and its task cancelled
+    before it resumes: the send is done (received), never reported cancelled; the
+    cancellation reaches the task at its next wait."""
+    c0, c1 = world.comms
+    n = nbytes // 8
+    out = np.zeros(n)
+    task = asyncio.ensure_future(c0.send(np.full(n, 3.0), 1, 9))
+    await asyncio.sleep(0)
+    status = await c1.recv(out, 0, 9)
+    task.cancel()
+    outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+    return [tuple(status), out[-1], type(outcome).__name__, *_world_state(world)]
+
+
+@pytest.mark.native
+@needs_lane
+@pytest.mark.parametrize("nbytes", SIZES, ids=IDS)
+@pytest.mark.parametrize("loop", list(LOOPS))
+def test_a_send_taken_then_its_task_cancelled_is_done_as_python_says(nbytes: int,
+                                                                     loop: str) -> None:
+    lane, python = _both(lambda w: _taken_then_cancelled(w, nbytes), loop)
+    assert lane == python
+    assert lane[0][1] == 9  # (its tag: the message went)
