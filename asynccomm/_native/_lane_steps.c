@@ -405,8 +405,9 @@ announce(PyObject *peer, PyObject *req)
  * source and tag, and no wildcard recv), having changed nothing.  With ``stage`` 2 (an
  * untraced in-process send), 4 says that the message is a rendezvous (over the peer's
  * eager limit) that no recv, exact or wildcard, is posted for: it would wait at its
- * sender (``announce``), nothing changed; a message of ``THREAD_COPY_MIN`` or more (its
- * copy is the worker thread's) is then only ever answered 4 or 0. */
+ * sender (``announce``), nothing changed; with ``stage`` 2, a message of
+ * ``THREAD_COPY_MIN`` or more (its copy is the worker thread's) is only ever answered 4 or
+ * 0. */
 int
 offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
       Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when)
@@ -458,7 +459,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
             }
-            char *dst = nbytes >= THREAD_COPY_MIN ? NULL : recv_fits(recv, dtype, nbytes, 1);
+            char *dst = stage == 2 && nbytes >= THREAD_COPY_MIN ? NULL
+                : recv_fits(recv, dtype, nbytes, 1);
             if (dst == NULL) {
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
@@ -502,7 +504,7 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
     if (slot_ll(peer, EN.eager_limit, &limit) < 0) {
         goto done;
     }
-    if (nbytes > limit || nbytes >= THREAD_COPY_MIN) {
+    if (nbytes > limit || (stage == 2 && nbytes >= THREAD_COPY_MIN)) {
         rc = stage == 2 && nbytes > limit ? 4 : 0;
         goto done;
     }
