@@ -385,6 +385,34 @@ def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     assert refs == 2  # the test's own name and getrefcount's argument: nothing else
 
 
+@pytest.mark.native
+@needs_lane
+def test_staging_beside_a_recv_posted_for_another_tag_holds_no_reference() -> None:
+    """A message the lane stages while a recv is posted for another (source, tag) leaves
+    the matcher's index of posted recvs as it found it: no reference is kept to it."""
+    async def stage(world: ac.World) -> tuple[int, int]:
+        c0, c1 = world.comms
+        await c0.send(np.ones(1), 1, 2)  # a dtype's name is learnt the first time
+        await c1.recv(np.empty(1), 0, 2)
+        req = c1.irecv(np.empty(1), 0, 5)
+        posted = c1._engine.matcher._posted
+        before = sys.getrefcount(posted)
+        for _ in range(3):
+            await c0.send(np.full(1, 3.0), 1, 6)  # staged: no recv for tag 6
+        after = sys.getrefcount(posted)
+        for _ in range(3):
+            await c1.recv(np.empty(1), 0, 6)
+        req.cancel()
+        return before, after
+
+    async def run() -> tuple[int, int]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(stage(world), 10)
+
+    before, after = asyncio.run(run())
+    assert after == before
+
+
 #: Timed copies (``_engine.fast``): at the eager limit (staged when no recv waits), past
 #: it (waits at its sender), and the largest inline one (under ``THREAD_COPY_MIN``).
 TIMED = [TIMED_COPY_MIN, TIMED_COPY_MIN + 8, 1 << 20, THREAD_COPY_MIN - 8]
