@@ -25,7 +25,9 @@ The same extension takes the fast lane's commonest op: a send or recv (awaited, 
 ``isend``/``irecv``) of a small 1-D array with an exact peer and tag, on the default
 stream; whole in an in-process world, traced or not (there, any message copied inline:
 under ``fast.THREAD_COPY_MIN``, a copy of ``fast.TIMED_COPY_MIN`` or more timed as the
-Python steps time it); whole on MPI too (untraced), where
+Python steps time it; untraced, a rendezvous send no recv is posted for is posted and
+announced at its receiver, and the recv that takes it completes it); whole on MPI too
+(untraced), where
 the MPI link's own steps for it are there as well (``Path``: framing and sending an eager
 message, and landing one into the recv posted for it).  ``LANE`` is that module,
 configured by ``_comm.native``; None where it is not built, or with

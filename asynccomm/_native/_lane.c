@@ -9,7 +9,10 @@
  * a valid one (``check_timeout``'s), an exact 1-D ndarray, an
  * exact source or destination and tag, a message under ``THREAD_COPY_MIN`` (one of
  * ``TIMED_COPY_MIN`` or more timed as the Python steps time it: matched before its copy,
- * finished after it).  In-process (traced or not) it does all of it.  Across processes (an untraced MPI world) a send goes to the link's
+ * finished after it).  In-process (traced or not) it does all of it; untraced, it also
+ * posts a rendezvous send (past the eager limit, any size) that no recv is posted for
+ * (``post_local``: announced at its receiver, waiting at its sender), which the recv that
+ * takes it completes (_lane_steps.c ``sent_here``).  Across processes (an untraced MPI world) a send goes to the link's
  * ``send_now``, any size it takes (the C ``Path.send_now`` of _lane_mpi.c, which frames
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``Path``'s landing of control messages hands
@@ -349,6 +352,54 @@ send_remote(struct call *c)
     return out;
 }
 
+/* ``fast.bytes_of``: a 1-D array's bytes (a memoryview of format "B"); NULL on an
+ * error. */
+static PyObject *
+bytes_of(PyObject *buf)
+{
+    PyObject *view = PyMemoryView_FromObject(buf);
+    if (view != NULL) {
+        const char *f = PyMemoryView_GET_BUFFER(view)->format;
+        if (f != NULL && strcmp(f, "B") != 0) {
+            PyObject *b = PyUnicode_FromStringAndSize("B", 1);
+            PyObject *argv[2] = {view, b};
+            Py_SETREF(view, b == NULL ? NULL : PyObject_VectorcallMethod(a_cast, argv, 2, NULL));
+            Py_XDECREF(b);
+        }
+    }
+    return view;
+}
+
+/* What ``_send_op``, ``Stream._submit``, the engine's ``start`` and ``track``, the instant
+ * link's ``send`` and the receiving engine's ``arrived`` do for a rendezvous send in this
+ * process that no recv is posted for (``offer`` said 4): a Request (from ``rank``),
+ * POSTED with its bytes' view, announced at ``peer`` (it waits there, at its sender, for
+ * its recv: ``announce``), tracked on its stream (the default one or the user's idle one)
+ * and its timer armed where it has a timeout.  The Request; NULL on an error. */
+static PyObject *
+post_local(struct call *c, PyObject *rank, PyObject *peer)
+{
+    PyObject *timeout = call_timeout(c);
+    if (timeout == NULL) {
+        return NULL;
+    }
+    PyObject *engine = c->engine;
+    PyObject *req = call_request(c, K_SEND, rank, timeout);
+    PyObject *view = req == NULL || start_now(engine, req) < 0 ? NULL : bytes_of(c->buf);
+    if (view == NULL) {
+        Py_XDECREF(req);
+        Py_DECREF(timeout);
+        return NULL;
+    }
+    put(req, M.view, view);
+    int done = announce(peer, req) < 0 ? -1 : track_unless_done(engine, c->stream, req);
+    if (done < 0 || (done == 0 && timeout != Py_None && arm_timer(engine, req, timeout) < 0)) {
+        Py_CLEAR(req);
+    }
+    Py_DECREF(timeout);
+    return req;
+}
+
 /* What ``_send_op``, ``Stream._submit`` and the engine's ``start`` and ``track`` do for a
  * send to another process that ``send_now`` refused (a message the link announces, or one
  * waiting for credit): a Request, POSTED with its bytes' view, handed to the link's
@@ -371,16 +422,7 @@ post_remote(struct call *c)
         Py_DECREF(timeout);
         return NULL;
     }
-    PyObject *view = PyMemoryView_FromObject(c->buf);  /* bytes_of */
-    if (view != NULL) {
-        const char *f = PyMemoryView_GET_BUFFER(view)->format;
-        if (f != NULL && strcmp(f, "B") != 0) {
-            PyObject *b = PyUnicode_FromStringAndSize("B", 1);
-            PyObject *argv[2] = {view, b};
-            Py_SETREF(view, b == NULL ? NULL : PyObject_VectorcallMethod(a_cast, argv, 2, NULL));
-            Py_XDECREF(b);
-        }
-    }
+    PyObject *view = bytes_of(c->buf);
     PyObject *link = view == NULL ? NULL : slot_get(engine, EN.link);
     if (link == NULL) {
         Py_XDECREF(view);
@@ -421,8 +463,8 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         call_release(&c);
         return out;
     }
-    if (fits <= 0 || c.nbytes >= THREAD_COPY_MIN) {  /* (copied on the worker thread) */
-        if (fits > 0) {
+    if (fits <= 0 || (c.nbytes >= THREAD_COPY_MIN && SLOT(c.engine, EN.tracer) != Py_None)) {
+        if (fits > 0) {  /* (copied on the worker thread: only posted here, untraced) */
             call_release(&c);
         }
         if (fits < 0) {
@@ -458,8 +500,14 @@ lane_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     double t = -1.0;  /* when a recv the message completed finished: the send's time too */
+    /* (untraced, a rendezvous no recv is posted for is posted here: 4) */
     int r = rank == NULL ? -1 : offer(peer, rank, tag, PyArray_BYTES((PyArrayObject *)buf),
-                                      nbytes, count, name, flow, 1, &t);
+                                      nbytes, count, name, flow, tracer == NULL ? 2 : 1, &t);
+    if (r == 4) {
+        result = post_local(&c, rank, peer);
+        Py_DECREF(peer);
+        goto done;
+    }
     Py_DECREF(peer);
     if (r <= 0) {
         if (r == 0) {

@@ -283,6 +283,9 @@ int done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyOb
             PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
             double *when);
 char *recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok);
+/* (a rendezvous send in this process: announced at its receiver; completed when taken) */
+int announce(PyObject *peer, PyObject *req);
+int sent_here(PyObject *engine, PyObject *msg);
 
 /* _lane_mpi.c: the MPI link's per-message steps; an eager message that landed, handed to
  * its engine (for the MPI and the shared-memory link alike). */

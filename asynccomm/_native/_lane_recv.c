@@ -135,9 +135,13 @@ take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src, PyObject
         goto done;
     }
     /* the link's received(msg, rank): across processes (MPI) its credit goes back to its
-     * sender; in this process it completes the send waiting at its sender, and does
-     * nothing for a staged message on an instant link */
-    if (SLOT(engine, EN.peers) == Py_None || at_sender) {
+     * sender; in this process it completes the send waiting at its sender (here, where
+     * ``sent_here`` can), and does nothing for a staged message on an instant link */
+    int here = at_sender ? sent_here(engine, msg) : 0;  /* (the send completed in C) */
+    if (here < 0) {
+        goto done;
+    }
+    if (!here && (SLOT(engine, EN.peers) == Py_None || at_sender)) {
         PyObject *link = SLOT(engine, EN.link), *rank = SLOT(engine, EN.rank);
         PyObject *r = link == NULL || rank == NULL ? NULL
             : PyObject_CallMethodObjArgs(link, a_received, msg, rank, NULL);

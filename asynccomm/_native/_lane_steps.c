@@ -103,6 +103,91 @@ finish_done(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyOb
     return settle(engine, req, stream, is_recv);
 }
 
+/* What the instant link's ``received`` does for ``msg``, a send of this process that
+ * waited at its sender and that a recv of ``engine`` just took (``take``): the sending
+ * engine's ``sent``, its ``_finish``: DONE, finished now, its flight record and tally (as
+ * ``flight.finish`` makes them: the send was not matched before), then ``settle``.  1
+ * done, 0 not handled (nothing changed: the link's ``received`` runs), -1 error.  Not
+ * handled wherever the sending engine would do more: not the fast lane's (traced,
+ * logging, broken, revoked), another link's, a request not POSTED. */
+int
+sent_here(PyObject *engine, PyObject *msg)
+{
+    if (Py_TYPE(msg) != RequestType || SLOT(msg, R.kind) != K_SEND
+        || SLOT(msg, R.state) != S_POSTED) {
+        return 0;
+    }
+    PyObject *owner = SLOT(msg, R.owner), *peers = SLOT(engine, EN.peers);
+    PyObject *source = SLOT(msg, M.source), *stream = SLOT(msg, R.stream);
+    if (owner == NULL || Py_TYPE(owner) != DeviceEngineType || peers == NULL
+        || !PyList_CheckExact(peers) || source == NULL || !PyLong_CheckExact(source)
+        || stream == NULL || Py_TYPE(stream) != StreamType) {
+        return 0;
+    }
+    Py_ssize_t s = PyLong_AsSsize_t(source);
+    if (s < 0 || s >= PyList_GET_SIZE(peers) || PyList_GET_ITEM(peers, s) != owner) {
+        PyErr_Clear();
+        return 0;  /* (the link's endpoint for the source is the sending engine) */
+    }
+    int fast = SLOT(owner, EN.tracer) == Py_None ? slot_true(owner, EN.fast) : 0;
+    if (fast <= 0) {
+        return fast;
+    }
+    PyObject *flight = SLOT(owner, EN.flight);
+    PyObject *ring = flight != NULL && Py_TYPE(flight) == FlightRecorderType
+        ? SLOT(flight, F.ring) : NULL;
+    PyObject *tallies = ring != NULL && Py_TYPE(ring) == &RingType ? SLOT(flight, F.sends)
+        : NULL;
+    PyObject *peer = SLOT(msg, R.peer), *tag = SLOT(msg, M.tag), *sid = SLOT(stream, S.sid);
+    if (tallies == NULL || !PyDict_Check(tallies) || peer == NULL || tag == NULL
+        || sid == NULL) {
+        return 0;
+    }
+    long long p = PyLong_AsLongLong(peer), g = PyLong_AsLongLong(tag), d = PyLong_AsLongLong(sid);
+    long long n;
+    double t_post, t_match, t;
+    if ((p == -1 || g == -1 || d == -1) && PyErr_Occurred()) {
+        return -1;
+    }
+    if (slot_ll(msg, M.nbytes, &n) < 0 || slot_double(msg, R.t_post, &t_post) < 0
+        || slot_double(msg, R.t_match, &t_match) < 0) {
+        return -1;
+    }
+    PyObject *tally = PyDict_GetItemWithError(tallies, peer);  /* (made on first use) */
+    if (tally != NULL) {
+        Py_INCREF(tally);
+    } else if (PyErr_Occurred() || (tally = PyObject_GetItem(tallies, peer)) == NULL) {
+        return -1;
+    }
+    if (Py_TYPE(tally) != &TallyCType) {
+        Py_DECREF(tally);
+        return 0;
+    }
+    Py_INCREF(msg);  /* (held while its waiters and stream hear of it) */
+    Py_INCREF(stream);
+    Py_INCREF(owner);
+    int rc = -1;
+    put_ref(msg, R.state, S_DONE);
+    put_ref(msg, R.exc, Py_None);
+    PyObject *tf = now_of(owner, &t) < 0 ? NULL : PyFloat_FromDouble(t);
+    if (tf != NULL) {
+        put(msg, R.t_fin, tf);
+        ring_push(ring, 0, p, g, n, d, 0, t_post, t_match, t);
+        double since = t_post >= 0 ? t_post : t;
+        if (t_match >= 0) {
+            tally_add(tally, n, t_match - since, t - t_match);
+        } else {
+            tally_add(tally, n, 0.0, t - since);
+        }
+        rc = settle(owner, msg, stream, 0) < 0 ? -1 : 1;
+    }
+    Py_DECREF(owner);
+    Py_DECREF(stream);
+    Py_DECREF(msg);
+    Py_DECREF(tally);
+    return rc;
+}
+
 /* Where ``recv``, the head of an exact bucket, takes a payload of ``nbytes`` of ``dtype``
  * here: a POSTED ``Request`` of that dtype (or none) whose writable array has room for it.
  * A recv with no size of its own (``recv_new``) fits only if ``new_ok``.  NULL: it does not
@@ -232,12 +317,101 @@ untrack_plain(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
     return PyObject_DelItem(pending, sseq);
 }
 
+/* ``matcher.enqueue(msg)`` at ``peer``, inlined (``key``: the message's (source, tag)),
+ * then ``peer._drain()`` if a probe saw it: what the receiving engine's ``arrived`` does
+ * for a message no recv is posted for.  0 done, -1 error. */
+static int
+enqueue(PyObject *peer, PyObject *matcher, PyObject *key, PyObject *msg, Py_ssize_t nbytes)
+{
+    long long seq;
+    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+        return -1;
+    }
+    PyObject *vs = PyLong_FromLongLong(seq + 1);
+    if (vs == NULL) {
+        return -1;
+    }
+    put(msg, M.seq, vs);
+    PyObject *index = slot_get(matcher, MA.unexp);
+    int rc = index == NULL || !PyDict_CheckExact(index) ? -1 : push(index, key, msg);
+    Py_XDECREF(index);
+    if (rc < 0 || slot_add(matcher, MA.n_unexp, 1) < 0
+        || slot_add(matcher, MA.unexp_bytes, nbytes) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "the matcher's unexpected messages");
+        }
+        return -1;
+    }
+    PyObject *by_source = slot_get(matcher, MA.by_source);
+    if (by_source == NULL) {
+        return -1;
+    }
+    if (by_source != Py_None) {
+        PyObject *r = PyObject_CallMethodObjArgs(matcher, a_index_add, by_source, msg, NULL);
+        Py_DECREF(by_source);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    } else {
+        Py_DECREF(by_source);
+    }
+    int t = slot_true(matcher, MA.probes);
+    if (t < 0) {
+        return -1;
+    }
+    if (t) {
+        PyObject *r = PyObject_CallMethodOneArg(matcher, a_fire_probes, msg);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    t = slot_true(matcher, MA.events);
+    if (t < 0) {
+        return -1;
+    }
+    if (t) {  /* a probe saw it */
+        PyObject *r = PyObject_CallMethodNoArgs(peer, a_drain);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* What the instant link's ``send`` and the receiving engine's ``arrived`` do for a
+ * rendezvous send ``req`` (POSTED, its bytes' view set) that ``offer`` said waits at its
+ * sender (4): announced at ``peer``, an unexpected message there (``enqueue``).  0 done,
+ * -1 error. */
+int
+announce(PyObject *peer, PyObject *req)
+{
+    PyObject *matcher = slot_get(peer, EN.matcher);
+    if (matcher == NULL) {
+        return -1;
+    }
+    long long n;
+    PyObject *key = slot_ll(req, M.nbytes, &n) < 0 ? NULL
+        : PyTuple_Pack(2, SLOT(req, M.source), SLOT(req, M.tag));
+    int rc = key == NULL ? -1 : enqueue(peer, matcher, key, req, (Py_ssize_t)n);
+    Py_XDECREF(key);
+    Py_DECREF(matcher);
+    return rc;
+}
+
 /* What ``steps.offer`` does (under THREAD_COPY_MIN, the caller's check: a copy of
  * TIMED_COPY_MIN or more is timed, the recv matched before it; ``flow``: the message's id
  * in a traced world, else NULL): 1 if a posted recv took the message, 3 if the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
  * a posted recv may take it, and 2 says that none is posted that could (no recv for its
- * source and tag, and no wildcard recv), having changed nothing. */
+ * source and tag, and no wildcard recv), having changed nothing.  With ``stage`` 2 (an
+ * untraced in-process send), 4 says that the message is a rendezvous (over the peer's
+ * eager limit) that no recv, exact or wildcard, is posted for: it would wait at its
+ * sender (``announce``), nothing changed; with ``stage`` 2, a message of
+ * ``THREAD_COPY_MIN`` or more (its copy is the worker thread's) is only ever answered 4 or
+ * 0. */
 int
 offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nbytes,
       Py_ssize_t count, PyObject *dtype, PyObject *flow, int stage, double *when)
@@ -289,7 +463,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
             }
-            char *dst = recv_fits(recv, dtype, nbytes, 1);
+            char *dst = stage == 2 && nbytes >= THREAD_COPY_MIN ? NULL
+                : recv_fits(recv, dtype, nbytes, 1);
             if (dst == NULL) {
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
@@ -333,8 +508,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
     if (slot_ll(peer, EN.eager_limit, &limit) < 0) {
         goto done;
     }
-    if (nbytes > limit) {
-        rc = 0;
+    if (nbytes > limit || (stage == 2 && nbytes >= THREAD_COPY_MIN)) {
+        rc = stage == 2 && nbytes > limit ? 4 : 0;
         goto done;
     }
     pool = slot_get(peer, EN.pool);
@@ -405,59 +580,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
     if (flow != NULL) {
         put_ref(msg, M.flow, flow);
     }
-    /* matcher.enqueue(msg), inlined */
-    long long seq;
-    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+    if (enqueue(peer, matcher, key, msg, nbytes) < 0) {
         goto done;
-    }
-    PyObject *vs = PyLong_FromLongLong(seq + 1);
-    if (vs == NULL) {
-        goto done;
-    }
-    put(msg, M.seq, vs);
-    index = slot_get(matcher, MA.unexp);
-    if (index == NULL || !PyDict_CheckExact(index) || push(index, key, msg) < 0
-        || slot_add(matcher, MA.n_unexp, 1) < 0 || slot_add(matcher, MA.unexp_bytes, nbytes) < 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "the matcher's unexpected messages");
-        }
-        goto done;
-    }
-    PyObject *by_source = slot_get(matcher, MA.by_source);
-    if (by_source == NULL) {
-        goto done;
-    }
-    if (by_source != Py_None) {
-        PyObject *r = PyObject_CallMethodObjArgs(matcher, a_index_add, by_source, msg, NULL);
-        Py_DECREF(by_source);
-        if (r == NULL) {
-            goto done;
-        }
-        Py_DECREF(r);
-    } else {
-        Py_DECREF(by_source);
-    }
-    t = slot_true(matcher, MA.probes);
-    if (t < 0) {
-        goto done;
-    }
-    if (t) {
-        PyObject *r = PyObject_CallMethodOneArg(matcher, a_fire_probes, msg);
-        if (r == NULL) {
-            goto done;
-        }
-        Py_DECREF(r);
-    }
-    t = slot_true(matcher, MA.events);
-    if (t < 0) {
-        goto done;
-    }
-    if (t) {  /* a probe saw it */
-        PyObject *r = PyObject_CallMethodNoArgs(peer, a_drain);
-        if (r == NULL) {
-            goto done;
-        }
-        Py_DECREF(r);
     }
     rc = 3;
 done:

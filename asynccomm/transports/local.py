@@ -184,7 +184,8 @@ class LocalLink(Link):
         timing = self.timing
         if timing is None:
             # (Nothing for a staged message here: the C lane, ``_lane_recv.c``, takes staged
-            # messages on an instant link without calling this.)
+            # messages on an instant link without calling this, and completes most sends
+            # waiting at their sender itself, as this does: ``_lane_steps.c`` ``sent_here``.)
             if msg.where == AT_SENDER:  # rendezvous: the sender was waiting for this
                 self.endpoints[msg.source].sent(msg)
             return None

@@ -38,9 +38,11 @@ from asynccomm._buffers import PendingBuffers, dtype_name
 from asynccomm._comm import communicator as _communicator
 from asynccomm._comm import native as _native
 from asynccomm._engine import lane as _fastlane
+from asynccomm._engine.engine import DeviceEngine
 from asynccomm._engine.fast import THREAD_COPY_MIN, TIMED_COPY_MIN
 from asynccomm._engine.flight import Tally
 from asynccomm._engine.stream import StreamStatistics
+from asynccomm.transports.local import LocalLink
 
 BUILT = importlib.util.find_spec("asynccomm._native._lane") is not None
 PURE = os.environ.get("ASYNCCOMM_PURE_PYTHON", "") not in ("", "0")
@@ -383,6 +385,34 @@ def test_a_message_the_lane_stages_is_left_to_reference_counting() -> None:
     assert refs == 2  # the test's own name and getrefcount's argument: nothing else
 
 
+@pytest.mark.native
+@needs_lane
+def test_staging_beside_a_recv_posted_for_another_tag_holds_no_reference() -> None:
+    """A message the lane stages while a recv is posted for another (source, tag) leaves
+    the matcher's index of posted recvs as it found it: no reference is kept to it."""
+    async def stage(world: ac.World) -> tuple[int, int]:
+        c0, c1 = world.comms
+        await c0.send(np.ones(1), 1, 2)  # a dtype's name is learnt the first time
+        await c1.recv(np.empty(1), 0, 2)
+        req = c1.irecv(np.empty(1), 0, 5)
+        posted = c1._engine.matcher._posted
+        before = sys.getrefcount(posted)
+        for _ in range(3):
+            await c0.send(np.full(1, 3.0), 1, 6)  # staged: no recv for tag 6
+        after = sys.getrefcount(posted)
+        for _ in range(3):
+            await c1.recv(np.empty(1), 0, 6)
+        req.cancel()
+        return before, after
+
+    async def run() -> tuple[int, int]:
+        async with ac.open_world(2) as world:
+            return await asyncio.wait_for(stage(world), 10)
+
+    before, after = asyncio.run(run())
+    assert after == before
+
+
 #: Timed copies (``_engine.fast``): at the eager limit (staged when no recv waits), past
 #: it (waits at its sender), and the largest inline one (under ``THREAD_COPY_MIN``).
 TIMED = [TIMED_COPY_MIN, TIMED_COPY_MIN + 8, 1 << 20, THREAD_COPY_MIN - 8]
@@ -423,9 +453,9 @@ def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPat
                 await c0.send(np.full(n, float(i)), 1, 7)
                 await (c1.recv(out, 0, 7) if i == 0 else c1.irecv(out, 0, 7))
                 got.append(out[-1])
-        else:  # the send waits at its sender (the general path), the recv takes it here
-            monkeypatch.undo()
-            monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        else:  # the send waits at its sender (posted here), the recv takes it here
+            monkeypatch.setattr(LocalLink, "received", refuse)
+            monkeypatch.setattr(DeviceEngine, "start", refuse)
             for i in range(2):
                 send = c0.isend(np.full(n, float(i)), 1, 7)
                 assert not send.done()
@@ -433,8 +463,17 @@ def test_timed_copies_never_reach_the_python_steps(monkeypatch: pytest.MonkeyPat
                 assert send.done()
                 got.append(out[-1])
         monkeypatch.undo()
-        assert _fastlane.LANE.send(c0, np.ones(THREAD_COPY_MIN // 8), 1, 3, False, None,
-                                     None) is False
+        big, into = np.ones(THREAD_COPY_MIN // 8), np.empty(THREAD_COPY_MIN // 8)
+        req = c1.irecv(into, 0, 3)  # a recv posted for it: copied on the worker thread
+        assert _fastlane.LANE.send(c0, big, 1, 3, False, None, None) is False
+        await c0.send(big, 1, 3)
+        await req
+        # none posted: the send is posted here (it waits at its sender), the recv copies it
+        # on the worker thread
+        send = _fastlane.LANE.send(c0, big, 1, 3, False, None, None)
+        assert type(send) is ac.Request and not send.done()
+        assert (await c1.recv(into, 0, 3)).nbytes == THREAD_COPY_MIN
+        await send
         return got
 
     async def run() -> list[float]:
