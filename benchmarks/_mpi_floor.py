@@ -50,16 +50,20 @@ class Floor:
             for _ in range(_BURST):
                 if req.Test():
                     req.Start()
-                    waiter = self._waiter
-                    if waiter is not None:
-                        self._waiter = None
-                        waiter.set_result(None)
-                    else:
-                        self._arrived += 1
+                    self._landed()
                     break
                 if share_core:
                     sched_yield()
             await yield_now()
+
+    def _landed(self) -> None:
+        """A message is in: wake whoever waits, or count it for the next ``recv()``."""
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set_result(None)
+        else:
+            self._arrived += 1
 
     async def recv(self) -> None:
         """Wait for the next message."""
@@ -101,11 +105,6 @@ class MatchedFloor(Floor):
                     data = self._data = comm.Irecv(buf, peer, data_tag)
                 if data.Test():
                     self._data = None
-                    waiter = self._waiter
-                    if waiter is not None:
-                        self._waiter = None
-                        waiter.set_result(None)
-                    else:
-                        self._arrived += 1
+                    self._landed()
                     break
             await yield_now()

@@ -59,6 +59,8 @@ FLOOR_RATIO_TARGET = 1.5
 BANDWIDTH_TARGETS = {1 * MiB: 0.90, 16 * MiB: 0.95, 256 * MiB: 0.95}
 TAG = 7
 ACK_TAG = 8
+#: The matched floor's announcements (``floor_stream``).
+HEADER_TAG = ACK_TAG + 3
 
 
 @dataclass(frozen=True)
@@ -141,22 +143,33 @@ async def floor_pingpong(comm: Any, buf: np.ndarray[Any, Any], iters: int) -> fl
 
 
 async def floor_stream(comm: Any, buf: np.ndarray[Any, Any], ack: np.ndarray[Any, Any],
-                       iters: int) -> float:
+                       iters: int, matched: bool = False) -> float:
     """Seconds per one-way transfer of ``buf`` (acknowledged with one byte) for the least
     any asyncio library on mpi4py can do: ``raw_stream``'s blocking sends, each rank waiting
     for what it receives in a task that polls a persistent recv (``floor_pingpong``'s), its
     waiter resumed at the next turn of the loop.  (That recv is posted again as soon as
     one completes, before the next message comes, where ``raw_stream``'s ``Recv`` may come
-    after it: the floor can beat raw mpi4py.)"""
-    from ._mpi_floor import Floor
+    after it: the floor can beat raw mpi4py.)
+
+    With ``matched``, the floor of a library that must match a message before it receives
+    it (``_mpi_floor.MatchedFloor``): each message is an announcement on one tag and its
+    data on another, and the receiver's task posts the data's recv once the announcement
+    lands.  Beside the other it shows what that hop costs any library with MPI's matching
+    rules: asynccomm's floor for large messages."""
+    from ._mpi_floor import Floor, MatchedFloor
 
     rank = comm.Get_rank()
-    into, tag = (ack, ACK_TAG) if rank == 0 else (buf, TAG)
+    header = np.zeros(1, np.int64)
     comm.Barrier()
-    async with Floor(comm, into, 1 - rank, tag) as floor:
+    floor = (Floor(comm, ack, 1, ACK_TAG) if rank == 0
+             else MatchedFloor(comm, buf, 0, HEADER_TAG, TAG) if matched
+             else Floor(comm, buf, 0, TAG))
+    async with floor:
         start = time.perf_counter()
         if rank == 0:
             for _ in range(iters):
+                if matched:
+                    comm.Send(header, 1, HEADER_TAG)
                 comm.Send(buf, 1, TAG)
                 await floor.recv()
         else:
@@ -169,31 +182,8 @@ async def floor_stream(comm: Any, buf: np.ndarray[Any, Any], ack: np.ndarray[Any
 
 async def matched_stream(comm: Any, buf: np.ndarray[Any, Any], ack: np.ndarray[Any, Any],
                          iters: int) -> float:
-    """``floor_stream`` for a library that must match a message before it receives it
-    (``_mpi_floor.MatchedFloor``): the sender's blocking send of each message is an
-    announcement on one tag and its data on another, and the receiver's task posts the
-    data's recv once the announcement lands.  Beside ``floor_stream`` it shows what that
-    hop costs any library with MPI's matching rules, asynccomm's floor for large messages."""
-    from ._mpi_floor import Floor, MatchedFloor
-
-    rank = comm.Get_rank()
-    header = np.zeros(1, np.int64)
-    comm.Barrier()
-    floor = (Floor(comm, ack, 1, ACK_TAG) if rank == 0
-             else MatchedFloor(comm, buf, 0, ACK_TAG + 3, TAG))
-    async with floor:
-        start = time.perf_counter()
-        if rank == 0:
-            for _ in range(iters):
-                comm.Send(header, 1, ACK_TAG + 3)
-                comm.Send(buf, 1, TAG)
-                await floor.recv()
-        else:
-            for _ in range(iters):
-                await floor.recv()
-                comm.Send(ack, 0, ACK_TAG)
-        elapsed = time.perf_counter() - start
-    return elapsed / iters
+    """``floor_stream``'s matched floor."""
+    return await floor_stream(comm, buf, ack, iters, matched=True)
 
 
 # -- asynccomm -------------------------------------------------------------------------------

@@ -257,6 +257,8 @@ PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
 PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
 int push(PyObject *index, PyObject *key, PyObject *item);
+int queue_numbered(PyObject *matcher, Py_ssize_t index_at, Py_ssize_t count_at, PyObject *key,
+                   PyObject *obj, const char *what);
 PyObject *new_message(PyTypeObject *type, PyObject *source, PyObject *tag, Py_ssize_t nbytes,
                       Py_ssize_t count, PyObject *dtype, PyObject *where, PyObject *view);
 PyObject *new_request(PyObject *engine, PyObject *kind, PyObject *source, PyObject *peer,

@@ -392,6 +392,35 @@ pop_head(PyObject *index, PyObject *key, PyObject *bucket)
     return rc;
 }
 
+/* ``obj`` given ``matcher``'s next sequence number (its ``seq``), appended under ``key``
+ * to the matcher's index in slot ``index_at`` (``push``), and that index's count (slot
+ * ``count_at``) one more: what ``Matcher._queue_recv`` and ``Matcher.enqueue`` both do
+ * first.  0 done, -1 error (a TypeError naming ``what`` where the index is no dict). */
+int
+queue_numbered(PyObject *matcher, Py_ssize_t index_at, Py_ssize_t count_at, PyObject *key,
+               PyObject *obj, const char *what)
+{
+    long long seq;
+    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
+        return -1;
+    }
+    PyObject *vs = PyLong_FromLongLong(seq + 1);
+    if (vs == NULL) {
+        return -1;
+    }
+    put(obj, M.seq, vs);
+    PyObject *index = slot_get(matcher, index_at);
+    int rc = index == NULL || !PyDict_CheckExact(index) ? -1 : push(index, key, obj);
+    Py_XDECREF(index);
+    if (rc < 0 || slot_add(matcher, count_at, 1) < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "the matcher's %s", what);
+        }
+        return -1;
+    }
+    return 0;
+}
+
 /* index.setdefault(key, deque()).append(item) */
 int
 push(PyObject *index, PyObject *key, PyObject *item)

@@ -338,25 +338,7 @@ post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject
         return -1;
     }
     /* matcher.post_recv -> _queue_recv, inlined */
-    long long seq;
-    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
-        return -1;
-    }
-    PyObject *vs = PyLong_FromLongLong(seq + 1);
-    if (vs == NULL) {
-        return -1;
-    }
-    put(req, M.seq, vs);
-    PyObject *index = slot_get(matcher, MA.posted);
-    if (index == NULL) {
-        return -1;
-    }
-    int rc = PyDict_CheckExact(index) ? push(index, key, req) : -1;
-    Py_DECREF(index);
-    if (rc < 0 || slot_add(matcher, MA.n_posted, 1) < 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "the matcher's posted recvs");
-        }
+    if (queue_numbered(matcher, MA.posted, MA.n_posted, key, req, "posted recvs") < 0) {
         return -1;
     }
     PyObject *waited = slot_get(matcher, MA.waited);

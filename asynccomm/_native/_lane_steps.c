@@ -323,23 +323,8 @@ untrack_plain(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
 static int
 enqueue(PyObject *peer, PyObject *matcher, PyObject *key, PyObject *msg, Py_ssize_t nbytes)
 {
-    long long seq;
-    if (slot_ll(matcher, MA.seq, &seq) < 0 || slot_set_ll(matcher, MA.seq, seq + 1) < 0) {
-        return -1;
-    }
-    PyObject *vs = PyLong_FromLongLong(seq + 1);
-    if (vs == NULL) {
-        return -1;
-    }
-    put(msg, M.seq, vs);
-    PyObject *index = slot_get(matcher, MA.unexp);
-    int rc = index == NULL || !PyDict_CheckExact(index) ? -1 : push(index, key, msg);
-    Py_XDECREF(index);
-    if (rc < 0 || slot_add(matcher, MA.n_unexp, 1) < 0
+    if (queue_numbered(matcher, MA.unexp, MA.n_unexp, key, msg, "unexpected messages") < 0
         || slot_add(matcher, MA.unexp_bytes, nbytes) < 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "the matcher's unexpected messages");
-        }
         return -1;
     }
     PyObject *by_source = slot_get(matcher, MA.by_source);
