@@ -64,7 +64,8 @@ class LaneMismatch(TypeError):
 #: The classes the lane knows, by name (C: ``<name>Type``, ``class_vars``).  The
 #: communicator is given by ``configure`` (it imports this module).
 CLASSES: Final = ("Request", "Message", "Status", "Stream", "FlightRecorder", "Tally",
-                  "Matcher", "StagingPool", "Communicator", "DeviceEngine", "RankTrace")
+                  "Matcher", "StagingPool", "Communicator", "DeviceEngine", "RankTrace",
+                  "Deadlines")
 
 #: Per class, the slots the lane reads and writes, in the order of its struct in
 #: ``_lane.h`` (a member is the slot's name without its leading ``_``; C: ``layouts``).
@@ -89,6 +90,7 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
                      "gone", "_idle", "instant", "link", "matcher", "_n_pending", "now",
                      "peers", "_pending_recvs", "pool", "rank", "_recv_buffers", "traced",
                      "tracer", "deadlines"),
+    "Deadlines": ("_time", "_seq", "_heap", "_handle", "_at", "_limit"),
 }
 
 #: The lane's entry points and their arguments, in order (C: ``send`` and ``recv`` in
@@ -136,12 +138,6 @@ NAMES: Final[Mapping[str, Name]] = {
     "broken": _m("broken", DeviceEngine),
     "arm_at": _m("_arm_at", Deadlines),
     "compact": _m("_compact", Deadlines),
-    "d_time": _a("_time", Deadlines),
-    "d_seq": _a("_seq", Deadlines),
-    "d_heap": _a("_heap", Deadlines),
-    "d_handle": _a("_handle", Deadlines),
-    "d_at": _a("_at", Deadlines),
-    "d_limit": _a("_limit", Deadlines),
     "add_buffer": _m("_add_buffer", DeviceEngine),
     "check_recv_buffer": _m("check_recv_buffer", DeviceEngine),
     "append": _m("append", deque),
@@ -365,7 +361,7 @@ def _classes(communicator: type) -> dict[str, type]:
     return {"Request": Request, "Message": Message, "Status": Status, "Stream": Stream,
             "FlightRecorder": FlightRecorder, "Tally": Tally, "Matcher": Matcher,
             "StagingPool": StagingPool, "Communicator": communicator,
-            "DeviceEngine": DeviceEngine, "RankTrace": RankTrace}
+            "DeviceEngine": DeviceEngine, "RankTrace": RankTrace, "Deadlines": Deadlines}
 
 
 def configure(lane: Any, communicator: type) -> None:

@@ -35,7 +35,7 @@ extern PyObject *zero, *minus_one, *minus_one_f;
 /* native.CLASSES: <name>Type */
 extern PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType,
     *FlightRecorderType, *TallyType, *MatcherType, *StagingPoolType, *CommunicatorType,
-    *DeviceEngineType, *RankTraceType;
+    *DeviceEngineType, *RankTraceType, *DeadlinesType;
 /* native.OBJECTS */
 extern PyObject *get_running_loop, *perf_counter, *deque_type, *heappush;
 extern PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
@@ -74,12 +74,12 @@ extern struct engine_slots {
         instant, link, matcher, n_pending, now, peers, pending_recvs, pool, rank, recv_buffers,
         traced, tracer, deadlines;
 } EN;
+extern struct deadline_slots { Py_ssize_t time, seq, heap, handle, at, limit; } D;
 
 /* native.NAMES: a_<key>, the interned names of the methods and attributes the lane calls
  * or reads by name. */
 extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
-    *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact, *a_d_time, *a_d_seq, *a_d_heap, *a_d_handle,
-    *a_d_at, *a_d_limit,
+    *a_first_wait, *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact,
     *a_add_buffer, *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
     *a_send_now, *a_received;
 extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,

@@ -11,7 +11,7 @@ PyObject *deque_append, *deque_popleft;
 PyObject *zero, *minus_one, *minus_one_f;
 PyTypeObject *RequestType, *MessageType, *StatusType, *StreamType, *FlightRecorderType,
     *TallyType, *MatcherType, *StagingPoolType, *CommunicatorType, *DeviceEngineType,
-    *RankTraceType;
+    *RankTraceType, *DeadlinesType;
 PyObject *get_running_loop, *perf_counter, *deque_type, *heappush;
 PyObject *K_SEND, *K_RECV, *S_QUEUED, *S_POSTED, *S_DONE, *W_AT_SENDER, *W_STAGED;
 long TAG_UB, MIN_BUCKET, MESSAGE_OVERHEAD, TIMED_COPY_MIN, THREAD_COPY_MIN, EAGER;
@@ -27,9 +27,9 @@ struct matcher_slots MA;
 struct pool_slots PO;
 struct comm_slots CO;
 struct engine_slots EN;
+struct deadline_slots D;
 PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex, *a_first_wait,
-    *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact, *a_d_time, *a_d_seq, *a_d_heap, *a_d_handle,
-    *a_d_at, *a_d_limit, *a_add_buffer,
+    *a_unreachable, *a_withdraw, *a_broken, *a_arm_at, *a_compact, *a_add_buffer,
     *a_check_recv_buffer, *a_append, *a_popleft, *a_done, *a_set_result,
     *a_send_now, *a_received;
 PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
@@ -53,6 +53,7 @@ PyObject *a_cast;
 static PyTypeObject **const class_vars[] = {
     &RequestType, &MessageType, &StatusType, &StreamType, &FlightRecorderType, &TallyType,
     &MatcherType, &StagingPoolType, &CommunicatorType, &DeviceEngineType, &RankTraceType,
+    &DeadlinesType,
 };
 
 #define LAYOUT(cls, s) {&cls, (Py_ssize_t *)&s, sizeof(s) / sizeof(Py_ssize_t)}
@@ -71,6 +72,7 @@ static const struct layout {
     LAYOUT(StagingPoolType, PO),
     LAYOUT(CommunicatorType, CO),
     LAYOUT(DeviceEngineType, EN),
+    LAYOUT(DeadlinesType, D),
 };
 
 static PyObject **const object_vars[] = {
@@ -86,8 +88,7 @@ static long *const number_vars[] = {
 
 static PyObject **const name_vars[] = {
     &a_untrack, &a_drain, &a_index_add, &a_fire_probes, &a_unindex, &a_first_wait,
-    &a_unreachable, &a_withdraw, &a_broken, &a_arm_at, &a_compact, &a_d_time, &a_d_seq, &a_d_heap, &a_d_handle,
-    &a_d_at, &a_d_limit, &a_add_buffer,
+    &a_unreachable, &a_withdraw, &a_broken, &a_arm_at, &a_compact, &a_add_buffer,
     &a_check_recv_buffer, &a_append, &a_popleft, &a_done, &a_set_result,
     &a_send_now, &a_received,
     &a_Isend, &a_comm, &a_Test, &a_Start, &a_rotate, &a_req, &a_buf, &a_payload,

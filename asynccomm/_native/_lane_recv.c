@@ -249,6 +249,41 @@ track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
     return track_on(engine, stream, req) < 0 ? -1 : 0;
 }
 
+/* ``heapq.heappush(heap, entry)`` for a deadline heap, whose entries are [when, seq,
+ * req] with ``when`` a float and ``seq`` an int unique to the entry (so two compare as
+ * (when, seq) do, as lists compare them): appended where it is no less than its
+ * parent-to-be (a deadline no earlier than those armed before, the common case), else
+ * handed to ``heappush`` (as is an entry whose parent has another shape).  0 done, -1
+ * error. */
+static int
+heap_push(PyObject *heap, PyObject *entry, double when, PyObject *seq)
+{
+    Py_ssize_t pos = PyList_GET_SIZE(heap);
+    if (pos > 0) {
+        PyObject *parent = PyList_GET_ITEM(heap, (pos - 1) >> 1);
+        int less = -2;  /* not known: heappush decides */
+        if (PyList_CheckExact(parent) && PyList_GET_SIZE(parent) == 3
+            && PyFloat_CheckExact(PyList_GET_ITEM(parent, 0))) {
+            double p = PyFloat_AS_DOUBLE(PyList_GET_ITEM(parent, 0));
+            less = when < p;
+            if (when == p
+                && (less = PyObject_RichCompareBool(seq, PyList_GET_ITEM(parent, 1),
+                                                    Py_LT)) < 0) {
+                return -1;
+            }
+        }
+        if (less != 0) {  /* it moves up (or may): heappush moves it */
+            PyObject *argv[2] = {heap, entry};
+            Py_INCREF(heap);  /* (heappush compares in Python: the slot may change) */
+            PyObject *r = PyObject_Vectorcall(heappush, argv, 2, NULL);
+            Py_DECREF(heap);
+            Py_XDECREF(r);
+            return r == NULL ? -1 : 0;
+        }
+    }
+    return PyList_Append(heap, entry);  /* its place: the heap holds with it at the end */
+}
+
 /* What the engine's ``track`` does last for a tracked request with a ``timeout`` (not
  * None): its deadline armed, as ``Deadlines.arm(req, timeout)`` does (``_deadlines``):
  * the entry [loop.time() + timeout, seq, req] pushed on the loop's heap and kept as the
@@ -258,75 +293,89 @@ track_unless_done(PyObject *engine, PyObject *stream, PyObject *req)
 int
 arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
 {
-    PyObject *dl = slot_get(engine, EN.deadlines);
-    if (dl == NULL) {
+    PyObject *dl = SLOT(engine, EN.deadlines);
+    if (dl == NULL || Py_TYPE(dl) != DeadlinesType) {
+        PyErr_SetString(PyExc_TypeError, "the engine's deadlines");
+        return -1;
+    }
+    /* each slot read where it is used (a call between may run Python code) */
+    PyObject *clock = SLOT(dl, D.time);
+    if (clock == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a deadline heap's slots");
         return -1;
     }
     double delay = PyFloat_AsDouble(timeout);
-    PyObject *now = delay == -1.0 && PyErr_Occurred() ? NULL : PyObject_CallMethodNoArgs(
-        dl, a_d_time);
-    double t = now == NULL ? -1.0 : PyFloat_AsDouble(now);
-    Py_XDECREF(now);
-    PyObject *when = now == NULL || (t == -1.0 && PyErr_Occurred())
-        ? NULL : PyFloat_FromDouble(t + delay);
-    PyObject *count = when == NULL ? NULL : PyObject_GetAttr(dl, a_d_seq);
-    PyObject *seq = count == NULL ? NULL : PyIter_Next(count);
-    Py_XDECREF(count);
-    PyObject *heap = seq == NULL ? NULL : PyObject_GetAttr(dl, a_d_heap);
-    PyObject *entry = heap == NULL ? NULL : PyList_New(3);
-    if (entry == NULL) {
-        if (count != NULL && seq == NULL && !PyErr_Occurred()) {
-            PyErr_SetString(PyExc_RuntimeError, "a deadline sequence ended");
-        }
-        Py_XDECREF(heap);
-        Py_XDECREF(seq);
-        Py_XDECREF(when);
-        Py_DECREF(dl);
+    if (delay == -1.0 && PyErr_Occurred()) {
         return -1;
     }
-    Py_INCREF(when);
-    PyList_SET_ITEM(entry, 0, when);
-    PyList_SET_ITEM(entry, 1, seq);  /* stolen */
-    Py_INCREF(req);
-    PyList_SET_ITEM(entry, 2, req);
-    PyObject *argv[2] = {heap, entry};
-    PyObject *r = PyObject_Vectorcall(heappush, argv, 2, NULL);
-    int rc = r == NULL ? -1 : 0;
-    Py_XDECREF(r);
-    Py_ssize_t n = PyList_Check(heap) ? PyList_GET_SIZE(heap) : 0;
-    Py_DECREF(heap);
-    if (rc == 0) {
-        put(req, R.timer, entry);  /* stolen */
-        entry = NULL;
-        PyObject *handle = PyObject_GetAttr(dl, a_d_handle);
-        PyObject *at = handle == NULL || handle == Py_None ? NULL : PyObject_GetAttr(dl, a_d_at);
-        double at_t = at == NULL ? 0.0 : PyFloat_AsDouble(at);
-        Py_XDECREF(at);
-        if (handle == NULL || (handle != Py_None && at == NULL)
-            || (at != NULL && at_t == -1.0 && PyErr_Occurred())) {
-            rc = -1;
-        } else if (handle == Py_None || t + delay < at_t) {
-            r = PyObject_CallMethodNoArgs(dl, a_arm_at);
-            rc = r == NULL ? -1 : 0;
-            Py_XDECREF(r);
-        } else {
-            PyObject *lim = PyObject_GetAttr(dl, a_d_limit);
-            Py_ssize_t limit = lim == NULL ? -1 : PyLong_AsSsize_t(lim);
-            Py_XDECREF(lim);
-            if (limit == -1 && PyErr_Occurred()) {
-                rc = -1;
-            } else if (n > limit) {
-                r = PyObject_CallMethodNoArgs(dl, a_compact);
-                rc = r == NULL ? -1 : 0;
-                Py_XDECREF(r);
-            }
-        }
-        Py_XDECREF(handle);
+    Py_INCREF(clock);
+    PyObject *now = PyObject_CallNoArgs(clock);  /* loop.time() */
+    Py_DECREF(clock);
+    double t = now == NULL ? -1.0 : PyFloat_AsDouble(now);
+    Py_XDECREF(now);
+    if (now == NULL || (t == -1.0 && PyErr_Occurred())) {
+        return -1;
     }
-    Py_XDECREF(entry);
-    Py_DECREF(when);
-    Py_DECREF(dl);
-    return rc;
+    PyObject *count = SLOT(dl, D.seq);
+    if (count == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a deadline heap's slots");
+        return -1;
+    }
+    Py_INCREF(count);
+    PyObject *seq = PyIter_Next(count);
+    Py_DECREF(count);
+    if (seq == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "a deadline sequence ended");
+        }
+        return -1;
+    }
+    PyObject *when = PyFloat_FromDouble(t + delay);
+    PyObject *entry = when == NULL ? NULL : PyList_New(3);
+    if (entry == NULL) {
+        Py_XDECREF(when);
+        Py_DECREF(seq);
+        return -1;
+    }
+    PyList_SET_ITEM(entry, 0, when);  /* stolen, as the next two */
+    PyList_SET_ITEM(entry, 1, seq);
+    PyList_SET_ITEM(entry, 2, Py_NewRef(req));
+    PyObject *heap = SLOT(dl, D.heap);
+    if (heap == NULL || !PyList_CheckExact(heap)) {
+        Py_DECREF(entry);
+        PyErr_SetString(PyExc_TypeError, "a deadline heap's slots");
+        return -1;
+    }
+    if (heap_push(heap, entry, t + delay, seq) < 0) {
+        Py_DECREF(entry);
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(heap);
+    put(req, R.timer, entry);  /* stolen */
+    /* the shared timer: armed at the first entry when none is armed or this deadline is
+     * earlier, else the heap compacted when it holds too many dead entries */
+    PyObject *handle = SLOT(dl, D.handle), *at = SLOT(dl, D.at), *lim = SLOT(dl, D.limit);
+    PyObject *step = NULL;  /* the Deadlines method to call, if any */
+    if (handle == NULL || handle == Py_None) {
+        step = a_arm_at;
+    } else if (at == NULL || !PyFloat_CheckExact(at) || lim == NULL || !PyLong_CheckExact(lim)) {
+        PyErr_SetString(PyExc_TypeError, "a deadline heap's timer");
+        return -1;
+    } else if (t + delay < PyFloat_AS_DOUBLE(at)) {
+        step = a_arm_at;
+    } else {
+        Py_ssize_t limit = PyLong_AsSsize_t(lim);
+        if (limit == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        step = n > limit ? a_compact : NULL;
+    }
+    if (step == NULL) {
+        return 0;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(dl, step);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* What ``post_now`` does for a new exact recv with no message waiting for it. */

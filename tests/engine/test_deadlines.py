@@ -264,3 +264,28 @@ def test_a_deadline_fires_among_the_loops_timers_where_the_ops_own_timer_would()
         return seen
 
     assert ac.run(main, 2, clock="virtual")[0] == [True]
+
+
+async def test_ops_armed_in_any_order_keep_the_shared_heap_a_heap() -> None:
+    # Recvs posted on the fast lane with timeouts in no order, some equal (the lane pushes
+    # an entry itself where it is no less than its parent, else hands it to heappush): the
+    # heap stays a heap of every op's entry, the timer is armed at the earliest deadline,
+    # and withdrawing the ops ends every entry.
+    timeouts = [700.0, 200.0, 900.0, 100.0, 500.0, 300.0, 800.0, 400.0, 600.0, 250.0,
+                300.0, 300.0, 100.0, 1000.0, 50.0, 50.0]
+    async with ac.open_world(2) as world:
+        c0, _ = world.comms
+        reqs = [c0.irecv(np.zeros(1), 1, tag=tag, timeout=t) for tag, t in enumerate(timeouts)]
+        deadlines = deadlines_of(asyncio.get_running_loop())
+        heap = deadlines._heap
+        assert all(heap[i] <= heap[c] for i in range(len(heap))
+                   for c in (2 * i + 1, 2 * i + 2) if c < len(heap))
+        entries = [req._timer for req in reqs]
+        assert all(any(e is entry for e in heap) for entry in entries)
+        assert [entry[2] for entry in entries] == reqs
+        assert deadlines.armed == min(entry[0] for entry in entries)
+        for req in reqs:
+            req.cancel()
+        assert all(req._timer is None and entry[2] is None
+                   for req, entry in zip(reqs, entries, strict=True))
+        assert not deadlines.settle() and deadlines.armed is None
