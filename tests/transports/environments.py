@@ -23,8 +23,11 @@ from asynccomm.sim.loop import new_virtual_loop
 
 T = TypeVar("T")
 
-#: Where the traced environment writes its trace files (each run overwrites the last).
-_TRACES = Path(tempfile.mkdtemp(prefix="asynccomm-test-traces-"))
+#: Where the traced environment writes its trace files (each run overwrites the last).  It
+#: is made by the first traced run (the trace writer makes its folder), not on import:
+#: processes that import this module and end with ``os._exit`` (multiprocessing's spawned
+#: ranks) run no ``atexit`` hook, and left a folder each behind.
+_TRACES = Path(tempfile.gettempdir()) / f"asynccomm-test-traces-{os.getpid()}"
 atexit.register(shutil.rmtree, _TRACES, True)
 
 ENVIRONMENTS: dict[str, dict[str, Any]] = {
