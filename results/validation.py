@@ -43,6 +43,7 @@ from asynccomm.calibrate import (
     MODEL_CALLS,
     SIZES,
     calibrate,
+    call_buffers,
     clock_of,
     in_process_host,
     measure_pingpong,
@@ -60,15 +61,6 @@ RANKS = (2, 3, 4)
 COLL_SIZES = (4 << 10, 256 << 10, 4 << 20)
 P2P_TARGET, COLL_TARGET = 0.05, 0.10
 REPEATS = 5
-
-
-def _buffers(name: str, nbytes: int, p: int) -> tuple[Any, ...]:
-    per = max(1, nbytes // p)
-    if name == "allreduce":
-        return (np.zeros(max(1, nbytes // 4), np.float32),)
-    if name == "allgather":
-        return np.zeros(per, np.uint8), np.zeros((p, per), np.uint8)
-    return np.zeros((p, per), np.uint8), np.zeros((p, per), np.uint8)
 
 
 async def _call(comm: ac.Communicator, name: str, bufs: tuple[Any, ...]) -> None:
@@ -92,7 +84,7 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
     for name in COLLECTIVES:
         out[name], out[f"{name} spread"], out[f"{name} faults"] = {}, {}, {}
         for nbytes in sizes:
-            call = partial(_call, comm, name, _buffers(name, nbytes, comm.size))
+            call = partial(_call, comm, name, call_buffers(name, nbytes, comm.size))
             # the calibration's loop; on the model's clock a few calls say it all
             samples: list[float] = []
             out[name][nbytes], faults = (await time_calls(

@@ -558,3 +558,43 @@ def test_a_later_segment_may_have_a_negative_latency_if_its_time_stays_above_0(
     else:
         with pytest.raises(ValueError, match="smallest size"):
             LinkSpec("l", 1e9, 0.0, segments=segments)
+
+
+def _write_faults(arrays: tuple[np.ndarray, ...]) -> int:
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for arr in arrays:
+        arr.fill(3)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_the_calls_timed_run_on_arrays_of_real_pages() -> None:
+    # Arrays past glibc's largest mmap threshold come fresh from the system: untouched,
+    # their pages all read as one shared page of zeros, and a call reading them is timed
+    # on the caches.  Every page written when made, writing them again faults nothing.
+    from types import SimpleNamespace
+
+    from asynccomm.calibrate import _ring_calls
+
+    def call(*args: object, **kwargs: object) -> None:
+        return None
+
+    comm = SimpleNamespace(size=2, allgather=call, allreduce=call)
+    nbytes = 128 << 20
+    calls = _ring_calls(comm, nbytes)  # type: ignore[arg-type]
+    arrays = tuple(a for c in calls.values() for a in c.args)
+    assert [a.nbytes for a in arrays] == [nbytes // 2, nbytes, nbytes]
+    assert _write_faults(arrays) <= 2
+
+
+def test_validation_times_the_calls_on_arrays_of_real_pages() -> None:
+    from asynccomm.calibrate import call_buffers
+
+    nbytes = 128 << 20
+    for name in ("allreduce", "allgather", "alltoall"):
+        bufs = call_buffers(name, nbytes, 4)
+        assert all(not a.any() for a in bufs)
+        assert _write_faults(bufs) <= 2
+    with pytest.raises(ValueError, match="no arrays for 'bcast'"):
+        call_buffers("bcast", 8, 2)
