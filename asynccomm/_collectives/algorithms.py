@@ -75,9 +75,8 @@ class Exchange:
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Array:
         """A temporary of this call's own (Rule 6)."""
-        if self.scratch is None:
-            return np.empty(shape, dtype)
-        return self.scratch.empty(shape, dtype)
+        scratch = self.scratch
+        return np.empty(shape, dtype) if scratch is None else scratch.empty(shape, dtype)
 
     def copy(self, a: Array) -> Array:
         """A flat copy of ``a``, of this call's own (Rule 6)."""

@@ -262,7 +262,7 @@ async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float 
     b = _array("bcast", "buf", buf, writable=c.rank != r)
     limit = check_timeout(timeout)
     algo = _choose("bcast", choose, b.nbytes, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, b.nbytes)
     work = b if c.rank == r else sc.empty_like(b)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
@@ -298,7 +298,7 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     limit = check_timeout(timeout)
     algo = _choose("reduce", choose, s.nbytes, c.size)
 
-    sc = scratch_for(c)
+    sc = scratch_for(c, s.nbytes)
     acc = sc.copy(s)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
@@ -334,7 +334,7 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     limit = check_timeout(timeout)
     algo = _choose("allreduce", choose, s.nbytes, c.size)
 
-    sc = scratch_for(c)
+    sc = scratch_for(c, s.nbytes)
     work = sc.copy(s)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
@@ -368,7 +368,7 @@ async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("allgather", s, "sendbuf", out, "recvbuf", allowed=out[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("allgather", choose, out.nbytes, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, out.nbytes)
     work = sc.empty_like(out)  # (Rule 6)
     await _run("allgather", algo, c, t, limit,
                lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(work)),
@@ -395,7 +395,7 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     _apart("reduce_scatter", out, "recvbuf", s, "sendbuf", allowed=s[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, s.nbytes)
     work = sc.empty_like(out)  # (Rule 6)
     await _run("reduce_scatter", algo, c, t, limit,
                lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o), o,
@@ -423,7 +423,7 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
         _apart("gather", s, "sendbuf", out, "recvbuf", allowed=out[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, s.nbytes * c.size)
     work = None if out is None else sc.empty_like(out)  # (Rule 6)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
         ex, _flat(s), None if work is None else _flat(work), r), r,
@@ -452,7 +452,7 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
         _apart("scatter", out, "recvbuf", s, "sendbuf", allowed=s[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, out.nbytes * c.size)
     work = sc.empty_like(out)  # (Rule 6)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](
         ex, None if s is None else _flat(s), _flat(work), r), r,
@@ -480,7 +480,7 @@ async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("alltoall", out, "recvbuf", s, "sendbuf")
     limit = check_timeout(timeout)
     algo = _choose("alltoall", choose, s.nbytes, c.size)
-    sc = scratch_for(c)
+    sc = scratch_for(c, s.nbytes)
     work = sc.empty_like(out)  # (Rule 6)
     await _run("alltoall", algo, c, t, limit,
                lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(work)),

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_POOLED", "SCRATCH_BYTES", "Scratch", "ScratchPool", "clear", "scratch_for"]
+__all__ = ["FRESH", "MIN_POOLED", "SCRATCH_BYTES", "Scratch", "ScratchPool", "clear",
+           "pool_of", "scratch_for"]
 
 Array = np.ndarray[Any, Any]
 
@@ -139,17 +140,43 @@ class Scratch:
             self._taken = []
 
 
-def scratch_for(comm: object) -> Scratch:
-    """A new call's scratch on ``comm``'s rank (Rule 1)."""
+class _Fresh(Scratch):
+    """The scratch of a call whose arrays are all under ``MIN_POOLED``: allocated afresh, as
+    cheaply as numpy allocates (one shared instance: it holds nothing)."""
+
+    __slots__ = ()
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Array:
+        return np.empty(shape, dtype)
+
+    def empty_like(self, a: Array) -> Array:
+        return np.empty_like(a)
+
+    def copy(self, a: Array) -> Array:
+        return a.reshape(-1).copy()
+
+    def done(self) -> None:
+        pass
+
+
+#: The scratch of every small call.
+FRESH: Scratch = _Fresh(None)
+
+
+def scratch_for(comm: object, nbytes: int) -> Scratch:
+    """A new call's scratch on ``comm``'s rank (Rule 1), for a call whose largest array has
+    ``nbytes`` bytes (under ``MIN_POOLED``: ``FRESH``, no pool)."""
+    if nbytes < MIN_POOLED:
+        return FRESH
     device = getattr(comm, "device", None)
     if device is None:
-        return Scratch(None)
+        return FRESH
     pool = getattr(device, "_scratch", None)
     if pool is None:
         try:
             pool = device._scratch = ScratchPool()
         except AttributeError:  # a device that takes no attributes: no pool
-            return Scratch(None)
+            return FRESH
     return Scratch(pool)
 
 
