@@ -121,7 +121,8 @@ class Scratch:
             return np.empty(shape, dt)
         buf = pool.take(nbytes)
         self._taken.append(buf)
-        return buf.view(dt).reshape(shape)
+        out: Array = buf.view(dt).reshape(shape)
+        return out
 
     def empty_like(self, a: Array) -> Array:
         return self.empty(a.shape, a.dtype)

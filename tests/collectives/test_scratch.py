@@ -12,8 +12,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from unittest.mock import patch
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import asynccomm as ac
-from asynccomm._collectives.algorithms import ALGORITHMS
 from asynccomm._collectives import scratch as _scratch
+from asynccomm._collectives.algorithms import ALGORITHMS
 from asynccomm._collectives.scratch import MIN_POOLED, ScratchPool
 
 from ..transports.environments import ENVIRONMENTS, run_world
@@ -33,10 +33,6 @@ COLLECTIVES = ["allgather", "allreduce", "alltoall", "reduce_scatter", "bcast", 
                "scatter", "reduce"]
 #: Elements (int64) of each rank's large buffer: 4 MiB, as large calls in programs are.
 LARGE = (4 << 20) // 8
-
-
-def _faults() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _case(name: str, p: int, r: int, n: int, seed: int = 0
