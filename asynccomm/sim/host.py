@@ -231,7 +231,7 @@ class HostSpec:
     #: seconds more again per step whose message is past EAGER_LIMIT, on more ranks than
     #: cores (Rule 2)
     rendezvous_switch: float = 0.0
-    touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
+    touch: float = 0.0  # seconds per byte of a call's scratch, its pages' first touch (Rule 1c)
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
     working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
