@@ -17,9 +17,10 @@ ranks (and ``processes`` ranks) are processes of their own, on this machine's co
 
 Besides messages it measures, in this process and on its CPU clock, what a collective call
 costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
-and of one step of its algorithm, and the rates of its copies (into fresh scratch arrays)
-and of a float32 sum, from ring allgather and allreduce calls on in-process ranks less
-their messages, the first touch of their fresh scratch's pages, the copy rate at working
+and of one step of its algorithm, and the rates of its copies (into scratch arrays) and
+of a float32 sum, from ring allgather and allreduce calls on in-process ranks less their
+messages, the first touch of the scratch pages they fault in (few: their rank's pool hands
+back the scratch of the call before, ``_collectives.scratch``), the copy rate at working
 sets from 1 MiB to 128 MiB (``measure_memory``: a call's messages move among every rank's
 arrays, a ping-pong's among one buffer and its copy), what a step of small ring calls on 3
 to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
@@ -180,9 +181,10 @@ async def time_calls(comm: Communicator, call: Callable[[], Awaitable[object]], 
     the others have done their part.  ``samples``, when given, gets each repeat's seconds
     per call.
 
-    The loop decides what a call's scratch costs: calls back to back get the memory the
-    one before freed again, where calls apart (a barrier between each) fault most of
-    their scratch's pages in afresh, several times slower on large buffers."""
+    A call's scratch comes from its rank's pool (``_collectives.scratch``): after the
+    warm-up repeat, calls of one size, back to back or apart, reuse the scratch of the
+    call before and fault (almost) no pages in; a size past the pool's cap faults its
+    scratch in afresh on every call, several times slower on large buffers."""
     iters = np.full(1, iterations or 1, np.int64)
     got: list[float] = []
     faults, timed = 0, 0
@@ -686,8 +688,8 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
                     - touch * work_of(f"{name}.ring", n, 2).fresh) for n in HOST_SIZES]
 
     # The faults are part of the calls' work: never more than what the largest allgather
-    # leaves once it has copied at the rate of the cached calls (whose scratch the
-    # allocator hands back warm), so a large call still copies at a finite rate.
+    # leaves once it has copied at the rate of the cached calls (whose scratch the pool
+    # hands back warm), so a large call still copies at a finite rate.
     bare = work("allgather", 2, 0.0)
     cached_copy = max(0.0, bare[1] - bare[0]) / HOST_SIZES[1] / 1.5  # seconds per byte
     touch = min(fresh_page * faulted, max(0.0, bare[-1] - bare[0] - 1.5 * n_top * cached_copy)

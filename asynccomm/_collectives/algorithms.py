@@ -22,6 +22,8 @@ power of two, and unfolds the result back to the even ranks.
 Rule 5 (whole blocks).  Every recv must receive exactly its block: a shorter message
 (the sender's array is smaller) fails the call with a ``MatchError``, as a longer one
 (``TruncationError``) or one of another dtype (``DTypeMismatchError``) already does.
+Rule 6 (scratch).  Temporaries come from ``Exchange.empty``: the call's own scratch
+(``_collectives.scratch``), given back to the rank's pool only if the call succeeds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 from .._engine.request import Request, wait_any
 from .._exceptions import MatchError
 from .ops import ReduceOp
+from .scratch import Scratch
 
 __all__ = ["ALGORITHMS", "Exchange", "P2P"]
 
@@ -58,8 +61,10 @@ class P2P(Protocol):
 class Exchange:
     """One collective call's point-to-point ops on ``comm``, with tags from ``tag`` on."""
 
-    def __init__(self, comm: P2P, tag: int) -> None:
+    def __init__(self, comm: P2P, tag: int, scratch: Scratch | None = None) -> None:
         self.comm = comm
+        #: The call's scratch (None: temporaries allocated afresh).
+        self.scratch = scratch
         self.rank = comm.rank
         self.size = comm.size
         self.tag = tag
@@ -67,6 +72,17 @@ class Exchange:
         self._counts: dict[Request, int] = {}  # what each recv must receive, exactly
         self.pending_at_withdrawal: list[Request] = []
         self.step = 0  # waits begun so far (hang reports name the step)
+
+    def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Array:
+        """A temporary of this call's own (Rule 6)."""
+        scratch = self.scratch
+        return np.empty(shape, dtype) if scratch is None else scratch.empty(shape, dtype)
+
+    def copy(self, a: Array) -> Array:
+        """A flat copy of ``a``, of this call's own (Rule 6)."""
+        if self.scratch is None:
+            return a.reshape(-1).copy()
+        return self.scratch.copy(a)
 
     def send(self, buf: Array, dst: int, offset: int = 0) -> Request:
         req = self.comm.isend(buf, dst, self.tag + offset)
@@ -187,7 +203,7 @@ async def ring_reduce_scatter_blocks(ex: Exchange, blocks: list[Array], op: Redu
     if p == 1:
         return
     right, left = (r + 1) % p, (r - 1) % p
-    tmp = np.empty(max(b.size for b in blocks), blocks[0].dtype)
+    tmp = ex.empty(max(b.size for b in blocks), blocks[0].dtype)
     for s in range(p - 1):
         into = blocks[(r - s - 2) % p]
         got = tmp[:into.size]
@@ -217,7 +233,7 @@ async def allgather_ring(ex: Exchange, mine: Array, out: Array) -> None:
 
 
 async def reduce_scatter_ring(ex: Exchange, send: Array, out: Array, op: ReduceOp) -> None:
-    work = send.copy()
+    work = ex.copy(send)
     blocks = _blocks(work, ex.size)
     await ring_reduce_scatter_blocks(ex, blocks, op)
     out[...] = blocks[ex.rank]
@@ -250,7 +266,7 @@ async def allreduce_recursive_doubling(ex: Exchange, work: Array, op: ReduceOp) 
         await ex.send_wait(work, r + 1, 0)
         await ex.recv_wait(work, r + 1, 1)
         return
-    tmp = np.empty_like(work)
+    tmp = ex.empty(work.size, work.dtype)
     if f.folded:
         await ex.recv_wait(tmp, r - 1, 0)
         op.combine(tmp, work, work)
@@ -270,12 +286,12 @@ async def reduce_scatter_recursive_doubling(ex: Exchange, send: Array, out: Arra
     half to the partner, which reduces it into its own half."""
     p, r, m = ex.size, ex.rank, out.size
     f = _Fold(p, r)
-    work = send.copy()
+    work = ex.copy(send)
     if f.idle:
         await ex.send_wait(work, r + 1, 0)
         await ex.recv_wait(out, r + 1, 1)
         return
-    tmp = np.empty_like(work)
+    tmp = ex.empty(work.size, work.dtype)
     if f.folded:
         await ex.recv_wait(tmp, r - 1, 0)
         op.combine(tmp, work, work)
@@ -299,7 +315,7 @@ async def reduce_scatter_recursive_doubling(ex: Exchange, send: Array, out: Arra
 async def allgather_bruck(ex: Exchange, mine: Array, out: Array) -> None:
     """ceil(log2 p) steps; in step k a rank sends the blocks it has to rank - 2^k."""
     p, r, m = ex.size, ex.rank, mine.size
-    tmp = np.empty(p * m, mine.dtype)  # block i is rank (r + i)'s
+    tmp = ex.empty(p * m, mine.dtype)  # block i is rank (r + i)'s
     tmp[:m] = mine
     k = 1
     while k < p:
@@ -338,7 +354,7 @@ async def reduce_binomial(ex: Exchange, acc: Array, op: ReduceOp, root: int) -> 
     everything)."""
     p, r = ex.size, ex.rank
     vr = (r - root) % p
-    tmp = np.empty_like(acc)
+    tmp = ex.empty(acc.size, acc.dtype)
     mask = 1
     while mask < p:
         if vr & mask:
@@ -354,7 +370,7 @@ async def gather_binomial(ex: Exchange, mine: Array, out: Array | None, root: in
     p, r, m = ex.size, ex.rank, mine.size
     vr = (r - root) % p
     sub = min(_low_bit(vr, p), p - vr)  # the blocks of this rank's subtree
-    loc = out if out is not None and root == 0 else np.empty(sub * m, mine.dtype)
+    loc = out if out is not None and root == 0 else ex.empty(sub * m, mine.dtype)
     loc[:m] = mine
     mask = 1
     while mask < p:
@@ -376,9 +392,13 @@ async def scatter_binomial(ex: Exchange, send: Array | None, out: Array, root: i
     mask = _low_bit(vr, p)
     if vr == 0:
         assert send is not None
-        loc = np.concatenate([send[root * m:], send[:root * m]]) if root else send
+        loc = send
+        if root:
+            loc = ex.empty(send.size, send.dtype)
+            loc[:(p - root) * m] = send[root * m:]
+            loc[(p - root) * m:] = send[:root * m]
     else:
-        loc = np.empty(min(mask, p - vr) * m, out.dtype)
+        loc = ex.empty(min(mask, p - vr) * m, out.dtype)
         await ex.recv_wait(loc, (r - mask) % p)
     mask >>= 1
     while mask:  # Rule 2: largest subtree first

@@ -27,6 +27,11 @@ own; the caller's output buffer is written only once the call has succeeded, in 
 at its end.  So a call that raises (timeout, cancellation, a failed peer) leaves every
 buffer it was given exactly as it was, in place ones included: the input is still there
 to retry with.  The price is one extra array of the output's size while the call runs.
+The scratch (that array and the algorithm's temporaries) comes from the rank's pool
+(``_collectives.scratch``): it goes back there once the call succeeded and its output is
+written, so calls back to back reuse warm pages instead of faulting fresh ones in; a call
+that raises drops its scratch (an op withdrawn or in flight may yet write into it), and
+two calls in flight at once never hold the same array.
 Rule 7 (alike on every rank).  Every rank must pass the same collective, algorithm, root
 and op, and blocks of the same shape and dtype.  The first four set where in its tag block
 the call's messages go (``_signature``), so ranks that differ never pair their messages:
@@ -52,6 +57,7 @@ from .._types import TAG_UB
 from .algorithms import ALGORITHMS, P2P, Exchange
 from .costs import Chooser, default_choice
 from .ops import reducible, resolve_op
+from .scratch import Scratch, scratch_for
 
 __all__ = ["TAG_SPAN", "algorithms", "allgather", "allreduce", "alltoall", "barrier", "bcast",
            "gather", "reduce", "reduce_scatter", "scatter"]
@@ -158,12 +164,13 @@ def _choose(where: str, choose: object, nbytes: int, size: int) -> str:
 
 async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None,
                body: Callable[[Exchange], Awaitable[None]], sign: object = None, *,
-               host: HostWork | None = None, nbytes: int = 0) -> None:
+               host: HostWork | None = None, nbytes: int = 0,
+               scratch: Scratch | None = None) -> None:
     """Run ``body`` (Rules 3, 4, 5b and 7); ``sign``: the arguments every rank must pass
     alike that the sizes of its messages do not show (a root, an op)."""
     if host is not None:
         body = _after(lambda: host(f"{where}.{algo}", nbytes), body)
-    ex = Exchange(comm, tag + _signature(where, algo, sign))
+    ex = Exchange(comm, tag + _signature(where, algo, sign), scratch)
     _waits.inside(ex, where, algo, TAG_SPAN)  # named in hang reports and dumps
     note = (f"during {where} ({algo}, tags {tag}..{tag + TAG_SPAN - 1}) on rank {comm.rank} "
             f"of {comm.size}")
@@ -255,14 +262,16 @@ async def bcast(comm: Any, buf: Any, root: int = 0, *, tag: int, timeout: float 
     b = _array("bcast", "buf", buf, writable=c.rank != r)
     limit = check_timeout(timeout)
     algo = _choose("bcast", choose, b.nbytes, c.size)
-    work = b if c.rank == r else np.empty_like(b)  # (Rule 6)
+    sc = scratch_for(c, b.nbytes)
+    work = b if c.rank == r else sc.empty_like(b)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["bcast"][algo](ex, _flat(work), r)
 
-    await _run("bcast", algo, c, t, limit, body, r, host=host, nbytes=b.nbytes)
+    await _run("bcast", algo, c, t, limit, body, r, host=host, nbytes=b.nbytes, scratch=sc)
     if work is not b:
         b[...] = work
+    sc.done()
 
 
 async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: int = 0, *,
@@ -289,14 +298,17 @@ async def reduce(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", root: i
     limit = check_timeout(timeout)
     algo = _choose("reduce", choose, s.nbytes, c.size)
 
-    acc = s.reshape(-1).copy()  # (Rule 6)
+    sc = scratch_for(c, s.nbytes)
+    acc = sc.copy(s)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["reduce"][algo](ex, acc, o, r)
 
-    await _run("reduce", algo, c, t, limit, body, (r, o), host=host, nbytes=s.nbytes)
+    await _run("reduce", algo, c, t, limit, body, (r, o), host=host, nbytes=s.nbytes,
+               scratch=sc)
     if out is not None:
         _flat(out)[...] = acc
+    sc.done()
 
 
 async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum", *,
@@ -322,13 +334,16 @@ async def allreduce(comm: Any, sendbuf: Any, recvbuf: Any = None, op: Any = "sum
     limit = check_timeout(timeout)
     algo = _choose("allreduce", choose, s.nbytes, c.size)
 
-    work = s.reshape(-1).copy()  # (Rule 6)
+    sc = scratch_for(c, s.nbytes)
+    work = sc.copy(s)  # (Rule 6)
 
     async def body(ex: Exchange) -> None:
         await ALGORITHMS["allreduce"][algo](ex, work, o)
 
-    await _run("allreduce", algo, c, t, limit, body, o, host=host, nbytes=s.nbytes)
+    await _run("allreduce", algo, c, t, limit, body, o, host=host, nbytes=s.nbytes,
+               scratch=sc)
     _flat(out)[...] = work
+    sc.done()
 
 
 def _rows(where: str, big: Array, big_name: str, small: Array, small_name: str,
@@ -353,11 +368,13 @@ async def allgather(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("allgather", s, "sendbuf", out, "recvbuf", allowed=out[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("allgather", choose, out.nbytes, c.size)
-    work = np.empty_like(out)  # (Rule 6)
+    sc = scratch_for(c, out.nbytes)
+    work = sc.empty_like(out)  # (Rule 6)
     await _run("allgather", algo, c, t, limit,
                lambda ex: ALGORITHMS["allgather"][algo](ex, _flat(s), _flat(work)),
-               host=host, nbytes=out.nbytes)
+               host=host, nbytes=out.nbytes, scratch=sc)
     out[...] = work
+    sc.done()
 
 
 async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum", *, tag: int,
@@ -378,11 +395,13 @@ async def reduce_scatter(comm: Any, sendbuf: Any, recvbuf: Any, op: Any = "sum",
     _apart("reduce_scatter", out, "recvbuf", s, "sendbuf", allowed=s[c.rank, ...])
     limit = check_timeout(timeout)
     algo = _choose("reduce_scatter", choose, s.nbytes, c.size)
-    work = np.empty_like(out)  # (Rule 6)
+    sc = scratch_for(c, s.nbytes)
+    work = sc.empty_like(out)  # (Rule 6)
     await _run("reduce_scatter", algo, c, t, limit,
                lambda ex: ALGORITHMS["reduce_scatter"][algo](ex, _flat(s), _flat(work), o), o,
-               host=host, nbytes=s.nbytes)
+               host=host, nbytes=s.nbytes, scratch=sc)
     out[...] = work
+    sc.done()
 
 
 async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
@@ -404,12 +423,14 @@ async def gather(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: i
         _apart("gather", s, "sendbuf", out, "recvbuf", allowed=out[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("gather", choose, s.nbytes * c.size, c.size)
-    work = None if out is None else np.empty_like(out)  # (Rule 6)
+    sc = scratch_for(c, s.nbytes * c.size)
+    work = None if out is None else sc.empty_like(out)  # (Rule 6)
     await _run("gather", algo, c, t, limit, lambda ex: ALGORITHMS["gather"][algo](
         ex, _flat(s), None if work is None else _flat(work), r), r,
-        host=host, nbytes=s.nbytes * c.size)
+        host=host, nbytes=s.nbytes * c.size, scratch=sc)
     if out is not None:
         out[...] = work
+    sc.done()
 
 
 async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: int,
@@ -431,11 +452,13 @@ async def scatter(comm: Any, sendbuf: Any, recvbuf: Any, root: int = 0, *, tag: 
         _apart("scatter", out, "recvbuf", s, "sendbuf", allowed=s[r, ...])
     limit = check_timeout(timeout)
     algo = _choose("scatter", choose, out.nbytes * c.size, c.size)
-    work = np.empty_like(out)  # (Rule 6)
+    sc = scratch_for(c, out.nbytes * c.size)
+    work = sc.empty_like(out)  # (Rule 6)
     await _run("scatter", algo, c, t, limit, lambda ex: ALGORITHMS["scatter"][algo](
         ex, None if s is None else _flat(s), _flat(work), r), r,
-        host=host, nbytes=out.nbytes * c.size)
+        host=host, nbytes=out.nbytes * c.size, scratch=sc)
     out[...] = work
+    sc.done()
 
 
 async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
@@ -457,11 +480,13 @@ async def alltoall(comm: Any, sendbuf: Any, recvbuf: Any, *, tag: int,
     _apart("alltoall", out, "recvbuf", s, "sendbuf")
     limit = check_timeout(timeout)
     algo = _choose("alltoall", choose, s.nbytes, c.size)
-    work = np.empty_like(out)  # (Rule 6)
+    sc = scratch_for(c, s.nbytes)
+    work = sc.empty_like(out)  # (Rule 6)
     await _run("alltoall", algo, c, t, limit,
                lambda ex: ALGORITHMS["alltoall"][algo](ex, _flat(s), _flat(work)),
-               host=host, nbytes=s.nbytes)
+               host=host, nbytes=s.nbytes, scratch=sc)
     out[...] = work
+    sc.done()
 
 
 def algorithms(collective: str) -> Sequence[str]:

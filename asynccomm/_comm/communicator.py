@@ -18,6 +18,7 @@ import numpy as np
 
 from .._buffers import BufferView, as_recv_buffer, as_send_buffer
 from .._collectives import functions as coll
+from .._collectives import scratch as _scratch
 from .._collectives.costs import Chooser
 from .._collectives.ops import ReduceOp
 from .._core.states import DONE, Kind
@@ -1010,6 +1011,7 @@ class Communicator:
             self._linger(asyncio.ensure_future(after()))  # every member closed too)
         if parent is None:
             await self._wait_lingering()
+            _scratch.clear(self.device)  # the world's communicator: its rank's pool goes
         else:  # waited for by the parent's close, not here
             for task in self._lingering:
                 parent._linger(task)

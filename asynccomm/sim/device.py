@@ -43,6 +43,8 @@ class Device:
         self._compute_free_at = 0
         #: The factor on its compute times (a fault plan's ``RankFault.slowdown``).
         self.slowdown = 1.0
+        #: The rank's pool of collective scratch (``_collectives.scratch``), made on first use.
+        self._scratch: Any = None
 
     def __repr__(self) -> str:
         return f"<Device {self.name} in_use={self._in_use} capacity={self.capacity}>"

@@ -26,10 +26,12 @@ before's): a call's time never falls as its size grows.  Every byte of a call pa
 last piece at the large calls' rates (scaled to a working set far smaller than theirs,
 Rule 1d) put calls of 384 and 512 KiB on two ranks 9-17% under their measurements,
 below the 256 KiB calls' time.
-Rule 1c (first touch).  A scratch array allocated by a call lands on pages the process
-has not touched yet as often as not (the allocator hands large freed blocks back to the
-system): ``touch`` is the seconds per byte of those page faults, on average over the
-call's fresh bytes, which a warm ping-pong never sees.
+Rule 1c (first touch).  A call's scratch comes from its rank's pool
+(``_collectives.scratch``): warm when a call of its size succeeded on the rank before (and
+the pool kept it under its cap), fresh pages otherwise, which a warm ping-pong never sees.
+``touch`` is the seconds per byte of those page faults, on average over the call's scratch
+bytes (``fresh``): the calibration weighs a first touch by the faults its calls count, so
+for calls back to back, whose scratch the pool hands back warm, it comes out near zero.
 Rule 1d (working set).  A link's segments time a ping-pong, whose working set is one
 message and its copy (2 m bytes): a call's messages move among every rank's arrays and
 scratch (the ranks of a node share its last cache), which can be far beyond the caches.
@@ -229,7 +231,7 @@ class HostSpec:
     #: seconds more again per step whose message is past EAGER_LIMIT, on more ranks than
     #: cores (Rule 2)
     rendezvous_switch: float = 0.0
-    touch: float = 0.0  # seconds per byte of a call's fresh scratch (Rule 1c)
+    touch: float = 0.0  # seconds per byte of a call's scratch, its pages' first touch (Rule 1c)
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
     working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
