@@ -663,14 +663,13 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     allreduce calls take more than their copies at those rates, per byte they reduce;
     the large calls' rates of their bytes beyond the cached calls' (Rule 1b).
 
-    So a reduce rate holds more than the sums: whatever else of the allreduce calls the
-    model misprices (a 4 MiB call's came out at 2.6 to 4.2 GB/s, where its float32 sums,
-    timed as the ring does them around the call's working set, run at 10.5 to 11.5; its
-    copies in and out run slower than the allgather's).  Taking the timed sums instead
-    (and the rest of the calls unpriced) put 4 MiB allreduce calls 17-20% under their
-    measurements on 2 to 4 ranks, where this residual put them within 6% (nine runs
-    each, alternated, load average 3 to 7): the residual stays until the allreduce's
-    copies have a rate of their own."""
+    So a reduce rate holds whatever else of the allreduce calls the model misprices.  On
+    arrays of written pages (``call_buffers``) the 4 MiB calls' comes out at 9.4 to 12.6
+    GB/s, about what their float32 sums run at timed alone as the ring does them around
+    the call's working set (10.5 to 11.5).  While the calls were timed on ``np.zeros``
+    arrays, whose untouched pages all read as one page of zeros, the allgather's copies
+    came out 30% fast and this residual at 2.6 to 4.2 GB/s: it held the copies the
+    allgather's rate left out."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
     mem = HostSpec(memory=memory)
 
