@@ -111,6 +111,13 @@ async def _outcome(op: Any, broken_ok: bool, cancelled: bool | None = None) -> A
 # -- rank 0 ------------------------------------------------------------------------------------
 
 
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """Mark ``task``'s outcome as seen: a rank the run cancels (a peer failed) while it waits
+    its turns never awaits its task, whose error would be logged as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _send_one(comm: ac.Communicator, obj: Any, mode: str, k: int,
                     broken_ok: bool) -> Any:
     if mode in ("isend", "req_cancel"):
@@ -121,6 +128,7 @@ async def _send_one(comm: ac.Communicator, obj: Any, mode: str, k: int,
         return await _outcome(req, broken_ok, req.cancel())
     if mode == "task_cancel":
         task = asyncio.ensure_future(comm.send_obj(obj, 1, DATA))
+        task.add_done_callback(_retrieved)  # this rank may be cancelled before it awaits it
         await turns(k)
         task.cancel()
         return await _outcome(task, broken_ok)
