@@ -20,10 +20,10 @@ are given; a copy's pieces may end in any order, and ``on_done`` runs after the 
 process forked from one whose pool had started makes a pool of its own (threads do not
 survive a fork).
 Rule 4 (the loop meanwhile).  While a copy runs in pieces on every core, the loop's thread
-waits for a core when it wakes: on this 2-core machine, with 1 GiB copies cut in halves,
-the longest gap of a ticker task went from 0.2-1.5 ms (one copy thread) to 3.6-7.4 ms,
-within the ~10 ms the loop may be held.  A copy cut in pieces is under ``SPLIT_MAX`` and
-takes under about 10 ms here, which bounds the wait.
+waits for a core when it wakes: on this 2-core machine, while a 96 MiB transfer ran in
+halves, a task on a 1 ms timer went 5.2-6.2 ms without a turn (1.9-2.1 ms beside the same
+copy on one thread; ``benchmarks.bandwidth``), within the ~10 ms the loop may be held.
+A copy cut in pieces is under ``SPLIT_MAX``, under about 10 ms here, which bounds it.
 """
 
 from __future__ import annotations
