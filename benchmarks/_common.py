@@ -57,7 +57,7 @@ class Settings:
     rate_repeats: int
     bandwidth_sizes: tuple[int, ...]
     memory_sizes: tuple[int, ...]
-    responsiveness_sizes: tuple[int, ...]
+    responsiveness_size: int
     responsiveness_repeats: int
     waits_requests: tuple[int, ...]
     waits_repeats: int
@@ -68,15 +68,14 @@ class Settings:
             return cls(quick=True, latency_sizes=(8, 1 * KiB), latency_iters=500,
                        latency_repeats=3, rate_messages=2_000, rate_window=64, rate_repeats=3,
                        bandwidth_sizes=(4 * KiB, 1 * MiB, 16 * MiB), memory_sizes=(16 * MiB,),
-                       responsiveness_sizes=(16 * MiB,), responsiveness_repeats=1,
+                       responsiveness_size=16 * MiB, responsiveness_repeats=1,
                        waits_requests=(2_000,), waits_repeats=1)
         return cls(quick=False, latency_sizes=(8, 64, 1 * KiB), latency_iters=20_000,
                    latency_repeats=7, rate_messages=100_000, rate_window=64, rate_repeats=5,
                    bandwidth_sizes=(4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB,
                                     1 * GiB),
-                   memory_sizes=(256 * MiB, 1 * GiB),
-                   responsiveness_sizes=(96 * MiB, 1 * GiB), responsiveness_repeats=3,
-                   waits_requests=(2_500, 20_000), waits_repeats=3)
+                   memory_sizes=(256 * MiB, 1 * GiB), responsiveness_size=1 * GiB,
+                   responsiveness_repeats=3, waits_requests=(2_500, 20_000), waits_repeats=3)
 
     def bandwidth_plan(self, nbytes: int) -> tuple[int, int]:
         """(repeats, iterations per repeat) for one bandwidth size: about 64 MiB moved per

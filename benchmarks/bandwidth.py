@@ -3,16 +3,12 @@
 - bandwidth: rank 1 pre-posts ``irecv``, rank 0 ``await send``; beside ``np.copyto`` of the
   same size between the same (already touched) buffers, alternating, on the same loop (the
   baseline), and the same copy in ``asyncio.to_thread`` (what one worker thread gets);
-  asynccomm cuts a copy of 8 MiB to under 128 MiB in pieces copied side by side on its
-  copy threads (``asynccomm._engine.copies``), so it can beat both, which copy on one;
 - memory: the extra memory one transfer needs, as the rise of the process's peak RSS
   (VmHWM, reset through ``/proc/self/clear_refs``) over its RSS before, and as the
   tracemalloc peak of a second transfer; ``np.copyto`` is measured the same way (the noise
   floor: it needs no memory);
 - responsiveness: a ticker task records the gaps between its turns while a large transfer
-  runs (1 GiB, copied on one thread, and 96 MiB, cut in pieces copied side by side on every
-  core, where the loop's thread waits for a core longest), once spinning on
-  ``await asyncio.sleep(0)`` and once on a 1 ms timer; beside the
+  runs, once spinning on ``await asyncio.sleep(0)`` and once on a 1 ms timer; beside the
   same ticker while an ``np.copyto`` of the same size runs inline on the loop (what a
   transfer without worker threads would cost) and in ``asyncio.to_thread`` (one thread,
   one piece: the floor for a threaded copy on this machine).
@@ -280,18 +276,14 @@ async def _responsiveness_one(c0: ac.Communicator, c1: ac.Communicator, src: Arr
 
 
 async def _responsiveness_main(s: Settings) -> list[dict[str, Any]]:
+    src, dst = fill_array(s.responsiveness_size, 3), fill_array(s.responsiveness_size, 0)
     rows = []
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        for nbytes in s.responsiveness_sizes:
-            src, dst = fill_array(nbytes, 3), fill_array(nbytes, 0)
-            await _transfer(c0, c1, src, dst)  # warm-up
-            # as many transfers of a smaller size as the repeats move of the largest
-            repeats = s.responsiveness_repeats * max(1, max(s.responsiveness_sizes) // nbytes)
-            for mode, period in TICKERS.items():
-                row = await _responsiveness_one(c0, c1, src, dst, repeats, period)
-                rows.append({"ticker": mode, **row})
-            del src, dst
+        await _transfer(c0, c1, src, dst)  # warm-up
+        for mode, period in TICKERS.items():
+            row = await _responsiveness_one(c0, c1, src, dst, s.responsiveness_repeats, period)
+            rows.append({"ticker": mode, **row})
     return rows
 
 

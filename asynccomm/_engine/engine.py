@@ -4,8 +4,8 @@ It owns this rank's requests and is the only code that changes their state (each
 checked against ``_core.states``).  The matcher decides who matches whom, the link (the
 transport) moves messages, streams decide when an op is posted, and the engine turns what
 happens into copies and request outcomes (the aioquic ``_process_events`` pattern).  Copies
-of large payloads run on the process's copy threads (numpy releases the GIL while copying;
-``copies``) so the loop keeps running; everything else runs inline on the loop.
+of large payloads run on the rank's worker thread (numpy releases the GIL while copying)
+so the loop keeps running; everything else runs inline on the loop.
 
 Closing the engine withdraws every op that has not matched (failing it with
 ``CommClosedError``), lets matched transfers finish, and tells the link, which tells the
@@ -21,6 +21,7 @@ own methods.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import functools
 import weakref
@@ -39,7 +40,6 @@ from .._exceptions import CommBrokenError, CommClosedError, CommTimeoutError
 from .._types import ANY_SOURCE, Status
 from ..sim.records import OpRecord
 from ..transports.base import ASKED, WITHDRAWN
-from . import copies as _copies
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
@@ -71,7 +71,7 @@ class DeviceEngine:
     # Slots: the fast lane reads these once per message (the C lane, ``_lane.c``, at their
     # offsets).
     __slots__ = (
-        "_copies", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
+        "_copies", "_executor", "_idle", "_n_pending", "_next_sid", "_pending_recvs",
         "_probes", "_recv_buffers", "_streams", "acked", "clock", "closed", "context", "copy",
         "deadlines", "default_stream", "device", "eager_limit", "failed_with", "failure", "fast",
         "flight", "gone", "inline_copies", "inspect", "instant", "lane", "link", "log", "loop",
@@ -169,6 +169,7 @@ class DeviceEngine:
         self._recv_buffers: PendingIndex | None = None  # theirs, once two were pending
         self._copies = 0
         self._idle: asyncio.Future[None] | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- streams and tracking -------------------------------------------------------------
 
@@ -551,21 +552,39 @@ class DeviceEngine:
 
     def copy_on_thread(self, dst: memoryview, src: memoryview, nbytes: int,
                        on_done: Callable[[], None]) -> None:
-        """Copy ``nbytes`` from ``src`` to ``dst`` on the process's copy threads, in pieces
-        side by side (``copies``), and call ``on_done`` on the loop when it is in place."""
+        """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread and call
+        ``on_done`` on the loop when it is in place.
+
+        numpy releases the GIL while it copies, so the loop keeps running meanwhile.  The
+        copy is one piece: cut into chunks (8-64 MiB) it ran at three quarters of the speed
+        of one large copy here, which the C library makes with non-temporal stores, and
+        every chunk that is its own job also waits for a round trip through the loop.  One
+        worker per rank.  A copy of 16-64 MiB is bound by one core's cache misses in
+        flight, not by the memory: cut in halves copied side by side on two threads of a
+        pool shared by the process it ran 1.0-1.8 times as fast on this 2-core machine
+        (as fast only while the system kept both threads on one physical core), but the
+        loop then waited for a core: a task on a 1 ms timer went 5-6 ms without a turn
+        while such a copy ran, and 4-5.5 ms in about half the repeats of later 1 GiB
+        copies on one thread, once the pool had a second thread at all (the system wakes
+        the worker on the loop's core and moves one of them away only milliseconds later),
+        where one worker per rank keeps the loop under 2 ms.
+        """
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"asynccomm-copy-{self.rank}")
         self._copies += 1
         d = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         s = np.frombuffer(src, dtype=np.uint8, count=nbytes)
+        fut = self.loop.run_in_executor(self._executor, np.copyto, d, s)
 
-        def copied(exc: BaseException | None) -> None:
-            if exc is not None:
-                raise exc
+        def copied(f: asyncio.Future[None]) -> None:
+            f.result()
             self._copies -= 1
             if self.trace:
                 self.log.debug("chunk.copied", offset=0, nbytes=nbytes)
             on_done()
 
-        _copies.copy(self.loop, d, s, copied)
+        fut.add_done_callback(copied)
 
     # -- peers that closed or failed; the whole rank --------------------------------------
 
@@ -691,6 +710,8 @@ class DeviceEngine:
         if self.failed_with is not None:
             reason = diag.failed_reason(self.failed_with)
         self.link.close(self.rank, reason)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
         self.deadlines.close()
         if not self.private:
             self.log.info("comm.closed")

@@ -15,9 +15,8 @@ if TYPE_CHECKING:
 __all__ = ["THREAD_COPY_MIN", "TIMED_COPY_MIN", "byte_view", "bytes_of", "new_status",
            "status_of"]
 
-#: Payloads at least this large are copied on the process's copy threads (``copies``);
-#: smaller ones are cheaper inline (a 4 MiB copy holds the loop well under a millisecond or
-#: two).
+#: Payloads at least this large are copied on the rank's worker thread; smaller ones are
+#: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
 THREAD_COPY_MIN = 4 << 20
 #: Inline copies at least this large are timed (matched before the copy, finished after
 #: it, as on the general path): a clock read costs nothing beside them.

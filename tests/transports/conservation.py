@@ -31,8 +31,7 @@ from hypothesis import strategies as st
 import asynccomm as ac
 
 #: Sizes in bytes: empty, one element, the eager limit, just above it, a rendezvous copied
-#: inline, one copied on a copy thread and one cut in pieces copied side by side on the copy
-#: threads in-process (both odd-sized).
+#: inline, and two copied on a worker thread (odd-sized).
 SIZES = (0, 8, ac.EAGER_LIMIT, ac.EAGER_LIMIT + 1, 1 << 20, (4 << 20) + 8, (8 << 20) + 24)
 LARGEST = max(SIZES)
 SEND_MODES = ("send", "isend", "req_cancel", "task_cancel", "timeout0", "timeout_tiny",
