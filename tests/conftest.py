@@ -26,22 +26,25 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-_SEGMENTS = pytest.StashKey[set[str]]()
+_SEGMENTS = pytest.StashKey[list[set[str]]]()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Note MPICH's segments in ``/dev/shm`` (in the process that runs the session, not in
-    a pytest-xdist worker's): see ``pytest_sessionfinish``."""
+    """Note MPICH's segments in ``/dev/shm`` and its launcher's topology files (in the
+    process that runs the session, not in a pytest-xdist worker's): see
+    ``pytest_sessionfinish``."""
     if not hasattr(session.config, "workerinput"):
-        session.config.stash[_SEGMENTS] = mpich_segments.segments()
+        session.config.stash[_SEGMENTS] = [mpich_segments.segments(folder, prefix)
+                                           for folder, prefix in mpich_segments.KINDS]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the segments MPICH left behind from the jobs that the MPI failure cases end
-    on purpose (``tests/mpich_segments.py``), once every worker is done."""
+    """Remove the files MPICH left behind from the jobs that the MPI failure cases end on
+    purpose (``tests/mpich_segments.py``), once every worker is done."""
     before = session.config.stash.get(_SEGMENTS, None)
     if before is not None:
-        mpich_segments.remove_orphans(before)
+        for names, (folder, prefix) in zip(before, mpich_segments.KINDS, strict=True):
+            mpich_segments.remove_orphans(names, folder=folder, prefix=prefix)
 
 
 def _debug_asyncio_loop() -> asyncio.AbstractEventLoop:

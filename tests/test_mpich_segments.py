@@ -1,5 +1,5 @@
-"""The suite removes the segments MPICH leaves in ``/dev/shm`` after a failed job, and
-only those (``tests/mpich_segments.py``)."""
+"""The suite removes the segments MPICH leaves in ``/dev/shm`` after a failed job, and its
+launcher's topology files, and only those (``tests/mpich_segments.py``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from . import mpich_segments
-from .mpich_segments import PREFIX, SHM
-
-pytestmark = pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm here")
+from .mpich_segments import HYDRA_PREFIX, PREFIX, SHM, TMP
 
 
 @pytest.fixture
@@ -33,6 +31,7 @@ def _segment(made: list[Path], what: str, age: float = 60.0) -> Path:
     return path
 
 
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm here")
 def test_only_new_segments_no_process_uses_are_removed(made: list[Path]) -> None:
     old = _segment(made, "old")
     before = mpich_segments.segments()
@@ -59,3 +58,30 @@ def test_only_new_segments_no_process_uses_are_removed(made: list[Path]) -> None
     mpich_segments.remove_orphans(before, min_age=5.0)
     assert not mapped.exists() and not opened.exists()
     assert old.exists() and young.exists()
+
+
+def test_only_new_topology_files_no_process_holds_open_are_removed(made: list[Path]) -> None:
+    def topology(what: str, age: float = 60.0) -> Path:
+        path = TMP / f"{HYDRA_PREFIX}test_{os.getpid()}_{what}"
+        path.write_text("<topology/>")
+        past = path.stat().st_mtime - age
+        os.utime(path, (past, past))
+        made.append(path)
+        return path
+
+    old = topology("old")
+    before = mpich_segments.segments(TMP, HYDRA_PREFIX)
+    assert old.name in before
+    orphan, young, opened = topology("orphan"), topology("young", age=0.0), topology("open")
+    fd = os.open(opened, os.O_RDONLY)
+    try:
+        removed = mpich_segments.remove_orphans(before, min_age=5.0, folder=TMP,
+                                                prefix=HYDRA_PREFIX)
+        assert [n for n in removed if n.startswith(f"{HYDRA_PREFIX}test_{os.getpid()}_")] \
+            == [orphan.name]
+        assert not orphan.exists()
+        assert old.exists() and young.exists() and opened.exists()
+    finally:
+        os.close(fd)
+    mpich_segments.remove_orphans(before, min_age=5.0, folder=TMP, prefix=HYDRA_PREFIX)
+    assert not opened.exists() and old.exists() and young.exists()
