@@ -562,7 +562,7 @@ class DeviceEngine:
         worker per rank.  A copy of 16-64 MiB is bound by one core's cache misses in
         flight, not by the memory: cut in halves copied side by side on two threads of a
         pool shared by the process it ran 1.0-1.8 times as fast on this 2-core machine
-        (as fast only while the system kept both threads on one physical core), but the
+        (no faster at times, likely while the host ran both on one physical core), but the
         loop then waited for a core: a task on a 1 ms timer went 5-6 ms without a turn
         while such a copy ran, and 4-5.5 ms in about half the repeats of later 1 GiB
         copies on one thread, once the pool had a second thread at all (the system wakes
