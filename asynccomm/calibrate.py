@@ -219,8 +219,9 @@ async def _collective_calls(comm: Communicator, sizes: Sequence[int], repeats: i
     return out if comm.rank == 0 else {}
 
 
-def touched(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray[Any, Any]:
-    """A zeroed array whose every page has been written: a real page of memory each.
+def touched(shape: int | tuple[int, ...], dtype: Any = np.uint8,
+            value: int = 0) -> np.ndarray[Any, Any]:
+    """An array of ``value`` whose every page has been written: a real page of memory each.
 
     ``np.zeros`` asks ``calloc``, which hands out memory fresh from the system untouched:
     until written, each of its pages reads as the system's one shared page of zeros, which
@@ -229,7 +230,7 @@ def touched(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray[A
     timed ran 30% faster than on arrays a program has written, and a model calibrated on
     it put such calls that much under their measurements."""
     arr = np.empty(shape, dtype)
-    arr.fill(0)
+    arr.fill(value)
     return arr
 
 

@@ -25,6 +25,7 @@ import uvloop
 
 import asynccomm
 from asynccomm._engine.lane import ACCELERATED
+from asynccomm.calibrate import touched
 from asynccomm.transports._mpi_progress import SPIN
 
 T = TypeVar("T")
@@ -164,9 +165,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def fill_array(nbytes: int, value: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
     """A uint8 array with every page touched (so page faults stay out of the timings)."""
-    arr = np.empty(nbytes, dtype=np.uint8)
-    arr.fill(value)
-    return arr
+    return touched(nbytes, np.uint8, value)
 
 
 def datagram_socket(*, blocking: bool = False) -> socket.socket:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from .._core.descriptors import AT_SENDER, Message
 from .._core.states import ACTIVE, CANCELLED, DONE, QUEUED, Kind, State
+from .._deadlines import end
 from .._types import Status
 from .flight import measured_record
 
@@ -252,10 +253,8 @@ class Request(Message):
 
     def _wake(self) -> None:
         """Stop the timer and wake every waiter (engine only, once the outcome is set)."""
-        timer = self._timer
-        if timer is not None:  # its deadline ended (``_deadlines.end``, inlined)
-            timer[2] = None
-            self._timer = None
+        if self._timer is not None:
+            end(self)
         waiters = self._waiters
         if waiters is not None:
             self._waiters = None

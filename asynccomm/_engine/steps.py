@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .._buffers import new_array
 from .._core.descriptors import STAGED, Message
 from .._core.states import DONE, NEXT, check
+from .._deadlines import end
 from .._types import Status
 from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, byte_view, bytes_of, new_status
 
@@ -146,10 +147,8 @@ def complete(engine: DeviceEngine, recv: Request, source: int, tag: int, nbytes:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
-    timer = recv._timer
-    if timer is not None:  # _deadlines.end, inlined
-        timer[2] = None
-        recv._timer = None
+    if recv._timer is not None:
+        end(recv)
     if recv._tracked:
         stream = recv.stream
         if (stream is not None and not stream._queue and not stream._events

@@ -137,6 +137,7 @@ class Spy:
     def __init__(self) -> None:
         self.taken: list[tuple[ScratchPool, np.ndarray]] = []
         self.out: dict[int, np.ndarray] = {}  # by id: held by a call now
+        self.took: asyncio.Event | None = None  # set at each buffer handed out
 
     @contextmanager
     def watching(self) -> Iterator[Spy]:
@@ -148,6 +149,8 @@ class Spy:
             assert id(buf) not in spy.out, "a buffer handed out twice at once"
             spy.out[id(buf)] = buf
             spy.taken.append((pool, buf))
+            if spy.took is not None:
+                spy.took.set()
             return buf
 
         def spied_give(pool: ScratchPool, bufs: list[np.ndarray]) -> None:
@@ -197,8 +200,9 @@ def test_a_failed_call_never_gives_its_scratch_back(env: str, how: str, name: st
                         await _call(comm, name, send, out, root, timeout=0.5)
             elif how == "cancel":
                 if comm.rank == f:
+                    spy.took = asyncio.Event()
                     task = asyncio.ensure_future(_call(comm, name, send, out, root))
-                    await asyncio.sleep(0.05)
+                    await spy.took.wait()  # the call is under way: it took its scratch
                     task.cancel()
                     with pytest.raises(asyncio.CancelledError):
                         await task
