@@ -8,7 +8,9 @@ of the queue is polled with ``Test``, the rest with ``Testsome``.  After any act
 polls back to back for a moment (``Backoff``), then parks on the loop's shared idle tick
 (``_ticker``: one wake-up every 0.4 ms for all the idle progress tasks of the loop, which
 polls each and wakes only those with work, or dozes on the process's doorbell where every
-peer rings it: ``_doorbell``); while data moves it keeps polling.  A send of
+peer rings it: ``_doorbell``); while data moves it keeps polling.  While it is at work it
+polls the loop's parked progress tasks itself each millisecond, before it spins
+(``Ticker.poll_parked``).  A send of
 the engine's fast lane also hands over the eager messages that already landed (``deliver``),
 so a ``sendrecv`` whose answer is here completes without a turn of the loop.
 
@@ -297,6 +299,8 @@ class Progress(Mover):
                         if await self._idle(ticker):
                             backoff.reset(clock())
                         continue
+                    if now >= ticker.due:  # (it waits anyway: the parked tasks' turn)
+                        ticker.poll_parked(now)
                     # (a rank that shares this core answers sooner if given it)
                     hit = self._spin(now + (DATA_BURST if self._data else SPIN_BURST),
                                      sched_yield if self.crowded else None)
@@ -309,8 +313,11 @@ class Progress(Mover):
                 await yield_now()  # first: a task that a landing woke runs now
                 if active:  # (a send in that turn is seen: it came before this reset)
                     self.sent = False
-                    backoff.spin_until = clock() + backoff.spin  # backoff.reset, inlined
+                    now = clock()
+                    backoff.spin_until = now + backoff.spin  # backoff.reset, inlined
                     backoff.tval = 0.0
+                    if now >= ticker.overdue:  # never idle for a while: poll them now
+                        ticker.poll_parked(now)
             if not self.stopped:
                 await self._teardown(backoff)
         except asyncio.CancelledError:

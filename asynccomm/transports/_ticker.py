@@ -11,9 +11,15 @@ Every idle progress task of the loop (a communicator's own and its private conte
 those of its children) parks on the same tick; at each tick the ticker calls each one's
 ``poll_idle()`` and wakes only those that have something to do.  An idle period then costs
 one wake-up and a few MPI tests, not a task switch per progress task.  The tick is
-``PERIOD`` while all of them are parked, ``BUSY_PERIOD`` while one of them is at work (it
-polls anyway, and each tick would interrupt it), and the timer is disarmed while none is
-parked.  Elsewhere (no ``timerfd``) an idle task sleeps ``FALLBACK``.
+``PERIOD`` while all of them are parked, and the timer is disarmed while none is parked.
+While one of them is at work, that one polls the parked ones itself every ``BUSY_PERIOD``,
+at a moment it has nothing else to do (``poll_parked``: before it spins waiting for
+something), and the tick slows to ``BUSY_SAFETY``, for a task at work that stops turning
+(tearing down): a tick interrupts whatever the loop runs, and one that fell due inside a
+long MPI call (a large message's copy) ran its polls, several microseconds with the caches
+cold from the copy, between that call's completion and the task it woke (under uvloop a
+reader's callback runs before the callbacks already ready; a tick now waits for them).
+Elsewhere (no ``timerfd``) an idle task sleeps ``FALLBACK``.
 
 Where every rank that can send to this process rings its doorbell (``_doorbell``: ranks
 that share a host), the tick is not needed while all the tasks are parked: the ticker arms
@@ -28,19 +34,23 @@ import asyncio
 import ctypes
 import os
 import sys
+import time
 from typing import ClassVar, Protocol
 
 from ._doorbell import Doorbell
 
-__all__ = ["FALLBACK", "PERIOD", "SAFETY_PERIOD", "Ticker"]
+__all__ = ["BUSY_PERIOD", "BUSY_SAFETY", "FALLBACK", "PERIOD", "SAFETY_PERIOD", "Ticker"]
 
 #: The period of the tick while every progress task of the loop is idle: a message finds
 #: its receiver within it.
 PERIOD = 400e-6
-#: The period while another progress task of the loop polls without a break (a rank at
-#: work): each tick interrupts that work, and a task parked meanwhile wakes as soon as
-#: before this change (every millisecond).
+#: While another progress task of the loop is at work, it polls the parked ones this
+#: often (``poll_parked``), at moments it has nothing else to do; past twice this, at the
+#: next turn it has, whatever it does (a flood of messages leaves it no idle moment).
 BUSY_PERIOD = 1e-3
+#: The tick meanwhile: it polls the parked tasks only if no task at work did for
+#: ``BUSY_PERIOD`` (one that stopped turning: tearing down, or blocked by user code).
+BUSY_SAFETY = 4e-3
 #: The idle poll where no ``timerfd`` exists (the shortest sleep both loops can do).
 FALLBACK = 1e-3
 #: The tick while dozing on the doorbell: it only bounds how late a ring that went missing
@@ -111,13 +121,18 @@ class Ticker:
         self._waiters: list[tuple[Idler, asyncio.Future[None]]] = []
         self._fd = -1
         self._idle = _spec(PERIOD)
-        self._busy = _spec(BUSY_PERIOD)
+        self._busy = _spec(BUSY_SAFETY)
         self._stop = _spec(0.0)
         self._safety = _spec(SAFETY_PERIOD)
         self._spec = self._stop  # what the timer is set to
         self.bell: Doorbell | None = None  # this process's doorbell, if this loop has it
         self._dozing = False  # the doorbell is armed: the tick is only the safety one
         self._settling = False  # a ring was heard: _settle reads it next
+        self._deferred = False  # a busy tick's polls wait for the callbacks ready before it
+        #: When a task at work next polls the parked ones (``perf_counter``; at an idle
+        #: moment of its own), and when it must, idle or not.
+        self.due = 0.0
+        self.overdue = 0.0
         lib = self._libc()
         if lib is not None:
             fd = lib.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
@@ -242,13 +257,35 @@ class Ticker:
         self._waiters = still
         return woke
 
+    def poll_parked(self, now: float) -> None:
+        """Poll the parked tasks (``now``: ``time.perf_counter()``), for a task at work
+        that found ``due`` (or ``overdue``) passed: the next is due ``BUSY_PERIOD`` on."""
+        self.due = now + BUSY_PERIOD
+        self.overdue = now + 2 * BUSY_PERIOD
+        if self._waiters:
+            self._poll_all()
+            self._pace()
+
     def _tick(self) -> None:
         try:
             os.read(self._fd, 8)
         except BlockingIOError:
             return
+        if self._spec is self._busy:
+            # A task of the loop is at work and polls the parked ones itself; if it did
+            # not lately, what the turn that held the loop woke runs first (under uvloop
+            # a reader's callback runs before the callbacks already ready).
+            if not self._deferred and time.perf_counter() >= self.due:
+                self._deferred = True
+                self._loop.call_soon(self._busy_tick)
+            return
         self._poll_all()
         self._pace()
+
+    def _busy_tick(self) -> None:
+        self._deferred = False
+        if self._fd >= 0:  # (not released meanwhile)
+            self.poll_parked(time.perf_counter())
 
     def _rung(self) -> None:
         """A datagram on the doorbell: a rank sent this process something.  The parked

@@ -4,11 +4,12 @@ timer is shared, disarmed when nobody is idle, and closed by its last user."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from asynccomm.transports._ticker import Ticker
+from asynccomm.transports._ticker import BUSY_PERIOD, BUSY_SAFETY, Ticker
 
 #: No test here needs more than a few ticks; this bounds each wait.
 LIMIT = 5.0
@@ -99,3 +100,80 @@ async def test_shared_per_loop_and_closed_by_the_last_user() -> None:
         assert third is not first
     finally:
         third.release()
+
+
+async def test_a_tick_that_fell_due_during_a_long_poll_waits_for_the_tasks_it_woke(
+        ticker: Ticker) -> None:
+    """A progress task at work holds the loop for a long MPI call (a large message's copy),
+    then wakes the task waiting for that message and yields.  The tick that fell due
+    meanwhile (no task at work polled the parked ones) polls them only after the woken
+    task has run: under uvloop a reader's callback runs before the callbacks already
+    ready, and the polls (several microseconds after a long copy) used to come between
+    the wake-up and the task."""
+    if ticker._fd < 0:
+        pytest.skip("no timerfd here")
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+    polled = asyncio.Event()
+
+    class Recording(Idler):
+        def poll_idle(self) -> bool:
+            order.append("poll")
+            polled.set()
+            return super().poll_idle()
+
+    worker = Ticker.for_loop(loop)  # a second user, at work: the tick is the busy one
+    try:
+        parked = ticker.park(Recording(busy_after=10**9))
+        assert ticker._spec is ticker._busy
+        woken = loop.create_future()
+
+        async def waiter() -> None:
+            await woken
+            order.append("woken")
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0)  # it waits
+        order.clear()
+        polled.clear()
+        end = time.perf_counter() + 1.5 * BUSY_SAFETY  # the long call: a tick falls due
+        while time.perf_counter() < end:
+            pass
+        woken.set_result(None)
+        async with asyncio.timeout(LIMIT):
+            await task
+            await polled.wait()  # the tick still polls, a turn later
+        assert order[0] == "woken"
+        parked.cancel()
+    finally:
+        worker.release()
+
+
+async def test_a_task_at_work_polls_the_parked_ones_and_the_tick_leaves_them_to_it(
+        ticker: Ticker) -> None:
+    """While a task is at work it polls the parked ones when ``due`` has passed (each
+    ``BUSY_PERIOD``); the tick, slowed to ``BUSY_SAFETY``, then polls nothing itself."""
+    if ticker._fd < 0:
+        pytest.skip("no timerfd here")
+    loop = asyncio.get_running_loop()
+    worker = Ticker.for_loop(loop)
+    try:
+        idler = Idler(busy_after=10**9)
+        parked = ticker.park(idler)
+        assert ticker._spec is ticker._busy
+        polled = 0
+        end = time.perf_counter() + 1.5 * BUSY_SAFETY  # past the tick, polling when due
+        while (now := time.perf_counter()) < end:
+            if now >= ticker.due:
+                ticker.poll_parked(now)
+                polled += 1
+                assert ticker.due == now + BUSY_PERIOD
+        assert polled >= 5 and idler.polls == polled
+        ticker.poll_parked(time.perf_counter())  # (just polled: the tick finds it so)
+        for _ in range(5):  # the tick that fell due runs in one of these turns
+            await asyncio.sleep(0)
+        assert idler.polls == polled + 1
+        assert not parked.done()
+        parked.cancel()
+    finally:
+        worker.release()
