@@ -281,6 +281,9 @@ int arm_timer(PyObject *engine, PyObject *req, PyObject *timeout);
 int complete(PyObject *engine, PyObject *recv, PyObject *source, PyObject *tag,
              Py_ssize_t nbytes, Py_ssize_t count, double *when);
 int settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv);
+/* How many waiting tasks ``settle`` has woken (a request's waiter future resolved): a poll
+ * that sees it move has woken a task, which runs once the poll yields. */
+extern unsigned long lane_woken;
 int done_at(PyObject *engine, PyObject *req, PyObject *stream, int is_recv, PyObject *exc,
             PyObject *peer, PyObject *tag, Py_ssize_t nbytes, double t_post, double t_match,
             double *when);

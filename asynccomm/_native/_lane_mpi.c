@@ -63,6 +63,9 @@ typedef struct {
      * messages on where the lane runs (``land``, ``deliver``, ``spin``) */
     int dispatching;
     Py_ssize_t restart;
+    /* the last ``land`` of the task ended its turn at a message that woke a task: the
+     * next, if it finds more landed, is in a burst, and hands on every one */
+    int ended_early;
 } Path;
 
 /* -- MPI's own calls, where the library mpi4py loaded can be called directly ----------
@@ -448,13 +451,22 @@ repost(Path *p)
  * eager; with ``known``, only that slot, the head, whose recv is known to be complete (not
  * tested again), and it is posted again at the next poll (``_dispatch`` with ``later``:
  * the caller reposted the waiting ones first); else the slots waiting for that are posted
- * first.  1 if any landed, 0 if none, -1 error. */
+ * first, and a message that woke a task (``lane_woken``) ends the turn as ``known``'s
+ * does: its slot is posted again at the next poll, and the messages behind it land then,
+ * so the task runs an MPI ``Start`` and ``Test`` sooner (not with ``eager_only``, whose
+ * caller is a task already; nor right after such an end, if more landed meanwhile: a
+ * burst, in which a turn per message would cost more than it saves).  1 if any landed, 0
+ * if none, -1 error. */
 static int
 land(Path *p, int eager_only, PyObject *known)
 {
-    int hit = 0, only = known != NULL;
+    int hit = 0, only = known != NULL, burst = 0;
     if (!only && repost(p) < 0) {
         return -1;
+    }
+    if (!only && !eager_only) {
+        burst = p->ended_early;
+        p->ended_early = 0;
     }
     for (;;) {
         PyObject *head = known != NULL ? Py_NewRef(known) : PySequence_GetItem(p->slots, 0);
@@ -471,6 +483,7 @@ land(Path *p, int eager_only, PyObject *known)
             done = 0;  /* left for the task */
         }
         int rc = done;
+        unsigned long woken = lane_woken;
         if (done > 0) {
             hit = 1;
             p->dispatching = 1;  /* (errors or not, it drops after) */
@@ -482,6 +495,9 @@ land(Path *p, int eager_only, PyObject *known)
             }
             p->dispatching = 0;
             if (rc > 0) {
+                if (!only && !eager_only && !burst && lane_woken != woken) {
+                    only = p->ended_early = 1;
+                }
                 int s = only ? 0 : slot_start(p, head);
                 PyObject *r = s < 0 ? NULL
                     : PyObject_CallMethodOneArg(p->slots, a_rotate, minus_one);

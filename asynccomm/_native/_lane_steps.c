@@ -213,6 +213,8 @@ recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok)
  * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its deadline
  * ended, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
  * buffer fewer), else a send.  The caller holds ``stream``. */
+unsigned long lane_woken;
+
 int
 settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
 {
@@ -235,6 +237,7 @@ settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
                 Py_DECREF(waiters);
                 return -1;
             }
+            lane_woken += !is_done;
             Py_XDECREF(r);
         }
         Py_DECREF(waiters);

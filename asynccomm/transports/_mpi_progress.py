@@ -228,7 +228,10 @@ class Progress(Mover):
 
     def _land(self) -> bool:
         """Hand every control message that landed to the link, in order; True if any did.
-        (The MPI link may put the C lane's ``Path.land`` here, which does the same.)"""
+        (The MPI link may put the C lane's ``Path.land`` here, which does the same but for
+        one thing: it ends the turn at a message that woke a task, as ``_spin`` does, the
+        messages behind it landing at the next poll, unless the last turn ended so too
+        and more have landed since, a burst, which it hands on all at once.)"""
         slots = self._slots
         hit = False
         if self._restart:

@@ -346,6 +346,63 @@ def test_an_mpi_world_on_either_lane_does_the_same(monkeypatch: pytest.MonkeyPat
     assert c[3:8] == (True, (0, 9, 16, 2, (2,)), (0, 4, 16, 2, (2,)), [1.5, 2.5], [3.5, 4.5])
 
 
+async def _await(req: Any) -> None:
+    await req
+
+
+async def _landings(native: bool, rounds: tuple[int, ...]) -> list[list[int]]:
+    """This rank (1 of 2) on the fake communicator: for each of ``rounds``, that many
+    eager messages land, each into a recv a task waits for, then the progress task's
+    ``_land`` runs until every recv is done: how many each ``_land`` completed, by round.
+    Every slot is posted again by the next ``_land``."""
+    from asynccomm._buffers import dtype_name
+
+    dtype_name(np.dtype("<f8"), "send")
+    w.encode_dtype("<f8")
+    link, comm = _open_rank(Comm(completes=True, fails=""), native)
+    progress = link.progress
+    seen = []
+    tag = 0
+    for n in rounds:
+        progress._land()  # none: a slot handed on at the end of a turn is posted again
+        bufs = [np.zeros(2) for _ in range(n)]
+        reqs = [comm.irecv(b, 0, tag + i) for i, b in enumerate(bufs)]
+        waiting = [asyncio.ensure_future(_await(r)) for r in reqs]
+        await asyncio.sleep(0)  # each task waits for its recv
+        for i in range(n):
+            land(progress._slots[len([s for s in progress._slots if s.req.done])],
+                 w.HEADER.pack(w.EAGER, 3, 0, tag + i, 16, 2, 0, b"<f8"),
+                 np.array([tag + i, 0.5]).tobytes())
+        seen.append([])
+        for _ in range(n + 1):  # (bounded: a land that hands on nothing fails the test)
+            if all(r.done() for r in reqs):
+                break
+            before = sum(r.done() for r in reqs)
+            progress._land()
+            seen[-1].append(sum(r.done() for r in reqs) - before)
+        assert all(r.done() for r in reqs), seen
+        await asyncio.gather(*waiting)
+        assert [b[0] for b in bufs] == [tag + i for i in range(n)]
+        tag += n
+    progress._land()  # (none left: a slot handed on at the end of a turn is posted again)
+    assert not any(s.req.done for s in progress._slots)
+    return seen
+
+
+@pytest.mark.native
+def test_a_landing_that_woke_a_task_ends_the_turn_unless_in_a_burst(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C lane's ``land`` ends its turn at the first message that woke a task, its slot
+    posted again at the next poll, so the task runs two MPI calls sooner; the next
+    ``land``, if more landed meanwhile (a burst), hands on every one.  The Python steps
+    hand on every message at once; each message reaches its recv on both lanes."""
+    _unstarted(monkeypatch)
+    seen = _each_lane(functools.partial(_landings, rounds=(1, 3, 2, 1)))
+    assert seen[False] == [[1], [3], [2], [1]]
+    # the first of a burst alone, then the rest
+    assert seen[True] == [[1], [1, 2], [1, 1], [1]]
+
+
 # -- the rendezvous steps ---------------------------------------------------------------------
 
 
