@@ -168,11 +168,12 @@ async def test_a_task_at_work_polls_the_parked_ones_and_the_tick_leaves_them_to_
                 ticker.poll_parked(now)
                 polled += 1
                 assert ticker.due == now + BUSY_PERIOD
-        assert polled >= 5 and idler.polls == polled
-        ticker.poll_parked(time.perf_counter())  # (just polled: the tick finds it so)
+        assert polled >= 1 and idler.polls == polled  # (a loaded machine: fewer polls)
+        ticker.poll_parked(last := time.perf_counter())  # (just polled: the tick finds it so)
         for _ in range(5):  # the tick that fell due runs in one of these turns
             await asyncio.sleep(0)
-        assert idler.polls == polled + 1
+        # (unless the machine held this process up for a whole period meanwhile)
+        assert idler.polls == polled + 1 or time.perf_counter() - last >= BUSY_PERIOD
         assert not parked.done()
         parked.cancel()
     finally:
