@@ -92,7 +92,10 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     the median over ``repeats`` of the one-way seconds, half a round trip, each timed after
     one bounce untimed: the first small bounce after the largest size can take
     milliseconds (its peer still busy with, or put to sleep by, the size before), a tenth
-    of an 8-byte size's whole sample, which no later bounce pays.  Other ranks
+    of an 8-byte size's whole sample, which no later bounce pays.  Each size is timed in as
+    many laps as fit in ``budget``, counted from a bounce after an untimed one: the
+    world's first message takes tens of milliseconds, and the first size, timed one lap
+    at a time, came out 3-4 us a message dearer than the next on every transport.  Other ranks
     wait for a message rank 0 sends them at the end, as a collective's ranks wait for
     theirs (on more ranks than cores they take turns on the cores with 0 and 1).  The
     repeats go round every size in turn, so a burst of load from elsewhere on the machine
@@ -107,9 +110,12 @@ async def pingpong(comm: Communicator, sizes: Sequence[int], repeats: int,
     async def bounce(nbytes: int, iters: int) -> float:
         return await _laps(comm, buf[:nbytes], peer, peer, iters, clock)
 
+    async def sized(nbytes: int) -> int:
+        await bounce(nbytes, 1)  # untimed: the world's first message
+        return max(1, min(2000, int(budget / max(await bounce(nbytes, 1), 1e-7))))
+
     # A warm-up round sizes each size's iterations (rank 0's choice, so both agree).
-    iters = np.array([max(1, min(2000, int(budget / max(await bounce(n, 1), 1e-7))))
-                      for n in sizes], np.int64)
+    iters = np.array([await sized(n) for n in sizes], np.int64)
     if comm.rank == 0:
         await comm.send(iters, peer)
     else:

@@ -355,11 +355,39 @@ def test_each_size_is_timed_after_one_untimed_bounce(monkeypatch: pytest.MonkeyP
     got = ac.run(lambda comm: calibrate.pingpong(comm, (8, 1024), 2, budget=1e-3), 2,
                  backend="local")[0]
     assert sorted(got) == [8, 1024] and all(t > 0 for t in got.values())
-    sizing, timed = laps[:2], laps[2:]
-    assert sizing == [(8, 1), (1024, 1)]  # one bounce each sizes the iterations
+    sizing, timed = laps[:4], laps[4:]
+    assert sizing == [(8, 1)] * 2 + [(1024, 1)] * 2  # each sized after an untimed bounce
     assert len(timed) == 2 * 2 * 2  # each repeat, each size: a bounce, then the timed laps
     assert [n for n, _ in timed] == [8, 8, 1024, 1024] * 2
     assert [k for _, k in timed[::2]] == [1] * 4  # the untimed bounce: one lap
+
+
+def test_the_first_size_is_not_sized_by_the_worlds_first_message(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The world's first message is slow (tens of milliseconds); the iterations of the
+    first size are counted from a bounce after it, so it is timed in as many laps as the
+    others, not one at a time."""
+    import asynccomm.calibrate as calibrate
+
+    laps: list[tuple[int, int]] = []
+    real = calibrate._laps
+    first = [True]
+
+    async def slow_first(comm: ac.Communicator, buf: np.ndarray, right: int, left: int,
+                         k: int, clock: object = None) -> float:
+        took = await real(comm, buf, right, left, k)
+        if comm.rank == 0:
+            laps.append((buf.nbytes, k))
+            if first[0]:  # as the world's first message is
+                first[0] = False
+                return took + 0.05
+        return took
+
+    monkeypatch.setattr(calibrate, "_laps", slow_first)
+    ac.run(lambda comm: calibrate.pingpong(comm, (8, 16), 1, budget=1e-3), 2,
+           backend="local")
+    timed = dict(laps[-4:][1::2])  # the repeat: an untimed bounce, then the timed laps
+    assert timed[8] > 1 and timed[8] >= timed[16] / 4
 
 
 def test_a_break_given_ends_a_segment_where_the_error_alone_would_not() -> None:
