@@ -670,7 +670,11 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     allreduce calls take more than their copies at those rates, per byte they reduce;
     the large calls' rates of their bytes beyond the cached calls' (Rule 1b).
 
-    So a reduce rate holds whatever else of the allreduce calls the model misprices.  On
+    So a reduce rate holds whatever else of the allreduce calls the model misprices, and
+    where the allreduce's copies ran faster than the allgather's rate has them (its cached
+    calls' often do: what is left for the sums is a small difference of large times), its
+    sums at that size come free, not at the other size's rate (which put cached allreduce
+    calls 13% over their measurements).  On
     arrays of written pages (``call_buffers``) the 4 MiB calls' comes out at 9.4 to 12.6
     GB/s, about what their float32 sums run at timed alone as the ring does them around
     the call's working set (10.5 to 11.5).  While the calls were timed on ``np.zeros``
@@ -708,14 +712,17 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     for i, n in enumerate(HOST_SIZES[1:], 1):
         more = n - (HOST_SIZES[i - 1] if i > 1 else 0)
         per_copy = max(0.0, gather[i] - gather[i - 1]) / more / 1.5
-        per_byte.append((per_copy, max(0.0, (reduce[i] - reduce[i - 1]) / more
-                                       - 2 * per_copy) / 0.5))
-    # a rate that load made vanish (its time no more than the small call's) is the other
-    # size's, when that one is known
+        grew = reduce[i] - reduce[i - 1]
+        # (an allreduce whose copies at the allgather's rate take all it took more than
+        # the size before: nothing left for its sums, which come free at that size)
+        per_byte.append((per_copy, max(0.0, grew / more - 2 * per_copy) / 0.5
+                         if grew > 0 else -1.0))
+    # a rate that load made vanish (its time no more than the small call's: -1 for the
+    # sums) is the other size's, when that one is known
     rates: list[tuple[int, float, float]] = []
     for n, (copy, add) in zip(HOST_SIZES[1:], per_byte, strict=True):
         other = next((b for b in reversed(per_byte) if b[0] > 0 and b[1] > 0), (0.0, 0.0))
-        copy, add = copy if copy > 0 else other[0], add if add > 0 else other[1]
+        copy, add = copy if copy > 0 else other[0], add if add >= 0 else other[1]
         rates.append((n, 1 / copy if copy > 0 else math.inf, 1 / add if add > 0 else math.inf))
     step = max(0.0, (reduce[0] - call) / 2)  # an allreduce of 8 B: the call and 2 steps
     return HostSpec(cores=1, call=call, step=step, copy_bandwidth=rates[-1][1],

@@ -216,6 +216,39 @@ def test_the_host_rates_are_recovered_from_calls_that_follow_them(
         assert fit_host(2e-5, two, halves, 2e-10).copy_bandwidth < 0.95 * 4e9
 
 
+def test_sums_that_cost_nothing_at_a_size_are_free_there_and_a_size_load_hid_takes_the_other(
+        ) -> None:
+    """A cached allreduce that takes no more than its copies at the allgather's rate
+    (its own copies ran faster: the residual is below nothing) gets free sums at that
+    size; they were priced at the large calls' rate, and cached allreduce calls came out
+    13% over their measurements.  One whose call took no longer than the 8-byte call's
+    (load hid it) still takes the other size's rate."""
+    from asynccomm.calibrate import HOST_SIZES, fit_host
+    from asynccomm.sim.host import HostSpec, collective_seconds
+
+    halves = {max(1, n // 2): 1e-6 + n / 2 / 3e9 for n in HOST_SIZES}
+    messages = {"allgather": 2, "allreduce": 4}
+
+    def calls(name: str, want: HostSpec) -> dict[object, float]:
+        return {n: 2 * collective_seconds(want, f"{name}.ring", n, 2)
+                + messages[name] * halves[max(1, n // 2)] for n in HOST_SIZES}
+
+    large = HostSpec(cores=1, call=2e-5, step=4e-6, copy_bandwidth=4e9, reduce_bandwidth=2e9)
+    two: dict[str, dict[object, float]] = {
+        "allgather": calls("allgather", dataclasses.replace(
+            large, cached=((HOST_SIZES[1], 1e10, 1e10),))),
+        "allreduce": calls("allreduce", dataclasses.replace(
+            large, cached=((HOST_SIZES[1], 2e10, math.inf),))),
+        "faults": dict.fromkeys(messages, 0.0)}
+    got = fit_host(2e-5, two, halves, 0.0)
+    assert got.cached[0][1] == pytest.approx(1e10, rel=1e-3)
+    assert got.cached[0][2] == math.inf
+    hidden = {**two, "allreduce": dict(two["allreduce"])}
+    hidden["allreduce"][HOST_SIZES[1]] = hidden["allreduce"][HOST_SIZES[0]]
+    got = fit_host(2e-5, hidden, halves, 0.0)
+    assert got.cached[0][2] == got.reduce_bandwidth < 1e11
+
+
 def test_copy_rates_are_measured_by_working_set_and_never_rise_with_it() -> None:
     from asynccomm import calibrate
 
