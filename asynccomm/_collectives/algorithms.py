@@ -37,7 +37,7 @@ import numpy as np
 from .._engine.request import Request, wait_any
 from .._exceptions import MatchError
 from .ops import ReduceOp
-from .scratch import Scratch
+from .scratch import FRESH, Scratch
 
 __all__ = ["ALGORITHMS", "Exchange", "P2P"]
 
@@ -63,8 +63,8 @@ class Exchange:
 
     def __init__(self, comm: P2P, tag: int, scratch: Scratch | None = None) -> None:
         self.comm = comm
-        #: The call's scratch (None: temporaries allocated afresh).
-        self.scratch = scratch
+        #: The call's scratch (``FRESH``: temporaries allocated afresh).
+        self.scratch = FRESH if scratch is None else scratch
         self.rank = comm.rank
         self.size = comm.size
         self.tag = tag
@@ -75,13 +75,10 @@ class Exchange:
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Array:
         """A temporary of this call's own (Rule 6)."""
-        scratch = self.scratch
-        return np.empty(shape, dtype) if scratch is None else scratch.empty(shape, dtype)
+        return self.scratch.empty(shape, dtype)
 
     def copy(self, a: Array) -> Array:
         """A flat copy of ``a``, of this call's own (Rule 6)."""
-        if self.scratch is None:
-            return a.reshape(-1).copy()
         return self.scratch.copy(a)
 
     def send(self, buf: Array, dst: int, offset: int = 0) -> Request:

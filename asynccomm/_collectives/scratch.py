@@ -77,9 +77,7 @@ class ScratchPool:
             if n > self.capacity:
                 self.dropped += 1
                 continue
-            same = free.pop(n, None)  # back in at the end: the most recent size
-            if same is None:
-                same = []
+            same = free.pop(n, [])  # back in at the end: the most recent size
             same.append(buf)
             free[n] = same
             self.kept += n

@@ -7,6 +7,8 @@
 
 #include <string.h>
 
+unsigned long lane_woken;  /* (see _lane.h) */
+
 /* -- the receiving engine: a message offered, a recv completed ------------------------ */
 
 static int complete_on(PyObject *engine, PyObject *recv, PyObject *stream, PyObject *source,
@@ -213,8 +215,6 @@ recv_fits(PyObject *recv, PyObject *dtype, Py_ssize_t nbytes, int new_ok)
  * ``_untrack``, inlined where nothing else needs telling): its waiters woken, its deadline
  * ended, and it leaves its stream's pending ops.  ``is_recv``: a recv (one pending recv
  * buffer fewer), else a send.  The caller holds ``stream``. */
-unsigned long lane_woken;
-
 int
 settle(PyObject *engine, PyObject *req, PyObject *stream, int is_recv)
 {

@@ -31,7 +31,7 @@ from . import _mpi_lib as lib
 from ._doorbell import Bell
 from ._mpi_chunks import Mover
 from ._mpi_lib import Backoff, sched_yield, yield_now
-from ._ticker import Ticker
+from ._ticker import BUSY_PERIOD, Ticker
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -319,7 +319,7 @@ class Progress(Mover):
                     now = clock()
                     backoff.spin_until = now + backoff.spin  # backoff.reset, inlined
                     backoff.tval = 0.0
-                    if now >= ticker.overdue:  # never idle for a while: poll them now
+                    if now >= ticker.due + BUSY_PERIOD:  # never idle: poll them now
                         ticker.poll_parked(now)
             if not self.stopped:
                 await self._teardown(backoff)

@@ -129,10 +129,9 @@ class Ticker:
         self._dozing = False  # the doorbell is armed: the tick is only the safety one
         self._settling = False  # a ring was heard: _settle reads it next
         self._deferred = False  # a busy tick's polls wait for the callbacks ready before it
-        #: When a task at work next polls the parked ones (``perf_counter``; at an idle
-        #: moment of its own), and when it must, idle or not.
+        #: When a task at work next polls the parked ones (``perf_counter``), at an idle
+        #: moment of its own; ``BUSY_PERIOD`` later it must, idle or not.
         self.due = 0.0
-        self.overdue = 0.0
         lib = self._libc()
         if lib is not None:
             fd = lib.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
@@ -259,9 +258,8 @@ class Ticker:
 
     def poll_parked(self, now: float) -> None:
         """Poll the parked tasks (``now``: ``time.perf_counter()``), for a task at work
-        that found ``due`` (or ``overdue``) passed: the next is due ``BUSY_PERIOD`` on."""
+        that found ``due`` passed: the next is due ``BUSY_PERIOD`` on."""
         self.due = now + BUSY_PERIOD
-        self.overdue = now + 2 * BUSY_PERIOD
         if self._waiters:
             self._poll_all()
             self._pace()
