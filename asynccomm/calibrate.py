@@ -13,7 +13,10 @@ as SMPI does) and writes a preset that ``Cluster.load`` reads::
 
 In-process ranks share one CPU, so its preset puts every transfer of the node on one
 shared resource (``Cluster(shared_intra=True)``) and its ranks' own work on one core; MPI
-ranks (and ``processes`` ranks) are processes of their own, on this machine's cores.
+ranks (and ``processes`` ranks) are processes of their own, on this machine's cores, and
+are timed again between two of one process more than the cores (``Crowded``): where ranks
+outnumber cores one process copies each message, and the preset's link times the
+messages of such a world by that ping-pong (``LinkSpec.crowded``).
 
 Besides messages it measures, in this process and on its CPU clock, what a collective call
 costs on a rank's CPU (``asynccomm.sim.host``, ``measure_host``): the Python of one call
@@ -360,7 +363,8 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
 
 
 def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
-                   repeats: int = 7, transport: str = "processes") -> float:
+                   repeats: int = 7, transport: str = "processes",
+                   crowded: Sequence[Segment] = ()) -> float:
     """Seconds more per step of a collective call on ``cores + 1`` ranks than on as many
     ranks as cores (``HostSpec`` ``switch``), on ``transport`` (``processes`` or ``mpi``:
     how its waiting processes hold a core decides what a step costs): barrier calls
@@ -374,13 +378,14 @@ def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
     timed (virtual clock, ``MODEL_CALLS`` calls) without a switch and with that closed
     form's, and the switch read off the line through them.  A barrier's ranks all wait at
     once, as a collective's do at each step, where a token passed around them has one rank
-    busy and the others idle."""
+    busy and the others idle.  ``crowded``: the link's segments on more ranks than cores
+    (``LinkSpec.crowded``)."""
     p = max(2, cores) + 1
     took = _barrier_call(transport, p, repeats)
 
     def model(switch: float) -> float:
         cluster = calibrated_cluster(segments, name="switch", ranks=p, host=dataclasses.replace(
-            host, cores=max(1, cores), switch=switch))
+            host, cores=max(1, cores), switch=switch), crowded=crowded)
         return float(run(_model_barriers, p, cluster=cluster, clock="virtual")[0])
 
     return _read_off(model, took, -(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
@@ -451,7 +456,8 @@ def _rendezvous_call(transport: str, ranks: int, repeats: int) -> float:
 
 
 def measure_rendezvous_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
-                              repeats: int = 7, transport: str = "processes") -> float:
+                              repeats: int = 7, transport: str = "processes",
+                              crowded: Sequence[Segment] = ()) -> float:
     """Seconds more per step whose message is past the eager limit, on ``cores + 1`` ranks
     of ``transport`` (``HostSpec`` ``rendezvous_switch``): a rendezvous message wakes its
     receiver for the announcement and its sender again for the completion, where an eager
@@ -460,14 +466,15 @@ def measure_rendezvous_switch(cores: int, host: HostSpec, segments: Sequence[Seg
     ``rendezvous_switch`` with which the model (``segments``' link, ``host`` on ``cores``
     cores, its ``switch`` calibrated already) makes the same difference: the difference
     is linear in it, so it is read off the line through the model's without one and with
-    a closed-form guess, as ``measure_switch`` reads the switch."""
+    a closed-form guess, as ``measure_switch`` reads the switch (``crowded`` as there)."""
     p = max(2, cores) + 1
     took = _rendezvous_call(transport, p, repeats)
 
     def model(extra: float) -> float:
         cluster = calibrated_cluster(segments, name="rendezvous", ranks=p,
                                      host=dataclasses.replace(host, cores=max(1, cores),
-                                                              rendezvous_switch=extra))
+                                                              rendezvous_switch=extra),
+                                     crowded=crowded)
         return float(run(lambda comm: rendezvous_calls(comm, 1, comm.model_time,
                                                        MODEL_CALLS),
                          p, cluster=cluster, clock="virtual")[0])
@@ -556,7 +563,8 @@ def measure_step(host: HostSpec, segments: Sequence[Segment], repeats: int = 7,
 
 
 def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None = None,
-                 segments: Sequence[Segment] = (Segment(1, 0.0, 0.0),)) -> HostSpec:
+                 segments: Sequence[Segment] = (Segment(1, 0.0, 0.0),),
+                 crowded: Sequence[Segment] = ()) -> HostSpec:
     """What a collective call costs on a rank's CPU (see the module docs), measured on
     in-process ranks (one CPU): ring allgather and allreduce calls of ``HOST_SIZES`` on one
     rank (the call alone) and on two, less their messages (in-process ping-pong times of
@@ -572,7 +580,8 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     costs more on one process more than the cores (``measure_switch``, from barrier
     calls; and ``rendezvous_switch`` what a step past the eager limit costs more again
     there, ``measure_rendezvous_switch``), solved on the model of ``segments`` (the fitted
-    messages, free by default) and timed on the wall clock.
+    messages, free by default; ``crowded`` theirs on more ranks than cores) and timed on
+    the wall clock.
     The other calls are timed on this process's CPU clock whatever the transport: their rates
     are a rank's own work, which the turns other programs take on a shared machine would
     only blur (a burst of load during the few seconds they take made a reduction ten times
@@ -597,10 +606,10 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
         host = dataclasses.replace(host, step=measure_step(host, segments, repeats, transport))
     # a wall-clock median, which load moves: three times the samples
     host = dataclasses.replace(host, cores=cores, switch=measure_switch(
-        cores, host, segments, 3 * repeats, transport=transport))
+        cores, host, segments, 3 * repeats, transport=transport, crowded=crowded))
     # a rendezvous step's second hand-off, on top of that switch
     return dataclasses.replace(host, rendezvous_switch=measure_rendezvous_switch(
-        cores, host, segments, 3 * repeats, transport=transport))
+        cores, host, segments, 3 * repeats, transport=transport, crowded=crowded))
 
 
 def in_process_host(repeats: int = 7,
@@ -753,18 +762,48 @@ def mpi_run(args: Sequence[str], ranks: int, timeout: float = 300) -> None:
                            f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
+#: The largest size whose one-way time on more ranks than cores is all hand-off
+#: (``Crowded.lift``): small enough that no copy counts.
+HANDOFF_SIZE = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Crowded:
+    """The ping-pong between two of ``ranks`` ranks, one more than the cores, and the
+    segments (``LinkSpec.crowded``) fitted to its ``points`` less ``lift`` seconds each:
+    the median of what its sizes up to ``HANDOFF_SIZE`` took more than on two ranks (at
+    least 0)."""
+
+    ranks: int
+    points: dict[int, float]
+    lift: float
+    segments: list[Segment]
+
 def preset(transport: str, points: dict[int, float], segments: list[Segment],
-           ranks: int = 8, host: HostSpec | None = None) -> dict[str, Any]:
-    """The preset document: the cluster (``Cluster.load`` reads it) and how it was made."""
+           ranks: int = 8, host: HostSpec | None = None,
+           crowded: Crowded | None = None) -> dict[str, Any]:
+    """The preset document: the cluster (``Cluster.load`` reads it) and how it was made;
+    ``crowded``: the ping-pong on more ranks than cores, if one was timed."""
     cluster = calibrated_cluster(segments, name=f"calibrated-{transport}", ranks=ranks,
-                                 shared=transport == "local", host=host)
-    return {"cluster": cluster.to_dict(),
-            "calibration": {
-                "transport": transport, "host": os.uname().nodename,
-                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "points": {str(n): t for n, t in sorted(points.items())},
-                "segments": [{"up_to": s.up_to, "alpha": s.alpha, "beta": s.beta}
-                             for s in segments]}}
+                                 shared=transport == "local", host=host,
+                                 crowded=crowded.segments if crowded else ())
+    made = {"transport": transport, "host": os.uname().nodename,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **_fitted_doc(points, segments)}
+    if crowded is not None:
+        made["crowded"] = {"ranks": crowded.ranks, "lift": crowded.lift,
+                           **_fitted_doc({n: t - crowded.lift
+                                          for n, t in crowded.points.items()},
+                                         crowded.segments)}
+    return {"cluster": cluster.to_dict(), "calibration": made}
+
+
+def _fitted_doc(points: dict[int, float], segments: Sequence[Segment]) -> dict[str, Any]:
+    """A ping-pong's points and the segments fitted to them, as a preset records them."""
+    return {"points": {str(n): t for n, t in sorted(points.items())},
+            "segments": [{"up_to": s.up_to, "alpha": s.alpha, "beta": s.beta}
+                         for s in segments]}
+
 
 
 def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:
@@ -800,34 +839,76 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
               repeats: int = 7, *, host: bool | HostSpec = True) -> dict[str, Any]:
     """Measure, fit and return the preset document (see the module docs); ``host=False``
     leaves out the CPU work of collective calls (messages only), a ``HostSpec`` is its
-    in-process part measured already on the transport's clock (``in_process_host``)."""
-    points = measure_pingpong(transport, sizes, repeats)
-    segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                            min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
+    in-process part measured already on the transport's clock (``in_process_host``).
+
+    Ranks in processes of their own (``processes``, ``mpi``) are timed again on one
+    process more than the cores (``crowded``): there one process copies each message, where
+    two on cores of their own copy a large one together (a 4 MiB message on the
+    shared-memory link took about twice as long, 1 MiB 1.7 times, 256 KiB 1.25 times).
+    Their ``crowded`` segments are fitted to those times less what a small message
+    (``HANDOFF_SIZE`` or less) took more there than on two ranks (``Crowded.lift``): the
+    hand-off to a rank that waits on crowded cores, which the host's ``switch`` prices per
+    step (solved on this same model, ``measure_switch``)."""
+    points, segments = fitted_pingpong(transport, sizes, repeats)
+    cores = os.cpu_count() or 1
+    crowded = None
+    if transport != "local" and cores > 1:  # (on one core, two ranks are crowded already)
+        crowded_points, _ = fitted_pingpong(transport, sizes, repeats, cores + 1)
+        lift = max(0.0, statistics.median(crowded_points[n] - points[n] for n in sizes
+                                          if n <= HANDOFF_SIZE) if sizes[0] <= HANDOFF_SIZE
+                   else 0.0)
+        crowded = Crowded(cores + 1, crowded_points, lift, _fit(
+            {n: t - lift for n, t in crowded_points.items()}))
+    in_process = host if isinstance(host, HostSpec) else None
+    return preset(transport, points, segments, host=measure_host(
+        transport, repeats, in_process, segments, crowded.segments if crowded else ())
+        if host else None, crowded=crowded)
+
+
+def fitted_pingpong(transport: str, sizes: Sequence[int], repeats: int, ranks: int = 2
+                    ) -> tuple[dict[int, float], list[Segment]]:
+    """The one-way times of ``sizes`` between two of ``ranks`` ranks of ``transport``
+    (``measure_pingpong``) and the segments fitted to them, measured again near the fit's
+    breaks and steep steps and fitted again."""
+    points = measure_pingpong(transport, sizes, repeats, ranks)
+    segments = _fit(points)
     extra = sorted({n for n in [*near_breaks(sorted(points), segments), *steep_steps(points)]
                     if n not in points})
     if extra:  # a second pass where the first found its breaks and steps, then fit again
-        points.update(measure_pingpong(transport, extra, repeats))
-        segments = fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
-                                min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
-    in_process = host if isinstance(host, HostSpec) else None
-    return preset(transport, points, segments, host=measure_host(
-        transport, repeats, in_process, segments) if host else None)
+        points.update(measure_pingpong(transport, extra, repeats, ranks))
+        segments = _fit(points)
+    return points, segments
+
+
+def _fit(points: dict[int, float]) -> list[Segment]:
+    """The calibration's segments of one-way times ``points`` (``fit_segments``)."""
+    return fit_segments(list(points.items()), max_segments=MAX_SEGMENTS,
+                        min_points=MIN_POINTS, breaks=(EAGER_LIMIT,))
 
 
 def _report(doc: dict[str, Any]) -> str:
     cal = doc["calibration"]
-    segs = [Segment(s["up_to"], s["alpha"], s["beta"]) for s in cal["segments"]]
-    lines = [f"{cal['transport']}: {len(segs)} segment(s)"]
-    lines += [f"  up to {s.up_to:>9} B: alpha {s.alpha * 1e6:8.2f} us, "
-              f"bandwidth {s.bandwidth / 1e9:8.3f} GB/s" for s in segs]
+    lines = _fitted_lines(f"{cal['transport']}:", cal)
+    if "crowded" in cal:
+        crowded = cal["crowded"]
+        lines += _fitted_lines(f"  on {crowded['ranks']} ranks (more than the cores), less "
+                               f"{crowded['lift'] * 1e6:.2f} us a message:", crowded)
     if doc["cluster"].get("host"):
         lines.append(f"  host: {HostSpec.from_dict(doc['cluster']['host']).describe()}")
+    return "\n".join(lines)
+
+
+def _fitted_lines(title: str, fitted: dict[str, Any]) -> list[str]:
+    """A ping-pong's segments, and its points against them (``_fitted_doc``)."""
+    segs = [Segment(s["up_to"], s["alpha"], s["beta"]) for s in fitted["segments"]]
+    lines = [f"{title} {len(segs)} segment(s)"]
+    lines += [f"  up to {s.up_to:>9} B: alpha {s.alpha * 1e6:8.2f} us, "
+              f"bandwidth {s.bandwidth / 1e9:8.3f} GB/s" for s in segs]
     lines.append(f"  {'bytes':>9}  {'measured us':>12}  {'fitted us':>10}  error")
-    for n, t in cal["points"].items():
+    for n, t in fitted["points"].items():
         fit = predict(segs, int(n))
         lines.append(f"  {n:>9}  {t * 1e6:12.2f}  {fit * 1e6:10.2f}  {fit / t - 1:+.1%}")
-    return "\n".join(lines)
+    return lines
 
 
 async def _ranked(comm: Communicator, measured: Awaitable[float]) -> tuple[int, float]:

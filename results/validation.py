@@ -190,20 +190,28 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
                                                               r["measured_s"]) for r in rows])})
         data["transports"][transport] = {
             "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
+            "crowded": doc["calibration"].get("crowded"),
             "p2p": p2p,
             "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
             "cells": cells, "wall_s": {k: round(v, 2) for k, v in walls.items()}}
     return data
 
 
+def _segments(segments: list[dict[str, float]]) -> str:
+    return ", ".join(f"<= {size_label(s['up_to'])}: {s['alpha'] * 1e6:.1f} us + "
+                     f"n / {(1 / s['beta'] / 1e9 if s['beta'] else math.inf):.2f} GB/s"
+                     for s in segments)
+
+
 def report(data: dict[str, Any]) -> str:
     parts = ([f"in-process host work measured in {data['wall_s']:.1f} wall seconds"]
              if "wall_s" in data else [])
     for transport, d in data["transports"].items():
-        segs = ", ".join(f"<= {size_label(s['up_to'])}: {s['alpha'] * 1e6:.1f} us + "
-                         f"n / {(1 / s['beta'] / 1e9 if s['beta'] else math.inf):.2f} GB/s"
-                         for s in d["segments"])
-        parts.append(f"{transport}: calibrated {segs}")
+        parts.append(f"{transport}: calibrated {_segments(d['segments'])}")
+        if d.get("crowded"):
+            parts.append(f"{transport}: on {d['crowded']['ranks']} ranks (more than the "
+                         f"cores), less {d['crowded']['lift'] * 1e6:.1f} us a message "
+                         f"{_segments(d['crowded']['segments'])}")
         if d.get("host"):
             parts.append(f"{transport}: host {HostSpec.from_dict(d['host']).describe()}")
         parts.append(format_table(

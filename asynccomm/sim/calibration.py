@@ -31,7 +31,10 @@ control latency (the handshake is in the measured times too): a message of n byt
 takes exactly its segment's alpha + n beta in the model.  A ``shared`` node (in-process
 ranks: one CPU) puts every transfer on one resource, first come first served (``"fifo"``
 sharing), which with a host of one core is that core too (``sim/host.py`` Rule 2): one
-CPU that copies each message and does the ranks' work in turn.
+CPU that copies each message and does the ranks' work in turn.  ``crowded`` segments,
+fitted alike on a ping-pong between two ranks of one process more than the cores, time
+the link's transfers in a world whose ranks outnumber the host's cores
+(``LinkSpec.crowded``).
 
 Nothing here measures: ``python -m asynccomm.calibrate`` does, and writes the preset.
 """
@@ -159,11 +162,13 @@ def predict(segments: Sequence[Segment], nbytes: int) -> float:
 
 
 def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8,
-                       shared: bool = False, host: HostSpec | None = None) -> Cluster:
+                       shared: bool = False, host: HostSpec | None = None,
+                       crowded: Sequence[Segment] = ()) -> Cluster:
     """One node of ``ranks`` devices joined by a link with ``segments`` (Rule 3);
     ``shared``: every transfer of the node crosses one resource in turn (in-process ranks
     on one event loop share its one CPU, Rule 3); ``host``: the CPU work of collective
-    calls.
+    calls; ``crowded``: the link's segments where the world runs more ranks than
+    ``host`` has cores (``LinkSpec.crowded``).
 
     Raises:
         ValueError: no segments, ``ranks`` < 1.
@@ -172,8 +177,14 @@ def calibrated_cluster(segments: Sequence[Segment], *, name: str, ranks: int = 8
         raise ValueError("no segments")
     last = segments[-1]
     link = LinkSpec(name, last.bandwidth if last.beta > 0 else 1e15, 0.0,
-                    segments=tuple((s.up_to, s.alpha, s.bandwidth if s.beta > 0 else 1e15)
-                                   for s in segments), sharing="fifo" if shared else "fair")
+                    segments=_link_segments(segments), sharing="fifo" if shared else "fair",
+                    crowded=_link_segments(crowded))
     return Cluster(nodes=1, devices_per_node=ranks, intra=link, inter=None,
                    device=DeviceSpec("host", 1e11, 1 << 40, math.inf, 0.0),
                    shared_intra=shared, name=name, host=host)
+
+
+def _link_segments(segments: Sequence[Segment]) -> tuple[tuple[int, float, float], ...]:
+    """``segments`` as ``LinkSpec`` holds them (a free segment's bandwidth all but
+    infinite)."""
+    return tuple((s.up_to, s.alpha, s.bandwidth if s.beta > 0 else 1e15) for s in segments)

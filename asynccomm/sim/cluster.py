@@ -88,6 +88,30 @@ def _check_int(field: str, value: object, minimum: int = 1) -> int:
     return value
 
 
+def _segments(segments: object, field: str) -> None:
+    """Check a ``LinkSpec`` field of measured segments (see ``LinkSpec.segments``)."""
+    if not isinstance(segments, tuple):
+        raise TypeError(f"LinkSpec {field} must be a tuple, got {type(segments).__name__}")
+    last = -1
+    for segment in segments:
+        if not (isinstance(segment, tuple) and len(segment) == 3):
+            raise TypeError(f"a LinkSpec segment is (up_to_bytes, latency, bandwidth), "
+                            f"got {segment!r}")
+        up_to, latency, bandwidth = segment
+        if _check_int("segment up_to_bytes", up_to, 0) <= last:
+            raise ValueError(f"LinkSpec {field} must be in increasing size, got "
+                             f"{up_to} after {last}")
+        _positive("LinkSpec", "segment bandwidth", bandwidth, "bytes/s")
+        if last < 0:  # the first: a message of 0 bytes takes its latency
+            _nonnegative_finite("LinkSpec", "segment latency", latency, "seconds")
+        elif not (math.isfinite(_number("LinkSpec", "segment latency", latency))
+                  and latency + (last + 1) / bandwidth > 0):
+            raise ValueError(f"LinkSpec segment latency must be finite, and leave a time "
+                             f"> 0 at the segment's smallest size ({last + 1} B), got "
+                             f"{latency!r}")
+        last = up_to
+
+
 @dataclass(frozen=True, slots=True)
 class LinkSpec:
     """A link type: line rate, per-message latency, the achievable fraction of the rate,
@@ -116,6 +140,12 @@ class LinkSpec:
     #: may be below 0 where its time grows faster than in proportion to the size (out of
     #: a cache), as long as its time at its smallest size is above 0.
     segments: tuple[tuple[int, float, float], ...] = ()
+    #: Measured segments, as ``segments``, of a link whose node runs more ranks than its
+    #: host has cores (``HostSpec.cores``; ``sim/model.py`` Rule 4b): there a transfer is
+    #: copied by one process, where two processes on cores of their own may copy a large
+    #: one together (the shared-memory link does from 256 KiB: a 4 MiB message took twice
+    #: as long on 3 processes of a 2-core machine as on 2).  Empty: ``segments`` there too.
+    crowded: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         _name("LinkSpec", self.name)
@@ -126,36 +156,19 @@ class LinkSpec:
         if self.sharing not in SHARING:
             raise ValueError(f"LinkSpec sharing must be one of {', '.join(SHARING)}, "
                              f"got {self.sharing!r}")
-        if not isinstance(self.segments, tuple):
-            raise TypeError(f"LinkSpec segments must be a tuple, "
-                            f"got {type(self.segments).__name__}")
-        last = -1
-        for segment in self.segments:
-            if not (isinstance(segment, tuple) and len(segment) == 3):
-                raise TypeError(f"a LinkSpec segment is (up_to_bytes, latency, bandwidth), "
-                                f"got {segment!r}")
-            up_to, latency, bandwidth = segment
-            if _check_int("segment up_to_bytes", up_to, 0) <= last:
-                raise ValueError(f"LinkSpec segments must be in increasing size, got "
-                                 f"{up_to} after {last}")
-            _positive("LinkSpec", "segment bandwidth", bandwidth, "bytes/s")
-            if last < 0:  # the first: a message of 0 bytes takes its latency
-                _nonnegative_finite("LinkSpec", "segment latency", latency, "seconds")
-            elif not (math.isfinite(_number("LinkSpec", "segment latency", latency))
-                      and latency + (last + 1) / bandwidth > 0):
-                raise ValueError(f"LinkSpec segment latency must be finite, and leave a time "
-                                 f"> 0 at the segment's smallest size ({last + 1} B), got "
-                                 f"{latency!r}")
-            last = up_to
+        _segments(self.segments, "segments")
+        _segments(self.crowded, "crowded")
 
-    def stage_time(self, nbytes: int) -> float:
+    def stage_time(self, nbytes: int, crowded: bool = False) -> float:
         """Seconds a stage of ``nbytes`` holds the link: its segment's latency + nbytes /
-        bandwidth, or without segments latency + nbytes / effective bandwidth."""
-        for up_to, latency, bandwidth in self.segments:
+        bandwidth (``crowded``: of the ``crowded`` segments, if any), or without segments
+        latency + nbytes / effective bandwidth."""
+        segments = self.crowded if crowded and self.crowded else self.segments
+        for up_to, latency, bandwidth in segments:
             if nbytes <= up_to:
                 return latency + nbytes / bandwidth
-        if self.segments:
-            _, latency, bandwidth = self.segments[-1]
+        if segments:
+            _, latency, bandwidth = segments[-1]
             return latency + nbytes / bandwidth
         return self.latency + nbytes / self.effective_bandwidth
 
@@ -297,7 +310,8 @@ class Cluster:
                 spec = cluster.get(field)
                 if spec is not None:
                     spec = dict(spec)
-                    spec["segments"] = tuple(tuple(seg) for seg in spec.get("segments", ()))
+                    for key in ("segments", "crowded"):
+                        spec[key] = tuple(tuple(seg) for seg in spec.get(key, ()))
                     links[field] = LinkSpec(**spec)
                 else:
                     links[field] = None
@@ -323,7 +337,8 @@ class Cluster:
             return None if spec is None else {
                 "name": spec.name, "bandwidth": spec.bandwidth, "latency": spec.latency,
                 "efficiency": spec.efficiency, "sharing": spec.sharing,
-                "segments": [list(seg) for seg in spec.segments]}
+                "segments": [list(seg) for seg in spec.segments],
+                "crowded": [list(seg) for seg in spec.crowded]}
         d = self.device
         return {"name": self.name, "nodes": self.nodes if self.fixed else None,
                 "devices_per_node": self.devices_per_node,

@@ -338,8 +338,8 @@ class PlannedFaults:
         if factor == 1.0:
             return spec
         return LinkSpec(spec.name, spec.bandwidth * factor, spec.latency, spec.efficiency,
-                        spec.sharing, tuple((n, lat, bw * factor)
-                                            for n, lat, bw in spec.segments))
+                        spec.sharing, *(tuple((n, lat, bw * factor) for n, lat, bw in segments)
+                                        for segments in (spec.segments, spec.crowded)))
 
     def slowdown(self, rank: int) -> float:
         """The factor on ``rank``'s compute and copy times."""

@@ -49,7 +49,9 @@ node that is not ``shared_intra``: processes of one machine, whose CPUs copy eac
 message's bytes), a same-node, same-group transfer is held on the core of its
 destination, which copies it in: ranks on one core share its rate (fairly, on a
 ``"fair"`` link), where on cores of their own each pair's transfers are as on a link of
-their own, as before.
+their own, as before.  There, too, a link with ``crowded`` segments times each transfer by
+them (``LinkSpec.crowded``): on a node whose ranks outnumber its cores one process copies a
+message that on cores of their own its two processes may copy together.
 
 Rule 5 (modes).  "sync" and "async" move one chunk, stages in series (store-and-forward);
 "async" frees the sender when its data is in staging, the others at the end.  "pipelined"
@@ -74,7 +76,7 @@ chunk-by-chunk simulation exactly (``trace=`` forces it; the tests compare the t
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -350,6 +352,12 @@ class ClusterModel:
         #: A fault plan compiled for this world (``sim/faults.py``), or None: what delays
         #: messages, degrades links and slows ranks down.
         self.faults: PlannedFaults | None = None
+        #: The nodes that run more of this world's ranks than their host has cores: their
+        #: links time transfers by their ``crowded`` segments (Rule 4b).
+        cores = self.cluster.host.cores
+        self._crowded = frozenset() if not cores else frozenset(
+            node for node, ranks in Counter(map(self.cluster.node_of, range(world_size))).items()
+            if ranks > cores)
 
     def _rank(self, name: str, rank: object) -> int:
         if (checked := _int(name, rank, 0)) >= self.world_size:
@@ -519,13 +527,16 @@ class ClusterModel:
 
     def _durations(self, nbytes: int, link: LinkSpec, src: int,
                    dst: int) -> tuple[int, int, int]:
-        device = self.cluster.device
+        c = self.cluster
+        device = c.device
         copy = device.copy_latency + nbytes / device.copy_bandwidth
+        crowded = (bool(self._crowded) and c.node_of(dst) in self._crowded
+                   and c.link_kind(src, dst) == "intra")  # Rule 4b
         faults = self.faults
         if faults is None:
             ns = to_ns(copy)
-            return ns, to_ns(link.stage_time(nbytes)), ns
-        return (to_ns(copy * faults.slowdown(src)), to_ns(link.stage_time(nbytes)),
+            return ns, to_ns(link.stage_time(nbytes, crowded)), ns
+        return (to_ns(copy * faults.slowdown(src)), to_ns(link.stage_time(nbytes, crowded)),
                 to_ns(copy * faults.slowdown(dst)))
 
     def control(self, src: int, dst: int, *, now: int) -> int:
