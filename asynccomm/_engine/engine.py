@@ -43,7 +43,7 @@ from ..transports.base import ASKED, WITHDRAWN
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
-from .fast import THREAD_COPY_MIN, byte_view, status_of
+from .fast import LOOP_COPY_MAX, THREAD_COPY_MIN, byte_view, status_of
 from .lane import PYTHON, Lane
 from .peers import EngineStatistics
 from .request import Request
@@ -552,22 +552,24 @@ class DeviceEngine:
 
     def copy_on_thread(self, dst: memoryview, src: memoryview, nbytes: int,
                        on_done: Callable[[], None]) -> None:
-        """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread and call
-        ``on_done`` on the loop when it is in place.
+        """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread, the first
+        half (at most ``LOOP_COPY_MAX`` bytes) on the loop meanwhile, and call ``on_done``
+        on the loop when it is all in place.
 
-        numpy releases the GIL while it copies, so the loop keeps running meanwhile.  The
-        copy is one piece: cut into chunks (8-64 MiB) it ran at three quarters of the speed
-        of one large copy here, which the C library makes with non-temporal stores, and
-        every chunk that is its own job also waits for a round trip through the loop.  One
-        worker per rank.  A copy of 16-64 MiB is bound by one core's cache misses in
-        flight, not by the memory: cut in halves copied side by side on two threads of a
-        pool shared by the process it ran 1.0-1.8 times as fast on this 2-core machine
-        (no faster at times, likely while the host ran both on one physical core), but the
-        loop then waited for a core: a task on a 1 ms timer went 5-6 ms without a turn
-        while such a copy ran, and 4-5.5 ms in about half the repeats of later 1 GiB
-        copies on one thread, once the pool had a second thread at all (the system wakes
-        the worker on the loop's core and moves one of them away only milliseconds later),
-        where one worker per rank keeps the loop under 2 ms.
+        numpy releases the GIL while it copies, so the worker's part runs beside the loop.
+        The worker's part is one piece: cut into chunks (8-64 MiB) it ran at three quarters
+        of the speed of one large copy here, which the C library makes with non-temporal
+        stores, and every chunk that is its own job also waits for a round trip through
+        the loop.  One worker per rank.  A copy of 16-64 MiB is bound by one core's cache
+        misses in flight, not by the memory: two cores copy it nearly twice as fast as
+        one (14.7-15.8 GB/s for halves of 16-64 MiB, 7.4-8.5 for the whole on one thread
+        or inline, on this 2-core machine).  The second core is the loop's own: cut in
+        halves copied side by side on two threads of a pool shared by the process, the
+        loop waited for a core (a task on a 1 ms timer went 5-6 ms without a turn while
+        such a copy ran, and 4-5.5 ms in about half the repeats of later 1 GiB copies on
+        one thread, once the pool had a second thread at all: the system wakes the worker
+        on the loop's core and moves one of them away only milliseconds later), where the
+        loop's own share holds it no longer than an inline copy of ``LOOP_COPY_MAX``.
         """
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -575,7 +577,9 @@ class DeviceEngine:
         self._copies += 1
         d = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         s = np.frombuffer(src, dtype=np.uint8, count=nbytes)
-        fut = self.loop.run_in_executor(self._executor, np.copyto, d, s)
+        ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095  # (whole pages)
+        fut = self.loop.run_in_executor(self._executor, np.copyto, d[ours:], s[ours:])
+        np.copyto(d[:ours], s[:ours])  # while the worker copies the rest
 
         def copied(f: asyncio.Future[None]) -> None:
             f.result()

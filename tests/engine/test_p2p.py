@@ -355,3 +355,53 @@ async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
         assert looks == ["look"] and results[1].tag == 7
         await c0.recv(out, 1, 8)
     np.testing.assert_array_equal(out, buf)
+
+
+@pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
+async def test_the_loop_copies_the_front_of_a_worker_copy_while_the_worker_copies_the_rest(
+        nbytes: int) -> None:
+    """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the loop copies
+    its first half, at most ``LOOP_COPY_MAX`` bytes, in whole pages, before it looks again,
+    the worker the rest; the recv completes once both are in."""
+    import concurrent.futures
+
+    from asynccomm._engine.fast import LOOP_COPY_MAX, THREAD_COPY_MIN
+
+    held: list[tuple[concurrent.futures.Future[None], Callable[..., None], tuple[object, ...]]]
+    held = []
+
+    class Held(concurrent.futures.Executor):
+        """Runs nothing until the test says."""
+
+        def submit(self, fn: Callable[..., None], /, *args: object,  # type: ignore[override]
+                   **kwargs: object) -> concurrent.futures.Future[None]:
+            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+            held.append((fut, fn, args))
+            return fut
+
+    assert nbytes >= THREAD_COPY_MIN
+    ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
+    src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes), np.uint8)
+    out = np.zeros(nbytes, np.uint8)
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c1._engine._executor = Held()
+        rreq = c1.irecv(out, 0, 5)
+        sreq = c0.isend(src, 1, 5)
+        for _ in range(100):
+            if held:
+                break
+            await asyncio.sleep(0)
+        try:
+            np.testing.assert_array_equal(out[:ours], src[:ours])  # the loop's share: in
+            assert not out[ours:].any() and not rreq.done()  # the worker's: not yet
+            (_, _, args), = held
+            assert [len(a) for a in args] == [nbytes - ours] * 2  # type: ignore[arg-type]
+        finally:  # (the world closes once its copies are done)
+            for fut, fn, args in held:
+                fn(*args)
+                fut.set_result(None)
+        status = await asyncio.wait_for(rreq, 10)
+        await asyncio.wait_for(sreq, 10)
+    assert status.nbytes == nbytes
+    np.testing.assert_array_equal(out, src)
