@@ -846,17 +846,17 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
     two on cores of their own copy a large one together (a 4 MiB message on the
     shared-memory link took about twice as long, 1 MiB 1.7 times, 256 KiB 1.25 times).
     Their ``crowded`` segments are fitted to those times less what a small message
-    (``HANDOFF_SIZE`` or less) took more there than on two ranks (``Crowded.lift``): the
-    hand-off to a rank that waits on crowded cores, which the host's ``switch`` prices per
-    step (solved on this same model, ``measure_switch``)."""
+    (``HANDOFF_SIZE`` or less; nothing, if no size is that small) took more there than on
+    two ranks (``Crowded.lift``): the hand-off to a rank that waits on crowded cores, which
+    the host's ``switch`` prices per step (solved on this same model, ``measure_switch``)."""
     points, segments = fitted_pingpong(transport, sizes, repeats)
     cores = os.cpu_count() or 1
     crowded = None
     if transport != "local" and cores > 1:  # (on one core, two ranks are crowded already)
         crowded_points, _ = fitted_pingpong(transport, sizes, repeats, cores + 1)
-        lift = max(0.0, statistics.median(crowded_points[n] - points[n] for n in sizes
-                                          if n <= HANDOFF_SIZE) if sizes[0] <= HANDOFF_SIZE
-                   else 0.0)
+        small = [n for n in sizes if n <= HANDOFF_SIZE]
+        lift = max(0.0, statistics.median(crowded_points[n] - points[n] for n in small)
+                   ) if small else 0.0
         crowded = Crowded(cores + 1, crowded_points, lift, _fit(
             {n: t - lift for n, t in crowded_points.items()}))
     in_process = host if isinstance(host, HostSpec) else None
