@@ -554,7 +554,8 @@ class DeviceEngine:
                        on_done: Callable[[], None]) -> None:
         """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread, the first
         half (at most ``LOOP_COPY_MAX`` bytes) on the loop meanwhile, and call ``on_done``
-        on the loop when it is all in place.
+        on the loop when it is all in place.  Buffers that may overlap are copied whole on
+        the worker, as one ``np.copyto`` (which copies overlapping memory as memmove does).
 
         numpy releases the GIL while it copies, so the worker's part runs beside the loop.
         The worker's part is one piece: cut into chunks (8-64 MiB) it ran at three quarters
@@ -577,7 +578,9 @@ class DeviceEngine:
         self._copies += 1
         d = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         s = np.frombuffer(src, dtype=np.uint8, count=nbytes)
-        ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095  # (whole pages)
+        # (whole pages; none where the buffers may overlap, as an erroneous program's may
+        # in one process: one copy moves them as memmove would)
+        ours = 0 if np.may_share_memory(d, s) else min(nbytes // 2, LOOP_COPY_MAX) & ~4095
         fut = self.loop.run_in_executor(self._executor, np.copyto, d[ours:], s[ours:])
         np.copyto(d[:ours], s[:ours])  # while the worker copies the rest
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 import asynccomm as ac
 from asynccomm._core.wire import MESSAGE_OVERHEAD
+from asynccomm._engine.fast import LOOP_COPY_MAX, THREAD_COPY_MIN
 from asynccomm.testing import posted
 
 EAGER = ac.EAGER_LIMIT
@@ -357,51 +360,79 @@ async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
     np.testing.assert_array_equal(out, buf)
 
 
+
+class HeldCopies(concurrent.futures.Executor):
+    """A rank's copy worker that runs nothing until ``release``: what the loop copied
+    meanwhile can be seen alone."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[concurrent.futures.Future[None], Callable[..., None],
+                              tuple[Any, ...]]] = []
+
+    def submit(self, fn: Callable[..., None], /, *args: Any,  # type: ignore[override]
+               **kwargs: Any) -> concurrent.futures.Future[None]:
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.held.append((fut, fn, args))
+        return fut
+
+    async def submitted(self) -> None:
+        for _ in range(100):
+            if self.held:
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("no copy came to the worker")
+
+    def release(self) -> None:
+        for fut, fn, args in self.held:
+            fn(*args)
+            fut.set_result(None)
+
+
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
 async def test_the_loop_copies_the_front_of_a_worker_copy_while_the_worker_copies_the_rest(
         nbytes: int) -> None:
     """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the loop copies
     its first half, at most ``LOOP_COPY_MAX`` bytes, in whole pages, before it looks again,
     the worker the rest; the recv completes once both are in."""
-    import concurrent.futures
-
-    from asynccomm._engine.fast import LOOP_COPY_MAX, THREAD_COPY_MIN
-
-    held: list[tuple[concurrent.futures.Future[None], Callable[..., None], tuple[object, ...]]]
-    held = []
-
-    class Held(concurrent.futures.Executor):
-        """Runs nothing until the test says."""
-
-        def submit(self, fn: Callable[..., None], /, *args: object,  # type: ignore[override]
-                   **kwargs: object) -> concurrent.futures.Future[None]:
-            fut: concurrent.futures.Future[None] = concurrent.futures.Future()
-            held.append((fut, fn, args))
-            return fut
-
     assert nbytes >= THREAD_COPY_MIN
     ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
     src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes), np.uint8)
     out = np.zeros(nbytes, np.uint8)
+    worker = HeldCopies()
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        c1._engine._executor = Held()
+        c1._engine._executor = worker
         rreq = c1.irecv(out, 0, 5)
         sreq = c0.isend(src, 1, 5)
-        for _ in range(100):
-            if held:
-                break
-            await asyncio.sleep(0)
+        await worker.submitted()
         try:
             np.testing.assert_array_equal(out[:ours], src[:ours])  # the loop's share: in
             assert not out[ours:].any() and not rreq.done()  # the worker's: not yet
-            (_, _, args), = held
-            assert [len(a) for a in args] == [nbytes - ours] * 2  # type: ignore[arg-type]
+            (_, _, args), = worker.held
+            assert [len(a) for a in args] == [nbytes - ours] * 2
         finally:  # (the world closes once its copies are done)
-            for fut, fn, args in held:
-                fn(*args)
-                fut.set_result(None)
+            worker.release()
         status = await asyncio.wait_for(rreq, 10)
         await asyncio.wait_for(sreq, 10)
     assert status.nbytes == nbytes
     np.testing.assert_array_equal(out, src)
+
+
+async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove() -> None:
+    """Ranks of one process may send from and receive into views of one array (an
+    erroneous program, yet one copy keeps its data): a copy shared with the loop would
+    overwrite bytes the worker has yet to read."""
+    n, shift = 2 * THREAD_COPY_MIN, 4096
+    arr = np.frombuffer(np.random.default_rng(1).bytes(n + shift), np.uint8).copy()
+    want = arr[:n].copy()
+    worker = HeldCopies()
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c1._engine._executor = worker
+        rreq = c1.irecv(arr[shift:], 0, 5)  # the send's bytes, moved up a page
+        sreq = c0.isend(arr[:n], 1, 5)
+        await worker.submitted()
+        worker.release()  # the worker runs after whatever the loop copied
+        await asyncio.wait_for(rreq, 10)
+        await asyncio.wait_for(sreq, 10)
+    np.testing.assert_array_equal(arr[shift:], want)
