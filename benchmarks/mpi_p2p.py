@@ -70,18 +70,26 @@ class Plan:
     bandwidth_sizes: tuple[int, ...]
     repeats: int
     responsiveness_bytes: int
+    #: Messages a repeat of a bandwidth row, and bytes at most (fewer for big messages):
+    #: a ratio of rows of 50 messages (6.5 ms at 1 MiB) moved by 2 points from run to run,
+    #: where alternating rows of 200 told 1-point changes apart.
+    bandwidth_iters: int = 200
+    bandwidth_bytes: int = 1 << 30
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 64 * MiB)
+            return cls((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 64 * MiB, 50,
+                       256 * MiB)
         return cls((8, 64, 1 * KiB, 8 * KiB, 64 * KiB, 1 * MiB), 5_000,
                    (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB), 7, 256 * MiB)
 
     def iters_for(self, nbytes: int, *, bandwidth: bool) -> int:
-        """Fewer iterations for big messages: about 256 MiB moved per repeat at most."""
-        base = 50 if bandwidth else self.latency_iters
-        return max(2 if bandwidth else 20, min(base, (256 * MiB) // max(nbytes, 1)))
+        """Fewer iterations for big messages: ``bandwidth_bytes`` moved per repeat of a
+        bandwidth row at most, 256 MiB of a latency row."""
+        if bandwidth:
+            return max(2, min(self.bandwidth_iters, self.bandwidth_bytes // max(nbytes, 1)))
+        return max(20, min(self.latency_iters, (256 * MiB) // max(nbytes, 1)))
 
 
 # -- raw mpi4py ------------------------------------------------------------------------------

@@ -155,7 +155,8 @@ def plans(quick: bool, size: int) -> tuple[mpi_p2p.Plan | None, int, float]:
     """The p2p plan (2 processes only), the ring's repeats, the idle seconds."""
     p2p = None
     if size == 2:
-        p2p = (mpi_p2p.Plan((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 16 * MiB)
+        p2p = (mpi_p2p.Plan((8, 1 * KiB, 64 * KiB), 300, (1 * MiB, 16 * MiB), 3, 16 * MiB,
+                            50, 256 * MiB)
                if quick else
                mpi_p2p.Plan((8, 1 * KiB, 8 * KiB, 64 * KiB, 1 * MiB), 5_000,
                             (1 * MiB, 16 * MiB, 256 * MiB), 7, 64 * MiB))
