@@ -779,6 +779,7 @@ class Crowded:
     lift: float
     segments: list[Segment]
 
+
 def preset(transport: str, points: dict[int, float], segments: list[Segment],
            ranks: int = 8, host: HostSpec | None = None,
            crowded: Crowded | None = None) -> dict[str, Any]:
@@ -803,7 +804,6 @@ def _fitted_doc(points: dict[int, float], segments: Sequence[Segment]) -> dict[s
     return {"points": {str(n): t for n, t in sorted(points.items())},
             "segments": [{"up_to": s.up_to, "alpha": s.alpha, "beta": s.beta}
                          for s in segments]}
-
 
 
 def near_breaks(sizes: Sequence[int], segments: Sequence[Segment]) -> list[int]:

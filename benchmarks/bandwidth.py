@@ -52,7 +52,7 @@ BANDWIDTH_CHECK_MIN = 16 * MiB
 #: responsive), where the inline ``np.copyto`` runs cache-hot on the loop's own core and a
 #: thread's copy may land on the other, busy or cold, one: on this 2-core machine the
 #: thread's copy has run at 50-100% of the inline one's.  With the loop's share beside the
-#: worker's, two cores copy: a 16 MiB transfer measured 1.24-1.28 times the inline copy.
+#: worker's, two cores copy: a 16 MiB transfer measured 1.19-1.72 times the inline copy.
 THREADED_TARGET = 0.90
 MEMORY_TARGET = 0.05  # extra memory < 5% of the message size
 GAP_TARGET_MS = 10.0  # no other task starved for more than ~10 ms
