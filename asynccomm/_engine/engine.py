@@ -65,6 +65,43 @@ RECV: Final = Kind.RECV
 PROBE: Final = Kind.PROBE
 COMPUTE: Final = Kind.COMPUTE
 
+
+class _LoopShare:
+    """The part of a worker's copy that the loop may copy meanwhile: whoever claims it
+    first, the loop at its turn (``on_loop``) or the worker once its own part is done
+    (``after``), copies it, once.  The worker's copy completes only after the share is in:
+    the loop's share runs in a callback of the loop, which the worker's completion (a
+    callback of the same loop) cannot overtake."""
+
+    __slots__ = ("dst", "src", "token")
+
+    def __init__(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
+        self.dst, self.src = dst, src
+        self.token = [True] if dst.size else []  # (list.pop: one claim, under the GIL)
+
+    def claim(self) -> bool:
+        try:
+            return self.token.pop()
+        except IndexError:
+            return False
+
+    def on_loop(self) -> bool:
+        """The loop's turn: copy the share unless the worker has; whether it did."""
+        if not self.claim():
+            return False
+        np.copyto(self.dst, self.src)
+        return True
+
+    def after(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
+        """The worker's job: copy ``src`` to ``dst``, then the share unless the loop has
+        begun it; whether it copied the share."""
+        np.copyto(dst, src)
+        if not self.claim():
+            return False
+        np.copyto(self.dst, self.src)
+        return True
+
+
 class DeviceEngine:
     """One rank's engine (see module docs).  Created by the world, not by users."""
 
@@ -552,10 +589,17 @@ class DeviceEngine:
 
     def copy_on_thread(self, dst: memoryview, src: memoryview, nbytes: int,
                        on_done: Callable[[], None]) -> None:
-        """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread, the first
-        half (at most ``LOOP_COPY_MAX`` bytes) on the loop meanwhile, and call ``on_done``
-        on the loop when it is all in place.  Buffers that may overlap are copied whole on
-        the worker, as one ``np.copyto`` (which copies overlapping memory as memmove does).
+        """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread and call
+        ``on_done`` on the loop when it is all in place.  The first half (at most
+        ``LOOP_COPY_MAX`` bytes, whole pages) is the loop's to copy at its next turn, while
+        the worker copies the rest; the worker copies it too if the loop has not begun it
+        by the time the rest is done (``_LoopShare``): a loop that is free copies beside
+        the worker, one busy with other work is not held for it, and the caller (a send
+        whose recv was waiting) returns at once.  (An in-process 16 MiB ``isend`` followed
+        by 3.7 ms of numpy work on the loop, then its wait: 4.06 ms, as with the worker
+        alone, 4.04; with the share copied within the send, 5.32.)  Buffers that may
+        overlap are copied whole on the worker, as one ``np.copyto`` (which copies
+        overlapping memory as memmove does).
 
         numpy releases the GIL while it copies, so the worker's part runs beside the loop.
         The worker's part is one piece: cut into chunks (8-64 MiB) it ran at three quarters
@@ -578,13 +622,15 @@ class DeviceEngine:
         self._copies += 1
         d = np.frombuffer(dst, dtype=np.uint8, count=nbytes)
         s = np.frombuffer(src, dtype=np.uint8, count=nbytes)
-        # (whole pages; none where the buffers may overlap, as an erroneous program's may
-        # in one process: one copy moves them as memmove would)
+        # (none where the buffers may overlap, as an erroneous program's may in one
+        # process: one copy moves them as memmove would)
         ours = 0 if np.may_share_memory(d, s) else min(nbytes // 2, LOOP_COPY_MAX) & ~4095
-        fut = self.loop.run_in_executor(self._executor, np.copyto, d[ours:], s[ours:])
-        np.copyto(d[:ours], s[:ours])  # while the worker copies the rest
+        share = _LoopShare(d[:ours], s[:ours])
+        fut = self.loop.run_in_executor(self._executor, share.after, d[ours:], s[ours:])
+        if ours:
+            self.loop.call_soon(share.on_loop)
 
-        def copied(f: asyncio.Future[None]) -> None:
+        def copied(f: asyncio.Future[bool]) -> None:
             f.result()
             self._copies -= 1
             if self.trace:

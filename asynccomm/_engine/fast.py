@@ -18,10 +18,11 @@ __all__ = ["LOOP_COPY_MAX", "THREAD_COPY_MIN", "TIMED_COPY_MIN", "byte_view", "b
 #: Payloads at least this large are copied on the rank's worker thread; smaller ones are
 #: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
 THREAD_COPY_MIN = 4 << 20
-#: Of a copy on the worker thread, the loop copies the first half itself meanwhile, up to
-#: this many bytes (about a millisecond of the loop's time here): two cores copy a 16 MiB
-#: message nearly twice as fast as one, and the loop is held no longer than by an inline
-#: copy of this size (``DeviceEngine.copy_on_thread``).
+#: Of a copy on the worker thread, the loop copies the first half itself at its next turn,
+#: up to this many bytes (about a millisecond of the loop's time here), unless the worker
+#: is done with the rest first: two cores copy a 16 MiB message nearly twice as fast as
+#: one, and the loop is held no longer than by an inline copy of this size
+#: (``DeviceEngine.copy_on_thread``).
 LOOP_COPY_MAX = 8 << 20
 #: Inline copies at least this large are timed (matched before the copy, finished after
 #: it, as on the general path): a clock read costs nothing beside them.

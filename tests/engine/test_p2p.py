@@ -382,18 +382,21 @@ class HeldCopies(concurrent.futures.Executor):
             await asyncio.sleep(0)
         raise AssertionError("no copy came to the worker")
 
-    def release(self) -> None:
+    def release(self) -> list[Any]:
+        """Run the held jobs here and now; what each returned."""
+        done = []
         for fut, fn, args in self.held:
-            fn(*args)
-            fut.set_result(None)
+            done.append(fn(*args))
+            fut.set_result(done[-1])
+        return done
 
 
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
-async def test_the_loop_copies_the_front_of_a_worker_copy_while_the_worker_copies_the_rest(
+async def test_the_loop_copies_the_front_of_a_worker_copy_at_its_turn_the_worker_the_rest(
         nbytes: int) -> None:
-    """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the loop copies
-    its first half, at most ``LOOP_COPY_MAX`` bytes, in whole pages, before it looks again,
-    the worker the rest; the recv completes once both are in."""
+    """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the send
+    returns at once, the loop copies the first half (at most ``LOOP_COPY_MAX`` bytes, whole
+    pages) at its next turn, the worker the rest; the recv completes once both are in."""
     assert nbytes >= THREAD_COPY_MIN
     ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
     src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes), np.uint8)
@@ -406,15 +409,39 @@ async def test_the_loop_copies_the_front_of_a_worker_copy_while_the_worker_copie
         sreq = c0.isend(src, 1, 5)
         await worker.submitted()
         try:
+            assert not out.any()  # nothing copied within the send
+            for _ in range(3):
+                await asyncio.sleep(0)
             np.testing.assert_array_equal(out[:ours], src[:ours])  # the loop's share: in
             assert not out[ours:].any() and not rreq.done()  # the worker's: not yet
             (_, _, args), = worker.held
             assert [len(a) for a in args] == [nbytes - ours] * 2
         finally:  # (the world closes once its copies are done)
-            worker.release()
+            copied_share = worker.release()
         status = await asyncio.wait_for(rreq, 10)
         await asyncio.wait_for(sreq, 10)
+    assert copied_share == [False]  # the loop had taken it
     assert status.nbytes == nbytes
+    np.testing.assert_array_equal(out, src)
+
+
+async def test_the_worker_copies_the_loops_share_too_if_the_loop_has_not_begun_it() -> None:
+    """A loop busy with other work is not held for a copy: a worker that is done with its
+    part before the loop's turn copies the loop's share as well, and the loop then copies
+    nothing."""
+    nbytes = 16 << 20
+    src = np.frombuffer(np.random.default_rng(2).bytes(nbytes), np.uint8)
+    out = np.zeros(nbytes, np.uint8)
+    worker = HeldCopies()
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c1._engine._executor = worker
+        rreq = c1.irecv(out, 0, 5)
+        c0.isend(src, 1, 5)
+        assert worker.held  # submitted within the send, and the loop has not turned since
+        assert worker.release() == [True]  # the whole copy, before the loop's turn
+        np.testing.assert_array_equal(out, src)
+        await asyncio.wait_for(rreq, 10)
     np.testing.assert_array_equal(out, src)
 
 
