@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
@@ -391,6 +392,23 @@ class HeldCopies(concurrent.futures.Executor):
         return done
 
 
+@contextlib.asynccontextmanager
+async def sent_into_held(src: np.ndarray, out: np.ndarray
+                         ) -> AsyncIterator[tuple[HeldCopies, ac.Request, ac.Request]]:
+    """Rank 1 of a world, its copy worker held, posts a recv into ``out``; rank 0 sends
+    ``src`` into it."""
+    worker = HeldCopies()
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c1._engine._executor = worker
+        rreq = c1.irecv(out, 0, 5)
+        yield worker, rreq, c0.isend(src, 1, 5)
+
+
+def random_bytes(n: int, seed: int) -> np.ndarray:
+    return np.frombuffer(np.random.default_rng(seed).bytes(n), np.uint8).copy()
+
+
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
 async def test_the_loop_copies_the_front_of_a_worker_copy_at_its_turn_the_worker_the_rest(
         nbytes: int) -> None:
@@ -399,14 +417,8 @@ async def test_the_loop_copies_the_front_of_a_worker_copy_at_its_turn_the_worker
     pages) at its next turn, the worker the rest; the recv completes once both are in."""
     assert nbytes >= THREAD_COPY_MIN
     ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
-    src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes), np.uint8)
-    out = np.zeros(nbytes, np.uint8)
-    worker = HeldCopies()
-    async with ac.open_world(2) as world:
-        c0, c1 = world.comms
-        c1._engine._executor = worker
-        rreq = c1.irecv(out, 0, 5)
-        sreq = c0.isend(src, 1, 5)
+    src, out = random_bytes(nbytes, nbytes), np.zeros(nbytes, np.uint8)
+    async with sent_into_held(src, out) as (worker, rreq, sreq):
         await worker.submitted()
         try:
             assert not out.any()  # nothing copied within the send
@@ -429,15 +441,8 @@ async def test_the_worker_copies_the_loops_share_too_if_the_loop_has_not_begun_i
     """A loop busy with other work is not held for a copy: a worker that is done with its
     part before the loop's turn copies the loop's share as well, and the loop then copies
     nothing."""
-    nbytes = 16 << 20
-    src = np.frombuffer(np.random.default_rng(2).bytes(nbytes), np.uint8)
-    out = np.zeros(nbytes, np.uint8)
-    worker = HeldCopies()
-    async with ac.open_world(2) as world:
-        c0, c1 = world.comms
-        c1._engine._executor = worker
-        rreq = c1.irecv(out, 0, 5)
-        c0.isend(src, 1, 5)
+    src, out = random_bytes(16 << 20, 2), np.zeros(16 << 20, np.uint8)
+    async with sent_into_held(src, out) as (worker, rreq, _):
         assert worker.held  # submitted within the send, and the loop has not turned since
         assert worker.release() == [True]  # the whole copy, before the loop's turn
         np.testing.assert_array_equal(out, src)
@@ -450,16 +455,14 @@ async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove()
     erroneous program, yet one copy keeps its data): a copy shared with the loop would
     overwrite bytes the worker has yet to read."""
     n, shift = 2 * THREAD_COPY_MIN, 4096
-    arr = np.frombuffer(np.random.default_rng(1).bytes(n + shift), np.uint8).copy()
+    arr = random_bytes(n + shift, 1)
     want = arr[:n].copy()
-    worker = HeldCopies()
-    async with ac.open_world(2) as world:
-        c0, c1 = world.comms
-        c1._engine._executor = worker
-        rreq = c1.irecv(arr[shift:], 0, 5)  # the send's bytes, moved up a page
-        sreq = c0.isend(arr[:n], 1, 5)
+    # the send's bytes, moved up a page
+    async with sent_into_held(arr[:n], arr[shift:]) as (worker, rreq, sreq):
         await worker.submitted()
-        worker.release()  # the worker runs after whatever the loop copied
+        for _ in range(3):  # the loop's turns first: a share of it would overwrite the
+            await asyncio.sleep(0)  # bytes the worker is to read
+        worker.release()
         await asyncio.wait_for(rreq, 10)
         await asyncio.wait_for(sreq, 10)
     np.testing.assert_array_equal(arr[shift:], want)
