@@ -13,6 +13,7 @@ import pytest
 
 import asynccomm as ac
 from asynccomm._core.wire import MESSAGE_OVERHEAD
+from asynccomm._engine import engine as engine_module
 from asynccomm._engine.fast import LOOP_COPY_MAX, THREAD_COPY_MIN
 from asynccomm.testing import posted
 
@@ -411,10 +412,11 @@ def random_bytes(n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
 async def test_the_loop_copies_the_front_of_a_worker_copy_at_its_turn_the_worker_the_rest(
-        nbytes: int) -> None:
+        nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the send
     returns at once, the loop copies the first half (at most ``LOOP_COPY_MAX`` bytes, whole
     pages) at its next turn, the worker the rest; the recv completes once both are in."""
+    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", 60.0)  # (a loaded machine's turn)
     assert nbytes >= THREAD_COPY_MIN
     ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
     src, out = random_bytes(nbytes, nbytes), np.zeros(nbytes, np.uint8)
@@ -450,10 +452,28 @@ async def test_the_worker_copies_the_loops_share_too_if_the_loop_has_not_begun_i
     np.testing.assert_array_equal(out, src)
 
 
-async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove() -> None:
+async def test_a_loop_whose_turn_comes_late_leaves_its_share_to_the_worker(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop busy with other work, or with the share of another copy, is not held for a
+    copy: its turn coming after ``LOOP_SHARE_LATE``, it copies nothing."""
+    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", -1.0)  # every turn late
+    src, out = random_bytes(16 << 20, 3), np.zeros(16 << 20, np.uint8)
+    async with sent_into_held(src, out) as (worker, rreq, _):
+        await worker.submitted()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not out.any()  # the loop's turns came and went
+        assert worker.release() == [True]
+        await asyncio.wait_for(rreq, 10)
+    np.testing.assert_array_equal(out, src)
+
+
+async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Ranks of one process may send from and receive into views of one array (an
     erroneous program, yet one copy keeps its data): a copy shared with the loop would
     overwrite bytes the worker has yet to read."""
+    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", 60.0)  # (a loaded machine's turn)
     n, shift = 2 * THREAD_COPY_MIN, 4096
     arr = random_bytes(n + shift, 1)
     want = arr[:n].copy()
