@@ -40,6 +40,19 @@ def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
     assert validation._met({"error": 0.3, "spread": 0.2}) == "no (noisy)"
 
 
+def test_cells_after_a_point_to_point_check_that_missed_its_target_say_so() -> None:
+    cell = {"collective": "allreduce", "ranks": 2, "error": 0.05, "spread": 0.01,
+            "messages_only_error": 1.0,
+            "rows": [{"nbytes": 4096, "measured_s": 1e-4, "predicted_s": 1.05e-4}]}
+    p2p = [{"nbytes": 8, "measured_s": 1e-5, "predicted_s": 1.2e-5}]
+    steady = {"segments": [], "p2p": p2p, "p2p_error": 0.02, "cells": [cell]}
+    moved = {**steady, "p2p_error": 0.19}
+    assert "pace moved" not in validation.report({"transports": {"mpi": steady}})
+    text = validation.report({"transports": {"mpi": moved}})
+    assert "missed its target (19.0%)" in text and "pace moved" in text
+    assert " yes " in text  # the cells are judged all the same
+
+
 def test_the_validation_runs_the_transports_asked_for(monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     asked: list[tuple[str, ...]] = []
