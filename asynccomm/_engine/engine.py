@@ -83,28 +83,23 @@ class _LoopShare:
         #: work (or with the share of another copy) leaves it to the worker.
         self.due = time.perf_counter() + LOOP_SHARE_LATE
 
-    def claim(self) -> bool:
+    def take(self) -> bool:
+        """Copy the share unless it was claimed already; whether this call copied it."""
         try:
-            return self.token.pop()
+            self.token.pop()
         except IndexError:
             return False
+        np.copyto(self.dst, self.src)
+        return True
 
     def on_loop(self) -> bool:
-        """The loop's turn: copy the share unless the worker has or the turn came late;
-        whether it did."""
-        if time.perf_counter() > self.due or not self.claim():
-            return False
-        np.copyto(self.dst, self.src)
-        return True
+        """The loop's turn: ``take`` the share unless the turn came late."""
+        return time.perf_counter() <= self.due and self.take()
 
     def after(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
-        """The worker's job: copy ``src`` to ``dst``, then the share unless the loop has
-        begun it; whether it copied the share."""
+        """The worker's job: copy ``src`` to ``dst``, then ``take`` the share."""
         np.copyto(dst, src)
-        if not self.claim():
-            return False
-        np.copyto(self.dst, self.src)
-        return True
+        return self.take()
 
 
 class DeviceEngine:
