@@ -16,8 +16,12 @@ Each cell's error is the geometric mean over its sizes of |log(predicted / measu
 shown as a percentage (exp(mean) - 1); beside it, the error of the same model without the
 calls' CPU work (messages only, as the model was before it had a host), and the cell's
 spread, its measurement's own (``spread``: its repeats against their median, reckoned as
-the error is; a cell whose spread passes the target is marked noisy).  Targets: 5% for
-point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
+the error is; a cell whose spread passes the target is marked noisy).  Each cell is
+measured in two passes, every rank count's once and then again, and judged against their
+geometric mean; how far the two fall from each other is its ``drift`` (a cell whose drift
+passes the target is marked unsteady): no prediction made at one time, as the calibration
+is, can be judged closer than that against a measurement made at another.  Targets: 5%
+for point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
 repeats on a shared machine, so they move from run to run; the JSON and picture go to
 files git ignores.
 """
@@ -96,6 +100,36 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
     return out
 
 
+def _cell(name: str, p: int, sizes: tuple[int, ...], runs: list[dict[str, dict[int, float]]],
+          model: dict[str, dict[int, float]], messages: dict[str, dict[int, float]]
+          ) -> dict[str, Any]:
+    """One (collective, ranks) cell of the table from its measured ``runs`` (each a pass
+    of ``collectives``) and the model's predictions: each size's measurement the geometric
+    mean of the passes' medians (``passes_s``), its spread and page faults their means."""
+    rows = [{"nbytes": n,
+             "measured_s": math.exp(statistics.fmean(math.log(r[name][n]) for r in runs)),
+             "passes_s": [r[name][n] for r in runs],
+             "spread": statistics.fmean(r[f"{name} spread"][n] for r in runs),
+             "faults_per_call": statistics.fmean(r[f"{name} faults"][n] for r in runs),
+             "predicted_s": model[name][n], "messages_only_s": messages[name][n]}
+            for n in sizes]
+    return {"collective": name, "ranks": p, "rows": rows,
+            "spread": math.exp(statistics.fmean(math.log1p(r["spread"]) for r in rows)) - 1,
+            "drift": drift([r["passes_s"] for r in rows]),
+            "error": _error([(r["predicted_s"], r["measured_s"]) for r in rows]),
+            "messages_only_error": _error([(r["messages_only_s"], r["measured_s"])
+                                           for r in rows])}
+
+
+def drift(passes: list[list[float]]) -> float:
+    """How far a cell's passes fall from each other, as the error is reckoned (``_error``):
+    exp(mean over its sizes of |log(last pass / first pass)|) - 1; 0 with one pass.  No
+    prediction made at one time can be judged closer than this against a measurement made
+    at another: the calibration and the check a minute apart differ as the passes do."""
+    timed = [(p[-1], p[0]) for p in passes if len(p) > 1 and p[0] > 0 and p[-1] > 0]
+    return _error(timed) if timed else 0.0
+
+
 def spread(samples: list[float]) -> float:
     """How far repeats fall from their median, as the error is reckoned (``_error``):
     exp(mean |log(sample / median)|) - 1; 0 for fewer than two (of more than 0 s)."""
@@ -167,27 +201,20 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
                for n in p2p_sizes]
         bare = copy.copy(cluster)  # the same messages, no CPU work of the calls
         bare.host = HostSpec()
-        cells = []
+        runs: dict[int, list[dict[str, dict[int, float]]]] = {}
+        models = {}
         for p in ranks:
-            real = _collectives_measured(transport, p, coll_sizes)
+            runs[p] = [_collectives_measured(transport, p, coll_sizes)]
             walls[f"measured {p}"] = time.perf_counter() - started - sum(walls.values())
-            model, messages = (ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
-                                      p, cluster=c, clock="virtual")[0]
-                               for c in (cluster, bare))
+            models[p] = tuple(ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
+                                     p, cluster=c, clock="virtual")[0]
+                              for c in (cluster, bare))
             walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
-            for name in COLLECTIVES:
-                rows = [{"nbytes": n, "measured_s": real[name][n],
-                         "spread": real[f"{name} spread"][n],
-                         "faults_per_call": real[f"{name} faults"][n],
-                         "predicted_s": model[name][n],
-                         "messages_only_s": messages[name][n]} for n in coll_sizes]
-                cells.append({"collective": name, "ranks": p, "rows": rows,
-                              "spread": math.exp(statistics.fmean(
-                                  math.log1p(r["spread"]) for r in rows)) - 1,
-                              "error": _error([(r["predicted_s"], r["measured_s"])
-                                               for r in rows]),
-                              "messages_only_error": _error([(r["messages_only_s"],
-                                                              r["measured_s"]) for r in rows])})
+        for p in ranks:  # again, seconds later: how far a cell moves by itself (``drift``)
+            runs[p].append(_collectives_measured(transport, p, coll_sizes))
+            walls[f"again {p}"] = time.perf_counter() - started - sum(walls.values())
+        cells = [_cell(name, p, coll_sizes, runs[p], *models[p])
+                 for p in ranks for name in COLLECTIVES]
         data["transports"][transport] = {
             "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
             "crowded": doc["calibration"].get("crowded"),
@@ -224,16 +251,22 @@ def report(data: dict[str, Any]) -> str:
         rows = [[c["collective"], c["ranks"],
                  *(f"{r['measured_s'] * 1e6:.0f}/{r['predicted_s'] * 1e6:.0f}"
                    for r in c["rows"]),
-                 f"{c['error']:.1%}", f"{c['spread']:.1%}", _met(c),
+                 f"{c['error']:.1%}", f"{c['spread']:.1%}", f"{c.get('drift', 0.0):.1%}",
+                 _met(c),
                  f"{c['messages_only_error']:.1%}"]
                 for c in d["cells"]]
         sizes = [size_label(r["nbytes"]) for r in d["cells"][0]["rows"]] if d["cells"] else []
         parts.append(format_table(
             f"{transport}: collectives, measured/predicted us per call, geomean error per "
-            f"cell (target {COLL_TARGET:.0%}); spread: the measurement's own, repeat to "
-            f"repeat (a cell whose spread passes the target is noisy: its error may be noise)"
+            f"cell (target {COLL_TARGET:.0%}) against the mean of two passes; spread: the "
+            f"measurement's own, repeat to repeat (a cell whose spread passes the target is "
+            f"noisy); drift: its two passes, seconds apart, against each other (past the "
+            f"target: unsteady); the error of a noisy or unsteady cell may be the machine's"
             + _unsteady(d),
-            ["collective", "ranks", *sizes, "error", "spread", "met", "messages only"], rows))
+            ["collective", "ranks", *sizes, "error", "spread", "drift", "met",
+             "messages only"], rows))
+        if d["cells"]:
+            parts.append(f"{transport}: {_tally(d['cells'])}")
         if "wall_s" in d:
             parts.append(f"{transport}: wall seconds, " + ", ".join(
                 f"{part} {wall:.1f}" for part, wall in d["wall_s"].items()))
@@ -253,9 +286,25 @@ def _unsteady(d: dict[str, Any]) -> str:
 
 
 def _met(cell: dict[str, Any]) -> str:
-    """Whether a cell met the target, and whether its own spread is past it (noisy)."""
+    """Whether a cell met the target, and whether its measurement's own spread (noisy) or
+    drift (unsteady) is past it."""
     met = "yes" if cell["error"] <= COLL_TARGET else "no"
-    return f"{met} (noisy)" if cell.get("spread", 0.0) > COLL_TARGET else met
+    marks = [mark for mark, key in (("noisy", "spread"), ("unsteady", "drift"))
+             if cell.get(key, 0.0) > COLL_TARGET]
+    return f"{met} ({', '.join(marks)})" if marks else met
+
+
+def _steady(cell: dict[str, Any]) -> bool:
+    return max(cell.get("spread", 0.0), cell.get("drift", 0.0)) <= COLL_TARGET
+
+
+def _tally(cells: list[dict[str, Any]]) -> str:
+    """How many cells met the target, all and those whose measurement held still."""
+    steady = [c for c in cells if _steady(c)]
+    met = sum(c["error"] <= COLL_TARGET for c in cells)
+    held = sum(c["error"] <= COLL_TARGET for c in steady)
+    return (f"{met} of {len(cells)} cells met the target; of the {len(steady)} whose "
+            f"measurement held within it (spread and drift), {held}")
 
 
 def draw(plt: Any, data: dict[str, Any]) -> Any:
@@ -267,8 +316,10 @@ def draw(plt: Any, data: dict[str, Any]) -> Any:
         axes[0].plot(xs, [r["predicted_s"] * 1e6 for r in d["p2p"]], "-",
                      label=f"{transport} predicted")
         labels = [f"{c['collective'][:6]} {c['ranks']}" for c in d["cells"]]
-        axes[1].plot(range(len(labels)), [100 * c["error"] for c in d["cells"]], "s-",
-                     label=transport)
+        line, = axes[1].plot(range(len(labels)), [100 * c["error"] for c in d["cells"]],
+                             "s-", label=transport)
+        axes[1].plot(range(len(labels)), [100 * c.get("drift", 0.0) for c in d["cells"]],
+                     ":", color=line.get_color(), label=f"{transport} drift")
         axes[1].set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
     axes[0].set_xscale("log", base=2)
     axes[0].set_yscale("log")
@@ -277,7 +328,7 @@ def draw(plt: Any, data: dict[str, Any]) -> Any:
     axes[0].set_title("point-to-point: calibrated model vs measured")
     axes[0].legend(fontsize=7)
     axes[1].axhline(100 * COLL_TARGET, color="k", ls="--", lw=1)
-    axes[1].set_ylabel("geomean error (%)")
+    axes[1].set_ylabel("geomean error, drift (%)")
     axes[1].set_title("collectives, per (collective, ranks)")
     axes[1].legend(fontsize=7)
     return fig

@@ -27,6 +27,13 @@ def test_a_small_validation_compares_prediction_and_measurement() -> None:
                                         for r in c["rows"])
                for c in local["cells"])
     assert "spread" in validation.report(data)
+    # every cell measured in two passes, judged against their geometric mean
+    for cell in local["cells"]:
+        assert cell["drift"] >= 0
+        for row in cell["rows"]:
+            first, again = row["passes_s"]
+            assert row["measured_s"] == pytest.approx(math.sqrt(first * again))
+    assert "drift" in validation.report(data) and "cells met the target" in validation.report(data)
 
 
 def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
@@ -38,6 +45,25 @@ def test_a_cell_whose_own_spread_passes_the_target_is_called_noisy() -> None:
     assert validation._met(cell) == "yes"
     assert validation._met({**cell, "spread": 0.2}) == "yes (noisy)"
     assert validation._met({"error": 0.3, "spread": 0.2}) == "no (noisy)"
+
+
+def test_a_cell_whose_passes_drift_past_the_target_is_called_unsteady() -> None:
+    assert validation.drift([[1.0]]) == 0 and validation.drift([]) == 0
+    assert validation.drift([[1.0, 1.0], [2.0, 2.0]]) == 0
+    # one size moved by 2x (either way), the other not: mean |log| is log(2) / 2
+    assert validation.drift([[1.0, 2.0], [3.0, 3.0]]) == pytest.approx(math.sqrt(2) - 1)
+    assert validation.drift([[2.0, 1.0], [3.0, 3.0]]) == pytest.approx(math.sqrt(2) - 1)
+    cell = {"error": 0.05, "spread": 0.02, "drift": 0.03}
+    assert validation._met(cell) == "yes"
+    assert validation._met({**cell, "drift": 0.2}) == "yes (unsteady)"
+    assert validation._met({**cell, "spread": 0.2, "drift": 0.2}) == "yes (noisy, unsteady)"
+    assert validation._met({"error": 0.3, "spread": 0.0, "drift": 0.25}) == "no (unsteady)"
+    cells = [{"error": 0.05, "spread": 0.0, "drift": 0.0},   # met, steady
+             {"error": 0.30, "spread": 0.0, "drift": 0.02},  # missed, steady: the model's
+             {"error": 0.30, "spread": 0.0, "drift": 0.40},  # missed, unsteady
+             {"error": 0.08, "spread": 0.15, "drift": 0.0}]  # met, noisy
+    assert validation._tally(cells) == ("2 of 4 cells met the target; of the 2 whose "
+                                        "measurement held within it (spread and drift), 1")
 
 
 def test_cells_after_a_point_to_point_check_that_missed_its_target_say_so() -> None:
