@@ -24,7 +24,6 @@ import asyncio
 import concurrent.futures
 import copy
 import functools
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from ..transports.base import ASKED, WITHDRAWN
 from . import diagnostics as diag
 from . import flight as _flight
 from . import log as _logging
-from .fast import LOOP_COPY_MAX, LOOP_SHARE_LATE, THREAD_COPY_MIN, byte_view, status_of
+from .fast import LOOP_COPY_MAX, THREAD_COPY_MIN, byte_view, status_of
 from .lane import PYTHON, Lane
 from .peers import EngineStatistics
 from .request import Request
@@ -69,19 +68,16 @@ COMPUTE: Final = Kind.COMPUTE
 
 class _LoopShare:
     """The part of a worker's copy that the loop may copy meanwhile: whoever claims it
-    first, the loop at its turn (``on_loop``) or the worker once its own part is done
+    first, the loop at its turn (``_LoopShares``) or the worker once its own part is done
     (``after``), copies it, once.  The worker's copy completes only after the share is in:
     the loop's share runs in a callback of the loop, which the worker's completion (a
     callback of the same loop) cannot overtake."""
 
-    __slots__ = ("due", "dst", "src", "token")
+    __slots__ = ("dst", "src", "token")
 
     def __init__(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> None:
         self.dst, self.src = dst, src
         self.token = [True] if dst.size else []  # (list.pop: one claim, under the GIL)
-        #: The loop copies the share only if its turn comes by then: a loop busy with other
-        #: work (or with the share of another copy) leaves it to the worker.
-        self.due = time.perf_counter() + LOOP_SHARE_LATE
 
     def take(self) -> bool:
         """Copy the share unless it was claimed already; whether this call copied it."""
@@ -92,14 +88,44 @@ class _LoopShare:
         np.copyto(self.dst, self.src)
         return True
 
-    def on_loop(self) -> bool:
-        """The loop's turn: ``take`` the share unless the turn came late."""
-        return time.perf_counter() <= self.due and self.take()
-
     def after(self, dst: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> bool:
         """The worker's job: copy ``src`` to ``dst``, then ``take`` the share."""
         np.copyto(dst, src)
         return self.take()
+
+
+class _LoopShares:
+    """The shares (``_LoopShare``) of every worker copy of one event loop's ranks, in the
+    order their copies began: the loop copies at most one a turn, the oldest that no
+    worker has claimed, so that a burst of large messages holds it for one share at a
+    time, whichever ranks and workers they are for.  (It holds no reference to its loop,
+    which keeps it in ``_SHARES`` only as long as the loop lives.)"""
+
+    __slots__ = ("armed", "queue")
+
+    def __init__(self) -> None:
+        self.queue: deque[_LoopShare] = deque()
+        self.armed = False
+
+    def add(self, loop: asyncio.AbstractEventLoop, share: _LoopShare) -> None:
+        self.queue.append(share)
+        if not self.armed:
+            self.armed = True
+            loop.call_soon(self.turn, loop)
+
+    def turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        queue = self.queue
+        while queue and not queue.popleft().take():
+            pass  # (claimed by its worker already)
+        if queue:
+            loop.call_soon(self.turn, loop)  # the next turn of the loop, not this one
+        else:
+            self.armed = False
+
+
+#: Each event loop's shares of worker copies, created with its first.
+_SHARES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopShares] = (
+    weakref.WeakKeyDictionary())
 
 
 class DeviceEngine:
@@ -591,25 +617,31 @@ class DeviceEngine:
                        on_done: Callable[[], None]) -> None:
         """Copy ``nbytes`` from ``src`` to ``dst`` on this rank's worker thread and call
         ``on_done`` on the loop when it is all in place.  The first half (at most
-        ``LOOP_COPY_MAX`` bytes, whole pages) is the loop's to copy at its next turn, if
-        that comes within ``LOOP_SHARE_LATE``, while the worker copies the rest; the
-        worker copies it too if the loop has not begun it by the time the rest is done
-        (``_LoopShare``): a loop that is free copies beside the worker, one busy with other
-        work (or with another copy's share) is not held for it, and the caller (a send
-        whose recv was waiting) returns at once.  Measured in-process, 16 MiB messages:
+        ``LOOP_COPY_MAX`` bytes, whole pages) is the loop's to copy at a turn of its own
+        while the worker copies the rest; the worker copies it too if the loop has not
+        begun it by the time the rest is done (``_LoopShare``).  The loop copies one share
+        a turn, the oldest still free, of any of its ranks' copies (``_LoopShares``): a
+        loop that is free copies beside the worker, a burst of large messages holds it
+        for one share at a time, and the caller (a send whose recv was waiting) returns
+        at once.  Measured in-process, 16 MiB messages (medians of runs alternating the
+        two; the loop's gap: its longest wait for a turn meanwhile):
 
-        ============================================  ========  ===========  =========
-        case                                          worker    share in     share at
-                                                      alone     the send     its turn
-        ============================================  ========  ===========  =========
-        ``isend``, 3.7 ms of numpy on the loop, wait  4.04 ms   5.32 ms      4.06 ms
-        6 ``isend`` into waiting recvs: all done      13.7 ms   7.1 ms (*)   12.8 ms
-        ... the loop's longest gap (median of 10)     0.30 ms   6.29 ms      1.05 ms
-        ============================================  ========  ===========  =========
+        ===============================================  ===================  ==========
+        case                                             each share at its    one share
+                                                         turn, if not late    a turn
+        ===============================================  ===================  ==========
+        ``isend``, 2.9 ms of numpy on the loop, wait     2.90-3.25 ms         2.91-3.00
+        ``isend`` into a waiting recv, done              0.92-1.50 ms         1.12-1.31
+        6 ``isend`` into waiting recvs: all done         11.97-12.63 ms       7.34-7.49
+        ... the loop's longest gap meanwhile             0.93-1.05 ms         1.18-1.24
+        ===============================================  ===================  ==========
 
-        (*) each share at its turn however late: a burst of n messages held the loop for
-        n shares, past the ~10 ms a task may wait from a dozen on.  Buffers that may
-        overlap are copied whole on the worker, as one ``np.copyto`` (which copies
+        (Before, each copy's share was the loop's only if its turn came within 0.3 ms, so
+        that the shares of a burst, all due at one turn, did not hold the loop for one
+        after another: a burst's worker then copied all but the first.  Before that, a
+        share copied within the send held its caller 1.1-1.3 ms, and every share at its
+        turn however late held the loop 6.3 ms for the 6 messages.)  Buffers that
+        may overlap are copied whole on the worker, as one ``np.copyto`` (which copies
         overlapping memory as memmove does).
 
         numpy releases the GIL while it copies, so the worker's part runs beside the loop.
@@ -639,7 +671,10 @@ class DeviceEngine:
         share = _LoopShare(d[:ours], s[:ours])
         fut = self.loop.run_in_executor(self._executor, share.after, d[ours:], s[ours:])
         if ours:
-            self.loop.call_soon(share.on_loop)
+            shares = _SHARES.get(self.loop)
+            if shares is None:
+                shares = _SHARES[self.loop] = _LoopShares()
+            shares.add(self.loop, share)
 
         def copied(f: asyncio.Future[bool]) -> None:
             f.result()

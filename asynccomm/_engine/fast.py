@@ -12,23 +12,18 @@ from .._types import Status
 if TYPE_CHECKING:
     from .request import Request
 
-__all__ = ["LOOP_COPY_MAX", "LOOP_SHARE_LATE", "THREAD_COPY_MIN", "TIMED_COPY_MIN",
+__all__ = ["LOOP_COPY_MAX", "THREAD_COPY_MIN", "TIMED_COPY_MIN",
            "byte_view", "bytes_of", "new_status", "status_of"]
 
 #: Payloads at least this large are copied on the rank's worker thread; smaller ones are
 #: cheaper inline (a 4 MiB copy holds the loop well under a millisecond or two).
 THREAD_COPY_MIN = 4 << 20
-#: Of a copy on the worker thread, the loop copies the first half itself at its next turn,
-#: up to this many bytes (about a millisecond of the loop's time here), unless the worker
-#: is done with the rest first: two cores copy a 16 MiB message nearly twice as fast as
-#: one, and the loop is held no longer than by an inline copy of this size
+#: Of a copy on the worker thread, the loop copies the first half itself, up to this many
+#: bytes (about a millisecond of the loop's time here), unless the worker is done with the
+#: rest first: two cores copy a 16 MiB message nearly twice as fast as one, and the loop
+#: is held no longer than by an inline copy of this size: it copies one such share a turn
 #: (``DeviceEngine.copy_on_thread``).
 LOOP_COPY_MAX = 8 << 20
-#: ... if its turn comes within this many seconds of the copy's start, else the worker
-#: copies it too: a free loop's turn comes in microseconds, one after another share's copy
-#: a millisecond later, so a burst of large messages holds the loop for one share, not one
-#: each.
-LOOP_SHARE_LATE = 0.3e-3
 #: Inline copies at least this large are timed (matched before the copy, finished after
 #: it, as on the general path): a clock read costs nothing beside them.
 TIMED_COPY_MIN = 64 << 10

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
+import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import numpy as np
 import pytest
+import uvloop
 
 import asynccomm as ac
 from asynccomm._core.wire import MESSAGE_OVERHEAD
@@ -384,10 +387,12 @@ class HeldCopies(concurrent.futures.Executor):
             await asyncio.sleep(0)
         raise AssertionError("no copy came to the worker")
 
-    def release(self) -> list[Any]:
-        """Run the held jobs here and now; what each returned."""
+    def release(self, jobs: int | None = None) -> list[Any]:
+        """Run the held jobs (the first ``jobs`` of them) here and now; what each
+        returned."""
         done = []
-        for fut, fn, args in self.held:
+        run, self.held = self.held[:jobs], self.held[len(self.held[:jobs]):]
+        for fut, fn, args in run:
             done.append(fn(*args))
             fut.set_result(done[-1])
         return done
@@ -412,11 +417,10 @@ def random_bytes(n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("nbytes", [(4 << 20) + 8, (16 << 20) + 3])
 async def test_the_loop_copies_the_front_of_a_worker_copy_at_its_turn_the_worker_the_rest(
-        nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        nbytes: int) -> None:
     """A copy for the worker thread (``THREAD_COPY_MIN`` or more) is shared: the send
     returns at once, the loop copies the first half (at most ``LOOP_COPY_MAX`` bytes, whole
     pages) at its next turn, the worker the rest; the recv completes once both are in."""
-    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", 60.0)  # (a loaded machine's turn)
     assert nbytes >= THREAD_COPY_MIN
     ours = min(nbytes // 2, LOOP_COPY_MAX) & ~4095
     src, out = random_bytes(nbytes, nbytes), np.zeros(nbytes, np.uint8)
@@ -452,28 +456,76 @@ async def test_the_worker_copies_the_loops_share_too_if_the_loop_has_not_begun_i
     np.testing.assert_array_equal(out, src)
 
 
-async def test_a_loop_whose_turn_comes_late_leaves_its_share_to_the_worker(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A loop busy with other work, or with the share of another copy, is not held for a
-    copy: its turn coming after ``LOOP_SHARE_LATE``, it copies nothing."""
-    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", -1.0)  # every turn late
-    src, out = random_bytes(16 << 20, 3), np.zeros(16 << 20, np.uint8)
-    async with sent_into_held(src, out) as (worker, rreq, _):
-        await worker.submitted()
-        for _ in range(3):
+async def test_a_burst_of_worker_copies_holds_the_loop_for_one_share_a_turn() -> None:
+    """The loop copies the shares of its ranks' worker copies one a turn, oldest first,
+    whichever rank's: a burst of large messages holds it for one share at a time, and
+    every copy is in once the workers are done."""
+    n = 16 << 20
+    ours = min(n // 2, LOOP_COPY_MAX)
+    srcs = [random_bytes(n, seed) for seed in (11, 12, 13)]
+    outs = [np.zeros(n, np.uint8) for _ in srcs]
+    workers = [HeldCopies(), HeldCopies()]
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c0._engine._executor, c1._engine._executor = workers
+        # rank 0 -> 1, rank 1 -> 0, rank 0 -> 1: three ranks' worth of copies, two workers
+        route = [(c0, c1), (c1, c0), (c0, c1)]
+        recvs = [dst.irecv(out, src.rank, 5 + i) for i, ((src, dst), out)
+                 in enumerate(zip(route, outs, strict=True))]
+        sends = [src.isend(data, dst.rank, 5 + i) for i, ((src, dst), data)
+                 in enumerate(zip(route, srcs, strict=True))]
+        try:
+            assert not any(out.any() for out in outs)  # nothing within the sends
+            for turn in range(3):
+                await asyncio.sleep(0)  # one turn of the loop
+                for i, (out, src) in enumerate(zip(outs, srcs, strict=True)):
+                    if i <= turn:
+                        np.testing.assert_array_equal(out[:ours], src[:ours])
+                    else:
+                        assert not out.any(), (turn, i)
+                    assert not out[ours:].any()
+        finally:
+            copied_shares = workers[0].release() + workers[1].release()
+        for req in recvs + sends:
+            await asyncio.wait_for(req, 10)
+    assert copied_shares == [False] * 3  # the loop had taken them all
+    for out, src in zip(outs, srcs, strict=True):
+        np.testing.assert_array_equal(out, src)
+
+
+async def test_the_loop_skips_a_share_its_worker_took_and_copies_the_next_in_that_turn(
+        ) -> None:
+    """A worker done with its part before the loop's turn copies its share itself; the
+    loop then copies the next share that is still free, in the same turn."""
+    n = 16 << 20
+    ours = min(n // 2, LOOP_COPY_MAX)
+    srcs = [random_bytes(n, seed) for seed in (21, 22)]
+    outs = [np.zeros(n, np.uint8) for _ in srcs]
+    worker = HeldCopies()
+    async with ac.open_world(2) as world:
+        c0, c1 = world.comms
+        c1._engine._executor = worker
+        recvs = [c1.irecv(out, 0, 5 + i) for i, out in enumerate(outs)]
+        sends = [c0.isend(data, 1, 5 + i) for i, data in enumerate(srcs)]
+        try:
+            assert worker.release(1) == [True]  # the first copy whole, before the turn
+            np.testing.assert_array_equal(outs[0], srcs[0])
             await asyncio.sleep(0)
-        assert not out.any()  # the loop's turns came and went
-        assert worker.release() == [True]
-        await asyncio.wait_for(rreq, 10)
-    np.testing.assert_array_equal(out, src)
+            np.testing.assert_array_equal(outs[1][:ours], srcs[1][:ours])
+            assert not outs[1][ours:].any()
+        finally:
+            copied_share = worker.release()
+        for req in recvs + sends:
+            await asyncio.wait_for(req, 10)
+    assert copied_share == [False]
+    for out, src in zip(outs, srcs, strict=True):
+        np.testing.assert_array_equal(out, src)
 
 
-async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove() -> None:
     """Ranks of one process may send from and receive into views of one array (an
     erroneous program, yet one copy keeps its data): a copy shared with the loop would
     overwrite bytes the worker has yet to read."""
-    monkeypatch.setattr(engine_module, "LOOP_SHARE_LATE", 60.0)  # (a loaded machine's turn)
     n, shift = 2 * THREAD_COPY_MIN, 4096
     arr = random_bytes(n + shift, 1)
     want = arr[:n].copy()
@@ -486,3 +538,34 @@ async def test_a_worker_copy_between_overlapping_buffers_moves_them_as_memmove(
         await asyncio.wait_for(rreq, 10)
         await asyncio.wait_for(sreq, 10)
     np.testing.assert_array_equal(arr[shift:], want)
+
+
+@pytest.mark.parametrize("new_loop", [asyncio.new_event_loop, uvloop.new_event_loop],
+                         ids=["asyncio", "uvloop"])
+def test_the_shares_of_a_loop_do_not_keep_it_alive(
+        new_loop: Callable[[], asyncio.AbstractEventLoop]) -> None:
+    """The loop's queue of shares (``_LoopShares``) lives as long as its loop, no longer:
+    loops that ran shared copies are freed once closed (the last to run may be kept a
+    while by the process's caches, so two run)."""
+    n = 16 << 20
+    src = random_bytes(n, 31)
+    loops = []
+    for _ in range(2):
+        out = np.zeros(n, np.uint8)
+
+        async def main(out: np.ndarray = out) -> None:
+            async with ac.open_world(2) as world:
+                c0, c1 = world.comms
+                await asyncio.wait_for(asyncio.gather(c1.recv(out, 0), c0.send(src, 1)), 10)
+
+        loop = new_loop()
+        try:
+            loop.run_until_complete(main())
+            assert loop in engine_module._SHARES  # a shared copy ran on it
+        finally:
+            loop.close()
+        np.testing.assert_array_equal(out, src)
+        loops.append(weakref.ref(loop))
+        del loop
+    gc.collect()
+    assert loops[0]() is None
