@@ -142,3 +142,44 @@ def test_the_switches_are_solved_on_the_model_with_the_crowded_segments(
                         got.append(crowded) or 0.0)
     calibrate.measure_host("processes", 1, HostSpec(cores=1), SEGMENTS, CROWDED)
     assert got == [CROWDED, CROWDED]
+
+
+def test_a_crowded_core_runs_no_work_while_it_copies_a_message_in() -> None:
+    """Rule 4c: on a node that runs more ranks than cores, a transfer holds its
+    destination's core for its link time, and the work queued there after it waits; with a
+    core per rank, or between nodes, the work runs beside it."""
+    link_s = 20e-6 + 4 * MiB / 5e9
+    crowded = ClusterModel(calibrated_cluster(SEGMENTS, name="x", ranks=3,
+                                              host=HostSpec(cores=2), crowded=CROWDED), 3)
+    moving = crowded.start(0, 1, 4 * MiB, now=1000)
+    assert moving.link_busy == pytest.approx(link_s * 1e9, abs=1)
+    start, _ = crowded.core(1).reserve(1000, 10)
+    assert start == 1000 + moving.link_busy  # after the copy
+    assert crowded.core(0).reserve(1000, 10)[0] == 1000  # the sender's core: free
+    # two messages into ranks of one core (0 and 2) share it, and hold it as long in all
+    both = ClusterModel(calibrated_cluster(SEGMENTS, name="x", ranks=3,
+                                           host=HostSpec(cores=2), crowded=CROWDED), 3)
+    into = [both.start(1, 0, 4 * MiB, now=0), both.start(1, 2, 4 * MiB, now=0)]
+    both.settle()
+    ends = [t.end for t in into]
+    assert ends[0] == ends[1] == pytest.approx(2 * link_s * 1e9, rel=1e-6)
+    assert both.core(0).reserve(0, 10)[0] == pytest.approx(2 * link_s * 1e9, abs=2)
+    # a core per rank: nothing held
+    alone = ClusterModel(calibrated_cluster(SEGMENTS, name="x", ranks=2,
+                                            host=HostSpec(cores=2), crowded=CROWDED), 2)
+    alone.start(0, 1, 4 * MiB, now=1000)
+    assert alone.core(1).reserve(1000, 10)[0] == 1000
+
+
+def test_a_crowded_node_holds_no_core_for_a_message_from_another_node() -> None:
+    link = LinkSpec("l", 10e9, 0.0, segments=((1 << 30, 0.0, 10e9),),
+                    crowded=((1 << 30, 0.0, 5e9),))
+    nic = LinkSpec("nic", 10e9, 0.0)
+    cluster = Cluster(nodes=2, devices_per_node=3, intra=link, inter=nic,
+                      device=DeviceSpec("d", 1e12, 1 << 40, float("inf"), 0.0),
+                      host=HostSpec(cores=2))
+    model = ClusterModel(cluster, 6)  # node 0 runs ranks 0-2, node 1 ranks 3-5: crowded
+    model.start(3, 0, MiB, now=0)  # from node 1 into node 0: the NIC's
+    assert model.core(0).reserve(0, 10) == (0, 10)
+    moving = model.start(1, 0, MiB, now=0)  # within node 0: rank 0's core copies it
+    assert model.core(0).reserve(0, 10)[0] == 10 + moving.link_busy  # (after the above)
