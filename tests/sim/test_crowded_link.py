@@ -40,13 +40,19 @@ def test_a_crowded_node_times_its_transfers_by_the_crowded_segments() -> None:
     assert _transfer_s(uncounted, 3) == pytest.approx(alone, rel=1e-5)
 
 
-def test_only_the_nodes_that_run_more_ranks_than_cores_are_crowded() -> None:
+def _two_nodes() -> Cluster:
+    """Two nodes of 3 devices on 2 cores each, whose link's crowded segments run at half
+    its rate (10 and 5 GB/s), joined by a NIC of 10 GB/s."""
     link = LinkSpec("l", 10e9, 0.0, segments=((1 << 30, 0.0, 10e9),),
                     crowded=((1 << 30, 0.0, 5e9),))
     nic = LinkSpec("nic", 10e9, 0.0)
-    cluster = Cluster(nodes=2, devices_per_node=3, intra=link, inter=nic,
-                      device=DeviceSpec("d", 1e12, 1 << 40, float("inf"), 0.0),
-                      host=HostSpec(cores=2))
+    return Cluster(nodes=2, devices_per_node=3, intra=link, inter=nic,
+                   device=DeviceSpec("d", 1e12, 1 << 40, float("inf"), 0.0),
+                   host=HostSpec(cores=2))
+
+
+def test_only_the_nodes_that_run_more_ranks_than_cores_are_crowded() -> None:
+    cluster = _two_nodes()
     # 5 ranks: node 0 runs 3 (crowded), node 1 runs 2 (a core each)
     assert _transfer_s(cluster, 5, 0, 1, MiB) == pytest.approx(MiB / 5e9, rel=1e-5)
     assert _transfer_s(cluster, 5, 3, 4, MiB) == pytest.approx(MiB / 10e9, rel=1e-5)
@@ -172,12 +178,7 @@ def test_a_crowded_core_runs_no_work_while_it_copies_a_message_in() -> None:
 
 
 def test_a_crowded_node_holds_no_core_for_a_message_from_another_node() -> None:
-    link = LinkSpec("l", 10e9, 0.0, segments=((1 << 30, 0.0, 10e9),),
-                    crowded=((1 << 30, 0.0, 5e9),))
-    nic = LinkSpec("nic", 10e9, 0.0)
-    cluster = Cluster(nodes=2, devices_per_node=3, intra=link, inter=nic,
-                      device=DeviceSpec("d", 1e12, 1 << 40, float("inf"), 0.0),
-                      host=HostSpec(cores=2))
+    cluster = _two_nodes()
     model = ClusterModel(cluster, 6)  # node 0 runs ranks 0-2, node 1 ranks 3-5: crowded
     model.start(3, 0, MiB, now=0)  # from node 1 into node 0: the NIC's
     assert model.core(0).reserve(0, 10) == (0, 10)
