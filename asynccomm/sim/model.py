@@ -457,7 +457,7 @@ class ClusterModel:
             raise TypeError(f"plan must be a ChunkPlan or None, got {type(plan).__name__}")
         moving = self._planned(src, dst, nbytes, now, plan, trace)
         core = self._copying_core(src, dst)
-        if core is not None:  # Rule 4c: the core that copies it in runs nothing else meanwhile
+        if core is not None and moving.start < HELD:  # Rule 4c (a held one holds nothing)
             core.reserve(moving.start, moving.link_busy)
         return moving
 

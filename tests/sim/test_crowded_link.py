@@ -184,3 +184,17 @@ def test_a_crowded_node_holds_no_core_for_a_message_from_another_node() -> None:
     assert model.core(0).reserve(0, 10) == (0, 10)
     moving = model.start(1, 0, MiB, now=0)  # within node 0: rank 0's core copies it
     assert model.core(0).reserve(0, 10)[0] == 10 + moving.link_busy  # (after the above)
+
+
+def test_a_message_from_a_hung_rank_holds_no_core() -> None:
+    """A transfer that never leaves (its sender hung: ``HELD``) holds nothing, its
+    destination's core included: the work queued there runs at once."""
+    from asynccomm.sim import FaultPlan, RankFault
+    from asynccomm.sim.faults import PlannedFaults
+
+    cluster = calibrated_cluster(SEGMENTS, name="x", ranks=3, host=HostSpec(cores=2),
+                                 crowded=CROWDED)
+    model = ClusterModel(cluster, 3)
+    model.faults = PlannedFaults(FaultPlan(ranks=(RankFault(0, hang_at=0.0),)), cluster, 3)
+    model.start(0, 1, MiB, now=1000)
+    assert model.core(1).reserve(1000, 10) == (1000, 1010)
