@@ -262,7 +262,7 @@ def report(data: dict[str, Any]) -> str:
             f"measurement's own, repeat to repeat (a cell whose spread passes the target is "
             f"noisy); drift: its two passes, seconds apart, against each other (past the "
             f"target: unsteady); the error of a noisy or unsteady cell may be the machine's"
-            + _unsteady(d),
+            + _pace_moved(d),
             ["collective", "ranks", *sizes, "error", "spread", "drift", "met",
              "messages only"], rows))
         if d["cells"]:
@@ -273,7 +273,7 @@ def report(data: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _unsteady(d: dict[str, Any]) -> str:
+def _pace_moved(d: dict[str, Any]) -> str:
     """What a transport's cells are worth when its point-to-point check missed its target:
     the calibration's ping-pong and the check's, a minute apart, disagree, so the machine's
     pace moved between them (on the wall clock: processes and MPI), and the cells, measured
