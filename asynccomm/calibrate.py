@@ -36,6 +36,7 @@ calls less a message, ``measure_step``) and what it costs more on more ranks tha
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -49,7 +50,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -62,11 +64,12 @@ from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
-__all__ = ["SIZES", "TRANSPORTS", "calibrate", "clock_of", "fit_host", "measure_host",
+__all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "fit_host", "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
-           "steep_steps", "step_calls", "pingpong", "preset", "time_calls", "unwaited_of"]
+           "recording", "steep_steps", "step_calls", "pingpong", "preset", "time_calls",
+           "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
@@ -77,6 +80,51 @@ BUDGET = 0.03
 #: the caches' steps in a memory copy's rate.
 MAX_SEGMENTS = 6
 MIN_POINTS = 3
+
+
+class Record:
+    """What a calibration measured on the machine (its ping-pongs and the timed calls of
+    processes and MPI ranks: barriers, rendezvous, steps), by what was asked, so that the
+    same calibration can be solved again on another model without measuring
+    (``recording``): ``taken`` is JSON.  With ``replay`` every measurement comes from
+    ``taken``, and one not there is an error (``LookupError``)."""
+
+    def __init__(self, taken: dict[str, Any] | None = None, *, replay: bool = False) -> None:
+        self.taken: dict[str, Any] = dict(taken or {})
+        self.replay = replay
+
+    def measured(self, what: str, measure: Callable[..., Any], *args: Any) -> Any:
+        """``measure(*args)``, or what it gave when recorded."""
+        key = json.dumps([what, *args], default=list)
+        if key not in self.taken:
+            if self.replay:
+                raise LookupError(f"no {what} {list(args)} recorded")
+            got = measure(*args)
+            self.taken[key] = ({str(n): t for n, t in got.items()} if isinstance(got, dict)
+                               else got)
+        kept = self.taken[key]
+        return {int(n): t for n, t in kept.items()} if isinstance(kept, dict) else kept
+
+
+#: The ``Record`` of the calibration under way, if one is kept (``recording``).
+_RECORD: ContextVar[Record | None] = ContextVar("asynccomm_calibration_record", default=None)
+
+
+@contextlib.contextmanager
+def recording(record: Record) -> Iterator[Record]:
+    """Within it, what ``calibrate`` measures goes into ``record``, or with a replaying
+    one comes from it (the in-process part of the host, measured on this process's CPU
+    clock whatever the transport, is ``calibrate``'s ``host`` argument, kept apart)."""
+    token = _RECORD.set(record)
+    try:
+        yield record
+    finally:
+        _RECORD.reset(token)
+
+
+def _measured(what: str, measure: Callable[..., Any], *args: Any) -> Any:
+    record = _RECORD.get()
+    return measure(*args) if record is None else record.measured(what, measure, *args)
 
 
 def clock_of(transport: str) -> Callable[[], float]:
@@ -532,6 +580,10 @@ _TIMED: dict[str, Callable[..., Coroutine[Any, Any, float]]] = {
 def _timed_call(option: str, transport: str, ranks: int, repeats: int) -> float:
     """Rank 0's figure of ``_TIMED[option]`` on ``ranks`` ranks of ``transport``: in
     processes of this machine, or on MPI under ``mpiexec`` (``main``'s ``--<option>``)."""
+    return float(_measured("call", _call_timed, option, transport, ranks, repeats))
+
+
+def _call_timed(option: str, transport: str, ranks: int, repeats: int) -> float:
     if transport != "mpi":
         return float(run(partial(_TIMED[option], repeats=repeats), ranks,
                          backend="processes")[0])
@@ -870,12 +922,12 @@ def fitted_pingpong(transport: str, sizes: Sequence[int], repeats: int, ranks: i
     """The one-way times of ``sizes`` between two of ``ranks`` ranks of ``transport``
     (``measure_pingpong``) and the segments fitted to them, measured again near the fit's
     breaks and steep steps and fitted again."""
-    points = measure_pingpong(transport, sizes, repeats, ranks)
+    points = _measured("pingpong", measure_pingpong, transport, list(sizes), repeats, ranks)
     segments = _fit(points)
     extra = sorted({n for n in [*near_breaks(sorted(points), segments), *steep_steps(points)]
                     if n not in points})
     if extra:  # a second pass where the first found its breaks and steps, then fit again
-        points.update(measure_pingpong(transport, extra, repeats, ranks))
+        points.update(_measured("pingpong", measure_pingpong, transport, extra, repeats, ranks))
         segments = _fit(points)
     return points, segments
 

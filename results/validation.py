@@ -23,7 +23,8 @@ passes the target is marked unsteady): no prediction made at one time, as the ca
 is, can be judged closer than that against a measurement made at another.  Targets: 5%
 for point-to-point, 10% per (collective, ranks) cell.  The measurements are medians of
 repeats on a shared machine, so they move from run to run; the JSON and picture go to
-files git ignores.
+files git ignores.  The JSON keeps what each calibration measured, and ``--replay`` judges
+the model as the code has it against a run's measurements again (``replay``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import asynccomm as ac
 from asynccomm.calibrate import (
     MODEL_CALLS,
     SIZES,
+    Record,
     calibrate,
     call_buffers,
     clock_of,
@@ -53,6 +55,7 @@ from asynccomm.calibrate import (
     measure_pingpong,
     mpi_run,
     mpiexec,
+    recording,
     time_calls,
 )
 from asynccomm.sim import Cluster, HostSpec
@@ -100,19 +103,28 @@ async def collectives(comm: ac.Communicator, sizes: tuple[int, ...], *, model: b
     return out
 
 
-def _cell(name: str, p: int, sizes: tuple[int, ...], runs: list[dict[str, dict[int, float]]],
-          model: dict[str, dict[int, float]], messages: dict[str, dict[int, float]]
-          ) -> dict[str, Any]:
-    """One (collective, ranks) cell of the table from its measured ``runs`` (each a pass
-    of ``collectives``) and the model's predictions: each size's measurement the geometric
-    mean of the passes' medians (``passes_s``), its spread and page faults their means."""
-    rows = [{"nbytes": n,
+def _measured_rows(name: str, sizes: tuple[int, ...],
+                   runs: list[dict[str, dict[int, float]]]) -> list[dict[str, Any]]:
+    """A cell's measurements from its ``runs`` (each a pass of ``collectives``): each
+    size's the geometric mean of the passes' medians (``passes_s``), its spread and page
+    faults their means."""
+    return [{"nbytes": n,
              "measured_s": math.exp(statistics.fmean(math.log(r[name][n]) for r in runs)),
              "passes_s": [r[name][n] for r in runs],
              "spread": statistics.fmean(r[f"{name} spread"][n] for r in runs),
-             "faults_per_call": statistics.fmean(r[f"{name} faults"][n] for r in runs),
-             "predicted_s": model[name][n], "messages_only_s": messages[name][n]}
+             "faults_per_call": statistics.fmean(r[f"{name} faults"][n] for r in runs)}
             for n in sizes]
+
+
+def _cell(name: str, p: int, measured: list[dict[str, Any]],
+          model: dict[str, dict[int, float]], messages: dict[str, dict[int, float]]
+          ) -> dict[str, Any]:
+    """One (collective, ranks) cell of the table: its ``measured`` rows
+    (``_measured_rows``) beside the model's predictions, and their error."""
+    rows = [{**{k: r[k] for k in ("nbytes", "measured_s", "passes_s", "spread",
+                                  "faults_per_call")},
+             "predicted_s": model[name][r["nbytes"]],
+             "messages_only_s": messages[name][r["nbytes"]]} for r in measured]
     return {"collective": name, "ranks": p, "rows": rows,
             "spread": math.exp(statistics.fmean(math.log1p(r["spread"]) for r in rows)) - 1,
             "drift": drift([r["passes_s"] for r in rows]),
@@ -181,47 +193,106 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             coll_sizes: tuple[int, ...] = COLL_SIZES, ranks: tuple[int, ...] = RANKS,
             repeats: int = 7) -> dict[str, Any]:
     """Calibrate each transport (``repeats`` of each measurement), measure again, and
-    predict; the tables' data."""
-    data: dict[str, Any] = {"transports": {}}
+    predict; the tables' data, with what the calibration measured (``recorded``: see
+    ``replay``)."""
+    data: dict[str, Any] = {"transports": {}, "plan": {
+        "p2p_sizes": list(p2p_sizes), "coll_sizes": list(coll_sizes), "ranks": list(ranks),
+        "repeats": repeats}}
     started = time.perf_counter()
     host = in_process_host(repeats)  # once, on the CPU clock, for every transport
+    data["in_process_host"] = host.to_dict()
     data["wall_s"] = round(time.perf_counter() - started, 2)
     for transport in progress(transports, NAME):
         walls, started = {}, time.perf_counter()
-        doc = calibrate(transport, p2p_sizes, repeats, host=host)
+        with recording(Record()) as record:
+            doc = calibrate(transport, p2p_sizes, repeats, host=host)
         walls["calibrate"] = time.perf_counter() - started
-        with tempfile.TemporaryDirectory() as tmp:  # through the file, as a user would
-            preset = Path(tmp) / "preset.json"
-            preset.write_text(json.dumps(doc))
-            cluster = Cluster.load(preset)
+        cluster, bare = _clusters(doc)
         measured = measure_pingpong(transport, p2p_sizes, repeats)
-        predicted = _p2p_model(cluster, p2p_sizes)
         walls["p2p"] = time.perf_counter() - started - sum(walls.values())
-        p2p = [{"nbytes": n, "measured_s": measured[n], "predicted_s": predicted[n]}
-               for n in p2p_sizes]
-        bare = copy.copy(cluster)  # the same messages, no CPU work of the calls
-        bare.host = HostSpec()
         runs: dict[int, list[dict[str, dict[int, float]]]] = {}
         models = {}
         for p in ranks:
             runs[p] = [_collectives_measured(transport, p, coll_sizes)]
             walls[f"measured {p}"] = time.perf_counter() - started - sum(walls.values())
-            models[p] = tuple(ac.run(lambda comm: collectives(comm, coll_sizes, model=True),
-                                     p, cluster=c, clock="virtual")[0]
-                              for c in (cluster, bare))
+            models[p] = _modelled(cluster, bare, p, coll_sizes)
             walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
         for p in ranks:  # again, seconds later: how far a cell moves by itself (``drift``)
             runs[p].append(_collectives_measured(transport, p, coll_sizes))
             walls[f"again {p}"] = time.perf_counter() - started - sum(walls.values())
-        cells = [_cell(name, p, coll_sizes, runs[p], *models[p])
-                 for p in ranks for name in COLLECTIVES]
         data["transports"][transport] = {
-            "segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
-            "crowded": doc["calibration"].get("crowded"),
-            "p2p": p2p,
-            "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
-            "cells": cells, "wall_s": {k: round(v, 2) for k, v in walls.items()}}
+            **_judged(doc, cluster, measured, {
+                (name, p): _measured_rows(name, coll_sizes, runs[p])
+                for p in ranks for name in COLLECTIVES}, models),
+            "recorded": record.taken,
+            "wall_s": {k: round(v, 2) for k, v in walls.items()}}
     return data
+
+
+def replay(data: dict[str, Any]) -> dict[str, Any]:
+    """The tables of a validation run (``measure``'s data, as its JSON keeps it) on the
+    model as the code has it now: each transport's calibration solved again from what it
+    measured then (``asynccomm.calibrate.recording``), its predictions set beside the
+    same measurements.  A change to the model is judged so without the machine's noise:
+    the measurements do not move.
+
+    Raises:
+        ValueError: data without what its calibration measured (an older run).
+    """
+    plan = data.get("plan")
+    if plan is None or any("recorded" not in d for d in data["transports"].values()):
+        raise ValueError("these results do not keep what their calibration measured: run "
+                         "python -m results.validation again")
+    host = HostSpec.from_dict(data["in_process_host"])
+    out: dict[str, Any] = {"transports": {}, "plan": plan, "in_process_host": data[
+        "in_process_host"], "replayed": True}
+    for transport, d in data["transports"].items():
+        with recording(Record(d["recorded"], replay=True)):
+            doc = calibrate(transport, tuple(plan["p2p_sizes"]), plan["repeats"], host=host)
+        cluster, bare = _clusters(doc)
+        coll_sizes = tuple(plan["coll_sizes"])
+        out["transports"][transport] = {
+            **_judged(doc, cluster, {r["nbytes"]: r["measured_s"] for r in d["p2p"]},
+                      {(c["collective"], c["ranks"]): c["rows"] for c in d["cells"]},
+                      {p: _modelled(cluster, bare, p, coll_sizes) for p in plan["ranks"]}),
+            "recorded": d["recorded"]}
+    return out
+
+
+def _clusters(doc: dict[str, Any]) -> tuple[Cluster, Cluster]:
+    """The calibrated cluster of a preset ``doc``, loaded through its file as a user
+    would, and the same without the calls' CPU work (messages only)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        preset = Path(tmp) / "preset.json"
+        preset.write_text(json.dumps(doc))
+        cluster = Cluster.load(preset)
+    bare = copy.copy(cluster)
+    bare.host = HostSpec()
+    return cluster, bare
+
+
+def _modelled(cluster: Cluster, bare: Cluster, p: int, sizes: tuple[int, ...]
+              ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    """Seconds per call of each collective and size on ``p`` ranks of the calibrated
+    model and of the one of messages only."""
+    model, messages = (ac.run(lambda comm: collectives(comm, sizes, model=True), p,
+                              cluster=c, clock="virtual")[0] for c in (cluster, bare))
+    return model, messages
+
+
+def _judged(doc: dict[str, Any], cluster: Cluster, p2p_measured: dict[int, float],
+            cells: dict[tuple[str, int], list[dict[str, Any]]],
+            models: dict[int, tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]]
+            ) -> dict[str, Any]:
+    """A transport's tables: the preset's fit, point-to-point and each cell's measured
+    rows beside the model's predictions."""
+    predicted = _p2p_model(cluster, tuple(p2p_measured))
+    p2p = [{"nbytes": n, "measured_s": t, "predicted_s": predicted[n]}
+           for n, t in p2p_measured.items()]
+    return {"segments": doc["calibration"]["segments"], "host": doc["cluster"]["host"],
+            "crowded": doc["calibration"].get("crowded"), "p2p": p2p,
+            "p2p_error": _error([(r["predicted_s"], r["measured_s"]) for r in p2p]),
+            "cells": [_cell(name, p, rows, *models[p]) for (name, p), rows in cells.items()]}
 
 
 def _segments(segments: list[dict[str, float]]) -> str:
@@ -233,6 +304,9 @@ def _segments(segments: list[dict[str, float]]) -> str:
 def report(data: dict[str, Any]) -> str:
     parts = ([f"in-process host work measured in {data['wall_s']:.1f} wall seconds"]
              if "wall_s" in data else [])
+    if data.get("replayed"):
+        parts.append("replayed: the model as this code has it, calibrated again from what an "
+                     "earlier run measured, against that run's measurements")
     for transport, d in data["transports"].items():
         parts.append(f"{transport}: calibrated {_segments(d['segments'])}")
         if d.get("crowded"):
@@ -350,16 +424,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cli.add_argument("--transport", action="append", choices=("local", "processes", "mpi"),
                      help="validate this transport only (again for more; default: each "
                      "there is)")
+    cli.add_argument("--replay", type=Path, metavar="JSON",
+                     help="judge the model as this code has it against the measurements "
+                     "of an earlier run (its validation.json), its calibration solved "
+                     "again from what it measured; writes validation.replay.json")
     args = cli.parse_args(args_in)
     started = time.perf_counter()
     transports = tuple(args.transport or (
         "local", "processes", *(("mpi",) if mpiexec() is not None else ())))
-    if args.quick:
+    if args.replay is not None:
+        data = replay(json.loads(args.replay.read_text()))
+    elif args.quick:
         data = measure(("local",), (8, 4096, 1 << 20), (4096,), (2, 3), repeats=3)
     else:
         data = measure(transports)
     print(report(data))
-    finish(args, NAME, data, draw, started)
+    finish(args, f"{NAME}.replay" if args.replay is not None else NAME, data, draw, started)
     return data
 
 

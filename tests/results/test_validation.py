@@ -3,6 +3,8 @@ transport, measures again, and sets the calibrated model's predictions beside it
 
 from __future__ import annotations
 
+import copy
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -95,3 +97,49 @@ def test_the_validation_runs_the_transports_asked_for(monkeypatch: pytest.Monkey
     assert asked == [("local",), ("local", "processes")]
     with pytest.raises(SystemExit):
         validation.main(["--transport", "nowhere"])
+
+
+def test_a_replay_judges_the_model_again_against_the_same_measurements(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``replay`` solves each transport's calibration again from what it measured (no
+    measurement is taken) and sets the predictions beside the run's own measurements: on
+    the same model it gives the run's tables back; on recorded ping-pongs twice as slow,
+    its point-to-point predictions double and the measurements stay."""
+    import asynccomm.calibrate as calibrate
+
+    data = validation.measure(("local",), (8, 4096, 65536), (4096,), (2,), repeats=1)
+    kept = json.dumps(data)
+    data = json.loads(kept)  # as its JSON keeps it
+    local = data["transports"]["local"]
+    assert local["recorded"] and all(k.startswith('["pingpong"') for k in local["recorded"])
+
+    def measuring(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a replay measured")
+
+    monkeypatch.setattr(calibrate, "measure_pingpong", measuring)
+    monkeypatch.setattr(calibrate, "in_process_host", measuring)
+    again = validation.replay(data)["transports"]["local"]
+    for key in ("p2p", "cells", "segments", "host"):
+        assert again[key] == local[key], key
+    slower = copy.deepcopy(data)
+    for points in slower["transports"]["local"]["recorded"].values():
+        for n in points:
+            points[n] *= 2
+    judged = validation.replay(slower)["transports"]["local"]
+    for old, new in zip(local["p2p"], judged["p2p"], strict=True):
+        assert new["measured_s"] == old["measured_s"]
+        assert new["predicted_s"] == pytest.approx(2 * old["predicted_s"], rel=0.05)
+    assert [r["measured_s"] for c in judged["cells"] for r in c["rows"]] == [
+        r["measured_s"] for c in local["cells"] for r in c["rows"]]
+    # a run that kept no record cannot be replayed, nor a record missing a measurement
+    del slower["transports"]["local"]["recorded"]
+    with pytest.raises(ValueError, match="run python -m results.validation again"):
+        validation.replay(slower)
+    data["transports"]["local"]["recorded"] = {}
+    with pytest.raises(LookupError, match="no pingpong"):
+        validation.replay(data)
+    # the command line: replays a JSON file and writes its own
+    path = tmp_path / "validation.json"
+    path.write_text(kept)
+    validation.main(["--no-plot", "--out", str(tmp_path), "--replay", str(path)])
+    assert json.loads((tmp_path / "validation.replay.json").read_text())["replayed"]

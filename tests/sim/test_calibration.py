@@ -660,3 +660,30 @@ def test_validation_times_the_calls_on_arrays_of_real_pages() -> None:
         assert _write_faults(bufs) <= 2
     with pytest.raises(ValueError, match="no arrays for 'bcast'"):
         call_buffers("bcast", 8, 2)
+
+
+def test_a_record_keeps_what_the_calibration_measured_and_gives_it_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``recording``: the timed calls (and ping-pongs) of a calibration go into its
+    ``Record`` as JSON, and a replaying record gives them back without measuring; one it
+    does not hold is an error."""
+    import asynccomm.calibrate as calibrate
+
+    timed: list[tuple[object, ...]] = []
+
+    def call_timed(*args: object) -> float:
+        timed.append(args)
+        return 42e-6
+
+    monkeypatch.setattr(calibrate, "_call_timed", call_timed)
+    with calibrate.recording(calibrate.Record()) as record:
+        assert calibrate._barrier_call("processes", 3, 7) == 42e-6
+        assert calibrate._barrier_call("processes", 3, 7) == 42e-6  # measured once
+    assert timed == [("barrier", "processes", 3, 7)]
+    assert calibrate._barrier_call("processes", 3, 7) == 42e-6 and len(timed) == 2  # no record
+    kept = json.loads(json.dumps(record.taken))
+    with calibrate.recording(calibrate.Record(kept, replay=True)):
+        assert calibrate._barrier_call("processes", 3, 7) == 42e-6
+        with pytest.raises(LookupError, match="no call"):
+            calibrate._barrier_call("processes", 4, 7)
+    assert len(timed) == 2
