@@ -42,6 +42,7 @@ import itertools
 import json
 import math
 import mmap
+import multiprocessing
 import os
 import resource
 import shutil
@@ -53,6 +54,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextvars import ContextVar
 from functools import partial
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +66,8 @@ from ._types import EAGER_LIMIT
 from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
-__all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "fit_host", "measure_host",
+__all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "cross_cpu", "fit_host",
+           "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
@@ -341,6 +344,83 @@ def measure_touch(nbytes: int = 4 << 20, repeats: int = 7,
 #: Working sets at which ``measure_memory`` times copies: 1 MiB to 128 MiB, from a core's
 #: cache to well past the last cache of this kind of machine.
 MEMORY_SIZES = tuple(1 << i for i in range(20, 28))
+
+#: Bytes the cross-CPU probe (``cross_cpu``) writes on one CPU and copies out on another.
+CROSS_CPU_BYTES = 64 << 10
+
+
+def cross_cpu(rounds: int = 1000, timeout: float = 30.0) -> float | None:
+    """Seconds a process on CPU 1 takes to copy out ``CROSS_CPU_BYTES`` that a process on
+    CPU 0 has just written (the median over ``rounds``, each written afresh); None where
+    this process may not run on both.  What a message between processes costs past a few
+    kilobytes is mostly this read: on the 2-CPU virtual machine these figures come from,
+    it took 6.2-6.7 us (10 GB/s) and, for spells of seconds to minutes, 2.3-2.4 us (27
+    GB/s), the host having moved the two CPUs nearer each other; a 16 KiB ping-pong
+    between two processes took 21-23 us one way in the first state and 12.7-12.9 in the
+    second, 1 MiB 152-169 and 135-156.  The second state is two hardware threads of one
+    core: a 4 MiB copy on each CPU at once took 2.0-2.4 times as long as on one alone
+    there, 0.9-1.04 times in the first state.  A calibration and a check that ran in
+    different states disagree by that much, whatever the model (``results.validation``
+    reports the state at each measurement).
+
+    Raises:
+        RuntimeError: the probe's processes did not finish within ``timeout`` seconds.
+    """
+    if not hasattr(os, "sched_getaffinity") or not {0, 1} <= os.sched_getaffinity(0):
+        return None
+    ctx = multiprocessing.get_context("spawn")
+    shm = shared_memory.SharedMemory(create=True, size=4096 + CROSS_CPU_BYTES)
+    try:
+        np.ndarray((2,), np.int64, shm.buf)[:] = 0
+        took = ctx.Queue()
+        procs = [ctx.Process(target=_cross_cpu_side, args=(shm.name, cpu, rounds, took),
+                             daemon=True) for cpu in (0, 1)]
+        for proc in procs:
+            proc.start()
+        try:
+            got = float(took.get(timeout=timeout))
+        except Exception as exc:  # (queue.Empty: a side never finished)
+            raise RuntimeError(f"the cross-CPU probe did not finish in {timeout} s") from exc
+        finally:
+            for proc in procs:
+                proc.join(1.0)
+                if proc.is_alive():
+                    proc.kill()
+        return got
+    finally:
+        shm.close()
+        shm.unlink()
+
+
+def _cross_cpu_side(name: str, cpu: int, rounds: int, took: Any) -> None:
+    """One side of ``cross_cpu``: on CPU 0 write each round's bytes and count the round
+    (word 0); on CPU 1 wait for it, copy the bytes out (timed), and count it read (word
+    1), which the writer waits for before the next round."""
+    os.sched_setaffinity(0, {cpu})
+    shm = shared_memory.SharedMemory(name)
+    try:
+        words = np.ndarray((2,), np.int64, shm.buf)
+        data = np.ndarray((CROSS_CPU_BYTES,), np.uint8, shm.buf, 4096)
+        out = np.empty_like(data)
+        times = []
+        for i in range(1, rounds + 1):
+            if cpu == 0:
+                while words[1] != i - 1:
+                    pass
+                data[:] = i & 0xFF
+                words[0] = i
+            else:
+                while words[0] != i:
+                    pass
+                t0 = time.perf_counter()
+                np.copyto(out, data)
+                times.append(time.perf_counter() - t0)
+                words[1] = i
+        if cpu == 1:
+            took.put(statistics.median(times[len(times) // 10:]))
+        del words, data
+    finally:
+        shm.close()
 
 
 def measure_memory(sizes: Sequence[int] = MEMORY_SIZES, repeats: int = 5,
@@ -900,9 +980,15 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
     Their ``crowded`` segments are fitted to those times less what a small message
     (``HANDOFF_SIZE`` or less; nothing, if no size is that small) took more there than on
     two ranks (``Crowded.lift``): the hand-off to a rank that waits on crowded cores, which
-    the host's ``switch`` prices per step (solved on this same model, ``measure_switch``)."""
-    points, segments = fitted_pingpong(transport, sizes, repeats)
+    the host's ``switch`` prices per step (solved on this same model, ``measure_switch``).
+    Their two-rank ping-pong is framed by ``cross_cpu`` probes, which the preset's
+    ``calibration.cross_cpu`` keeps (seconds, before and after; None where not measured):
+    the state of the machine it was timed in."""
     cores = os.cpu_count() or 1
+    probed = transport != "local" and cores > 1  # (processes of their own: ``cross_cpu``)
+    before = _measured("cross_cpu", _cross_cpu_at, "before") if probed else None
+    points, segments = fitted_pingpong(transport, sizes, repeats)
+    after = _measured("cross_cpu", _cross_cpu_at, "after") if probed else None
     crowded = None
     if transport != "local" and cores > 1:  # (on one core, two ranks are crowded already)
         crowded_points, _ = fitted_pingpong(transport, sizes, repeats, cores + 1)
@@ -912,9 +998,17 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
         crowded = Crowded(cores + 1, crowded_points, lift, _fit(
             {n: t - lift for n, t in crowded_points.items()}))
     in_process = host if isinstance(host, HostSpec) else None
-    return preset(transport, points, segments, host=measure_host(
+    doc = preset(transport, points, segments, host=measure_host(
         transport, repeats, in_process, segments, crowded.segments if crowded else ())
         if host else None, crowded=crowded)
+    if probed:
+        doc["calibration"]["cross_cpu"] = [before, after]
+    return doc
+
+
+def _cross_cpu_at(when: str) -> float | None:
+    """``cross_cpu`` (``when``: which of a calibration's probes, for its ``Record``)."""
+    return cross_cpu()
 
 
 def fitted_pingpong(transport: str, sizes: Sequence[int], repeats: int, ranks: int = 2

@@ -45,12 +45,14 @@ import numpy as np
 
 import asynccomm as ac
 from asynccomm.calibrate import (
+    CROSS_CPU_BYTES,
     MODEL_CALLS,
     SIZES,
     Record,
     calibrate,
     call_buffers,
     clock_of,
+    cross_cpu,
     in_process_host,
     measure_pingpong,
     mpi_run,
@@ -208,23 +210,28 @@ def measure(transports: tuple[str, ...], p2p_sizes: tuple[int, ...] = SIZES,
             doc = calibrate(transport, p2p_sizes, repeats, host=host)
         walls["calibrate"] = time.perf_counter() - started
         cluster, bare = _clusters(doc)
+        probed = "cross_cpu" in doc["calibration"]  # the machine's state (``cross_cpu``)
+        probes: dict[str, Any] = {"calibration": doc["calibration"].get("cross_cpu"),
+                                  "check": cross_cpu() if probed else None, "passes": {}}
         measured = measure_pingpong(transport, p2p_sizes, repeats)
         walls["p2p"] = time.perf_counter() - started - sum(walls.values())
         runs: dict[int, list[dict[str, dict[int, float]]]] = {}
         models = {}
         for p in ranks:
+            probes["passes"][str(p)] = [cross_cpu() if probed else None]
             runs[p] = [_collectives_measured(transport, p, coll_sizes)]
             walls[f"measured {p}"] = time.perf_counter() - started - sum(walls.values())
             models[p] = _modelled(cluster, bare, p, coll_sizes)
             walls[f"model {p}"] = time.perf_counter() - started - sum(walls.values())
         for p in ranks:  # again, seconds later: how far a cell moves by itself (``drift``)
+            probes["passes"][str(p)].append(cross_cpu() if probed else None)
             runs[p].append(_collectives_measured(transport, p, coll_sizes))
             walls[f"again {p}"] = time.perf_counter() - started - sum(walls.values())
         data["transports"][transport] = {
             **_judged(doc, cluster, measured, {
                 (name, p): _measured_rows(name, coll_sizes, runs[p])
                 for p in ranks for name in COLLECTIVES}, models),
-            "recorded": record.taken,
+            "recorded": record.taken, "cross_cpu": probes,
             "wall_s": {k: round(v, 2) for k, v in walls.items()}}
     return data
 
@@ -255,7 +262,7 @@ def replay(data: dict[str, Any]) -> dict[str, Any]:
             **_judged(doc, cluster, {r["nbytes"]: r["measured_s"] for r in d["p2p"]},
                       {(c["collective"], c["ranks"]): c["rows"] for c in d["cells"]},
                       {p: _modelled(cluster, bare, p, coll_sizes) for p in plan["ranks"]}),
-            "recorded": d["recorded"]}
+            "recorded": d["recorded"], "cross_cpu": d.get("cross_cpu")}
     return out
 
 
@@ -341,10 +348,47 @@ def report(data: dict[str, Any]) -> str:
              "messages only"], rows))
         if d["cells"]:
             parts.append(f"{transport}: {_tally(d['cells'])}")
+        if (probed := _probes(d.get("cross_cpu"))):
+            parts.append(f"{transport}: {probed}")
         if "wall_s" in d:
             parts.append(f"{transport}: wall seconds, " + ", ".join(
                 f"{part} {wall:.1f}" for part, wall in d["wall_s"].items()))
     return "\n\n".join(parts)
+
+
+def _rate(seconds: float | None) -> str:
+    """A ``cross_cpu`` probe as a rate (GB/s), or "-" where none was taken."""
+    return "-" if not seconds else f"{CROSS_CPU_BYTES / seconds / 1e9:.1f}"
+
+
+def _probes(probes: dict[str, Any] | None) -> str:
+    """The ``cross_cpu`` probes of a transport's run, as rates: the state of the machine
+    at each of its measurements; "" where none was taken."""
+    if not probes or not (probes.get("check") or (probes.get("calibration") or [None])[0]):
+        return ""
+    passes = "; ".join(f"{p} ranks {', '.join(_rate(t) for t in ts)}"
+                       for p, ts in probes.get("passes", {}).items())
+    return (f"a {size_label(CROSS_CPU_BYTES)} block just written on another CPU copied out "
+            f"at {', '.join(_rate(t) for t in probes.get('calibration') or [])} GB/s around "
+            f"the calibration's ping-pong, {_rate(probes.get('check'))} before the check; "
+            f"before the cells' passes: {passes} (a CPU state the host changes for spells of "
+            f"seconds to minutes: asynccomm.calibrate.cross_cpu)")
+
+
+def _moved(probes: dict[str, Any] | None) -> str:
+    """What the ``cross_cpu`` probes say of a check that missed its target: the machine's
+    CPUs were in another state (a rate 1.5 times another's) during the calibration's
+    ping-pong and before the check, or ""."""
+    if not probes or not probes.get("check"):
+        return ""
+    rates = [CROSS_CPU_BYTES / t for t in [*(probes.get("calibration") or []),
+                                           probes["check"]] if t]
+    if len(rates) < 2 or max(rates) < 1.5 * min(rates):
+        return ""
+    return (f" (a block just written on another CPU copied out at "
+            f"{', '.join(_rate(t) for t in probes.get('calibration') or [])} GB/s around "
+            f"the calibration's ping-pong, {_rate(probes['check'])} before the check: the "
+            f"host moved the CPUs)")
 
 
 def _pace_moved(d: dict[str, Any]) -> str:
@@ -355,8 +399,8 @@ def _pace_moved(d: dict[str, Any]) -> str:
     if d["p2p_error"] <= P2P_TARGET:
         return ""
     return (f"; the point-to-point check above missed its target ({d['p2p_error']:.1%}): the "
-            f"machine's pace moved between the calibration and the measurements, which these "
-            f"cells judge as much as the model")
+            f"machine's pace moved between the calibration and the measurements"
+            f"{_moved(d.get('cross_cpu'))}, which these cells judge as much as the model")
 
 
 def _met(cell: dict[str, Any]) -> str:

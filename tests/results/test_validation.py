@@ -143,3 +143,26 @@ def test_a_replay_judges_the_model_again_against_the_same_measurements(
     path.write_text(kept)
     validation.main(["--no-plot", "--out", str(tmp_path), "--replay", str(path)])
     assert json.loads((tmp_path / "validation.replay.json").read_text())["replayed"]
+
+
+def test_the_report_gives_the_machine_s_state_at_each_measurement() -> None:
+    """The ``cross_cpu`` probes of a run are reported as rates, and a point-to-point check
+    that missed its target after a calibration in another state says so."""
+    from asynccomm.calibrate import CROSS_CPU_BYTES
+
+    slow, fast = CROSS_CPU_BYTES / 10e9, CROSS_CPU_BYTES / 27e9
+    probes = {"calibration": [slow, slow], "check": fast, "passes": {"2": [fast, slow]}}
+    line = validation._probes(probes)
+    assert "10.0, 10.0 GB/s around the calibration's ping-pong, 27.0 before the check" in line
+    assert "2 ranks 27.0, 10.0" in line
+    assert validation._probes(None) == "" and validation._probes(
+        {"calibration": None, "check": None, "passes": {}}) == ""
+    assert "the host moved the CPUs" in validation._moved(probes)
+    assert validation._moved({**probes, "check": slow * 1.2}) == ""  # the same state
+    cell = {"collective": "allreduce", "ranks": 2, "error": 0.05, "spread": 0.01,
+            "drift": 0.0, "messages_only_error": 1.0,
+            "rows": [{"nbytes": 4096, "measured_s": 1e-4, "predicted_s": 1.05e-4}]}
+    moved = {"segments": [], "p2p": [{"nbytes": 8, "measured_s": 1e-5, "predicted_s": 2e-5}],
+             "p2p_error": 1.0, "cells": [cell], "cross_cpu": probes}
+    text = validation.report({"transports": {"processes": moved}})
+    assert "the host moved the CPUs" in text and "27.0 before the check" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import platform
 import random
 import subprocess
@@ -687,3 +688,16 @@ def test_a_record_keeps_what_the_calibration_measured_and_gives_it_back(
         with pytest.raises(LookupError, match="no call"):
             calibrate._barrier_call("processes", 4, 7)
     assert len(timed) == 2
+
+
+def test_the_cross_cpu_probe_times_a_read_of_bytes_another_cpu_just_wrote(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cross_cpu``: where this process may run on CPUs 0 and 1, a positive time (a read
+    of 64 KiB at more than 100 MB/s and less than 1 TB/s); else None."""
+    import asynccomm.calibrate as calibrate
+
+    if {0, 1} <= os.sched_getaffinity(0):
+        took = calibrate.cross_cpu(rounds=200)
+        assert took is not None and 64e-9 < took < 64e-5
+    monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0})
+    assert calibrate.cross_cpu() is None
