@@ -985,7 +985,9 @@ def calibrate(transport: str, sizes: Sequence[int] = SIZES,
     ``calibration.cross_cpu`` keeps (seconds, before and after; None where not measured):
     the state of the machine it was timed in."""
     cores = os.cpu_count() or 1
-    probed = transport != "local" and cores > 1  # (processes of their own: ``cross_cpu``)
+    # processes of their own: the machine's state (``cross_cpu``), from the one process
+    # that starts them (not from every rank of a launcher's job)
+    probed = transport != "local" and cores > 1 and not launched_by_mpi()
     before = _measured("cross_cpu", _cross_cpu_at, "before") if probed else None
     points, segments = fitted_pingpong(transport, sizes, repeats)
     after = _measured("cross_cpu", _cross_cpu_at, "after") if probed else None
