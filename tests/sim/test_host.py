@@ -466,3 +466,50 @@ def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
 def test_the_steps_of_ranks_of_one_loop_round_trip_through_a_preset() -> None:
     assert HostSpec.from_dict(json.loads(json.dumps(UNWAITED.to_dict()))) == UNWAITED
     assert HostSpec.from_dict({"call": 1e-6}).unwaited == ()  # presets written before
+
+
+def test_work_beside_another_core_s_takes_together_times_as_long() -> None:
+    """Rule 2d: as much of a core's work as other cores have queued runs ``together``
+    times as long (both slowed), the rest as long as alone."""
+    from asynccomm.sim.timing import beside
+
+    assert beside(1000, 0, 2.0) == 1000  # the others idle
+    assert beside(1000, 5000, 1.0) == 1000  # cores of their own
+    assert beside(1000, 5000, 2.0) == 2000  # all of it beside theirs
+    assert beside(1000, 600, 2.0) == 1600  # 600 ns of it beside their 600, both slowed
+    assert beside(600, 1000, 2.0) == 1200
+    assert beside(1000, -5, 2.0) == 1000
+
+
+def test_a_call_on_cpus_that_share_a_core_takes_together_times_as_long() -> None:
+    """Two ranks on two cores that share one (``together`` 2): their calls' work, queued
+    at once, ends as if each ran at half speed; on cores of their own, or with one rank
+    per core and the other idle, as before."""
+    async def main(comm: ac.Communicator) -> float:
+        t0 = comm.model_time()
+        await comm.allgather(np.zeros(8, np.uint8), np.zeros((comm.size, 8), np.uint8),
+                             algorithm="ring")
+        return comm.model_time() - t0
+
+    shared = HostSpec(cores=2, call=1e-3, together=2.0)
+    got = ac.run(main, 2, cluster=cluster(shared, 2), clock="virtual")
+    assert max(got) == pytest.approx(2e-3 + MSG, abs=1e-8)
+    own = dataclasses.replace(shared, together=1.0)
+    assert max(ac.run(main, 2, cluster=cluster(own, 2), clock="virtual")) == pytest.approx(
+        1e-3 + MSG, abs=1e-8)
+    # one core (the other's work queues on it anyway): no slowdown from Rule 2d
+    one = HostSpec(cores=1, call=1e-3, together=2.0)
+    assert max(ac.run(main, 2, cluster=cluster(one, 2), clock="virtual")) == pytest.approx(
+        2e-3 + MSG, abs=1e-8)
+
+
+def test_together_is_checked_and_round_trips() -> None:
+    with pytest.raises(ValueError, match="together must be a finite number >= 1"):
+        HostSpec(together=0.5)
+    with pytest.raises(TypeError, match="together must be a number"):
+        HostSpec(together="2")  # type: ignore[arg-type]
+    host = HostSpec(cores=2, call=1e-6, together=2.2)
+    assert HostSpec.from_dict(json.loads(json.dumps(host.to_dict()))) == host
+    assert HostSpec.from_dict({"call": 1e-6}).together == 1.0  # presets written before
+    assert "2.20x as long beside another core's" in host.describe()
+    assert "beside" not in HostSpec(cores=2, call=1e-6).describe()
