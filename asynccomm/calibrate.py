@@ -359,9 +359,9 @@ def cross_cpu(rounds: int = 1000, timeout: float = 30.0) -> float | None:
     between two processes took 21-23 us one way in the first state and 12.7-12.9 in the
     second, 1 MiB 152-169 and 135-156.  The second state is two hardware threads of one
     core: a 4 MiB copy on each CPU at once took 2.0-2.4 times as long as on one alone
-    there, 0.9-1.14 times in the first state (``measure_together``).  A calibration and a
-    check that ran in different states disagree by that much, whatever the model
-    (``results.validation`` reports the state at each measurement).
+    there, 0.9-1.14 times in the first state (``measure_together``).  A calibration and a check that ran in
+    different states disagree by that much, whatever the model (``results.validation``
+    reports the state at each measurement).
 
     Raises:
         RuntimeError: the probe's processes did not finish within ``timeout`` seconds.
