@@ -359,7 +359,7 @@ def cross_cpu(rounds: int = 1000, timeout: float = 30.0) -> float | None:
     between two processes took 21-23 us one way in the first state and 12.7-12.9 in the
     second, 1 MiB 152-169 and 135-156.  The second state is two hardware threads of one
     core: a 4 MiB copy on each CPU at once took 2.0-2.4 times as long as on one alone
-    there, 0.9-1.14 times in the first state (``measure_together``).  A calibration and a check that ran in
+    there, 0.9-1.04 times in the first state.  A calibration and a check that ran in
     different states disagree by that much, whatever the model (``results.validation``
     reports the state at each measurement).
 
@@ -432,8 +432,8 @@ def measure_together(copies: int = 200, timeout: float = 60.0) -> float:
     mean of ``copies``) while a process on CPU 0 copies as much at the same time, as when
     it copies alone (``HostSpec`` ``together``, Rule 2d of ``sim/host.py``): about 1 where
     the two CPUs are cores of their own, about 2 where they are hardware threads of one
-    core (2.0-2.4 here in that state, 0.9-1.14 in the other: see ``cross_cpu``); at least
-    1, and 1 where this process may not run on CPUs 0 and 1.  About 0.7 s.
+    core (2.0-2.4 here in that state, 0.9-1.04 in the other: see ``cross_cpu``); at least
+    1, and 1 where this process may not run on CPUs 0 and 1.
 
     Raises:
         RuntimeError: the processes did not finish within ``timeout`` seconds.
@@ -764,9 +764,7 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     the smallest size gives the Python, each larger one the rates of calls up to its size
     (its work above the smallest's, per byte).  ``touch`` is the cost of a fresh page
     (``measure_touch``) times the pages the largest calls fault per byte of their fresh
-    scratch (counted).  On processes and MPI, ``together`` is how many times as long work
-    takes beside another core's (``measure_together``, first: the rest is solved on a
-    model with it), ``step`` is a step's on two ranks of the
+    scratch (counted).  On processes and MPI, ``step`` is a step's on two ranks of the
     transport (``measure_step``, where there are two cores), and ``switch`` what a step
     costs more on one process more than the cores (``measure_switch``, from barrier
     calls; and ``rendezvous_switch`` what a step past the eager limit costs more again

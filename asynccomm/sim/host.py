@@ -92,7 +92,7 @@ queued, both slowed, the rest alone): 1 where the cores are cores of their own, 
 where they are hardware threads of one core.  Calibrated on processes
 and MPI from a copy on two CPUs at once against one alone
 (``asynccomm.calibrate.measure_together``): on a 2-CPU virtual machine whose host moves its
-CPUs between the two, 0.9-1.14 in one state and 2.0-2.4 in the other.
+CPUs between the two, 0.9-1.04 in one state and 2.0-2.4 in the other.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
