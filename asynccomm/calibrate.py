@@ -67,7 +67,7 @@ from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "cross_cpu", "fit_host",
-           "measure_host", "measure_together",
+           "measure_host",
            "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
@@ -423,63 +423,6 @@ def _cross_cpu_side(name: str, cpu: int, rounds: int, took: Any) -> None:
         shm.close()
 
 
-#: Bytes each CPU copies, again and again, in ``measure_together``.
-TOGETHER_BYTES = 4 << 20
-
-
-def measure_together(copies: int = 200, timeout: float = 60.0) -> float:
-    """How many times as long a process on CPU 1 takes to copy ``TOGETHER_BYTES`` (the
-    mean of ``copies``) while a process on CPU 0 copies as much at the same time, as when
-    it copies alone (``HostSpec`` ``together``, Rule 2d of ``sim/host.py``): about 1 where
-    the two CPUs are cores of their own, about 2 where they are hardware threads of one
-    core (2.0-2.4 here in that state, 0.9-1.04 in the other: see ``cross_cpu``); at least
-    1, and 1 where this process may not run on CPUs 0 and 1.
-
-    Raises:
-        RuntimeError: the processes did not finish within ``timeout`` seconds.
-    """
-    if not hasattr(os, "sched_getaffinity") or not {0, 1} <= os.sched_getaffinity(0):
-        return 1.0
-    alone, both = (_copying(cpus, copies, timeout) for cpus in ((1,), (0, 1)))
-    return max(1.0, both / alone)
-
-
-def _copying(cpus: tuple[int, ...], copies: int, timeout: float) -> float:
-    """Seconds per copy on CPU 1 (``_copy_side``) while ``cpus`` copy, started together."""
-    ctx = multiprocessing.get_context("spawn")
-    took, ready = ctx.Queue(), ctx.Barrier(len(cpus))
-    procs = [ctx.Process(target=_copy_side, args=(cpu, copies, ready, took), daemon=True)
-             for cpu in cpus]
-    for proc in procs:
-        proc.start()
-    try:
-        return float(took.get(timeout=timeout))
-    except Exception as exc:  # (queue.Empty: a side never finished)
-        raise RuntimeError(f"the copies on CPUs {cpus} did not finish in {timeout} s") from exc
-    finally:
-        for proc in procs:
-            proc.join(timeout)
-            if proc.is_alive():
-                proc.kill()
-
-
-def _copy_side(cpu: int, copies: int, ready: Any, took: Any) -> None:
-    """One CPU's copies of ``measure_together``: warm, wait until every side is (the
-    barrier ``ready``), copy ``copies`` times; CPU 1 reports the mean, CPU 0 copies twice
-    as many, so as to copy throughout."""
-    os.sched_setaffinity(0, {cpu})
-    src = np.ones(TOGETHER_BYTES, np.uint8)
-    dst = np.empty_like(src)
-    for _ in range(20):
-        np.copyto(dst, src)
-    ready.wait()
-    t0 = time.perf_counter()
-    for _ in range(copies if cpu == 1 else 2 * copies):
-        np.copyto(dst, src)
-    if cpu == 1:
-        took.put((time.perf_counter() - t0) / copies)
-
-
 def measure_memory(sizes: Sequence[int] = MEMORY_SIZES, repeats: int = 5,
                    clock: Callable[[], float] = time.process_time,
                    budget: float = 0.01) -> tuple[tuple[int, float], ...]:
@@ -791,8 +734,6 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     # processes of their own: a step on two of them, each on a core of its own, then one
     # more than the cores take turns
     cores = os.cpu_count() or 1
-    if cores > 1 and not launched_by_mpi():  # CPUs that share a core (Rule 2d)
-        host = dataclasses.replace(host, together=_measured("together", measure_together))
     if cores > 1:
         host = dataclasses.replace(host, step=measure_step(host, segments, repeats, transport))
     # a wall-clock median, which load moves: three times the samples

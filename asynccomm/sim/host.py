@@ -86,13 +86,6 @@ match as no ping-pong sender does, is woken: no saving.
 A call's work never goes below nothing.  Measured on in-process ranks from small ring
 allgather and allreduce calls on a few rank counts, against their model
 (``asynccomm.calibrate.measure_unwaited``); ranks in processes of their own have none.
-Rule 2d (cores that share one).  A call's work runs ``together`` times as long beside work
-queued on the host's other cores (``sim/timing.py`` ``beside``: as much of it as they have
-queued, both slowed, the rest alone): 1 where the cores are cores of their own, about 2
-where they are hardware threads of one core.  Calibrated on processes
-and MPI from a copy on two CPUs at once against one alone
-(``asynccomm.calibrate.measure_together``): on a 2-CPU virtual machine whose host moves its
-CPUs between the two, 0.9-1.04 in one state and 2.0-2.4 in the other.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
@@ -245,8 +238,6 @@ class HostSpec:
     #: (algorithm, ranks, seconds a step costs less on that many ranks of one event loop),
     #: by algorithm and ranks (Rule 2c)
     unwaited: tuple[tuple[str, int, float], ...] = ()
-    #: times as long a call's work takes while another core has work too (Rule 2d)
-    together: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int):
@@ -301,12 +292,6 @@ class HostSpec:
         if [u[:2] for u in self.unwaited] != sorted({u[:2] for u in self.unwaited}):
             raise ValueError("HostSpec unwaited must be sorted by algorithm and ranks, each "
                              "once")
-        if isinstance(self.together, bool) or not isinstance(self.together, int | float):
-            raise TypeError(f"HostSpec together must be a number, got "
-                            f"{type(self.together).__name__}")
-        if not (math.isfinite(self.together) and self.together >= 1):
-            raise ValueError(f"HostSpec together must be a finite number >= 1, got "
-                             f"{self.together!r}")
 
     @property
     def free(self) -> bool:
@@ -406,9 +391,7 @@ class HostSpec:
                    + " GB/s" if self.memory else "")
                 + ("; a step on ranks of one loop less by " + ", ".join(
                     f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.unwaited)
-                   + " us" if self.unwaited else "")
-                + (f"; work {self.together:.2f}x as long beside another core's"
-                   if self.together != 1 else ""))
+                   + " us" if self.unwaited else ""))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (infinite rates as None)."""
@@ -419,7 +402,7 @@ class HostSpec:
                 "switch": self.switch, "rendezvous_switch": self.rendezvous_switch,
                 "touch": self.touch,
                 "memory": [list(m) for m in self.memory], "working_set": self.working_set,
-                "unwaited": [list(u) for u in self.unwaited], "together": self.together}
+                "unwaited": [list(u) for u in self.unwaited]}
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> HostSpec:

@@ -102,16 +102,6 @@ class ModelledTiming:
         return when that work ends, model ns."""
         return self._core(rank).reserve(self.now(), to_ns(seconds))[1]
 
-    def _beside(self, core: Resource, start: int, work: int, together: float) -> int:
-        """How long ``work`` ns of a core's work from ``start`` takes beside the work the
-        other cores have queued (Rule 2d of ``sim/host.py``, ``beside``).  (The work
-        queued first is not slowed by what is queued after it: where ranks start their
-        calls together, the last to queue ends when both would, and the call, which ends
-        with its last rank, takes as long.)"""
-        others = [r.free_at for name, r in self.model.resources.items()
-                  if name.startswith("core[") and r is not core]
-        return beside(work, max(others, default=start) - start, together)
-
     def _core(self, rank: int) -> Resource:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
@@ -124,11 +114,7 @@ class ModelledTiming:
         if host.free:
             return
         core = self._core(rank)
-        now = self.now()
-        work = to_ns(collective_seconds(host, name, nbytes, size))
-        if host.together != 1 and host.cores > 1:  # Rule 2d
-            work = self._beside(core, max(now, core.free_at), work, host.together)
-        start, end = core.reserve(now, work)
+        start, end = core.reserve(self.now(), to_ns(collective_seconds(host, name, nbytes, size)))
         if end > self.now():
             woken = asyncio.get_running_loop().create_future()
             self.clock.call_at(end, _wake, woken)
@@ -151,17 +137,6 @@ class ModelledTiming:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
         return self.model.link_busy(rank) * 1e-9
-
-
-def beside(work: int, busy: int, together: float) -> int:
-    """Ns that ``work`` ns of a core's work take beside ``busy`` ns of work queued on the
-    other cores (Rule 2d of ``sim/host.py``): as much of it as there is of theirs runs
-    ``together`` times as long (theirs too: the two run at that pace until the less of
-    them is done), the rest alone."""
-    if busy <= 0 or together == 1:
-        return work
-    shared = min(work, busy)
-    return round(together * shared + work - shared)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -701,15 +701,3 @@ def test_the_cross_cpu_probe_times_a_read_of_bytes_another_cpu_just_wrote(
         assert took is not None and 64e-9 < took < 64e-5
     monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0})
     assert calibrate.cross_cpu() is None
-
-
-def test_the_copies_on_two_cpus_at_once_are_timed_against_one_alone(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``measure_together``: at least 1 (a copy beside another no faster than alone), and
-    1 where this process may not run on CPUs 0 and 1."""
-    import asynccomm.calibrate as calibrate
-
-    if {0, 1} <= os.sched_getaffinity(0):
-        assert 1.0 <= calibrate.measure_together(copies=20) < 10
-    monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {1})
-    assert calibrate.measure_together() == 1.0
