@@ -181,6 +181,12 @@ def load(results: Path, suite: Suite) -> Loaded:
         Loaded(suite, doc).verdicts()
     except (ValueError, KeyError, TypeError) as exc:
         return Loaded(suite, None, f"`{suite.file}` cannot be read ({type(exc).__name__}: {exc})")
+    state = results / f"cpu_state_{Path(suite.file).stem}.json"  # ``benchmarks.cpu_state``
+    if state.is_file():
+        try:
+            doc["cross_cpu_s"] = json.loads(state.read_text(encoding="utf-8"))["cross_cpu_s"]
+        except (ValueError, KeyError, TypeError):
+            pass  # (the state is an aside: its figures stand without it)
     return Loaded(suite, doc)
 
 
@@ -214,9 +220,16 @@ def machine(loaded: Sequence[Loaded]) -> list[str]:
 def _load(doc: dict[str, Any]) -> str:
     env = doc.get("environment", {})
     start, end = env.get("loadavg_1min"), env.get("loadavg_1min_at_end")
-    if start is None or end is None:
-        return ""
-    return f"; load average {start:.2f} at start, {end:.2f} at end"
+    load = ("" if start is None or end is None else
+            f"; load average {start:.2f} at start, {end:.2f} at end")
+    took = doc.get("cross_cpu_s")
+    if isinstance(took, int | float) and took > 0:
+        load += (f"; just before it, 64 KiB one CPU had just written was copied out on "
+                 f"another at {64 * 1024 / took / 1e9:.1f} GB/s (`benchmarks.cpu_state`: "
+                 f"about 10 where the host runs the CPUs on cores of their own, 27-28 where "
+                 f"on hardware threads of one core, and messages of a few KiB or more "
+                 f"between processes are faster)")
+    return load
 
 
 def _cell(text: str) -> str:

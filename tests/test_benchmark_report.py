@@ -135,3 +135,27 @@ def test_results_without_printed_tables_still_show_their_targets(tmp_path: Path)
     _, page = _assemble(tmp_path, docs)
     section = page.split("\n## MPI, two processes\n", 1)[1].split("\n## ", 1)[0]
     assert "| one-way 8 B latency | 1.20x floor (7.70 us) | <= 3x | PASS |" in section
+
+
+def test_a_benchmark_of_processes_shows_the_cpu_state_taken_before_it(tmp_path: Path) -> None:
+    """``benchmarks.cpu_state NAME`` writes the cross-CPU probe beside the results, and
+    the page gives it as a rate in the run line of benchmark ``NAME``, and nowhere else."""
+    from benchmarks import cpu_state
+
+    results = tmp_path / "results"
+    assert cpu_state.main(["mpi_p2p", "--results", str(results)]) == 0
+    written = json.loads((results / "cpu_state_mpi_p2p.json").read_text())
+    assert written["name"] == "mpi_p2p" and (written["cross_cpu_s"] is None
+                                             or written["cross_cpu_s"] > 0)
+    (results / "cpu_state_mpi_p2p.json").write_text(json.dumps(
+        {"name": "mpi_p2p", "cross_cpu_s": 64 * 1024 / 10e9}))
+    (results / "cpu_state_shm_p2p_n2.json").write_text("not json")  # an aside: ignored
+    for name, doc in _docs().items():
+        (results / name).write_text(json.dumps(doc), encoding="utf-8")
+    out = tmp_path / "performance.md"
+    report.main(["--results", str(results), "--out", str(out)])
+    page = out.read_text(encoding="utf-8")
+    mpi = page[page.index("## MPI, two processes"):]
+    mpi = mpi[:mpi.index("\n## ")]
+    assert "copied out on another at 10.0 GB/s" in mpi
+    assert page.count("copied out on another at") == 1
