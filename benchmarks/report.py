@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asynccomm.calibrate import CROSS_CPU_BYTES
+
 from . import mpi_p2p, mpi_ring, shm_p2p
 from ._common import Check, cpu_model
 
@@ -224,8 +226,9 @@ def _load(doc: dict[str, Any]) -> str:
             f"; load average {start:.2f} at start, {end:.2f} at end")
     took = doc.get("cross_cpu_s")
     if isinstance(took, int | float) and took > 0:
-        load += (f"; just before it, 64 KiB one CPU had just written was copied out on "
-                 f"another at {64 * 1024 / took / 1e9:.1f} GB/s (`benchmarks.cpu_state`: "
+        load += (f"; just before it, {CROSS_CPU_BYTES >> 10} KiB one CPU had just written was "
+                 f"copied out on another at {CROSS_CPU_BYTES / took / 1e9:.1f} GB/s "
+                 f"(`benchmarks.cpu_state`: "
                  f"about 10 where the host runs the CPUs on cores of their own, 27-28 where "
                  f"on hardware threads of one core, and messages of a few KiB or more "
                  f"between processes are faster)")

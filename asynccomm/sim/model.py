@@ -461,12 +461,19 @@ class ClusterModel:
             core.reserve(moving.start, moving.link_busy)
         return moving
 
+    def _crowded_link(self, src: int, dst: int) -> bool:
+        """A transfer between two ranks of one node that runs more ranks than its host has
+        cores (Rule 4b)."""
+        c = self.cluster
+        return (bool(self._crowded) and c.node_of(dst) in self._crowded
+                and c.link_kind(src, dst) == "intra")
+
     def _copying_core(self, src: int, dst: int) -> Resource | None:
         """The core that copies a transfer from ``src`` in at ``dst``, where it also runs
         other ranks' work (Rule 4c): a crowded node's, else None."""
         c = self.cluster
-        if (not self._crowded or src == dst or c.shared_intra or c.switched_intra
-                or c.node_of(dst) not in self._crowded or c.link_kind(src, dst) != "intra"):
+        if (src == dst or c.shared_intra or c.switched_intra
+                or not self._crowded_link(src, dst)):
             return None
         return self.core(dst)
 
@@ -552,11 +559,9 @@ class ClusterModel:
 
     def _durations(self, nbytes: int, link: LinkSpec, src: int,
                    dst: int) -> tuple[int, int, int]:
-        c = self.cluster
-        device = c.device
+        device = self.cluster.device
         copy = device.copy_latency + nbytes / device.copy_bandwidth
-        crowded = (bool(self._crowded) and c.node_of(dst) in self._crowded
-                   and c.link_kind(src, dst) == "intra")  # Rule 4b
+        crowded = self._crowded_link(src, dst)  # Rule 4b
         faults = self.faults
         if faults is None:
             ns = to_ns(copy)
