@@ -161,7 +161,6 @@ def test_a_crowded_core_runs_no_work_while_it_copies_a_message_in() -> None:
     assert moving.link_busy == pytest.approx(link_s * 1e9, abs=1)
     start, _ = crowded.core(1).reserve(1000, 10)
     assert start == 1000 + moving.link_busy  # after the copy
-    assert crowded.core(0).reserve(1000, 10)[0] == 1000  # the sender's core: free
     # two messages into ranks of one core (0 and 2) share it, and hold it as long in all
     both = ClusterModel(calibrated_cluster(SEGMENTS, name="x", ranks=3,
                                            host=HostSpec(cores=2), crowded=CROWDED), 3)
@@ -175,6 +174,30 @@ def test_a_crowded_core_runs_no_work_while_it_copies_a_message_in() -> None:
                                             host=HostSpec(cores=2), crowded=CROWDED), 2)
     alone.start(0, 1, 4 * MiB, now=1000)
     assert alone.core(1).reserve(1000, 10)[0] == 1000
+
+
+def test_a_crowded_sender_spends_half_the_link_time_on_its_core() -> None:
+    """Rule 4d: on a crowded node a transfer between ranks on two cores also holds its
+    source's core for half its link time, from its start; between ranks of one core it
+    holds that core once, for its link time."""
+    link_s = 20e-6 + 4 * MiB / 5e9
+    cluster = calibrated_cluster(SEGMENTS, name="x", ranks=3, host=HostSpec(cores=2),
+                                 crowded=CROWDED)
+    model = ClusterModel(cluster, 3)  # ranks 0 and 2 on core 0, rank 1 on core 1
+    moving = model.start(0, 1, 4 * MiB, now=1000)
+    assert moving.link_busy == pytest.approx(link_s * 1e9, abs=1)
+    assert model.core(0).reserve(1000, 10)[0] == 1000 + round(moving.link_busy / 2)
+    assert model.core(1).reserve(1000, 10)[0] == 1000 + moving.link_busy
+    # ranks 0 and 2 share core 0: held once
+    one = ClusterModel(cluster, 3)
+    within = one.start(0, 2, 4 * MiB, now=1000)
+    assert one.core(0).reserve(1000, 10)[0] == 1000 + within.link_busy
+    assert one.core(1).reserve(1000, 10)[0] == 1000
+    # a core per rank: the sender's core holds nothing either
+    alone = ClusterModel(calibrated_cluster(SEGMENTS, name="x", ranks=2,
+                                            host=HostSpec(cores=2), crowded=CROWDED), 2)
+    alone.start(0, 1, 4 * MiB, now=1000)
+    assert alone.core(0).reserve(1000, 10)[0] == 1000
 
 
 def test_a_crowded_node_holds_no_core_for_a_message_from_another_node() -> None:
