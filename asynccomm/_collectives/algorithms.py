@@ -39,7 +39,7 @@ from .._exceptions import MatchError
 from .ops import ReduceOp
 from .scratch import FRESH, Scratch
 
-__all__ = ["ALGORITHMS", "Exchange", "P2P"]
+__all__ = ["ALGORITHMS", "P2P", "Exchange", "Steps"]
 
 Array = np.ndarray[Any, Any]
 
@@ -58,6 +58,13 @@ class P2P(Protocol):
     def irecv(self, buf: Any, src: int = ..., tag: int = ...) -> Request: ...
 
 
+class Steps(Protocol):
+    """A cluster model's CPU work of a call's steps (``_collectives.functions`` Rule 5b)."""
+
+    async def step(self) -> None:
+        """Spend a step's work: after each wait."""
+
+
 class Exchange:
     """One collective call's point-to-point ops on ``comm``, with tags from ``tag`` on."""
 
@@ -72,6 +79,7 @@ class Exchange:
         self._counts: dict[Request, int] = {}  # what each recv must receive, exactly
         self.pending_at_withdrawal: list[Request] = []
         self.step = 0  # waits begun so far (hang reports name the step)
+        self.steps: Steps | None = None  # a model's work of the steps (spent after a wait)
 
     def empty(self, shape: int | tuple[int, ...], dtype: Any) -> Array:
         """A temporary of this call's own (Rule 6)."""
@@ -115,6 +123,8 @@ class Exchange:
                 break
             await wait_any(pending)
         self._live = [r for r in self._live if not r.done()]
+        if self.steps is not None:
+            await self.steps.step()
 
     def _check_count(self, req: Request) -> None:
         """A recv of a collective takes a whole block: a shorter message means the sender

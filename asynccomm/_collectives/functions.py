@@ -21,7 +21,9 @@ rank.
 Rule 5b (host work).  ``host(algorithm, nbytes)``, when given, is awaited once the
 arguments are checked and the algorithm chosen, before the first message and within the
 timeout (a cluster model spends the call's CPU work there, ``sim/host.py``): a call refused
-for its arguments spends none, and a timeout bounds it with the rest.
+for its arguments spends none, and a timeout bounds it with the rest.  What it returns
+(``Steps``, or None) is awaited after each wait of the algorithm: a model spends each
+step's work where the step runs.
 Rule 6 (outputs are written last).  The algorithm works on scratch arrays of this call's
 own; the caller's output buffer is written only once the call has succeeded, in one copy
 at its end.  So a call that raises (timeout, cancellation, a failed peer) leaves every
@@ -54,7 +56,7 @@ from .._engine import waits as _waits
 from .._engine.options import check_timeout
 from .._exceptions import AsyncCommError, CommTimeoutError, MatchError
 from .._types import TAG_UB
-from .algorithms import ALGORITHMS, P2P, Exchange
+from .algorithms import ALGORITHMS, P2P, Exchange, Steps
 from .costs import Chooser, default_choice
 from .ops import reducible, resolve_op
 from .scratch import Scratch, scratch_for
@@ -67,7 +69,7 @@ TAG_SPAN = 4096
 
 Array = np.ndarray[Any, Any]
 #: Awaited with the qualified algorithm (``"allreduce.ring"``) and the call's bytes (Rule 5b).
-HostWork = Callable[[str, int], Awaitable[None]]
+HostWork = Callable[[str, int], Awaitable["Steps | None"]]
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -195,12 +197,13 @@ async def _run(where: str, algo: str, comm: P2P, tag: int, timeout: float | None
         raise err from None
 
 
-def _after(first: Callable[[], Awaitable[None]], body: Callable[[Exchange], Awaitable[None]]
-           ) -> Callable[[Exchange], Awaitable[None]]:
-    """``body`` with ``first()`` awaited before it (Rule 5b)."""
+def _after(first: Callable[[], Awaitable[Steps | None]],
+           body: Callable[[Exchange], Awaitable[None]]) -> Callable[[Exchange], Awaitable[None]]:
+    """``body`` with ``first()`` awaited before it, and the steps' work it returns spent
+    after each wait (Rule 5b)."""
 
     async def both(ex: Exchange) -> None:
-        await first()
+        ex.steps = await first()
         await body(ex)
 
     return both

@@ -22,8 +22,9 @@ event of the model's flows, moves them on, and what waits for a transfer (``when
 is called at its end once that is known.
 Rule 7: a collective call spends its CPU work (``sim/host.py``: the call, the steps,
 copies, reductions and fresh scratch of the algorithm it runs, at the rates of
-``Cluster.host``) on the rank's core, in model time, once its arguments are checked and
-before its first message, within its timeout (``_collectives.functions`` Rule 5b); a
+``Cluster.host``) on the rank's core, in model time, within its timeout
+(``_collectives.functions`` Rule 5b): a step's after each of its waits, the rest once its
+arguments are checked and before its first message (``sim/host.py`` Rule 2d); a
 ``HostSpec()`` that costs nothing leaves it at once.
 """
 
@@ -35,7 +36,7 @@ from typing import Any
 
 from .clock import ModelClock
 from .cluster import to_ns
-from .host import collective_seconds
+from .host import call_work
 from .model import ChunkPlan, ClusterModel, Resource, Transfer
 from .records import OpRecord
 
@@ -107,14 +108,24 @@ class ModelledTiming:
             rank = ranks[rank]
         return self.model.core(rank)
 
-    async def collective_work(self, rank: int, name: str, nbytes: int, size: int) -> None:
-        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7); a call
-        cancelled (or timed out) meanwhile gives its core back from then on."""
+    async def collective_work(self, rank: int, name: str, nbytes: int, size: int
+                              ) -> _Steps | None:
+        """Spend the CPU work of a call of ``name`` (``"allreduce.ring"``, Rule 7) that
+        comes before its first message; return what spends its steps' (``_Steps``), or None
+        where it has none.  A call cancelled (or timed out) meanwhile gives its core back
+        from then on."""
         host = self.model.cluster.host
         if host.free:
-            return
+            return None
+        work = call_work(host, name, nbytes, size)
+        await self._spend(rank, work.first)
+        return _Steps(self, rank, work.step, work.steps) if work.steps else None
+
+    async def _spend(self, rank: int, seconds: float) -> None:
+        """Reserve ``seconds`` of ``rank``'s core from now (after the work queued on it)
+        and wait for their end; cancelled meanwhile, give the core back from then on."""
         core = self._core(rank)
-        start, end = core.reserve(self.now(), to_ns(collective_seconds(host, name, nbytes, size)))
+        start, end = core.reserve(self.now(), to_ns(seconds))
         if end > self.now():
             woken = asyncio.get_running_loop().create_future()
             self.clock.call_at(end, _wake, woken)
@@ -137,6 +148,24 @@ class ModelledTiming:
         if (ranks := self.ranks) is not None:
             rank = ranks[rank]
         return self.model.link_busy(rank) * 1e-9
+
+
+class _Steps:
+    """The steps' CPU work of one call (Rule 7): ``seconds`` after each of its first
+    ``count`` waits."""
+
+    __slots__ = ("left", "rank", "seconds", "timing")
+
+    def __init__(self, timing: ModelledTiming, rank: int, seconds: float, count: int) -> None:
+        self.timing = timing
+        self.rank = rank
+        self.seconds = seconds
+        self.left = count
+
+    async def step(self) -> None:
+        if self.left > 0:
+            self.left -= 1
+            await self.timing._spend(self.rank, self.seconds)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

@@ -17,7 +17,15 @@ import asynccomm as ac
 from asynccomm._collectives.functions import algorithms
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
-from asynccomm.sim.host import Footprint, HostSpec, collective_seconds, footprint, work_of
+from asynccomm.sim.host import (
+    CallWork,
+    Footprint,
+    HostSpec,
+    call_work,
+    collective_seconds,
+    footprint,
+    work_of,
+)
 from asynccomm.sim.model import Resource
 
 MSG = 1e-6  # every message takes 1 us whatever its size
@@ -184,6 +192,23 @@ def test_a_timeout_bounds_the_host_work_too() -> None:
     got = ac.run(main, 2, cluster=cluster(HostSpec(call=1.0)), clock="virtual")
     # the abandoned work leaves the core at the timeout: the next call waits for none of it
     assert got == [pytest.approx((0.25, 1.0 + 2 * MSG), abs=1e-8)] * 2
+
+
+def test_a_timeout_bounds_a_step_s_work_too() -> None:
+    """Rule 2d: a step's work spent after a wait is within the call's timeout, and what it
+    abandons leaves the core at once."""
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        t0 = comm.model_time()
+        with pytest.raises(ac.CommTimeoutError, match="did not finish within 0.25 s"):
+            await comm.allreduce(np.zeros(4, np.float32), algorithm="ring", timeout=0.25)
+        timed_out = comm.model_time() - t0
+        t0 = comm.model_time()
+        await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")
+        return timed_out, comm.model_time() - t0
+
+    got = ac.run(main, 2, cluster=cluster(HostSpec(step=1.0)), clock="virtual")
+    # the first step's work began after its message (1 us) and was cut at 0.25 s
+    assert got == [pytest.approx((0.25, 2.0 + 2 * MSG), abs=1e-8)] * 2
 
 
 def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
@@ -451,6 +476,65 @@ def test_a_staged_message_s_copy_runs_at_the_rate_of_its_own_working_set() -> No
 def test_a_call_s_work_never_goes_below_nothing() -> None:
     host = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
     assert collective_seconds(host, "allreduce", 64, 4) == 0.0
+
+
+@pytest.mark.parametrize(("name", "nbytes", "p"), [("allreduce.ring", 4000, 3),
+                                                  ("allgather.ring", 1 << 20, 4),
+                                                  ("alltoall", 96 << 10, 3), ("barrier", 0, 3)])
+def test_a_call_s_work_is_what_comes_first_and_each_step_s(name: str, nbytes: int,
+                                                          p: int) -> None:
+    """Rule 2d: a step's work (on more ranks than cores, its switches too) is spent after
+    each wait, the rest first; in all, the call's ``collective_seconds``."""
+    host = dataclasses.replace(HOST, cores=2, switch=2e-5, rendezvous_switch=3e-5)
+    work = call_work(host, name, nbytes, p)
+    each = footprint(name, nbytes, p)
+    past = each.messages and each.received / each.messages > 65536
+    assert work.steps == work_of(name, nbytes, p).steps
+    assert work.step == pytest.approx(1e-4 + 2e-5 + (3e-5 if past else 0.0))
+    assert work.first + work.steps * work.step == pytest.approx(
+        collective_seconds(host, name, nbytes, p))
+    # a step less than nothing (ranks of one loop, Rule 2c): all of it first, never below 0
+    loop = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
+    assert call_work(loop, "allreduce", 64, 4) == CallWork(0.0, 0.0, 0)
+
+
+def test_a_modelled_call_spends_each_step_s_work_after_its_wait() -> None:
+    """Rule 2d: a call's first messages leave once the work before its steps' is done, and
+    each step's work runs after its wait, before the next step's messages."""
+    host = HostSpec(call=1e-3, step=1e-4)
+
+    async def main(comm: ac.Communicator) -> list[float]:
+        await comm.allreduce(np.zeros(1000, np.float32), algorithm="ring")  # 2 steps
+        # (the call's messages go on its communicator's private context)
+        return sorted(r.start for r in comm._private().records() if r.kind == "send")
+
+    got = ac.run(main, 2, cluster=cluster(host, 2), clock="virtual")
+    # the first send after the call's 1 ms; the second after a message (1 us) and a step
+    assert got == [[pytest.approx(1e-3, abs=1e-8), pytest.approx(1.101e-3, abs=1e-8)]] * 2
+
+
+def test_a_rank_spends_at_most_its_call_s_steps_and_a_leaf_fewer() -> None:
+    """Rule 2d: ``steps`` is a bound; a rank that waits less (a leaf of a tree) spends
+    a step's work per wait only."""
+    host = HostSpec(step=1e-3)
+
+    async def main(comm: ac.Communicator) -> tuple[float, float]:
+        timing = comm._engine.link.timing
+        steps = await timing.collective_work(comm.rank, "bcast.binomial", 64, 4)  # 2 steps
+        t0 = comm.model_time()
+        for _ in range(3):
+            await steps.step()
+        spent = comm.model_time() - t0
+        t0 = comm.model_time()
+        await comm.bcast(np.zeros(16, np.float32), root=0)  # binomial
+        return spent, comm.model_time() - t0
+
+    got = ac.run(main, 4, cluster=cluster(host, 4), clock="virtual")
+    assert [spent for spent, _ in got] == [pytest.approx(2e-3, abs=1e-9)] * 4
+    # the root's two sends, each a wait and a step; rank 2 passes it on to rank 3 (two
+    # waits), ranks 1 and 3 wait once, and each runs its step once the message is in
+    assert [took for _, took in got] == pytest.approx([2e-3, 2e-3 + MSG, 2e-3 + MSG,
+                                                       2e-3 + 2 * MSG], abs=1e-8)
 
 
 def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
