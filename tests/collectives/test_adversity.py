@@ -17,7 +17,8 @@ from ..transports.environments import run_world
 from .adversity import Program, check, check_objects, programs, run_rank
 
 #: Examples per environment: the real-time loops pay real seconds for timeouts.
-EXAMPLES = {"virtual": 40, "ascend910b": 15, "roce100g-fifo": 10, "uvloop": 6, "asyncio": 6}
+EXAMPLES = {"virtual": 40, "ascend910b": 15, "roce100g-fifo": 10, "crowded": 15, "uvloop": 6,
+            "asyncio": 6}
 STRESS = int(os.environ.get("ASYNCCOMM_STRESS_EXAMPLES", "0"))
 
 

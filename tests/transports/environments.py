@@ -1,8 +1,9 @@
 """The in-process environments every transport-level test runs in: the in-process transport
 on both real loops, on the virtual clock, traced (every op into a trace file, which has a
 fast lane of its own), and the cluster model (on the virtual clock) with two presets.
-``ac.run(program, world_size=n, **ENVIRONMENTS[name])``.  The property suites run one more
-(``PROPERTY_ENVIRONMENTS``): a cluster whose links are first-come first-served."""
+``ac.run(program, world_size=n, **ENVIRONMENTS[name])``.  The property suites run two more
+(``PROPERTY_ENVIRONMENTS``): a cluster whose links are first-come first-served, and a
+calibrated machine of one core whose ranks' work and messages take turns on it."""
 
 from __future__ import annotations
 
@@ -51,10 +52,26 @@ def fifo(preset: str) -> ac.Cluster:
     return cluster
 
 
-#: ``ENVIRONMENTS`` and the FIFO links' cluster, for the randomized property suites (the
-#: presets share their links fairly, so only these reach the FIFO discipline's code).
+def crowded() -> ac.Cluster:
+    """A calibrated machine of one core (as ``python -m asynccomm.calibrate`` makes of
+    processes): every rank's collective work (the call, each step's after its wait, the
+    switches) queues on the core, and each message holds it while it is copied in
+    (``sim/host.py`` Rules 2 and 2d, ``sim/model.py`` Rules 4b-4d)."""
+    from asynccomm.sim.calibration import Segment, calibrated_cluster
+
+    segments = [Segment(64 << 10, 10e-6, 1 / 5e9), Segment(1 << 30, 40e-6, 1 / 8e9)]
+    slower = [Segment(64 << 10, 12e-6, 1 / 3e9), Segment(1 << 30, 50e-6, 1 / 5e9)]
+    host = ac.sim.HostSpec(cores=1, call=20e-6, step=10e-6, switch=5e-6,
+                           rendezvous_switch=8e-6, copy_bandwidth=10e9, reduce_bandwidth=5e9)
+    return calibrated_cluster(segments, name="crowded", ranks=4, host=host, crowded=slower)
+
+
+#: ``ENVIRONMENTS``, the FIFO links' cluster and a calibrated one-core machine, for the
+#: randomized property suites (the presets share their links fairly and cost no CPU, so
+#: only these reach the FIFO discipline's code and the ranks' work on their cores).
 PROPERTY_ENVIRONMENTS: dict[str, dict[str, Any]] = {
-    **ENVIRONMENTS, "roce100g-fifo": {"cluster": fifo("roce100g")}}
+    **ENVIRONMENTS, "roce100g-fifo": {"cluster": fifo("roce100g")},
+    "crowded": {"cluster": crowded()}}
 
 
 def run_world(env: str, size: int, body: Callable[[ac.World], Awaitable[T]],
