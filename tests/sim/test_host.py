@@ -179,24 +179,11 @@ def test_a_refused_call_spends_no_model_time() -> None:
     assert got == [(0.0, pytest.approx(1e-3 + 2 * MSG, abs=1e-8))] * 2
 
 
-def test_a_timeout_bounds_the_host_work_too() -> None:
-    async def main(comm: ac.Communicator) -> tuple[float, float]:
-        t0 = comm.model_time()
-        with pytest.raises(ac.CommTimeoutError, match="did not finish within 0.25 s"):
-            await comm.allreduce(np.zeros(4, np.float32), timeout=0.25)
-        timed_out = comm.model_time() - t0
-        t0 = comm.model_time()
-        await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")
-        return timed_out, comm.model_time() - t0
-
-    got = ac.run(main, 2, cluster=cluster(HostSpec(call=1.0)), clock="virtual")
-    # the abandoned work leaves the core at the timeout: the next call waits for none of it
-    assert got == [pytest.approx((0.25, 1.0 + 2 * MSG), abs=1e-8)] * 2
-
-
-def test_a_timeout_bounds_a_step_s_work_too() -> None:
-    """Rule 2d: a step's work spent after a wait is within the call's timeout, and what it
-    abandons leaves the core at once."""
+@pytest.mark.parametrize(("host", "again"), [(HostSpec(call=1.0), 1.0),
+                                           (HostSpec(step=1.0), 2.0)])
+def test_a_timeout_bounds_the_host_work_too(host: HostSpec, again: float) -> None:
+    """The call's work before its first message, and a step's after its wait (Rule 2d),
+    are within the call's timeout; what a timed-out call abandons leaves the core."""
     async def main(comm: ac.Communicator) -> tuple[float, float]:
         t0 = comm.model_time()
         with pytest.raises(ac.CommTimeoutError, match="did not finish within 0.25 s"):
@@ -206,9 +193,10 @@ def test_a_timeout_bounds_a_step_s_work_too() -> None:
         await comm.allreduce(np.zeros(4, np.float32), algorithm="ring")
         return timed_out, comm.model_time() - t0
 
-    got = ac.run(main, 2, cluster=cluster(HostSpec(step=1.0)), clock="virtual")
-    # the first step's work began after its message (1 us) and was cut at 0.25 s
-    assert got == [pytest.approx((0.25, 2.0 + 2 * MSG), abs=1e-8)] * 2
+    got = ac.run(main, 2, cluster=cluster(host), clock="virtual")
+    # the abandoned work leaves the core at the timeout: the next call waits for none of it
+    # (its own: the call's 1 s, or its two steps' 1 s each, and two messages)
+    assert got == [pytest.approx((0.25, again + 2 * MSG), abs=1e-8)] * 2
 
 
 def test_a_call_that_fits_a_cached_piece_takes_its_rates() -> None:
