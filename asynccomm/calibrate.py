@@ -823,10 +823,11 @@ def fit_host(call: float, two: dict[str, dict[Any, float]], halves: dict[int, fl
     came out 30% fast and this residual at 2.6 to 4.2 GB/s: it held the copies the
     allgather's rate left out."""
     n_top, page = HOST_SIZES[-1], resource.getpagesize()
-    mem = HostSpec(memory=memory)
+    mem = HostSpec(cores=1, memory=memory)  # (the ranks of one loop share its core)
 
     def slower(name: str, n: int) -> float:
-        """Seconds a message of the two-rank call of ``n`` costs more than its ping-pong."""
+        """Seconds a message of the two-rank call of ``n`` costs more than its ping-pong
+        (``sim/host.py`` Rules 1d and 1e)."""
         return mem.slower_messages(footprint(f"{name}.ring", n, 2))
 
     faulted = statistics.fmean(  # per byte of fresh scratch, both ranks in this process

@@ -18,6 +18,7 @@ from asynccomm._collectives.functions import algorithms
 from asynccomm.sim import Cluster
 from asynccomm.sim.calibration import Segment, calibrated_cluster
 from asynccomm.sim.host import (
+    COLD_SOURCE,
     CallWork,
     Footprint,
     HostSpec,
@@ -275,12 +276,16 @@ def test_copies_slow_down_as_the_working_set_grows() -> None:
 
 
 def test_the_footprint_of_a_call_is_every_rank_s_arrays_and_scratch() -> None:
-    # allgather ring: its block, the output and a scratch of the output; p - 1 blocks in
-    assert footprint("allgather", 3 * MiB, 3) == Footprint(3 * 7.0 * MiB, 2.0 * MiB, 2)
+    # allgather ring: its block, the output and a scratch of the output; p - 1 blocks in,
+    # the first from the caller's array (Rule 1e)
+    assert footprint("allgather", 3 * MiB, 3) == Footprint(3 * 7.0 * MiB, 2.0 * MiB, 2, MiB)
     # allreduce ring: its buffer, a scratch of it and of a block; p - 1 blocks into the
-    # buffer (the reduce-scatter's p - 1 into the block, which the caches keep, uncounted)
+    # buffer (the reduce-scatter's p - 1 into the block, which the caches keep, uncounted),
+    # each sent just reduced
     assert footprint("allreduce.ring", 4 * MiB, 2) == Footprint(2 * 10.0 * MiB, 2.0 * MiB, 1)
-    assert footprint("alltoall", 4 * MiB, 4) == Footprint(4 * 12.0 * MiB, 3.0 * MiB, 3)
+    # alltoall: every block from the caller's array
+    assert footprint("alltoall", 4 * MiB, 4) == Footprint(4 * 12.0 * MiB, 3.0 * MiB, 3,
+                                                          3.0 * MiB)
     assert footprint("bcast", MiB, 4).messages == 0  # not counted: no more than before
     # every algorithm the chooser weighs against another has its messages counted
     for name in ("allreduce", "allgather", "gather"):
@@ -306,6 +311,21 @@ def test_messages_of_a_call_past_the_caches_cost_its_working_set_s_rate() -> Non
 
     got = ac.run(main, 3, cluster=cluster(MEMORY, 3), clock="virtual")
     assert got == pytest.approx([extra + 2 * MSG] * 3, abs=1e-8)  # a core per rank
+
+
+def test_a_message_from_the_caller_s_array_costs_more_where_the_ranks_share_a_core() -> None:
+    """Rule 1e: on one core, the bytes a rank receives from a source no step has just
+    written cost ``COLD_SOURCE`` of Rule 1d's more again; on cores of their own, nothing."""
+    more = MEMORY.per_byte(21 * MiB) - MEMORY.per_byte(2 * MiB)  # Rule 1d's, per byte
+    plain = collective_seconds(MEMORY, "allgather", 3 * MiB, 3)
+    one = dataclasses.replace(MEMORY, cores=1)
+    assert collective_seconds(one, "allgather", 3 * MiB, 3) == pytest.approx(
+        plain + COLD_SOURCE * MiB * more)  # its first block, from the caller's array
+    assert collective_seconds(dataclasses.replace(MEMORY, cores=2), "allgather", 3 * MiB,
+                              3) == pytest.approx(plain)
+    # the ring allreduce sends only blocks it has just written
+    assert collective_seconds(one, "allreduce.ring", 3 * MiB, 3) == pytest.approx(
+        collective_seconds(MEMORY, "allreduce.ring", 3 * MiB, 3))
 
 
 def test_copies_past_the_cached_pieces_take_the_working_set_s_rate() -> None:
