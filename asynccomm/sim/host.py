@@ -47,10 +47,10 @@ fitted on (0: the rates hold at every working set).
 Rule 1e (a source no step wrote).  A ping-pong sends what it has just received, and a
 ring forwards the block it has just copied in: their sources are in the caches.  A
 message that leaves from the caller's array (the ring allgather's first, every pairwise
-alltoall message: ``Footprint.cold``) is read from memory in a call past the caches,
-which costs its receiver more where the ranks share one core and its caches (``cores`` =
-1: in-process ranks): ``COLD_SOURCE`` (a half) of what Rule 1d charges a byte received
-more.  In-process, a 2 MiB message from a block of a 64 MiB array took 193-195 us, from
+alltoall message, those a linear gather's root receives: ``Footprint.cold``) is read from
+memory in a call past the caches, which costs its receiver more where the ranks share one
+core and its caches (``cores`` = 1: in-process ranks): ``COLD_SOURCE`` (a half) of what
+Rule 1d charges a byte received more.  In-process, a 2 MiB message from a block of a 64 MiB array took 193-195 us, from
 one just written 126 (and 292 into a block of such an array, 226-234 from one just
 written): half the 138 us more that Rule 1d gives a byte received in a call of that
 working set.  Ranks on cores of their own read every message from the other core's
