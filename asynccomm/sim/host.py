@@ -44,23 +44,23 @@ its core, m its messages' size (none where the call's working set is no larger).
 call's own copies and reductions past the ``cached`` pieces (Rule 1b) take their rates
 times memory(W) / memory(``working_set``), the working set of the calls those rates were
 fitted on (0: the rates hold at every working set).
-Rule 1e (a source no step wrote).  A ping-pong sends what it has just received, and a
-ring forwards the block it has just copied in: their sources are in the caches.  A
-message that leaves from the caller's array (the ring allgather's first, every pairwise
-alltoall message, those a linear gather's root receives: ``Footprint.cold``) is read from
-memory in a call past the caches, which costs its receiver more where the ranks share one
-core and its caches (``cores`` = 1: in-process ranks): ``COLD_SOURCE`` (a half) of what
-Rule 1d charges a byte received more.  In-process, a 2 MiB message from a block of a 64 MiB array took 193-195 us, from
-one just written 126 (and 292 into a block of such an array, 226-234 from one just
-written): half the 138 us more that Rule 1d gives a byte received in a call of that
-working set.  Ranks on cores of their own read every message from the other core's
+Rule 1e (a source no step wrote).  A ping-pong sends what it has just received, and a ring
+forwards the block it has just copied in: their sources are in the caches.  A message that
+leaves from the caller's array (the ring allgather's first, every pairwise alltoall
+message, those a linear gather's root receives: ``Footprint.cold``) is read from memory in
+a call past the caches, which costs its receiver more where the ranks share one core and
+its caches (``cores`` = 1: in-process ranks): ``COLD_SOURCE`` (a half) of what Rule 1d
+charges a byte received more.  In-process, a 2 MiB message from a block of a 64 MiB array
+took 193-195 us, from one just written 126 (and 292 into a block of such an array, 226-234
+from one just written): half the 138 us more that Rule 1d gives a byte received in a call
+of that working set.  Ranks on cores of their own read every message from the other core's
 caches, as their ping-pong does, and pay nothing more.  Against the measurements of four
 runs replayed (their in-process rates as fitted then), the in-process cells met rose from
-32 to 36 of 36, the mean error from 5.6 to 4.8%, the 4 MiB alltoall's from 10-22% under
-to -8% to +9%.  In eight runs alternating the two models, each calibrated afresh (the
-fit now takes the allgather's first message out too), 35 and 32 of 36 met, the mean
-error 5.8 and 6.0%; the 4 MiB alltoall +8.6% and +10.5% on average: the machine moves
-these calls by as much from one run to the next.
+32 to 36 of 36, the mean error from 5.6 to 4.8%, the 4 MiB alltoall's from 10-22% under to
+-8% to +9%.  In eight runs alternating the two models, each calibrated afresh (the fit now
+takes the allgather's first message out too), 35 and 32 of 36 met, the mean error 5.8 and
+6.0%; the 4 MiB alltoall +8.6% and +10.5% on average: the machine moves these calls by as
+much from one run to the next.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
