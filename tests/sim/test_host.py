@@ -526,23 +526,25 @@ def test_a_rank_spends_at_most_its_call_s_steps_and_a_leaf_fewer() -> None:
     a step's work per wait only."""
     host = HostSpec(step=1e-3)
 
-    async def main(comm: ac.Communicator) -> tuple[float, float]:
+    async def main(comm: ac.Communicator) -> tuple[float, float, float]:
         timing = comm._engine.link.timing
         steps = await timing.collective_work(comm.rank, "bcast.binomial", 64, 4)  # 2 steps
         t0 = comm.model_time()
         for _ in range(3):
             await steps.step()
         spent = comm.model_time() - t0
-        t0 = comm.model_time()
+        core = timing.model.core(comm.rank)  # a core per rank
+        t0, busy = comm.model_time(), core.busy
         await comm.bcast(np.zeros(16, np.float32), root=0)  # binomial
-        return spent, comm.model_time() - t0
+        return spent, comm.model_time() - t0, (core.busy - busy) * 1e-9
 
     got = ac.run(main, 4, cluster=cluster(host, 4), clock="virtual")
-    assert [spent for spent, _ in got] == [pytest.approx(2e-3, abs=1e-9)] * 4
-    # the root's two sends, each a wait and a step; rank 2 passes it on to rank 3 (two
-    # waits), ranks 1 and 3 wait once, and each runs its step once the message is in
-    assert [took for _, took in got] == pytest.approx([2e-3, 2e-3 + MSG, 2e-3 + MSG,
-                                                       2e-3 + 2 * MSG], abs=1e-8)
+    assert [spent for spent, _, _ in got] == [pytest.approx(2e-3, abs=1e-9)] * 4
+    # the root sends to ranks 2 and 1, rank 2 passes it on to rank 3: the root and rank 2
+    # wait twice, the leaves 1 and 3 once, and each runs a step's work after each wait
+    assert [work for _, _, work in got] == pytest.approx([2e-3, 1e-3, 2e-3, 1e-3], abs=1e-9)
+    assert [took for _, took, _ in got] == pytest.approx([2e-3, 2e-3 + MSG, 2e-3 + MSG,
+                                                          2e-3 + 2 * MSG], abs=1e-8)
 
 
 def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
