@@ -67,8 +67,8 @@ from .sim.calibration import Segment, calibrated_cluster, fit_segments, predict
 from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "cross_cpu", "fit_host",
-           "measure_host",
-           "envelope", "in_process_host", "measure_memory", "measure_pingpong", "measure_step",
+           "measure_host", "envelope", "in_process_host", "measure_memory", "measure_pingpong",
+           "measure_step",
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
            "recording", "steep_steps", "step_calls", "pingpong", "preset", "time_calls",

@@ -369,10 +369,15 @@ def _probes(probes: dict[str, Any] | None) -> str:
     passes = "; ".join(f"{p} ranks {', '.join(_rate(t) for t in ts)}"
                        for p, ts in probes.get("passes", {}).items())
     return (f"a {size_label(CROSS_CPU_BYTES)} block just written on another CPU copied out "
-            f"at {', '.join(_rate(t) for t in probes.get('calibration') or [])} GB/s around "
-            f"the calibration's ping-pong, {_rate(probes.get('check'))} before the check; "
-            f"before the cells' passes: {passes} (a CPU state the host changes for spells of "
-            f"seconds to minutes: asynccomm.calibrate.cross_cpu)")
+            f"at {_around(probes)}; before the cells' passes: {passes} (a CPU state the host "
+            f"changes for spells of seconds to minutes: asynccomm.calibrate.cross_cpu)")
+
+
+def _around(probes: dict[str, Any]) -> str:
+    """The probes taken around the calibration's ping-pong and before the check, as
+    rates."""
+    return (f"{', '.join(_rate(t) for t in probes.get('calibration') or [])} GB/s around "
+            f"the calibration's ping-pong, {_rate(probes.get('check'))} before the check")
 
 
 def _moved(probes: dict[str, Any] | None) -> str:
@@ -385,9 +390,7 @@ def _moved(probes: dict[str, Any] | None) -> str:
                                            probes["check"]] if t]
     if len(rates) < 2 or max(rates) < 1.5 * min(rates):
         return ""
-    return (f" (a block just written on another CPU copied out at "
-            f"{', '.join(_rate(t) for t in probes.get('calibration') or [])} GB/s around "
-            f"the calibration's ping-pong, {_rate(probes['check'])} before the check: the "
+    return (f" (a block just written on another CPU copied out at {_around(probes)}: the "
             f"host moved the CPUs)")
 
 

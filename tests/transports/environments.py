@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import uvloop
 
 import asynccomm as ac
+from asynccomm.sim.calibration import Segment, calibrated_cluster
+from asynccomm.sim.host import HostSpec
 from asynccomm.sim.loop import new_virtual_loop
 
 T = TypeVar("T")
@@ -57,12 +59,10 @@ def crowded() -> ac.Cluster:
     processes): every rank's collective work (the call, each step's after its wait, the
     switches) queues on the core, and each message holds it while it is copied in
     (``sim/host.py`` Rules 2 and 2d, ``sim/model.py`` Rules 4b-4d)."""
-    from asynccomm.sim.calibration import Segment, calibrated_cluster
-
     segments = [Segment(64 << 10, 10e-6, 1 / 5e9), Segment(1 << 30, 40e-6, 1 / 8e9)]
     slower = [Segment(64 << 10, 12e-6, 1 / 3e9), Segment(1 << 30, 50e-6, 1 / 5e9)]
-    host = ac.sim.HostSpec(cores=1, call=20e-6, step=10e-6, switch=5e-6,
-                           rendezvous_switch=8e-6, copy_bandwidth=10e9, reduce_bandwidth=5e9)
+    host = HostSpec(cores=1, call=20e-6, step=10e-6, switch=5e-6,
+                    rendezvous_switch=8e-6, copy_bandwidth=10e9, reduce_bandwidth=5e9)
     return calibrated_cluster(segments, name="crowded", ranks=4, host=host, crowded=slower)
 
 
