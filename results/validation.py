@@ -1,9 +1,11 @@
 """Validation: the calibrated cluster model's predictions against measured runs.
 
 On each real transport of this machine (in-process; ``processes``, ranks in processes of
-their own that move data through shared memory; MPI when ``mpiexec`` is there), the model
-is calibrated (``python -m asynccomm.calibrate``: ping-pong, piecewise alpha-beta, and the
-CPU work of a collective call), then a second, fresh measurement is set against what the
+their own that move data through shared memory; MPI when ``mpiexec`` is there; their
+processes each bound to the CPU the model places its rank on:
+``asynccomm.calibrate.placed``), the model is calibrated (``python -m
+asynccomm.calibrate``: ping-pong, piecewise alpha-beta, and the CPU work of a collective
+call), then a second, fresh measurement is set against what the
 calibrated model predicts, run as the same program on the virtual clock, timed as the
 calibration times it (the same loop of calls; in-process ranks on the process's CPU clock,
 processes and MPI on the wall clock: ``asynccomm.calibrate.clock_of``):
@@ -57,6 +59,7 @@ from asynccomm.calibrate import (
     measure_pingpong,
     mpi_run,
     mpiexec,
+    placed,
     recording,
     time_calls,
 )
@@ -175,9 +178,11 @@ def _p2p_model(cluster: Cluster, sizes: tuple[int, ...]) -> dict[int, float]:
 
 def _collectives_measured(transport: str, p: int, sizes: tuple[int, ...]
                           ) -> dict[str, dict[int, float]]:
-    if transport in ("local", "processes"):  # processes: the program must pickle
-        return ac.run(partial(collectives, sizes=sizes, model=False, transport=transport),
-                      p, backend=transport)[0]
+    timed = partial(collectives, sizes=sizes, model=False, transport=transport)
+    if transport == "local":
+        return ac.run(timed, p, backend="local")[0]
+    if transport == "processes":  # the program must pickle; its ranks placed as modelled
+        return ac.run(placed(timed), p, backend="processes")[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "coll.json"
         mpi_run(["-m", "results.validation", "--mpi-worker", str(out),
@@ -462,7 +467,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         worker.add_argument("--mpi-worker", type=Path)
         worker.add_argument("--sizes", type=int, nargs="+")
         w = worker.parse_args(args_in)
-        out = ac.run(lambda comm: collectives(comm, tuple(w.sizes), model=False),
+        out = ac.run(placed(partial(collectives, sizes=tuple(w.sizes), model=False)),
                      backend="mpi")
         if out is not None and ac_rank() == 0:
             w.mpi_worker.write_text(json.dumps(out))

@@ -3,6 +3,7 @@ the preset it makes loads back and times messages as fitted, and the command run
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -12,6 +13,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -703,3 +705,42 @@ def test_the_cross_cpu_probe_times_a_read_of_bytes_another_cpu_just_wrote(
         assert took is not None and 64e-9 < took < 64e-5
     monkeypatch.setattr(calibrate.os, "sched_getaffinity", lambda pid: {0})
     assert calibrate.cross_cpu() is None
+
+
+async def _cpus(comm: ac.Communicator) -> set[int]:
+    """The CPUs this rank's process may run on (a module function: it pickles)."""
+    return os.sched_getaffinity(0)
+
+
+def test_placed_ranks_run_each_on_the_cpu_the_model_places_it_on() -> None:
+    """Rank r's process on the r % n-th of the n CPUs the parent may use, as the model's
+    ``HostSpec.core`` has it (and ``mpiexec -bind-to core``)."""
+    from asynccomm.calibrate import placed
+
+    cpus = sorted(os.sched_getaffinity(0))
+    got = ac.run(placed(_cpus), 3, backend="processes")
+    assert got == [{cpus[r % len(cpus)]} for r in range(3)]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_a_placed_program_gives_its_process_its_cpus_back(fails: bool) -> None:
+    from types import SimpleNamespace
+
+    from asynccomm.calibrate import placed
+
+    before = os.sched_getaffinity(0)
+    cpus = sorted(before)
+    during: list[set[int]] = []
+
+    async def main(comm: Any) -> None:
+        during.append(os.sched_getaffinity(0))
+        if fails:
+            raise RuntimeError("the program failed")
+
+    async with asyncio.timeout(10):
+        try:
+            await placed(main)(SimpleNamespace(rank=1))
+        except RuntimeError:
+            assert fails
+    assert during == [{cpus[1 % len(cpus)]}]
+    assert os.sched_getaffinity(0) == before
