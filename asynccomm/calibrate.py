@@ -546,16 +546,24 @@ def measure_switch(cores: int, host: HostSpec, segments: Sequence[Segment],
     return _read_off(model, took, -(-p // max(1, cores)) * work_of("barrier", 0, p).steps)
 
 
-def _read_off(model: Callable[[float], float], took: float, per_unit: float) -> float:
-    """The value ``x`` with which ``model(x)`` (seconds, linear in ``x``) takes ``took``,
+def _read_off(model: Callable[[float], float], took: float, per_unit: float,
+              rounds: int = 4) -> float:
+    """The value ``x`` with which ``model(x)`` (seconds, growing with ``x``, linear or
+    nearly: where hand-offs overlap other work it is linear by pieces) takes ``took``:
     read off the line through ``model(0)`` and ``model(guess)``, ``guess`` the closed
-    form's ``(took - model(0)) / per_unit``; 0 where ``model(0)`` takes as long already."""
+    form's ``(took - model(0)) / per_unit``, then off the line through the last two
+    points, up to ``rounds`` times, until the model takes ``took`` to a nanosecond; 0
+    where ``model(0)`` takes as long already."""
     bare = model(0.0)
     if took <= bare:
         return 0.0
-    guess = (took - bare) / per_unit
-    grown = model(guess) - bare
-    return guess * (took - bare) / grown if grown > 0 else guess
+    (x0, y0), x = (0.0, bare), (took - bare) / per_unit
+    for _ in range(rounds):
+        y = model(x)
+        if abs(y - took) < 1e-9 or y == y0:
+            break
+        (x0, y0), x = (x, y), x + (took - y) * (x - x0) / (y - y0)
+    return max(0.0, x)
 
 
 #: Calls back to back of a collective on the model's clock (which does not vary).

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._engine.request import Request, wait_any
+from .._engine.request import SEND, Request, wait_any
 from .._exceptions import MatchError
 from .ops import ReduceOp
 from .scratch import FRESH, Scratch
@@ -61,8 +61,15 @@ class P2P(Protocol):
 class Steps(Protocol):
     """A cluster model's CPU work of a call's steps (``_collectives.functions`` Rule 5b)."""
 
-    async def step(self) -> None:
-        """Spend a step's work: after each wait."""
+    async def step(self, peers: tuple[int, ...] = ()) -> None:
+        """Spend a step's work: after each wait (on ops with ``peers``: the ranks it
+        received from, else those it sent to)."""
+
+
+def _peers(reqs: tuple[Request, ...]) -> tuple[int, ...]:
+    """The ranks a wait on ``reqs`` received from, else those it sent to."""
+    got = tuple(r.peer for r in reqs if r.kind is not SEND)
+    return got or tuple(r.peer for r in reqs)
 
 
 class Exchange:
@@ -124,7 +131,7 @@ class Exchange:
             await wait_any(pending)
         self._live = [r for r in self._live if not r.done()]
         if self.steps is not None:
-            await self.steps.step()
+            await self.steps.step(_peers(reqs))
 
     def _check_count(self, req: Request) -> None:
         """A recv of a collective takes a whole block: a shorter message means the sender

@@ -64,10 +64,11 @@ much from one run to the next.
 Rule 2 (cores).  The ranks share ``cores`` cores (0: a core per rank): rank ``r`` runs on
 core ``r % cores``, and its CPU work queues on that core first come, first served, so two
 ranks on one core take twice as long for their work as one.  On more ranks than cores
-each step of a call costs ``switch`` more on its rank's core: processes that wait for a
-message (polling, or spinning a while before they sleep) hold a core another rank needs
-until the system's scheduler moves them, and a rank that slept costs a wake-up (0 where
-ranks share one event loop, which switches between them itself).  Calibrated on
+a step of a call that waited for a rank of its own core costs ``switch`` more on that
+core (Rule 2e): processes that wait for a message (polling, or spinning a while before
+they sleep) hold a core another rank needs until the system's scheduler moves them, and
+a rank that slept costs a wake-up (0 where ranks share one event loop, which switches
+between them itself).  Calibrated on
 processes and MPI from barrier calls on one process more than the cores, whose ranks all
 wait at once as a collective's do at each step (``asynccomm.calibrate.measure_switch``).
 A step whose message is past ``EAGER_LIMIT`` (rendezvous) costs ``rendezvous_switch`` more
@@ -116,6 +117,24 @@ either's messages left, where each step's runs while the other rank waits for it
 message.  Replayed against six runs' measurements (the switches solved again), the cells
 change little: met 31 and 31 of 54 on processes, 31 and 32 on MPI, the mean error 9.9 to
 9.8% and 8.9 to 8.7%; the calls the validation times wait once a step on every rank.
+Rule 2e (a hand-off on one core).  A step pays its switches (``switch``, and past the
+eager limit ``rendezvous_switch``) only where its wait was for a rank on its own core
+(the ranks it received from, or without a receive those it sent to): that rank's
+message comes once it has had the core and given it back, where a message from a rank
+on another core comes while this core runs its other rank.  Measured on 4 processes on
+the 2 cores, each bound to its CPU (``asynccomm.calibrate.placed``) as this rule places
+them (0 and 2 on one, 1 and 3 on the other): a 4 KiB ring allgather, whose every
+message crosses cores, took 280-300 us a call, and a ring allreduce (6 steps) 490-590;
+bound 0 and 1, 2 and 3 instead (half the ring's messages within a core) 420-450 and
+760-810; a pairwise alltoall (its second step within a core) 400-440.  Every step
+charged a switch solved on 3 ranks (a third of whose barrier's messages stay on a
+core), the model priced the allgather and allreduce of 4 KiB 14-30% over in six runs
+(processes and MPI); charged only within a core, -9% to +11%.  Their calls of 16 to
+128 KiB came within 9% as well (the pairwise alltoall on 4 ranks stays 9-19% under at
+every size); calls of 256 KiB there (64 KiB messages) came out 1-39% under,
+because a call whose messages are 64 KiB took 100 us more than one whose messages
+are 63 KiB (542-545 against 440-448 us, a 4-rank allgather), where a ping-pong shows
+no such step: the old charge on every step had hidden that.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
@@ -527,11 +546,13 @@ def footprint(name: str, nbytes: int, p: int) -> Footprint:
 
 class CallWork(NamedTuple):
     """A call's CPU seconds on its rank's core (Rule 1), as it spends them (Rule 2d): before
-    its first message, and after each of its first ``steps`` waits."""
+    its first message, and after each of its first ``steps`` waits; ``handoff`` more after
+    a wait for a rank on its own core (Rule 2e)."""
 
     first: float
     step: float
     steps: int
+    handoff: float = 0.0
 
 
 def call_work(host: HostSpec, name: str, nbytes: int, p: int) -> CallWork:
@@ -544,18 +565,18 @@ def call_work(host: HostSpec, name: str, nbytes: int, p: int) -> CallWork:
     staging = (1 / host.per_byte(2 * each) if host.memory
                else host.rates(nbytes, fp.working_set)[0])
     crowded = 0 < host.cores < p  # Rule 2: a step's hand-offs, two past the eager limit
-    step = (host.step
-            + (host.switch + (host.rendezvous_switch if each > EAGER_LIMIT else 0.0)
+    handoff = ((host.switch + (host.rendezvous_switch if each > EAGER_LIMIT else 0.0))
                if crowded else 0.0)
-            - host.step_less(_algorithm(name), p, each, staging))
+    step = host.step - host.step_less(_algorithm(name), p, each, staging)
     rest = (host.call + host.work_seconds(name, nbytes, p, fp.working_set)
             + fresh * host.touch + host.slower_messages(fp))
-    if step > 0.0 and steps:
-        return CallWork(rest, step, steps)
+    if step + handoff > 0.0 and steps:
+        return CallWork(rest, step, steps, handoff)
     return CallWork(max(0.0, rest + steps * step), 0.0, 0)  # a step less than nothing
 
 
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
-    """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks."""
+    """CPU seconds of one call of ``name`` (as ``work_of``) of ``nbytes`` on ``p`` ranks,
+    at most: every step's wait taken as one for a rank of its own core (Rule 2e)."""
     work = call_work(host, name, nbytes, p)
-    return work.first + work.steps * work.step
+    return work.first + work.steps * (work.step + work.handoff)

@@ -119,7 +119,8 @@ class ModelledTiming:
             return None
         work = call_work(host, name, nbytes, size)
         await self._spend(rank, work.first)
-        return _Steps(self, rank, work.step, work.steps) if work.steps else None
+        return (_Steps(self, rank, work.step, work.steps, work.handoff) if work.steps
+                else None)
 
     async def _spend(self, rank: int, seconds: float) -> None:
         """Reserve ``seconds`` of ``rank``'s core from now (after the work queued on it)
@@ -152,20 +153,28 @@ class ModelledTiming:
 
 class _Steps:
     """The steps' CPU work of one call (Rule 7): ``seconds`` after each of its first
-    ``count`` waits."""
+    ``count`` waits, and ``handoff`` more after a wait for a rank on its own core
+    (``sim/host.py`` Rule 2e)."""
 
-    __slots__ = ("left", "rank", "seconds", "timing")
+    __slots__ = ("handoff", "left", "rank", "seconds", "timing")
 
-    def __init__(self, timing: ModelledTiming, rank: int, seconds: float, count: int) -> None:
+    def __init__(self, timing: ModelledTiming, rank: int, seconds: float, count: int,
+                 handoff: float = 0.0) -> None:
         self.timing = timing
         self.rank = rank
         self.seconds = seconds
         self.left = count
+        self.handoff = handoff
 
-    async def step(self) -> None:
+    async def step(self, peers: tuple[int, ...] = ()) -> None:
         if self.left > 0:
             self.left -= 1
-            await self.timing._spend(self.rank, self.seconds)
+            seconds = self.seconds
+            if self.handoff:
+                core = self.timing._core(self.rank)
+                if any(q >= 0 and self.timing._core(q) is core for q in peers):
+                    seconds += self.handoff
+            await self.timing._spend(self.rank, seconds)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:

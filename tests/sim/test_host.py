@@ -491,15 +491,17 @@ def test_a_call_s_work_never_goes_below_nothing() -> None:
                                                   ("alltoall", 96 << 10, 3), ("barrier", 0, 3)])
 def test_a_call_s_work_is_what_comes_first_and_each_step_s(name: str, nbytes: int,
                                                           p: int) -> None:
-    """Rule 2d: a step's work (on more ranks than cores, its switches too) is spent after
-    each wait, the rest first; in all, the call's ``collective_seconds``."""
+    """Rule 2d: a step's work is spent after each wait, the rest first; on more ranks than
+    cores its switches are a hand-off apart (Rule 2e); in all, at most, the call's
+    ``collective_seconds``."""
     host = dataclasses.replace(HOST, cores=2, switch=2e-5, rendezvous_switch=3e-5)
     work = call_work(host, name, nbytes, p)
     each = footprint(name, nbytes, p)
     past = each.messages and each.received / each.messages > 65536
     assert work.steps == work_of(name, nbytes, p).steps
-    assert work.step == pytest.approx(1e-4 + 2e-5 + (3e-5 if past else 0.0))
-    assert work.first + work.steps * work.step == pytest.approx(
+    assert work.step == pytest.approx(1e-4)
+    assert work.handoff == pytest.approx(2e-5 + (3e-5 if past else 0.0))  # Rule 2e
+    assert work.first + work.steps * (work.step + work.handoff) == pytest.approx(
         collective_seconds(host, name, nbytes, p))
     # a step less than nothing (ranks of one loop, Rule 2c): all of it first, never below 0
     loop = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
@@ -545,6 +547,38 @@ def test_a_rank_spends_at_most_its_call_s_steps_and_a_leaf_fewer() -> None:
     assert [work for _, _, work in got] == pytest.approx([2e-3, 1e-3, 2e-3, 1e-3], abs=1e-9)
     assert [took for _, took, _ in got] == pytest.approx([2e-3, 2e-3 + MSG, 2e-3 + MSG,
                                                           2e-3 + 2 * MSG], abs=1e-8)
+
+
+@pytest.mark.parametrize(("name", "handoffs"), [
+    ("allgather", 0),  # a ring on ranks placed 0, 1, 0, 1: every message crosses cores
+    ("alltoall", 1),   # pairwise: its second step's messages stay on a core
+    ("barrier", 1),    # dissemination: its second step's too
+])
+def test_a_step_pays_the_switch_only_after_a_wait_for_a_rank_of_its_own_core(
+        name: str, handoffs: int) -> None:
+    """Rule 2e: four ranks on two cores (rank r on core r % 2); a step's switch goes on
+    its core only where the rank it received from shares that core."""
+    host = HostSpec(cores=2, switch=1e-3)
+
+    async def main(comm: ac.Communicator) -> float:
+        core = comm._engine.link.timing.model.core(comm.rank)
+        busy = core.busy
+        if name == "barrier":
+            await comm.barrier()
+        else:
+            if name == "allgather":
+                await comm.allgather(np.zeros(4, np.float32), np.zeros((4, 4), np.float32),
+                                     algorithm="ring")
+            else:
+                await comm.alltoall(np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32))
+        await comm.barrier()  # every rank's work on the core done (a hand-off each)
+        return (core.busy - busy) * 1e-9
+
+    got = ac.run(main, 4, cluster=cluster(host, 4), clock="virtual")
+    # each core runs two ranks, each paying its call's hand-offs and the barrier's one
+    # there, beside its messages' few microseconds (sim/model.py Rule 4b); a switch on
+    # every step would be 2 * (3 + 2) ms
+    assert got == [pytest.approx(2 * (handoffs + 1) * 1e-3, abs=1e-4)] * 4
 
 
 def test_a_modelled_call_on_ranks_of_one_loop_takes_its_steps_less() -> None:
