@@ -72,7 +72,7 @@ __all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "cross_cpu"
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
            "recording", "steep_steps", "step_calls", "pingpong", "preset", "time_calls",
-           "unwaited_of"]
+           "placed", "unwaited_of"]
 
 TRANSPORTS = ("local", "mpi", "processes")
 #: 8 B to 64 MiB, every power of two.
