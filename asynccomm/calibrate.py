@@ -146,8 +146,8 @@ def placed(main: Callable[[Communicator], Awaitable[Any]]
     process may use, as ``mpiexec -bind-to core`` places MPI ranks), for ranks in
     processes of their own.  Unbound, the system places and moves them as it likes: four
     processes on two CPUs share them in pairs ranks 0 and 2, 1 and 3 in one world and 0
-    and 1, 2 and 3 in the next, and a 4 KiB ring allreduce on them took 490-550 us a call
-    or 720-800 from one world to the next (the model places them the first way).  The
+    and 1, 2 and 3 in the next, and a 4 KiB ring allreduce on them took 490-590 us a call
+    or 760-810 from one world to the next (the model places them the first way).  The
     world opens before the bind, so a transport that counts the CPUs its ranks share
     counts them all.  A partial of a module function: it pickles if ``main`` does."""
     return partial(_placed, main)

@@ -570,8 +570,10 @@ def call_work(host: HostSpec, name: str, nbytes: int, p: int) -> CallWork:
     step = host.step - host.step_less(_algorithm(name), p, each, staging)
     rest = (host.call + host.work_seconds(name, nbytes, p, fp.working_set)
             + fresh * host.touch + host.slower_messages(fp))
-    if step + handoff > 0.0 and steps:
+    if step > 0.0 and steps:
         return CallWork(rest, step, steps, handoff)
+    if handoff > 0.0 and steps:  # (a step less than nothing but its hand-offs)
+        return CallWork(max(0.0, rest + steps * step), 0.0, steps, handoff)
     return CallWork(max(0.0, rest + steps * step), 0.0, 0)  # a step less than nothing
 
 

@@ -506,6 +506,10 @@ def test_a_call_s_work_is_what_comes_first_and_each_step_s(name: str, nbytes: in
     # a step less than nothing (ranks of one loop, Rule 2c): all of it first, never below 0
     loop = HostSpec(cores=1, call=1e-6, unwaited=(("allreduce.ring", 3, 1e-3),))
     assert call_work(loop, "allreduce", 64, 4) == CallWork(0.0, 0.0, 0)
+    # ... and one whose hand-offs are more than nothing keeps them, its step's less first
+    crowded = dataclasses.replace(loop, call=8e-3, switch=2e-3)  # 6 steps of 1 ms less
+    assert call_work(crowded, "allreduce", 64, 4) == CallWork(
+        pytest.approx(2e-3), 0.0, 6, 2e-3)
 
 
 def test_a_modelled_call_spends_each_step_s_work_after_its_wait() -> None:
