@@ -130,7 +130,7 @@ bound 0 and 1, 2 and 3 instead (half the ring's messages within a core) 420-450 
 charged a switch solved on 3 ranks (a third of whose barrier's messages stay on a
 core), the model priced the allgather and allreduce of 4 KiB 14-30% over in six runs
 (processes and MPI); charged only within a core, -9% to +11%.  Their calls of 16 to
-128 KiB came within 9% as well (the pairwise alltoall on 4 ranks stays 9-19% under at
+128 KiB came within 9% as well (the pairwise alltoall on 4 ranks stays 9-36% under at
 every size); calls of 256 KiB there (64 KiB messages) came out 1-39% under,
 because a call whose messages are 64 KiB took 100 us more than one whose messages
 are 63 KiB (542-545 against 440-448 us, a 4-rank allgather), where a ping-pong shows
