@@ -284,7 +284,9 @@ land_eager(const Landing *l, const char *b, Py_ssize_t len, PyObject *(*payload)
     }
     Py_ssize_t nbytes = (Py_ssize_t)get_le(b + H_NBYTES, 8);
     Py_ssize_t count = (Py_ssize_t)get_le(b + H_COUNT, 8);
-    if (nbytes < 0 || count < 0 || nbytes >= TIMED_COPY_MIN || nbytes > len - H_SIZE) {
+    /* (one of TIMED_COPY_MIN or more, at most the eager limit's 64 KiB, is timed by
+     * ``offer`` as the Python steps time it) */
+    if (nbytes < 0 || count < 0 || nbytes > len - H_SIZE) {
         return 0;
     }
     PyObject *endpoint = PyObject_GetAttr(l->link, a_endpoint);

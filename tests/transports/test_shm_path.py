@@ -385,12 +385,13 @@ def _nodes() -> list[Node]:
     return nodes
 
 
-async def _open(nodes: list[Node], native: bool) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+async def _open(nodes: list[Node], native: bool, eager_limit: int = 4096, pool: int = POOL
+                ) -> tuple[tuple[Any, Any], tuple[Any, Any]]:
     """The links and communicators of ranks 0 and 1 of a world on ``nodes``, opened with
-    ``native=``."""
+    ``native=``, ``eager_limit`` and each rank's staging cap ``pool``."""
     lane = _communicator.world_lane(native)
-    fams = [_ProcessFamily(node, "w1", [0, 1], [POOL, POOL], eager_limit=4096,
-                           pool_bytes=POOL, timeout=None, registry=[], lane=lane)
+    fams = [_ProcessFamily(node, "w1", [0, 1], [pool, pool], eager_limit=eager_limit,
+                           pool_bytes=pool, timeout=None, registry=[], lane=lane)
             for node in nodes]
     return await asyncio.wait_for(asyncio.gather(  # type: ignore[return-value]
         fams[0].open(Device(0, "shm:0")), fams[1].open(Device(1, "shm:1"))), 30)
@@ -482,31 +483,37 @@ def test_a_world_on_either_lane_does_the_same(loop: str) -> None:
     assert c[6] == [0, 0]
 
 
-async def _early(native: bool, handed: list[int]) -> tuple[Any, ...]:
-    """An eager message that lands before its recv is posted, on a world opened with
-    ``native=``: what the receiving engine was handed (``arrived``: the tags in
-    ``handed``), the message as it waits, the charge owed back to its sender then and once
-    a recv took it, and what the recv got."""
+async def _early(native: bool, handed: list[int], count: int = 300,
+                 posted: bool = False) -> tuple[Any, ...]:
+    """An eager message of ``count`` int32s that lands before its recv is posted (or, with
+    ``posted``, after), on a world opened with ``native=`` whose eager limit is 64 KiB
+    (and each rank's staging cap 1 MiB: credit for it):
+    what the receiving engine was handed (``arrived``: the tags in ``handed``), the
+    message as it waits (None: none waited), the charge owed back to its sender then and
+    once a recv took it, and what the recv got."""
     nodes = _nodes()
     try:
-        (_, c0), (l1, c1) = await _open(nodes, native)
+        (_, c0), (l1, c1) = await _open(nodes, native, eager_limit=65536, pool=1 << 20)
         engine = l1.endpoint
         first = np.zeros(3, dtype=np.int32)  # (a dtype's first message takes the Python steps)
         await asyncio.wait_for(asyncio.gather(c1.recv(first, 0, 7),
                                               c0.send(np.arange(3, dtype=np.int32), 1, 7)), 30)
         handed.clear()
-        await c0.send(np.arange(300, dtype=np.int32), 1, 8)
-        for _ in range(1000):  # the receiver's poll task takes it
-            if engine.matcher.statistics().unexpected_messages:
-                break
-            await asyncio.sleep(0)
-        [msg] = engine.matcher.unexpected()
-        waiting = (msg.where, type(msg.view).__name__, bytes(msg.view[:16]))
-        owed_before = l1.wire._owed[0]
-        got = np.zeros(300, dtype=np.int32)
-        status = await asyncio.wait_for(c1.recv(got, 0, 8), 30)
-        result = (list(handed), waiting, owed_before, l1.wire._owed[0], got.tolist(), tuple(status),
-                  engine.pool.statistics().in_use_bytes)
+        got = np.zeros(count, dtype=np.int32)
+        recv = c1.irecv(got, 0, 8) if posted else None
+        await c0.send(np.arange(count, dtype=np.int32), 1, 8)
+        waiting = owed_before = None
+        if not posted:
+            for _ in range(1000):  # the receiver's poll task takes it
+                if engine.matcher.statistics().unexpected_messages:
+                    break
+                await asyncio.sleep(0)
+            [msg] = engine.matcher.unexpected()
+            waiting = (msg.where, type(msg.view).__name__, bytes(msg.view[:16]))
+            owed_before = l1.wire._owed[0]
+        status = await asyncio.wait_for(recv if recv is not None else c1.recv(got, 0, 8), 30)
+        result = (list(handed), waiting, owed_before, l1.wire._owed[0], got.tolist(),
+                  tuple(status), engine.pool.statistics().in_use_bytes)
         await asyncio.wait_for(asyncio.gather(c0.aclose(), c1.aclose()), 30)
         return result
     finally:
@@ -515,11 +522,14 @@ async def _early(native: bool, handed: list[int]) -> tuple[Any, ...]:
             node.sock.close()
 
 
+@pytest.mark.parametrize("count", [300, 16384])  # 1200 B, and the eager limit's 64 KiB
 def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        count: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C lane stages an eager message for which no recv is posted itself (no Python
     frame: the engine's ``arrived`` is not called), as the engine would: in the staging
-    pool, its charge owed back to its sender only once a recv takes it."""
+    pool, its charge owed back to its sender only once a recv takes it.  Up to the eager
+    limit: a message of 64 KiB took the Python steps, 10-25% of a collective call whose
+    messages are that size."""
     handed: list[int] = []
     arrived = DeviceEngine.arrived
 
@@ -528,13 +538,37 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
         arrived(engine, msg)
 
     monkeypatch.setattr(DeviceEngine, "arrived", counted)
-    seen = {native: asyncio.run(_early(native, handed)) for native in (True, False)}
+    seen = {native: asyncio.run(_early(native, handed, count)) for native in (True, False)}
     c, python = seen[True], seen[False]
     assert c[0] == [] and python[0] == [8]
     assert c[1:] == python[1:]
     assert c[1] == (STAGED, "bytearray", np.arange(4, dtype=np.int32).tobytes())
-    assert c[3] - c[2] == w.charge(1200)  # owed back once a recv took it, not before
-    assert c[4] == list(range(300)) and c[6] == 0
+    assert c[3] - c[2] == w.charge(4 * count)  # owed back once a recv took it, not before
+    assert c[4] == list(range(count)) and c[6] == 0
+
+
+def test_an_eager_message_of_the_eager_limit_lands_in_its_posted_recv_in_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 KiB eager message whose recv is posted goes into it in C (the link's Python
+    landing, ``_on_control``, never runs for it), as the Python steps put it there."""
+    landed: list[int] = []
+    on_control = ShmTransport._on_control
+
+    def counted(link: ShmTransport, slot: Any) -> Any:
+        kind, _, _, tag, nbytes = w.HEADER.unpack_from(slot.buf)[:5]
+        if kind == w.EAGER and tag == 8:
+            landed.append(nbytes)
+        return on_control(link, slot)
+
+    monkeypatch.setattr(ShmTransport, "_on_control", counted)
+    seen = {}
+    for native in (True, False):
+        landed.clear()
+        seen[native] = (asyncio.run(_early(native, [], 16384, posted=True)), len(landed))
+    assert landed == [65536]  # (the Python steps' world)
+    (c, c_landed), (python, python_landed) = seen[True], seen[False]
+    assert c == python and c[4] == list(range(16384))
+    assert c_landed == 0 and python_landed == 1
 
 
 # -- a large message's offer: its answer lands in C -------------------------------------------
