@@ -134,7 +134,11 @@ core), the model priced the allgather and allreduce of 4 KiB 14-30% over in six 
 every size); calls of 256 KiB there (64 KiB messages) came out 1-39% under,
 because a call whose messages are 64 KiB took 100 us more than one whose messages
 are 63 KiB (542-545 against 440-448 us, a 4-rank allgather), where a ping-pong shows
-no such step: the old charge on every step had hidden that.
+no such step: the old charge on every step had hidden that.  It was the transport's:
+an eager message of the eager limit's 64 KiB that landed before its recv took the
+Python steps (the C lane's landing stopped short of it), and a collective's messages
+often land first; it lands in C now, and a 4-rank ring allreduce of 256 KiB on bound
+processes took 711 us a call in the next run, against 1074-1201 in the two before.
 Rule 3 (off by default).  ``HostSpec()`` costs nothing: presets of published hardware time
 messages only; ``python -m asynccomm.calibrate`` measures these rates on this machine.
 """
