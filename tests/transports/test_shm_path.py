@@ -522,9 +522,10 @@ async def _early(native: bool, handed: list[int], count: int = 300,
             node.sock.close()
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 @pytest.mark.parametrize("count", [300, 16384])  # 1200 B, and the eager limit's 64 KiB
 def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
-        count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        count: int, loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C lane stages an eager message for which no recv is posted itself (no Python
     frame: the engine's ``arrived`` is not called), as the engine would: in the staging
     pool, its charge owed back to its sender only once a recv takes it.  Up to the eager
@@ -538,7 +539,7 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
         arrived(engine, msg)
 
     monkeypatch.setattr(DeviceEngine, "arrived", counted)
-    seen = {native: asyncio.run(_early(native, handed, count)) for native in (True, False)}
+    seen = {native: _run(loop, _early(native, handed, count)) for native in (True, False)}
     c, python = seen[True], seen[False]
     assert c[0] == [] and python[0] == [8]
     assert c[1:] == python[1:]
@@ -547,8 +548,9 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
     assert c[4] == list(range(count)) and c[6] == 0
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_an_eager_message_of_the_eager_limit_lands_in_its_posted_recv_in_c(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 64 KiB eager message whose recv is posted goes into it in C (the link's Python
     landing, ``_on_control``, never runs for it), as the Python steps put it there."""
     landed: list[int] = []
@@ -564,7 +566,7 @@ def test_an_eager_message_of_the_eager_limit_lands_in_its_posted_recv_in_c(
     seen = {}
     for native in (True, False):
         landed.clear()
-        seen[native] = (asyncio.run(_early(native, [], 16384, posted=True)), len(landed))
+        seen[native] = (_run(loop, _early(native, [], 16384, posted=True)), len(landed))
     assert landed == [65536]  # (the Python steps' world)
     (c, c_landed), (python, python_landed) = seen[True], seen[False]
     assert c == python and c[4] == list(range(16384))
