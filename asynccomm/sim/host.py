@@ -574,11 +574,11 @@ def call_work(host: HostSpec, name: str, nbytes: int, p: int) -> CallWork:
     step = host.step - host.step_less(_algorithm(name), p, each, staging)
     rest = (host.call + host.work_seconds(name, nbytes, p, fp.working_set)
             + fresh * host.touch + host.slower_messages(fp))
-    if step > 0.0 and steps:
+    if step <= 0.0:  # a step less than nothing: it goes first, never below nothing
+        rest, step = max(0.0, rest + steps * step), 0.0
+    if steps and (step > 0.0 or handoff > 0.0):
         return CallWork(rest, step, steps, handoff)
-    if handoff > 0.0 and steps:  # (a step less than nothing but its hand-offs)
-        return CallWork(max(0.0, rest + steps * step), 0.0, steps, handoff)
-    return CallWork(max(0.0, rest + steps * step), 0.0, 0)  # a step less than nothing
+    return CallWork(rest, 0.0, 0)
 
 
 def collective_seconds(host: HostSpec, name: str, nbytes: int, p: int) -> float:
