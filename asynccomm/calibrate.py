@@ -29,8 +29,10 @@ arrays, a ping-pong's among one buffer and its copy), what a step of small ring 
 to 6 in-process ranks costs less than that model gives it (``measure_unwaited``: their
 ranks share one event loop, and find many messages arrived), and on processes and MPI
 what a step costs on two ranks of the transport (small allreduce calls less allgather
-calls less a message, ``measure_step``) and what it costs more on more ranks than cores
-(barrier calls on one process more than the cores); the preset's ``host`` holds them.
+calls less a message, ``measure_step``), how much of a large message's copy its sender's
+core takes (an exchange of 2 MiB each way less a one-way message, ``measure_shared_copy``)
+and what a step costs more on more ranks than cores (barrier calls on one process more
+than the cores); the preset's ``host`` holds them.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from .sim.host import HostSpec, collective_seconds, footprint, work_of
 
 __all__ = ["SIZES", "TRANSPORTS", "Record", "calibrate", "clock_of", "cross_cpu", "fit_host",
            "measure_host", "envelope", "in_process_host", "measure_memory", "measure_pingpong",
-           "measure_step",
+           "measure_step", "measure_shared_copy", "exchange_calls",
            "measure_rendezvous_switch", "measure_switch", "measure_touch", "measure_unwaited",
            "rendezvous_calls", "settle_allocator",
            "recording", "steep_steps", "step_calls", "pingpong", "preset", "time_calls",
@@ -686,10 +688,80 @@ def _step_call(transport: str, repeats: int) -> float:
     return _timed_call("steps", transport, 2, repeats)
 
 
+#: The messages of the exchanges that time a large transfer's copy on both cores
+#: (``measure_shared_copy``): past ``sim/model.py``'s ``SHARED_COPY_MIN``, as those of a 4 MiB
+#: call on two ranks are.
+SHARED_COPY_SIZE = 2 << 20
+
+
+async def exchange_calls(comm: Communicator, repeats: int,
+                         clock: Callable[[], float] = time.perf_counter,
+                         iterations: int | None = None) -> float:
+    """Seconds (on ``clock``) ranks 0 and 1 exchanging ``SHARED_COPY_SIZE`` bytes, each
+    sending the other its message at once (``sendrecv``), take more than rank 0 sending
+    the other one such message and waiting for a byte back, each in a loop, the two one
+    after the other in each of ``repeats`` turns so that a burst of load falls on both:
+    the median over the turns (rank 0's; others 0).  ``iterations``: exchanges and
+    messages per loop (else sized from ``CALL_BUDGET`` by a warm-up loop of exchanges,
+    rank 0's choice)."""
+    peer = 1 - comm.rank
+    out, into, answer = (touched(SHARED_COPY_SIZE), touched(SHARED_COPY_SIZE),
+                         touched(1))
+
+    async def exchange() -> None:
+        await comm.sendrecv(out, peer, into, peer)
+
+    async def one_way() -> None:
+        if comm.rank == 0:
+            await comm.send(out, peer)
+            await comm.recv(answer, peer)
+        else:
+            await comm.recv(into, peer)
+            await comm.send(answer, peer)
+
+    iters = np.full(1, iterations or 1, np.int64)
+    if iterations is None:
+        warm, _ = await time_calls(comm, exchange, 1, clock, iterations=1)
+        iters[0] = max(1, min(500, int(CALL_BUDGET / max(warm, 1e-6))))
+        await comm.bcast(iters, root=0)
+    k = int(iters[0])
+    more = []
+    for _ in range(repeats):
+        both = (await time_calls(comm, exchange, 1, clock, iterations=k))[0]
+        one = (await time_calls(comm, one_way, 1, clock, iterations=k))[0]
+        more.append(both - one)
+    return statistics.median(more) if comm.rank == 0 else 0.0
+
+
+def measure_shared_copy(host: HostSpec, segments: Sequence[Segment], repeats: int = 7,
+                        transport: str = "processes") -> float:
+    """The share of a large transfer's link time its sender's core spends copying it too,
+    on two ranks of ``transport`` each on a core of its own (``HostSpec`` ``shared_copy``,
+    ``sim/model.py`` Rule 4e): how much longer an exchange of ``SHARED_COPY_SIZE`` bytes
+    each way takes than one such message (``exchange_calls``), read off the model of
+    ``segments`` and ``host`` (on two cores), where that difference is linear in the
+    share: with none the two messages move as on links of their own, with all of it each
+    core copies both.  Clipped to 0..1."""
+    took = float(_timed_call("exchange", transport, 2, repeats))
+
+    def model(share: float) -> float:
+        cluster = calibrated_cluster(segments, name="shared-copy", ranks=2,
+                                     host=dataclasses.replace(host, cores=2,
+                                                              shared_copy=share))
+        return float(run(lambda comm: exchange_calls(comm, 1, comm.model_time, MODEL_CALLS),
+                         2, cluster=cluster, clock="virtual")[0])
+
+    none, whole = model(0.0), model(1.0)
+    if whole <= none:
+        return 0.0
+    return min(1.0, max(0.0, (took - none) / (whole - none)))
+
+
 #: The calls timed on ranks of a transport, by the option of ``main`` that has them timed
 #: under ``mpiexec`` (its file takes rank 0's figure).
 _TIMED: dict[str, Callable[..., Coroutine[Any, Any, float]]] = {
-    "barrier": _barriers, "rendezvous": rendezvous_calls, "steps": step_calls}
+    "barrier": _barriers, "rendezvous": rendezvous_calls, "steps": step_calls,
+    "exchange": exchange_calls}
 
 
 def _timed_call(option: str, transport: str, ranks: int, repeats: int) -> float:
@@ -771,6 +843,9 @@ def measure_host(transport: str, repeats: int = 7, in_process: HostSpec | None =
     cores = os.cpu_count() or 1
     if cores > 1:
         host = dataclasses.replace(host, step=measure_step(host, segments, repeats, transport))
+        # a large message's copy, split between two processes' cores (sim/model.py Rule 4e)
+        host = dataclasses.replace(host, shared_copy=measure_shared_copy(
+            host, segments, repeats, transport))
     # a wall-clock median, which load moves: three times the samples
     host = dataclasses.replace(host, cores=cores, switch=measure_switch(
         cores, host, segments, 3 * repeats, transport=transport, crowded=crowded))
@@ -1113,6 +1188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--barrier", type=Path, help=argparse.SUPPRESS)  # the same, _barriers
     p.add_argument("--steps", type=Path, help=argparse.SUPPRESS)  # the same, _step_call
     p.add_argument("--rendezvous", type=Path, help=argparse.SUPPRESS)  # rendezvous_calls
+    p.add_argument("--exchange", type=Path, help=argparse.SUPPRESS)  # exchange_calls
     args = p.parse_args(argv)
     if args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--repeats and every size must be >= 1")

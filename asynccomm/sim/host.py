@@ -289,6 +289,9 @@ class HostSpec:
     #: cores (Rule 2)
     rendezvous_switch: float = 0.0
     touch: float = 0.0  # seconds per byte of a call's scratch, its pages' first touch (Rule 1c)
+    #: the share of a large transfer's link time its sender's core spends copying it too,
+    #: on ranks with cores of their own (``sim/model.py`` Rule 4e), 0 to 1
+    shared_copy: float = 0.0
     #: (working set bytes, copy bytes/s), by working set (Rule 1d)
     memory: tuple[tuple[int, float], ...] = ()
     working_set: int = 0  # bytes at which copy_ and reduce_bandwidth were fitted (Rule 1d)
@@ -308,6 +311,12 @@ class HostSpec:
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"HostSpec {field} must be a finite number >= 0 seconds, "
                                  f"got {value!r}")
+        if isinstance(self.shared_copy, bool) or not isinstance(self.shared_copy, int | float):
+            raise TypeError(f"HostSpec shared_copy must be a number, got "
+                            f"{type(self.shared_copy).__name__}")
+        if not 0 <= self.shared_copy <= 1:
+            raise ValueError(f"HostSpec shared_copy must be from 0 to 1, got "
+                             f"{self.shared_copy!r}")
         _rate("copy_bandwidth", self.copy_bandwidth)
         _rate("reduce_bandwidth", self.reduce_bandwidth)
         if not isinstance(self.cached, tuple) or not all(
@@ -354,7 +363,7 @@ class HostSpec:
     def free(self) -> bool:
         """True when a call costs nothing (Rule 3)."""
         return (self.call == self.step == self.switch == self.rendezvous_switch
-                == self.touch == 0
+                == self.touch == self.shared_copy == 0
                 and math.isinf(self.copy_bandwidth)
                 and math.isinf(self.reduce_bandwidth)
                 and all(math.isinf(c) and math.isinf(r) for _, c, r in self.cached)
@@ -447,6 +456,8 @@ class HostSpec:
                 + ("; copies among " + ", ".join(f"{n / 2**20:g} MiB {r / 1e9:.1f}"
                                                  for n, r in self.memory)
                    + " GB/s" if self.memory else "")
+                + (f"; a large message's copy {self.shared_copy:.0%} on its sender's core"
+                   if self.shared_copy else "")
                 + ("; a step on ranks of one loop less by " + ", ".join(
                     f"{a} on {n} {u * 1e6:.1f}" for a, n, u in self.unwaited)
                    + " us" if self.unwaited else ""))
@@ -458,7 +469,7 @@ class HostSpec:
                 "reduce_bandwidth": _json_rate(self.reduce_bandwidth),
                 "cached": [[n, _json_rate(c), _json_rate(r)] for n, c, r in self.cached],
                 "switch": self.switch, "rendezvous_switch": self.rendezvous_switch,
-                "touch": self.touch,
+                "touch": self.touch, "shared_copy": self.shared_copy,
                 "memory": [list(m) for m in self.memory], "working_set": self.working_set,
                 "unwaited": [list(u) for u in self.unwaited]}
 

@@ -69,6 +69,21 @@ once (Rule 4c).  Against the same measurements (five runs, the switches solved a
 the cells met rose from 17 to 24 of 45 on processes and 19 to 24 on MPI, the mean error
 from 12.4 to 10.2% and 11.0 to 9.3%; the 4-rank allgather and alltoall of 256 KiB (13-56%
 under before) moved most.
+Rule 4e (both cores copy a large message).  Where the ranks have cores of their own (a
+node that is not crowded, ``Cluster.host`` ``cores`` > 0), a same-node transfer of
+``SHARED_COPY_MIN`` bytes or more between ranks on two cores also loads its source's core
+(the same fair resource as a transfer into that core, Rule 4b) by ``host.shared_copy`` of
+its link time: the shared-memory link splits such a copy between the two processes
+(``transports.shm``, ``SHARE_MIN``), and MPICH's shared-memory path keeps both busy too.
+Alone a transfer ends as before; two crossing each other (an exchange, each step of a
+ring on two ranks) each take (1 + share) link times.  Measured on 2 bound processes, an
+exchange of m bytes each way (``sendrecv``) against one message of m and a byte back,
+same run, interleaved: 96-192 KiB 1.13-1.25x, 256 KiB 1.21-1.37x, 512 KiB 1.35-1.42x,
+1-8 MiB 1.62-1.86x, on processes and MPI alike; the model had 0.95-0.99x, and priced
+4 MiB calls on two ranks (2 MiB messages) 15-33% under.  The share is calibrated
+(``asynccomm.calibrate.measure_shared_copy``, an exchange of 2 MiB): 0.74-0.87 on
+processes and 0.92-0.99 on MPI in four readings each; 0 (the default, presets of
+published hardware) leaves every transfer as before.
 
 Rule 5 (modes).  "sync" and "async" move one chunk, stages in series (store-and-forward);
 "async" frees the sender when its data is in staging, the others at the end.  "pipelined"
@@ -111,6 +126,10 @@ __all__ = ["MODES", "ChunkPlan", "ChunkTiming", "ClusterModel", "DefaultStrategy
 MODES = ("sync", "async", "pipelined")
 #: The share of a crowded transfer's link time its sender's core spends on it (Rule 4d).
 SENDER_SHARE = 0.5
+#: Transfers of at least this many bytes are copied by both their ranks' cores, where the
+#: ranks have cores of their own (Rule 4e): where the shared-memory link starts to split a
+#: message's copy between its two processes (``transports.shm.SHARE_MIN``).
+SHARED_COPY_MIN = 256 << 10
 
 
 class Resource:
@@ -481,6 +500,21 @@ class ClusterModel:
         return (bool(self._crowded) and c.node_of(dst) in self._crowded
                 and c.link_kind(src, dst) == "intra")
 
+    def _sharing_core(self, src: int, dst: int, nbytes: int) -> Resource | None:
+        """The link resource of ``src``'s core, where a transfer of ``nbytes`` from it to
+        ``dst`` is copied by both their processes (Rule 4e): one of ``SHARED_COPY_MIN``
+        bytes or more between ranks of one node with cores of their own, on a host that
+        shares copies; else None."""
+        c = self.cluster
+        if (nbytes < SHARED_COPY_MIN or not c.host.shared_copy or src == dst
+                or not c.host.cores or c.shared_intra
+                or c.switched_intra or c.link_kind(src, dst) != "intra"
+                or c.node_of(src) in self._crowded
+                or c.host.core(src) == c.host.core(dst)):
+            return None
+        name = f"intra:{c.link(src, dst).name}"
+        return self._resource(f"{name}[node{c.node_of(src)}:core{c.host.core(src)}]")
+
     def _copying_core(self, src: int, dst: int) -> Resource | None:
         """The core that copies a transfer from ``src`` in at ``dst``, where it also runs
         other ranks' work (Rule 4c): a crowded node's, else None."""
@@ -539,6 +573,9 @@ class ClusterModel:
         held = ((copy_out, copy_busy, to_ns(device.copy_latency)),
                 *((res, link_busy, to_ns(link.latency)) for res in links),
                 (copy_in, copy_busy, to_ns(device.copy_latency)))
+        if (sender := self._sharing_core(src, dst, nbytes)) is not None:  # Rule 4e
+            held += ((sender, round(link_busy * self.cluster.host.shared_copy),
+                      to_ns(link.latency)),)
         for res, busy, _ in held:
             res.busy += busy
         if work == 0:  # nothing to share

@@ -510,12 +510,16 @@ def test_the_calibrated_host_of_processes_has_the_transport_s_step(
                         seen.append(host) or 2e-6)
     monkeypatch.setattr(calibrate, "measure_rendezvous_switch", lambda cores, host, *a, **k:
                         seen.append(host) or 3e-6)
+    monkeypatch.setattr(calibrate, "measure_shared_copy", lambda host, segments, repeats,
+                        transport: seen.append(host) or 0.75)
     in_process = HostSpec(cores=1, call=10e-6, step=1e-6)
     got = calibrate.measure_host("processes", 1, in_process)
-    assert (got.cores, got.step, got.switch, got.rendezvous_switch) == (
-        2, pytest.approx(8e-6), 2e-6, 3e-6)
-    assert seen[0].step == pytest.approx(8e-6)  # the switch is solved on top of that step
-    assert seen[1].switch == 2e-6  # and a rendezvous step's on top of the switch
+    assert (got.cores, got.step, got.switch, got.rendezvous_switch, got.shared_copy) == (
+        2, pytest.approx(8e-6), 2e-6, 3e-6, 0.75)
+    assert seen[0].step == pytest.approx(8e-6)  # the share is solved on top of that step
+    assert seen[1].step == pytest.approx(8e-6)  # and the switch
+    assert seen[1].shared_copy == 0.75  # (with the share)
+    assert seen[2].switch == 2e-6  # and a rendezvous step's on top of the switch
     assert calibrate.measure_host("local", 1, in_process) == in_process  # one loop: as is
 
 
@@ -528,6 +532,7 @@ def test_ranks_in_processes_of_their_own_have_no_steps_of_one_loop(
     monkeypatch.setattr(calibrate, "measure_step", lambda host, *a: host.step)
     monkeypatch.setattr(calibrate, "measure_switch", lambda cores, host, *a, **k: 0.0)
     monkeypatch.setattr(calibrate, "measure_rendezvous_switch", lambda *a, **k: 0.0)
+    monkeypatch.setattr(calibrate, "measure_shared_copy", lambda *a, **k: 0.0)
     in_process = HostSpec(cores=1, call=10e-6, unwaited=(("allgather.ring", 3, 1e-6),))
     assert calibrate.measure_host("processes", 1, in_process).unwaited == ()
     assert calibrate.measure_host("local", 1, in_process).unwaited == in_process.unwaited
