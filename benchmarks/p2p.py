@@ -77,8 +77,9 @@ async def comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
                          iters: int, variant: str = "") -> float:
     """Seconds per one-way send->recv (half a round trip) between ranks 0 and 1; the ops
     on the default stream, or (``variant``) ``"stream"``: on a stream of each rank's own,
-    ``"timeout"``: with a timeout.  Each variant's calls are spelled as a program spells
-    them (no ``**options``, whose dict and call cost 0.1-0.2 us a message)."""
+    ``"timeout"``: with a timeout, ``"wildcard"``: each recv from any source with any tag
+    (``recv``'s defaults).  Each variant's calls are spelled as a program spells them (no
+    ``**options``, whose dict and call cost 0.1-0.2 us a message)."""
     count = max(1, nbytes // 8)
     s0, r0 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
     s1, r1 = np.ones(count, dtype=np.float64), np.empty(count, dtype=np.float64)
@@ -104,6 +105,16 @@ async def comm_pingpong(c0: ac.Communicator, c1: ac.Communicator, nbytes: int,
             for _ in range(iters):
                 await c1.recv(r1, 0, 5, timeout=OP_TIMEOUT)
                 await c1.send(s1, 0, 5, timeout=OP_TIMEOUT)
+    elif variant == "wildcard":
+        async def ping() -> None:
+            for _ in range(iters):
+                await c0.send(s0, 1, 5)
+                await c0.recv(r0)
+
+        async def pong() -> None:
+            for _ in range(iters):
+                await c1.recv(r1)
+                await c1.send(s1, 0, 5)
     else:
         async def ping() -> None:
             for _ in range(iters):
@@ -138,9 +149,11 @@ async def _latency_main(s: Settings) -> list[dict[str, Any]]:
     rows = []
     async with ac.open_world(2) as world:
         c0, c1 = world.comms
-        # each size on the default stream, then the smallest on streams, and with a timeout
+        # each size on the default stream, then the smallest on streams, with a timeout,
+        # and received by wildcard recvs
         for nbytes, variant in [*((n, "") for n in s.latency_sizes),
-                                (s.latency_sizes[0], "stream"), (s.latency_sizes[0], "timeout")]:
+                                *((s.latency_sizes[0], v) for v in ("stream", "timeout",
+                                                                     "wildcard"))]:
             await future_pingpong(max(100, s.latency_iters // 10))  # warm-up
             await comm_pingpong(c0, c1, nbytes, max(100, s.latency_iters // 10), variant)
             base, ours = [], []
@@ -185,7 +198,8 @@ def table_latency(results: dict[str, SectionResult]) -> None:
                         f"{r['calls_per_message']:.0f}", c.target, c.verdict])
     print_table("One-way latency (half a ping-pong, median of repeats; us; calls: Python "
                 "function calls per one-way message; stream: each rank's ops on a stream of its "
-                "own; timeout: each op with a timeout, a deadline armed for each that waits)",
+                "own; timeout: each op with a timeout, a deadline armed for each that waits; "
+                "wildcard: each recv from any source with any tag)",
                 ["loop", "size", "asynccomm", "Future hand-off", "ratio", "calls", "target",
                  "status"], out)
 

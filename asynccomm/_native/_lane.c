@@ -7,7 +7,8 @@
  * awaited op (or ``isend``/``irecv``) on the default stream or on an idle stream of the
  * user's (``stream.idle``: then on the fast lane only, never traced), with no timeout or
  * a valid one (``check_timeout``'s), an exact 1-D ndarray, an
- * exact source or destination and tag, a message under ``THREAD_COPY_MIN`` (one of
+ * exact destination and tag (a recv's source and tag may be wildcards, below), a message
+ * under ``THREAD_COPY_MIN`` (one of
  * ``TIMED_COPY_MIN`` or more timed as the Python steps time it: matched before its copy,
  * finished after it).  In-process (traced or not) it does all of it; untraced, it also
  * posts a rendezvous send (past the eager limit, any size) that no recv is posted for
@@ -17,8 +18,12 @@
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``Path``'s landing of control messages hands
  * an eager message that lands to the recv posted for it.
+ * A recv may name ``ANY_SOURCE`` or ``ANY_TAG`` (posted here where no message waits at
+ * all), and a message meets the earliest posted of the recvs that name it, exact or
+ * wildcard (``posted_earliest``, _lane_objects.c).
  * Anything else, and any state the Python steps would judge (a tombstone,
- * a misfit, a wildcard recv posted, a full pool, a closed peer), returns "not handled"
+ * a misfit, a wildcard recv with messages waiting, a full pool, a closed peer), returns
+ * "not handled"
  * having changed nothing, and the Python path runs from the start.  The Python steps are
  * the reference: this file writes the same fields in the same order, and the test suite
  * runs both.
@@ -157,6 +162,17 @@ in_range(PyObject *v, long hi)
     return !overflow && x >= 0 && x < hi;
 }
 
+/* Whether ``v`` is the int -1: ``ANY_SOURCE`` or ``ANY_TAG``, which a recv may name. */
+static inline int
+is_any(PyObject *v)
+{
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    int overflow;
+    return PyLong_AsLongAndOverflow(v, &overflow) == -1 && !overflow;
+}
+
 /* The arguments of ``send`` and ``recv`` (``native.ENTRIES``). */
 #define ENTRY_ARGS 7
 
@@ -193,6 +209,7 @@ struct call {
     PyObject *comm, *buf, *peer, *tag, *name, *engine, *stream, *timeout;
     Py_ssize_t nbytes, count;
     int handle, remote, user;
+    int wild;  /* a recv from ANY_SOURCE or with ANY_TAG */
 };
 
 /* What a call that fits holds: its engine and its timeout. */
@@ -204,7 +221,8 @@ call_release(struct call *c)
 }
 
 /* Whether a call fits the lane: 1 when ``comm`` is a Communicator, ``buf`` an exact 1-D
- * array of a known dtype (writable for a recv), the peer and tag exact ints in range, the
+ * array of a known dtype (writable for a recv), the peer and tag exact ints in range (for a
+ * recv either may be the wildcard -1: ``c->wild``), the
  * stream None or a Stream, the timeout None or a valid one (``timeout_ok``), and the
  * engine on the fast lane (``fast_engine``: c->engine and c->timeout are then held,
  * ``call_release``); 0 when not; -1 on an error. */
@@ -242,14 +260,21 @@ accept_call(PyObject *const *args, Py_ssize_t nargs, int writable, const char *u
         return j;
     }
     long long size;
+    c->wild = 0;
     if (!in_range(c->tag, TAG_UB + 1)) {
-        return 0;
+        if (!writable || !is_any(c->tag)) {
+            return 0;
+        }
+        c->wild = 1;
     }
     if (slot_ll(c->comm, CO.size, &size) < 0) {
         return -1;
     }
     if (!in_range(c->peer, (long)size)) {
-        return 0;
+        if (!writable || !is_any(c->peer)) {
+            return 0;
+        }
+        c->wild = 1;
     }
     c->engine = fast_engine(c->comm, c->user ? user : NULL, &c->stream, &c->remote);
     if (c->engine == NULL) {
@@ -596,6 +621,10 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (slot_ll(matcher, MA.n_unexp, &n_unexp) < 0) {
         goto done;
     }
+    if (n_unexp && c.wild) {  /* the earliest of the messages it names: the Python steps' */
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
     char *data = PyArray_BYTES((PyArrayObject *)buf);
     if (n_unexp) {
         PyObject *index = slot_get(matcher, MA.unexp);
@@ -642,7 +671,7 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     req = call_request(&c, K_RECV, src, timeout);
-    if (req == NULL || post(engine, matcher, key, req, stream, nbytes, timeout) < 0) {
+    if (req == NULL || post(engine, matcher, key, req, stream, nbytes, timeout, c.wild) < 0) {
         goto done;
     }
     result = Py_NewRef(req);

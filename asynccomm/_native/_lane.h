@@ -256,6 +256,9 @@ int trace_ok(PyObject *engine);
 PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
 PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
+int posted_earliest(PyObject *index, PyObject *source, PyObject *tag, int wild, PyObject **recv,
+                    PyObject **key, PyObject **bucket);
+int posted_wild(PyObject *recv);
 int push(PyObject *index, PyObject *key, PyObject *item);
 int queue_numbered(PyObject *matcher, Py_ssize_t index_at, Py_ssize_t count_at, PyObject *key,
                    PyObject *obj, const char *what);
@@ -273,7 +276,7 @@ PyObject *take(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *src
                PyObject *tag, char *data, Py_ssize_t nbytes, PyObject *dtype, double *started,
                double *when, PyObject **flow);
 int post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req,
-         PyObject *stream, Py_ssize_t nbytes, PyObject *timeout);
+         PyObject *stream, Py_ssize_t nbytes, PyObject *timeout, int wild);
 int track_on(PyObject *engine, PyObject *stream, PyObject *req);
 int start_now(PyObject *engine, PyObject *req);
 int track_unless_done(PyObject *engine, PyObject *stream, PyObject *req);
@@ -323,6 +326,7 @@ int send_complete(PyObject *engine, PyObject *req, PyObject *active);
 typedef struct {
     PyObject *matcher, *index, *key, *bucket, *recv;  /* (key and recv held) */
     char *dst;
+    int wild;  /* the recv names a wildcard */
 } Posted;
 int posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
                 Py_ssize_t nbytes, Posted *at);

@@ -1524,11 +1524,13 @@ done:
     return rc < 0 ? -1 : 1;
 }
 
-/* The exact recv posted for a message from ``source`` on ``tag`` (``nbytes`` of ``dtype``)
- * on an untraced engine's fast lane, where the engine's ``arrived`` would match it at once
- * (``Matcher.deliver``'s hot path): 1 found (``at``: the recv and its key held, its array's
- * bytes ``dst``; nothing changed yet), 0 none judged here (a misfit, a recv_new, a
- * wildcard posted, events to drain: the Python steps), -1 error.  ``posted_clear`` it. */
+/* The recv posted for a message from ``source`` on ``tag`` (``nbytes`` of ``dtype``) on an
+ * untraced engine's fast lane, where the engine's ``arrived`` would match it at once
+ * (``Matcher.deliver``: the earliest posted of those that name it, wildcards included,
+ * ``posted_earliest``): 1 found (``at``: the recv and its bucket's key held, its array's
+ * bytes ``dst``; nothing changed yet), 0 none judged here (none posted, a misfit, a
+ * recv_new, a tombstone at a head, events to drain: the Python steps), -1 error.
+ * ``posted_clear`` it. */
 int
 posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
             Py_ssize_t nbytes, Posted *at)
@@ -1548,7 +1550,7 @@ posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
         || slot_ll(matcher, MA.n_wild_posted, &n_wild) < 0) {
         return -1;
     }
-    if (!n_posted || n_wild || events == NULL || PyObject_Length(events) != 0) {
+    if (!n_posted || events == NULL || PyObject_Length(events) != 0) {
         return PyErr_Occurred() ? -1 : 0;  /* (events to drain: the Python steps) */
     }
     PyObject *index = SLOT(matcher, MA.posted);
@@ -1557,14 +1559,14 @@ posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
     }
     at->matcher = matcher;
     at->index = index;
-    at->key = PyTuple_Pack(2, source, tag);
-    at->bucket = at->key == NULL ? NULL : PyDict_GetItemWithError(index, at->key);
-    if (at->bucket == NULL || PySequence_Size(at->bucket) <= 0) {
-        return PyErr_Occurred() ? -1 : 0;
+    PyObject *recv;
+    int found = posted_earliest(index, source, tag, n_wild > 0, &recv, &at->key, &at->bucket);
+    if (found != 1) {
+        return found < 0 ? -1 : 0;
     }
-    PyObject *recv = live_head(at->bucket);
-    if (recv == NULL) {
-        return PyErr_Occurred() ? -1 : 0;
+    at->wild = n_wild ? posted_wild(recv) : 0;
+    if (at->wild < 0) {
+        return -1;
     }
     at->recv = Py_NewRef(recv);
     at->dst = recv_fits(recv, dtype, nbytes, 0);
@@ -1586,6 +1588,7 @@ posted_take(PyObject *engine, Posted *at, PyObject *active)
     }
     put_ref(recv, M.seq, minus_one);
     if (slot_add(at->matcher, MA.n_posted, -1) < 0 || slot_add(at->matcher, MA.matched, 1) < 0
+        || (at->wild && slot_add(at->matcher, MA.n_wild_posted, -1) < 0)
         || now_of(engine, &t) < 0 || (tm = PyFloat_FromDouble(t)) == NULL) {
         return -1;
     }
@@ -1601,7 +1604,7 @@ posted_clear(Posted *at)
     Py_CLEAR(at->key);
 }
 
-/* The engine's ``arrived`` for the announcement ``msg`` where an exact recv is posted
+/* The engine's ``arrived`` for the announcement ``msg`` where a recv is posted
  * for it (``posted_find``), and its ``_take``: the recv is active and the data is fetched
  * straight into its array, the recv completing in C as it lands.  ``data_tag``: the one
  * its ``RTS`` named, 0 none (``fetch_into``'s ``fresh``: the announcement was never
@@ -1625,8 +1628,8 @@ match(Path *p, PyObject *engine, PyObject *msg, PyObject *tag, Py_ssize_t nbytes
 }
 
 /* An ``RTS`` landed (``_on_control``'s ``Announced``): the announcement arrives at the
- * engine as a ``REMOTE`` message (a recv that matches it calls ``fetch``).  One that an
- * exact recv posted for it takes at once (``match``) is fetched without being recorded
+ * engine as a ``REMOTE`` message (a recv that matches it calls ``fetch``).  One that a
+ * recv posted for it takes at once (``match``) is fetched without being recorded
  * as unmatched first (the wire's ``unmatched`` and ``early_in``, the link's
  * ``_announced``, which ``fetch`` would empty again at once: the state after is the
  * same, and the data recv is posted sooner).  A closing rank's, a shape's, a dtype not

@@ -392,6 +392,77 @@ pop_head(PyObject *index, PyObject *key, PyObject *bucket)
     return rc;
 }
 
+/* The recv posted in the index ``index`` (a matcher's ``_posted``) that a message from
+ * ``source`` with ``tag`` meets first (``Matcher._earliest_posted``): the live head of the
+ * bucket of (source, tag), or where wildcard recvs are posted (``wild``) the earliest posted
+ * (smallest ``seq``) of the live heads of (source, tag), (source, ANY_TAG), (ANY_SOURCE,
+ * tag) and (ANY_SOURCE, ANY_TAG).  1 found: ``*recv`` and ``*bucket`` (borrowed, through
+ * the index) and ``*key`` (its bucket's, a new reference) set; 0 none (no bucket for
+ * it); 2 a bucket whose head is not live (a tombstone: the Python steps judge it, and drop
+ * it); -1 error. */
+int
+posted_earliest(PyObject *index, PyObject *source, PyObject *tag, int wild, PyObject **recv,
+                PyObject **key, PyObject **bucket)
+{
+    *recv = *key = *bucket = NULL;
+    PyObject *const keys[4][2] = {{source, tag}, {source, minus_one}, {minus_one, tag},
+                                  {minus_one, minus_one}};
+    long long best = 0;
+    for (int i = 0; i < (wild ? 4 : 1); i++) {
+        PyObject *k = PyTuple_Pack(2, keys[i][0], keys[i][1]);
+        PyObject *b = k == NULL ? NULL : PyDict_GetItemWithError(index, k);
+        if (b == NULL) {
+            Py_XDECREF(k);
+            if (PyErr_Occurred()) {
+                goto fail;
+            }
+            continue;
+        }
+        PyObject *head = live_head(b);
+        long long seq = head == NULL ? -1 : PyLong_AsLongLong(SLOT(head, M.seq));
+        if (head == NULL || seq <= 0) {  /* (live_head read it: an exact int) */
+            Py_DECREF(k);
+            if (PyErr_Occurred()) {
+                goto fail;
+            }
+            Py_CLEAR(*key);
+            *recv = *bucket = NULL;
+            return 2;
+        }
+        if (*recv == NULL || seq < best) {
+            Py_XSETREF(*key, k);
+            *recv = head;
+            *bucket = b;
+            best = seq;
+        } else {
+            Py_DECREF(k);
+        }
+    }
+    return *recv != NULL;
+fail:
+    Py_CLEAR(*key);
+    *recv = *bucket = NULL;
+    return -1;
+}
+
+/* Whether the posted recv ``recv`` names a wildcard (``ANY_SOURCE`` or ``ANY_TAG``): one
+ * that leaves the matcher counts one wildcard recv fewer (``_n_wild_posted``).  1 yes, 0
+ * no, -1 error. */
+int
+posted_wild(PyObject *recv)
+{
+    PyObject *src = SLOT(recv, M.source), *tag = SLOT(recv, M.tag);
+    if (src == NULL || tag == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "unset slot");
+        return -1;
+    }
+    long s = PyLong_AsLong(src), t = s == -1 && PyErr_Occurred() ? 0 : PyLong_AsLong(tag);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    return s == -1 || t == -1;
+}
+
 /* ``obj`` given ``matcher``'s next sequence number (its ``seq``), appended under ``key``
  * to the matcher's index in slot ``index_at`` (``push``), and that index's count (slot
  * ``count_at``) one more: what ``Matcher._queue_recv`` and ``Matcher.enqueue`` both do

@@ -378,16 +378,18 @@ arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
     return r == NULL ? -1 : 0;
 }
 
-/* What ``post_now`` does for a new exact recv with no message waiting for it. */
+/* What ``post_now`` does for a new recv with no message waiting for it (``wild``: it names
+ * ``ANY_SOURCE`` or ``ANY_TAG``, and no message at all waits). */
 int
 post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
-     Py_ssize_t nbytes, PyObject *timeout)
+     Py_ssize_t nbytes, PyObject *timeout, int wild)
 {
     if (start_now(engine, req) < 0) {
         return -1;
     }
     /* matcher.post_recv -> _queue_recv, inlined */
-    if (queue_numbered(matcher, MA.posted, MA.n_posted, key, req, "posted recvs") < 0) {
+    if (queue_numbered(matcher, MA.posted, MA.n_posted, key, req, "posted recvs") < 0
+        || (wild && slot_add(matcher, MA.n_wild_posted, 1) < 0)) {
         return -1;
     }
     PyObject *waited = slot_get(matcher, MA.waited);

@@ -707,7 +707,7 @@ static PyTypeObject FetchedType = {
     .tp_dealloc = (destructor)fetched_dealloc,
 };
 
-/* An offer of more than one read (``read_chunk``) whose exact recv ``at`` is posted: the
+/* An offer of more than one read (``read_chunk``) whose recv ``at`` is posted: the
  * match is the C steps' (``posted_take``: the engine's ``arrived``, ``ShmTransport.fetch``
  * and ``wire.clear_to_send``), the copy ``Channels.take``'s (a read per turn of the loop,
  * then ``DATA_DONE``), with a ``Fetched`` for its ``done``.  1 landed, -1 error. */
@@ -750,7 +750,7 @@ take_offer(ShmPath *p, PyObject *endpoint, Posted *at, PyObject *src, PyObject *
 }
 
 /* An offer (an ``RTS`` with its sender's buffer address) landed at ``b`` (``len`` bytes),
- * and an exact recv is posted for it: ``Channels._handle`` and the engine's ``arrived``
+ * and a recv is posted for it: ``Channels._handle`` and the engine's ``arrived``
  * (the match), ``ShmTransport.fetch`` and ``Channels.take`` (the single copy, in one piece
  * of at most ``read_chunk`` bytes), ``_read`` (``DATA_DONE`` answered, the recv complete),
  * with no Python frame.  The copy is made before anything changes: where it fails (a

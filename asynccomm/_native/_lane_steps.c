@@ -393,8 +393,8 @@ announce(PyObject *peer, PyObject *req)
  * TIMED_COPY_MIN or more is timed, the recv matched before it; ``flow``: the message's id
  * in a traced world, else NULL): 1 if a posted recv took the message, 3 if the pool staged it,
  * 0 if not handled (nothing changed).  Without ``stage``, what ``offer_bytes`` does: only
- * a posted recv may take it, and 2 says that none is posted that could (no recv for its
- * source and tag, and no wildcard recv), having changed nothing.  With ``stage`` 2 (an
+ * a posted recv may take it, and 2 says that none is posted that could (no recv, exact or
+ * wildcard, names its source and tag), having changed nothing.  With ``stage`` 2 (an
  * untraced in-process send), 4 says that the message is a rendezvous (over the peer's
  * eager limit) that no recv, exact or wildcard, is posted for: it would wait at its
  * sender (``announce``), nothing changed; with ``stage`` 2, a message of
@@ -420,7 +420,7 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         return 0;
     }
     int rc = -1;
-    PyObject *key = NULL, *index = NULL, *pool = NULL, *msg = NULL, *buf = NULL;
+    PyObject *key = NULL, *rkey = NULL, *index = NULL, *pool = NULL, *msg = NULL, *buf = NULL;
     long long n_posted, n_wild;
     if (slot_ll(matcher, MA.n_posted, &n_posted) < 0) {
         goto done;
@@ -433,37 +433,40 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         if (slot_ll(matcher, MA.n_wild_posted, &n_wild) < 0) {
             goto done;
         }
-        if (n_wild) {
-            rc = 0;  /* the earliest of four buckets: Python's */
-            goto done;
-        }
         index = slot_get(matcher, MA.posted);
         if (index == NULL || !PyDict_CheckExact(index)) {
             goto done;
         }
-        PyObject *bucket = PyDict_GetItemWithError(index, key);
-        if (bucket == NULL && PyErr_Occurred()) {
+        /* the recv posted first among those that name the message (with wildcard recvs
+         * posted, the earliest of four buckets' heads) */
+        PyObject *recv, *bucket;
+        int found = posted_earliest(index, source, tag, n_wild > 0, &recv, &rkey, &bucket);
+        if (found < 0) {
             goto done;
         }
-        if (bucket != NULL && PySequence_Size(bucket) > 0) {
-            PyObject *recv = live_head(bucket);
-            if (recv == NULL) {
-                rc = PyErr_Occurred() ? -1 : 0;
-                goto done;
-            }
+        if (found == 2) {  /* (a tombstone at a head: the Python steps drop it) */
+            rc = 0;
+            goto done;
+        }
+        if (found) {
             char *dst = stage == 2 && nbytes >= THREAD_COPY_MIN ? NULL
                 : recv_fits(recv, dtype, nbytes, 1);
             if (dst == NULL) {
                 rc = PyErr_Occurred() ? -1 : 0;
                 goto done;
             }
+            int wild = n_wild ? posted_wild(recv) : 0;
+            if (wild < 0) {
+                goto done;
+            }
             Py_INCREF(recv);
-            if (pop_head(index, key, bucket) < 0) {
+            if (pop_head(index, rkey, bucket) < 0) {
                 Py_DECREF(recv);
                 goto done;
             }
             put_ref(recv, M.seq, minus_one);
-            if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0) {
+            if (slot_add(matcher, MA.n_posted, -1) < 0 || slot_add(matcher, MA.matched, 1) < 0
+                || (wild && slot_add(matcher, MA.n_wild_posted, -1) < 0)) {
                 Py_DECREF(recv);
                 goto done;
             }
@@ -577,6 +580,7 @@ done:
     Py_XDECREF(msg);
     Py_XDECREF(pool);
     Py_XDECREF(index);
+    Py_XDECREF(rkey);
     Py_XDECREF(key);
     Py_DECREF(matcher);
     return rc;
