@@ -368,7 +368,7 @@ class Communicator:
                           engine.default_stream, timeout, arr)
             post_now(engine, req)
             return req
-        if (engine.traced and arr is not None and stream is None and src >= 0 and tag >= 0
+        if (engine.traced and arr is not None and stream is None
                 and not engine.default_stream._queue):
             return recv_traced(engine, src, tag, arr, nbytes, n, name, handle, timeout)
         req = Request(engine, RECV, src, tag, mv, nbytes, n, name,

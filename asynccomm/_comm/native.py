@@ -80,7 +80,7 @@ SLOTS: Final[Mapping[str, tuple[str, ...]]] = {
     "Stream": ("_queue", "_events", "_pending", "_seq", "sid", "_owner", "_queued", "in_order"),
     "FlightRecorder": ("ring", "sends", "recvs"),
     "Tally": ("n", "nbytes", "w", "c"),
-    "Matcher": ("_by_source", "events", "_matched", "_n_posted", "_n_unexp",
+    "Matcher": ("_all", "_by_source", "_by_tag", "events", "_matched", "_n_posted", "_n_unexp",
                 "_n_wild_posted", "_posted", "_probes", "_seq", "_unexp", "_unexp_bytes",
                 "_waited"),
     "StagingPool": ("_acquired", "_cached", "capacity_bytes", "_free", "_in_use", "_peak",

@@ -61,8 +61,9 @@ def send_traced(engine: DeviceEngine, dst: int, tag: int, array: Any, nbytes: in
 def recv_traced(engine: DeviceEngine, src: int, tag: int, array: Any, nbytes: int,
                 count: int, dtype: str, handle: bool,
                 timeout: float | None) -> Request | Status:
-    """``_recv_op``'s fast lane, traced (an exact source and tag): the Status of a recv
-    a staged message completes at once (``handle`` False), else its request."""
+    """``_recv_op``'s fast lane, traced (wildcards allowed, as the C lane takes them): the
+    Status of a recv a staged message completes at once (``handle`` False), else its
+    request."""
     waiting = engine.matcher.waiting(src, tag)  # what take_now takes, if it takes one
     status = take_now(engine, src, tag, array, nbytes, dtype)
     if status is not None and not handle:

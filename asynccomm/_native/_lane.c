@@ -621,18 +621,25 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (slot_ll(matcher, MA.n_unexp, &n_unexp) < 0) {
         goto done;
     }
-    if (n_unexp && c.wild) {  /* the earliest of the messages it names: the Python steps' */
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
     char *data = PyArray_BYTES((PyArrayObject *)buf);
     if (n_unexp) {
-        PyObject *index = slot_get(matcher, MA.unexp);
-        if (index == NULL) {
-            goto done;
+        /* the (source, tag) of the message it takes: its own, or a wildcard's earliest */
+        PyObject *wkey = NULL;
+        int has;
+        if (c.wild) {
+            has = waiting_wild(matcher, src, tag, &wkey);
+            if (has == 2) {  /* (the wildcard indexes not built: the Python steps build them) */
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+        } else {
+            PyObject *index = slot_get(matcher, MA.unexp);
+            if (index == NULL) {
+                goto done;
+            }
+            has = PyDict_CheckExact(index) ? PyDict_Contains(index, key) : -1;
+            Py_DECREF(index);
         }
-        int has = PyDict_CheckExact(index) ? PyDict_Contains(index, key) : -1;
-        Py_DECREF(index);
         if (has < 0) {
             if (!PyErr_Occurred()) {
                 result = Py_NewRef(Py_None);
@@ -641,9 +648,10 @@ lane_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         if (has) {  /* taken, or not handled: nothing else is tried here */
             double started = 0.0, when = 0.0;
-            PyObject *flow = NULL;
-            result = take(engine, matcher, key, src, tag, data, nbytes, name, &started, &when,
-                          &flow);
+            PyObject *flow = NULL, *at = wkey != NULL ? wkey : key;
+            result = take(engine, matcher, at, PyTuple_GET_ITEM(at, 0), PyTuple_GET_ITEM(at, 1),
+                          data, nbytes, name, &started, &when, &flow);
+            Py_XDECREF(wkey);
             if (result == NULL || result == Py_None || !handle) {
                 Py_XDECREF(flow);
                 goto done;

@@ -62,8 +62,8 @@ extern struct stream_slots {
 extern struct flight_slots { Py_ssize_t ring, sends, recvs; } F;
 extern struct tally_slots { Py_ssize_t n, nbytes, w, c; } T;
 extern struct matcher_slots {
-    Py_ssize_t by_source, events, matched, n_posted, n_unexp, n_wild_posted, posted, probes,
-        seq, unexp, unexp_bytes, waited;
+    Py_ssize_t all, by_source, by_tag, events, matched, n_posted, n_unexp, n_wild_posted,
+        posted, probes, seq, unexp, unexp_bytes, waited;
 } MA;
 extern struct pool_slots {
     Py_ssize_t acquired, cached, capacity_bytes, free, in_use, peak, reused;
@@ -259,6 +259,7 @@ int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
 int posted_earliest(PyObject *index, PyObject *source, PyObject *tag, int wild, PyObject **recv,
                     PyObject **key, PyObject **bucket);
 int posted_wild(PyObject *recv);
+int waiting_wild(PyObject *matcher, PyObject *source, PyObject *tag, PyObject **key);
 int push(PyObject *index, PyObject *key, PyObject *item);
 int queue_numbered(PyObject *matcher, Py_ssize_t index_at, Py_ssize_t count_at, PyObject *key,
                    PyObject *obj, const char *what);

@@ -463,6 +463,62 @@ posted_wild(PyObject *recv)
     return s == -1 || t == -1;
 }
 
+/* The (source, tag) of the earliest message waiting in ``matcher`` that a recv from
+ * ``source`` with ``tag``, one of them or both a wildcard, names
+ * (``Matcher._earliest_unexpected``: the head of its wildcard index, ``_all``, ``_by_tag``
+ * or ``_by_source``; that message is the live head of its own (source, tag) bucket).  1
+ * found (``*key`` a new reference), 0 none waits that it names, 2 not judged here (the
+ * wildcard indexes not built yet: the Python steps build them), -1 error. */
+int
+waiting_wild(PyObject *matcher, PyObject *source, PyObject *tag, PyObject **key)
+{
+    *key = NULL;
+    PyObject *by_source = SLOT(matcher, MA.by_source);
+    if (by_source == NULL || by_source == Py_None) {
+        return 2;
+    }
+    long s = PyLong_AsLong(source), t = s == -1 && PyErr_Occurred() ? 0 : PyLong_AsLong(tag);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *queue;
+    if (s == -1 && t == -1) {
+        queue = SLOT(matcher, MA.all);
+    } else {
+        PyObject *index = s == -1 ? SLOT(matcher, MA.by_tag) : by_source;
+        if (index == NULL || !PyDict_Check(index)) {
+            return 2;
+        }
+        queue = PyDict_GetItemWithError(index, s == -1 ? tag : source);
+        if (queue == NULL) {
+            return PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    if (queue == NULL || !PyDict_Check(queue)) {  /* (an OrderedDict: seq -> message) */
+        return 2;
+    }
+    if (PyDict_GET_SIZE(queue) == 0) {
+        return 0;
+    }
+    PyObject *it = PyObject_GetIter(queue);  /* (its own order: the order of arrival) */
+    PyObject *seq = it == NULL ? NULL : PyIter_Next(it);
+    Py_XDECREF(it);
+    if (seq == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    PyObject *env = PyDict_GetItemWithError(queue, seq);
+    Py_DECREF(seq);
+    if (env == NULL || !PyObject_TypeCheck(env, MessageType)) {
+        return PyErr_Occurred() ? -1 : 2;
+    }
+    PyObject *es = SLOT(env, M.source), *et = SLOT(env, M.tag);
+    if (es == NULL || et == NULL) {
+        return 2;
+    }
+    *key = PyTuple_Pack(2, es, et);
+    return *key == NULL ? -1 : 1;
+}
+
 /* ``obj`` given ``matcher``'s next sequence number (its ``seq``), appended under ``key``
  * to the matcher's index in slot ``index_at`` (``push``), and that index's count (slot
  * ``count_at``) one more: what ``Matcher._queue_recv`` and ``Matcher.enqueue`` both do

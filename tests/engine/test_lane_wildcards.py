@@ -1,8 +1,9 @@
 """Recvs that name ``ANY_SOURCE`` or ``ANY_TAG`` on the C lane.
 
-A wildcard recv is posted by the lane where no message waits at all, and a message that
-lands meets the earliest posted of the recvs that name it (its exact (source, tag) bucket
-and the three wildcard ones), as ``Matcher.deliver`` says, in C.  Before, any wildcard recv
+A wildcard recv takes the earliest waiting message it names (``Matcher``'s wildcard
+indexes) or is posted, and a message that lands meets the earliest posted of the recvs
+that name it (its exact (source, tag) bucket and the three wildcard ones), as
+``Matcher.deliver`` says, in C.  Before, any wildcard recv
 posted sent every message of its rank through the Python steps: a message and its answer
 took 2.5 times as long at 8 B in-process and 2.7 times on processes and MPI.  Programs of
 exact and wildcard recvs, cancellations and sends give what the Python steps give, and
@@ -88,6 +89,34 @@ def test_wildcard_recvs_and_their_messages_never_reach_the_python_steps(
     assert _run(loop, main) == [
         ((1, 7, 16, 2, (2,)), 0.0), ((0, 7, 16, 2, (2,)), 1.0), ((1, 7, 16, 2, (2,)), 2.0),
         (0, 10.0, 7, 11.0), (1, 12.0, 1, 13.0), (True, False, 14.0, 1, 15.0)]
+
+
+@pytest.mark.native
+@needs_lane
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_wildcard_recv_takes_the_earliest_waiting_message_it_names_in_c(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Messages that arrived before their recvs: a wildcard recv takes the earliest of
+    those it names, in C (once its rank's wildcard indexes are built: the first wildcard
+    recv that finds messages waiting builds them, in the Python steps)."""
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    async def main(world: ac.World) -> list[Any]:
+        c0, c1, c2 = world.comms
+        await c0.send(np.ones(2), 2, 6)  # (the indexes built, a dtype's name learnt)
+        await c2.recv(np.empty(2))
+        monkeypatch.setattr(ac.Communicator, "_recv_op", refuse)
+        for comm, tag, value in [(c0, 1, 1.0), (c1, 0, 2.0), (c0, 0, 3.0), (c1, 1, 4.0)]:
+            await comm.send(np.full(2, value), 2, tag)
+        got = []
+        for src, tag in [(ANY_S, ANY_T), (ANY_S, 0), (0, ANY_T), (1, 1)]:
+            out = np.empty(2)
+            status = await c2.recv(out, src, tag)
+            got.append((status.source, status.tag, out[0]))
+        return got
+
+    assert _run(loop, main) == [(0, 1, 1.0), (1, 0, 2.0), (0, 0, 3.0), (1, 1, 4.0)]
 
 
 # -- programs: the lane and the Python steps agree, and nothing is lost --------------------
