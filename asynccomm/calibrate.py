@@ -504,6 +504,11 @@ async def _barriers(comm: Communicator, repeats: int) -> float:
     return per_call if comm.rank == 0 else 0.0
 
 
+#: The tag of the messages the calibration times: its recvs name their source and tag, as
+#: a collective's do.
+LAP_TAG = 7
+
+
 async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left: int,
                 laps: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds (on ``clock``) of ``laps`` turns of ``buf`` around the ranks: rank 0 sends
@@ -511,11 +516,11 @@ async def _laps(comm: Communicator, buf: np.ndarray[Any, Any], right: int, left:
     t0 = clock()
     for _ in range(laps):
         if comm.rank == 0:
-            await comm.send(buf, right)
-            await comm.recv(buf, left)
+            await comm.send(buf, right, LAP_TAG)
+            await comm.recv(buf, left, LAP_TAG)
         else:
-            await comm.recv(buf, left)
-            await comm.send(buf, right)
+            await comm.recv(buf, left, LAP_TAG)
+            await comm.send(buf, right, LAP_TAG)
     return clock() - t0
 
 
@@ -709,15 +714,15 @@ async def exchange_calls(comm: Communicator, repeats: int,
                          touched(1))
 
     async def exchange() -> None:
-        await comm.sendrecv(out, peer, into, peer)
+        await comm.sendrecv(out, peer, into, peer, sendtag=LAP_TAG, recvtag=LAP_TAG)
 
     async def one_way() -> None:
         if comm.rank == 0:
-            await comm.send(out, peer)
-            await comm.recv(answer, peer)
+            await comm.send(out, peer, LAP_TAG)
+            await comm.recv(answer, peer, LAP_TAG)
         else:
-            await comm.recv(into, peer)
-            await comm.send(answer, peer)
+            await comm.recv(into, peer, LAP_TAG)
+            await comm.send(answer, peer, LAP_TAG)
 
     iters = np.full(1, iterations or 1, np.int64)
     if iterations is None:
