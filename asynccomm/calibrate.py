@@ -606,18 +606,28 @@ async def rendezvous_calls(comm: Communicator, repeats: int,
     p = comm.size
     eager, rendezvous = (partial(comm.allgather, touched(m), touched((p, m)), algorithm="ring")
                          for m in RENDEZVOUS_MESSAGES)
+    return await _difference(comm, rendezvous, eager, repeats, clock, iterations)
+
+
+async def _difference(comm: Communicator, more: Callable[[], Awaitable[object]],
+                      less: Callable[[], Awaitable[object]], repeats: int,
+                      clock: Callable[[], float], iterations: int | None) -> float:
+    """Seconds (on ``clock``) a call of ``more`` takes more than one of ``less``, each in
+    the calibration's loop (``time_calls``), the two one after the other in each of
+    ``repeats`` turns: the median over the turns (rank 0's; others 0).  ``iterations``:
+    calls per loop (else sized from ``CALL_BUDGET`` by a warm-up loop of ``more``, rank
+    0's choice)."""
     iters = np.full(1, iterations or 1, np.int64)
     if iterations is None:
-        warm, _ = await time_calls(comm, rendezvous, 1, clock, iterations=1)
+        warm, _ = await time_calls(comm, more, 1, clock, iterations=1)
         iters[0] = max(1, min(500, int(CALL_BUDGET / max(warm, 1e-6))))
         await comm.bcast(iters, root=0)
     k = int(iters[0])
-    more = []
+    differences = []
     for _ in range(repeats):
-        past = (await time_calls(comm, rendezvous, 1, clock, iterations=k))[0]
-        at = (await time_calls(comm, eager, 1, clock, iterations=k))[0]
-        more.append(past - at)
-    return statistics.median(more) if comm.rank == 0 else 0.0
+        took = (await time_calls(comm, more, 1, clock, iterations=k))[0]
+        differences.append(took - (await time_calls(comm, less, 1, clock, iterations=k))[0])
+    return statistics.median(differences) if comm.rank == 0 else 0.0
 
 
 def _rendezvous_call(transport: str, ranks: int, repeats: int) -> float:
@@ -724,18 +734,7 @@ async def exchange_calls(comm: Communicator, repeats: int,
             await comm.recv(into, peer, LAP_TAG)
             await comm.send(answer, peer, LAP_TAG)
 
-    iters = np.full(1, iterations or 1, np.int64)
-    if iterations is None:
-        warm, _ = await time_calls(comm, exchange, 1, clock, iterations=1)
-        iters[0] = max(1, min(500, int(CALL_BUDGET / max(warm, 1e-6))))
-        await comm.bcast(iters, root=0)
-    k = int(iters[0])
-    more = []
-    for _ in range(repeats):
-        both = (await time_calls(comm, exchange, 1, clock, iterations=k))[0]
-        one = (await time_calls(comm, one_way, 1, clock, iterations=k))[0]
-        more.append(both - one)
-    return statistics.median(more) if comm.rank == 0 else 0.0
+    return await _difference(comm, exchange, one_way, repeats, clock, iterations)
 
 
 def measure_shared_copy(host: HostSpec, segments: Sequence[Segment], repeats: int = 7,

@@ -256,8 +256,8 @@ int trace_ok(PyObject *engine);
 PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
 PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
-int posted_earliest(PyObject *index, PyObject *source, PyObject *tag, int wild, PyObject **recv,
-                    PyObject **key, PyObject **bucket);
+int posted_earliest(PyObject *index, PyObject *exact, PyObject *source, PyObject *tag, int wild,
+                    PyObject **recv, PyObject **key, PyObject **bucket);
 int posted_wild(PyObject *recv);
 int waiting_wild(PyObject *matcher, PyObject *source, PyObject *tag, PyObject **key);
 int push(PyObject *index, PyObject *key, PyObject *item);

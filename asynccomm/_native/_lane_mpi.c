@@ -1560,7 +1560,8 @@ posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
     at->matcher = matcher;
     at->index = index;
     PyObject *recv;
-    int found = posted_earliest(index, source, tag, n_wild > 0, &recv, &at->key, &at->bucket);
+    int found = posted_earliest(index, NULL, source, tag, n_wild > 0, &recv, &at->key,
+                                &at->bucket);
     if (found != 1) {
         return found < 0 ? -1 : 0;
     }

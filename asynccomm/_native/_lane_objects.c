@@ -396,20 +396,22 @@ pop_head(PyObject *index, PyObject *key, PyObject *bucket)
  * ``source`` with ``tag`` meets first (``Matcher._earliest_posted``): the live head of the
  * bucket of (source, tag), or where wildcard recvs are posted (``wild``) the earliest posted
  * (smallest ``seq``) of the live heads of (source, tag), (source, ANY_TAG), (ANY_SOURCE,
- * tag) and (ANY_SOURCE, ANY_TAG).  1 found: ``*recv`` and ``*bucket`` (borrowed, through
+ * tag) and (ANY_SOURCE, ANY_TAG) (``exact``: the first key, made already, or NULL).  1
+ * found: ``*recv`` and ``*bucket`` (borrowed, through
  * the index) and ``*key`` (its bucket's, a new reference) set; 0 none (no bucket for
  * it); 2 a bucket whose head is not live (a tombstone: the Python steps judge it, and drop
  * it); -1 error. */
 int
-posted_earliest(PyObject *index, PyObject *source, PyObject *tag, int wild, PyObject **recv,
-                PyObject **key, PyObject **bucket)
+posted_earliest(PyObject *index, PyObject *exact, PyObject *source, PyObject *tag, int wild,
+                PyObject **recv, PyObject **key, PyObject **bucket)
 {
     *recv = *key = *bucket = NULL;
     PyObject *const keys[4][2] = {{source, tag}, {source, minus_one}, {minus_one, tag},
                                   {minus_one, minus_one}};
     long long best = 0;
     for (int i = 0; i < (wild ? 4 : 1); i++) {
-        PyObject *k = PyTuple_Pack(2, keys[i][0], keys[i][1]);
+        PyObject *k = i == 0 && exact != NULL ? Py_NewRef(exact)
+            : PyTuple_Pack(2, keys[i][0], keys[i][1]);
         PyObject *b = k == NULL ? NULL : PyDict_GetItemWithError(index, k);
         if (b == NULL) {
             Py_XDECREF(k);

@@ -440,7 +440,8 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         /* the recv posted first among those that name the message (with wildcard recvs
          * posted, the earliest of four buckets' heads) */
         PyObject *recv, *bucket;
-        int found = posted_earliest(index, source, tag, n_wild > 0, &recv, &rkey, &bucket);
+        int found = posted_earliest(index, key, source, tag, n_wild > 0, &recv, &rkey,
+                                    &bucket);
         if (found < 0) {
             goto done;
         }

@@ -549,42 +549,11 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
     assert c[4] == list(range(count)) and c[6] == 0
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_an_eager_message_of_the_eager_limit_lands_in_its_posted_recv_in_c(
-        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 64 KiB eager message whose recv is posted goes into it in C (the link's Python
-    landing, ``_on_control``, never runs for it), as the Python steps put it there."""
-    landed: list[int] = []
-    on_control = ShmTransport._on_control
-
-    def counted(link: ShmTransport, slot: Any) -> Any:
-        kind, _, _, tag, nbytes = w.HEADER.unpack_from(slot.buf)[:5]
-        if kind == w.EAGER and tag == 8:
-            landed.append(nbytes)
-        return on_control(link, slot)
-
-    monkeypatch.setattr(ShmTransport, "_on_control", counted)
-    seen = {}
-    for native in (True, False):
-        landed.clear()
-        seen[native] = (_run(loop, _early(native, [], 16384, posted=True)), len(landed))
-    assert landed == [65536]  # (the Python steps' world)
-    (c, c_landed), (python, python_landed) = seen[True], seen[False]
-    assert c == python and c[4] == list(range(16384))
-    assert c_landed == 0 and python_landed == 1
-
-
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-@pytest.mark.parametrize("count", [300, 16384])
-@pytest.mark.parametrize("names", [(ac.ANY_SOURCE, 8), (0, ac.ANY_TAG),
-                                   (ac.ANY_SOURCE, ac.ANY_TAG)])
-def test_an_eager_message_lands_in_a_wildcard_recv_in_c(
-        names: tuple[int, int], count: int, loop: str,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """An eager message whose recv posted first names ``ANY_SOURCE`` or ``ANY_TAG`` goes
-    into it in C (``_on_control`` never runs for it), as the Python steps put it there,
-    the status the message's own source and tag.  (It took the Python steps, a message
-    and its answer 2.7 times as long at 8 B on two processes.)"""
+def _posted_landings(loop: str, monkeypatch: pytest.MonkeyPatch, count: int,
+                     names: tuple[int, int] = (0, 8)) -> dict[bool, tuple[Any, list[int]]]:
+    """``_early`` with its recv posted first (naming ``names``), on each lane: what it
+    gave, and the sizes of the eager messages of tag 8 that the link's Python landing
+    (``_on_control``) saw."""
     landed: list[int] = []
     on_control = ShmTransport._on_control
 
@@ -599,11 +568,38 @@ def test_an_eager_message_lands_in_a_wildcard_recv_in_c(
     for native in (True, False):
         landed.clear()
         seen[native] = (_run(loop, _early(native, [], count, posted=True, names=names)),
-                        len(landed))
+                        list(landed))
+    return seen
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_eager_message_of_the_eager_limit_lands_in_its_posted_recv_in_c(
+        loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 64 KiB eager message whose recv is posted goes into it in C (the link's Python
+    landing, ``_on_control``, never runs for it), as the Python steps put it there."""
+    seen = _posted_landings(loop, monkeypatch, 16384)
+    (c, c_landed), (python, python_landed) = seen[True], seen[False]
+    assert python_landed == [65536]  # (the Python steps' world)
+    assert c == python and c[4] == list(range(16384))
+    assert c_landed == []
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("count", [300, 16384])
+@pytest.mark.parametrize("names", [(ac.ANY_SOURCE, 8), (0, ac.ANY_TAG),
+                                   (ac.ANY_SOURCE, ac.ANY_TAG)])
+def test_an_eager_message_lands_in_a_wildcard_recv_in_c(
+        names: tuple[int, int], count: int, loop: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eager message whose recv posted first names ``ANY_SOURCE`` or ``ANY_TAG`` goes
+    into it in C (``_on_control`` never runs for it), as the Python steps put it there,
+    the status the message's own source and tag.  (It took the Python steps, a message
+    and its answer 2.7 times as long at 8 B on two processes.)"""
+    seen = _posted_landings(loop, monkeypatch, count, names)
     (c, c_landed), (python, python_landed) = seen[True], seen[False]
     assert c == python and c[4] == list(range(count))
     assert c[5][:2] == (0, 8)  # (the message's source and tag)
-    assert c_landed == 0 and python_landed == 1
+    assert c_landed == [] and python_landed == [4 * count]
 
 
 # -- a large message's offer: its answer lands in C -------------------------------------------
