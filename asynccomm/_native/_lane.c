@@ -18,12 +18,13 @@
  * it and hands it to MPI); a recv takes a staged message (the link's ``received`` sends
  * its credit back) or is posted here; and ``Path``'s landing of control messages hands
  * an eager message that lands to the recv posted for it.
- * A recv may name ``ANY_SOURCE`` or ``ANY_TAG`` (posted here where no message waits at
- * all), and a message meets the earliest posted of the recvs that name it, exact or
- * wildcard (``posted_earliest``, _lane_objects.c).
- * Anything else, and any state the Python steps would judge (a tombstone,
- * a misfit, a wildcard recv with messages waiting, a full pool, a closed peer), returns
- * "not handled"
+ * A recv may name ``ANY_SOURCE`` or ``ANY_TAG``: it takes the earliest waiting message it
+ * names (the matcher's wildcard indexes, ``waiting_wild``) or is posted, and a message
+ * meets the earliest posted of the recvs that name it, exact or wildcard
+ * (``posted_earliest``; both in _lane_objects.c).
+ * Anything else, and any state the Python steps would judge (a tombstone, a misfit, a
+ * rank's first wildcard recv to find messages waiting (its wildcard indexes are built
+ * then), a full pool, a closed peer), returns "not handled"
  * having changed nothing, and the Python path runs from the start.  The Python steps are
  * the reference: this file writes the same fields in the same order, and the test suite
  * runs both.

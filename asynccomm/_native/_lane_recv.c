@@ -379,7 +379,7 @@ arm_timer(PyObject *engine, PyObject *req, PyObject *timeout)
 }
 
 /* What ``post_now`` does for a new recv with no message waiting for it (``wild``: it names
- * ``ANY_SOURCE`` or ``ANY_TAG``, and no message at all waits). */
+ * ``ANY_SOURCE`` or ``ANY_TAG``, and no waiting message is one it names). */
 int
 post(PyObject *engine, PyObject *matcher, PyObject *key, PyObject *req, PyObject *stream,
      Py_ssize_t nbytes, PyObject *timeout, int wild)
