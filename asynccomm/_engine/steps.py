@@ -23,20 +23,21 @@ does not (a world opened with ``native=False``, ``ASYNCCOMM_PURE_PYTHON=1``, oth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from .._buffers import new_array
 from .._core.descriptors import STAGED, Message
-from .._core.states import DONE, NEXT, check
+from .._core.states import DONE, NEXT, Kind, check
 from .._deadlines import end
 from .._types import Status
-from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, byte_view, bytes_of, new_status
+from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, byte_view, bytes_of, new_status, status_of
+from .flight import DONE_C, KIND_CODE
 
 if TYPE_CHECKING:
     from .engine import DeviceEngine
     from .request import Request
 
-__all__ = ["complete", "done_as_posted", "finished", "offer", "offer_bytes"]
+__all__ = ["complete", "done_as_posted", "finished", "offer", "offer_bytes", "probe_found"]
 
 
 def offer(engine: DeviceEngine, source: int, tag: int, array: Any, nbytes: int, count: int,
@@ -205,3 +206,20 @@ def done_as_posted(engine: DeviceEngine, kind: int, peer: int, tag: int, nbytes:
     if engine.tracer is not None:
         engine.tracer.ops.append((entry, flow, None))
     return t0, t
+
+
+#: A probe's kind in a flight entry.
+_PROBE_C: Final = KIND_CODE[Kind.PROBE]
+
+
+def probe_found(engine: DeviceEngine, source: int, tag: int, msg: Message) -> Status:
+    """A blocking probe (``source``, ``tag``: wildcards allowed) that finds ``msg`` here as
+    it is made: its Status, with no request, recorded as ``post_probe`` and ``_finish``
+    record a probe that found its message at once (posted, then finished: two readings
+    of the clock; no stream, no byte count, one op more that is neither a send nor a
+    recv).  For an untraced engine that logs nothing."""
+    t_post = engine.now()
+    flight = engine.flight
+    flight.ring.append((_PROBE_C, source, tag, -1, -1, DONE_C, t_post, -1.0, engine.now()))
+    flight.others += 1
+    return status_of(msg)
