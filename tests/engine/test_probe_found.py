@@ -17,6 +17,8 @@ import uvloop
 import asynccomm as ac
 from asynccomm._engine.engine import DeviceEngine
 
+from ..calls import counted
+
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
 PROBES = [(ac.ANY_SOURCE, ac.ANY_TAG), (0, 4), (ac.ANY_SOURCE, 3), (0, ac.ANY_TAG)]
@@ -76,14 +78,7 @@ def _run(loop: str, found_path: bool) -> list[Any]:
 def test_a_probe_that_finds_its_message_makes_no_request_and_is_recorded_alike(
         loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
     full = _run(loop, False)
-    posted: list[int] = []
-    post_probe = DeviceEngine.post_probe
-
-    def counted(engine: DeviceEngine, req: Any) -> None:
-        posted.append(req.tag)
-        post_probe(engine, req)
-
-    monkeypatch.setattr(DeviceEngine, "post_probe", counted)
+    posted = counted(monkeypatch, DeviceEngine, "post_probe", lambda req: req.tag)
     found = _run(loop, True)
     assert posted == [5]  # only the probe that had to wait was posted
     assert found == full

@@ -39,6 +39,8 @@ from asynccomm.transports import _mpi_lib
 from asynccomm.transports._mpi_progress import CTRL_SLOTS, CTRL_TAG, Slot
 from asynccomm.transports._mpi_transport import MPITransport
 
+from ..calls import counted
+
 pytestmark = pytest.mark.skipif(LANE is None or _native.CONFIGURED is None,
                                 reason="the C lane is not built here (or switched off)")
 
@@ -564,14 +566,7 @@ def test_an_announcement_meets_its_posted_recv_in_c_wildcard_or_exact(
     _unstarted(monkeypatch)
     if early:
         monkeypatch.setattr(MPITransport, "early_min", 4096)
-    handed: list[int] = []
-    arrived = DeviceEngine.arrived
-
-    def counted(engine: DeviceEngine, msg: Any) -> None:
-        handed.append(msg.tag)
-        arrived(engine, msg)
-
-    monkeypatch.setattr(DeviceEngine, "arrived", counted)
+    handed = counted(monkeypatch, DeviceEngine, "arrived", lambda msg: msg.tag)
     seen = {}
     for native in (True, True, False):  # (once first: a dtype's first message takes the
         handed.clear()                  # Python steps)

@@ -50,6 +50,8 @@ from asynccomm.transports.shm import (
     missing,
 )
 
+from ..calls import counted
+
 pytestmark = [pytest.mark.native,
               pytest.mark.skipif(LANE is None or _native.CONFIGURED is None
                                  or not _shm_ring.NATIVE or missing() is not None,
@@ -532,14 +534,7 @@ def test_an_eager_message_that_lands_before_its_recv_is_staged_in_c(
     pool, its charge owed back to its sender only once a recv takes it.  Up to the eager
     limit: a message of 64 KiB took the Python steps, 10-25% of a collective call whose
     messages are that size."""
-    handed: list[int] = []
-    arrived = DeviceEngine.arrived
-
-    def counted(engine: DeviceEngine, msg: Any) -> None:
-        handed.append(msg.tag)
-        arrived(engine, msg)
-
-    monkeypatch.setattr(DeviceEngine, "arrived", counted)
+    handed = counted(monkeypatch, DeviceEngine, "arrived", lambda msg: msg.tag)
     seen = {native: _run(loop, _early(native, handed, count)) for native in (True, False)}
     c, python = seen[True], seen[False]
     assert c[0] == [] and python[0] == [8]
