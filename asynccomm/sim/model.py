@@ -80,7 +80,7 @@ ring on two ranks) each take (1 + share) link times.  Measured on 2 bound proces
 exchange of m bytes each way (``sendrecv``) against one message of m and a byte back,
 same run, interleaved: 96-192 KiB 1.13-1.25x, 256 KiB 1.21-1.37x, 512 KiB 1.35-1.42x,
 1-8 MiB 1.62-1.86x, on processes and MPI alike; the model had 0.95-0.99x, and priced
-4 MiB calls on two ranks (2 MiB messages) 15-33% under.  The share is calibrated
+4 MiB calls on two ranks (2 MiB messages) 16-39% under.  The share is calibrated
 (``asynccomm.calibrate.measure_shared_copy``, an exchange of 2 MiB): 0.74-0.87 on
 processes and 0.92-0.99 on MPI in four readings each; 0 (the default, presets of
 published hardware) leaves every transfer as before.
