@@ -257,8 +257,7 @@ PyObject *next_flow(PyObject *engine, PyObject *dst, PyObject **k);
 PyObject *live_head(PyObject *bucket);
 int pop_head(PyObject *index, PyObject *key, PyObject *bucket);
 int posted_earliest(PyObject *index, PyObject *exact, PyObject *source, PyObject *tag, int wild,
-                    PyObject **recv, PyObject **key, PyObject **bucket);
-int posted_wild(PyObject *recv);
+                    PyObject **recv, PyObject **key, PyObject **bucket, int *named_wild);
 int waiting_wild(PyObject *matcher, PyObject *source, PyObject *tag, PyObject **key);
 int push(PyObject *index, PyObject *key, PyObject *item);
 int queue_numbered(PyObject *matcher, Py_ssize_t index_at, Py_ssize_t count_at, PyObject *key,

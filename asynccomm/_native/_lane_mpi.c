@@ -1561,13 +1561,9 @@ posted_find(PyObject *engine, PyObject *source, PyObject *tag, PyObject *dtype,
     at->index = index;
     PyObject *recv;
     int found = posted_earliest(index, NULL, source, tag, n_wild > 0, &recv, &at->key,
-                                &at->bucket);
+                                &at->bucket, &at->wild);
     if (found != 1) {
         return found < 0 ? -1 : 0;
-    }
-    at->wild = n_wild ? posted_wild(recv) : 0;
-    if (at->wild < 0) {
-        return -1;
     }
     at->recv = Py_NewRef(recv);
     at->dst = recv_fits(recv, dtype, nbytes, 0);

@@ -397,15 +397,17 @@ pop_head(PyObject *index, PyObject *key, PyObject *bucket)
  * bucket of (source, tag), or where wildcard recvs are posted (``wild``) the earliest posted
  * (smallest ``seq``) of the live heads of (source, tag), (source, ANY_TAG), (ANY_SOURCE,
  * tag) and (ANY_SOURCE, ANY_TAG) (``exact``: the first key, made already, or NULL).  1
- * found: ``*recv`` and ``*bucket`` (borrowed, through
- * the index) and ``*key`` (its bucket's, a new reference) set; 0 none (no bucket for
- * it); 2 a bucket whose head is not live (a tombstone: the Python steps judge it, and drop
- * it); -1 error. */
+ * found: ``*recv`` and ``*bucket`` (borrowed, through the index), ``*key`` (its bucket's,
+ * a new reference) and ``*named_wild`` (1 where that bucket is a wildcard one: the recv
+ * leaving it counts one wildcard recv fewer, ``_n_wild_posted``) set; 0 none (no bucket
+ * for it); 2 a bucket whose head is not live (a tombstone: the Python steps judge it, and
+ * drop it); -1 error. */
 int
 posted_earliest(PyObject *index, PyObject *exact, PyObject *source, PyObject *tag, int wild,
-                PyObject **recv, PyObject **key, PyObject **bucket)
+                PyObject **recv, PyObject **key, PyObject **bucket, int *named_wild)
 {
     *recv = *key = *bucket = NULL;
+    *named_wild = 0;
     PyObject *const keys[4][2] = {{source, tag}, {source, minus_one}, {minus_one, tag},
                                   {minus_one, minus_one}};
     long long best = 0;
@@ -435,6 +437,7 @@ posted_earliest(PyObject *index, PyObject *exact, PyObject *source, PyObject *ta
             Py_XSETREF(*key, k);
             *recv = head;
             *bucket = b;
+            *named_wild = i > 0;
             best = seq;
         } else {
             Py_DECREF(k);
@@ -445,24 +448,6 @@ fail:
     Py_CLEAR(*key);
     *recv = *bucket = NULL;
     return -1;
-}
-
-/* Whether the posted recv ``recv`` names a wildcard (``ANY_SOURCE`` or ``ANY_TAG``): one
- * that leaves the matcher counts one wildcard recv fewer (``_n_wild_posted``).  1 yes, 0
- * no, -1 error. */
-int
-posted_wild(PyObject *recv)
-{
-    PyObject *src = SLOT(recv, M.source), *tag = SLOT(recv, M.tag);
-    if (src == NULL || tag == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "unset slot");
-        return -1;
-    }
-    long s = PyLong_AsLong(src), t = s == -1 && PyErr_Occurred() ? 0 : PyLong_AsLong(tag);
-    if (PyErr_Occurred()) {
-        return -1;
-    }
-    return s == -1 || t == -1;
 }
 
 /* The (source, tag) of the earliest message waiting in ``matcher`` that a recv from

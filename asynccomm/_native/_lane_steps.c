@@ -440,8 +440,9 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
         /* the recv posted first among those that name the message (with wildcard recvs
          * posted, the earliest of four buckets' heads) */
         PyObject *recv, *bucket;
+        int wild;
         int found = posted_earliest(index, key, source, tag, n_wild > 0, &recv, &rkey,
-                                    &bucket);
+                                    &bucket, &wild);
         if (found < 0) {
             goto done;
         }
@@ -454,10 +455,6 @@ offer(PyObject *peer, PyObject *source, PyObject *tag, char *data, Py_ssize_t nb
                 : recv_fits(recv, dtype, nbytes, 1);
             if (dst == NULL) {
                 rc = PyErr_Occurred() ? -1 : 0;
-                goto done;
-            }
-            int wild = n_wild ? posted_wild(recv) : 0;
-            if (wild < 0) {
                 goto done;
             }
             Py_INCREF(recv);

@@ -415,7 +415,7 @@ class ClusterModel:
         if kind == "intra" and c.shared_intra:  # one bus per node
             return (self._bus(c.node_of(src)),)
         if kind == "intra" and c.host.cores and not c.switched_intra:  # Rule 4b
-            return (self._resource(f"{name}[node{c.node_of(dst)}:core{c.host.core(dst)}]"),)
+            return (self._core_link(name, dst),)
         if kind == "inter" or (kind == "intra" and c.switched_intra):  # a port per device
             return self._resource(f"{name}-out[{src}]"), self._resource(f"{name}-in[{dst}]")
         if kind == "cross_group":  # one per node and directed group pair
@@ -512,8 +512,13 @@ class ClusterModel:
                 or c.node_of(src) in self._crowded
                 or c.host.core(src) == c.host.core(dst)):
             return None
-        name = f"intra:{c.link(src, dst).name}"
-        return self._resource(f"{name}[node{c.node_of(src)}:core{c.host.core(src)}]")
+        return self._core_link(f"intra:{c.link(src, dst).name}", src)
+
+    def _core_link(self, name: str, rank: int) -> Resource:
+        """The fair resource of link ``name`` on the core ``rank`` runs on: what transfers
+        into that core share (Rule 4b), and those out of it load too (Rule 4e)."""
+        c = self.cluster
+        return self._resource(f"{name}[node{c.node_of(rank)}:core{c.host.core(rank)}]")
 
     def _copying_core(self, src: int, dst: int) -> Resource | None:
         """The core that copies a transfer from ``src`` in at ``dst``, where it also runs
