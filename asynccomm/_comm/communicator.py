@@ -84,7 +84,7 @@ class Communicator:
         #: Python steps when they say "not handled".
         self._lane_send = engine.lane.send
         self._lane_recv = engine.lane.recv
-        #: What a recv whose message has not come calls before it waits (``Link.before_wait``).
+        #: What an op not done calls before it waits (``Link.before_wait``).
         self._before_wait = getattr(engine.link, "before_wait", None)
         self._default_timeout = default_timeout
         self.rank: int = engine.rank
@@ -226,7 +226,11 @@ class Communicator:
             return  # the C lane did it all (the commonest case)
         if req is False:  # (else the C lane posted it: a send to another process)
             req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
-        if req is not None and (req._state is not DONE or req._exc is not None):
+        if req is not None and req._state is not DONE:
+            if (look := self._before_wait) is not None:
+                look(req)  # (the link may poll for it a while: ``Link.before_wait``)
+            await req
+        elif req is not None and req._exc is not None:
             await req
 
     async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
@@ -253,7 +257,7 @@ class Communicator:
             return out
         req: Request = out  # type: ignore[assignment]  # (a Status returned above)
         if req._state is not DONE and (look := self._before_wait) is not None:
-            look()  # (the link looks once more: the message may have come meanwhile)
+            look(req)  # (the link looks once more: the message may have come meanwhile)
         if req._state is not DONE and req._waiters is None:
             # What ``await req`` does, one generator fewer: this is the hot path.
             fut = self._loop.create_future()
@@ -425,7 +429,7 @@ class Communicator:
                 sendbuf, dst, sendtag, None, timeout, None, None, True)
             reqs = [send, recv]
             if recv._state is not DONE and (look := self._before_wait) is not None:
-                look()  # (as ``recv``)
+                look(recv)  # (as ``recv``)
             if recv._state is not DONE and send._state is DONE and recv._waiters is None:
                 # The commonest wait (an eager send is done): on the recv alone, as
                 # ``Communicator.recv`` waits, one generator fewer than ``settle``.

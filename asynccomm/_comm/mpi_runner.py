@@ -382,6 +382,7 @@ class _MPIFamily:
                      if link is None else link)
         progress = transport.progress if link is None else link.mpi
         progress.crowded = self.crowded
+        progress.woken = self.lane.woken  # (what a task's own wait reads: ``wait_here``)
         world = range(transport.size) if self.ranks is None else self.ranks
         progress.bells = [None if r == transport.rank else self.bells[w]
                           for r, w in enumerate(world)]

@@ -49,6 +49,7 @@ import numpy as np
 
 from .._buffers import _NAMES, PendingBuffers, PendingIndex
 from .._buffers import address as _address
+from .request import Wakes
 
 __all__ = ["ACCELERATED", "FAST_LANE", "LANE", "PYTHON", "Lane", "address", "choose", "copy",
            "inspect"]
@@ -99,7 +100,8 @@ class Lane:
     """One world's fast lane: the C lane's entry points, primitives, flight ring and
     tallies, or the Python steps' (see module docs)."""
 
-    __slots__ = ("address", "copy", "inspect", "module", "name", "pending", "recv", "send")
+    __slots__ = ("address", "copy", "inspect", "module", "name", "pending", "recv", "send",
+                 "woken")
 
     def __init__(self, module: Any, send: Any, recv: Any) -> None:
         native = module is not None
@@ -116,11 +118,23 @@ class Lane:
         #: ``PendingBuffers`` (``_lane_pending.c``) or its Python twin (``_buffers``).
         self.pending: Callable[[Callable[[Any], int]], PendingIndex] = (
             module.PendingBuffers if native else PendingBuffers)
+        #: How many waiting tasks the engine's steps have woken so far (a request's waiter
+        #: future set): the C lane's count and the Python steps' (which run beside it).
+        self.woken: Callable[[], int] = _woken_both if native else _woken_python
         #: As the ``comm.opened`` log event says it.
         self.name = "C" if native else "python"
 
     def __repr__(self) -> str:
         return f"<Lane {self.name}>"
+
+
+def _woken_python() -> int:
+    return Wakes.n
+
+
+def _woken_both() -> int:
+    n: int = LANE.woken()  # type: ignore[union-attr]  # (only where it is built)
+    return n + Wakes.n
 
 
 #: The Python steps' lane (``steps``, ``take``, ``traced``; deques and Python tallies).

@@ -23,7 +23,7 @@ from .flight import measured_record
 if TYPE_CHECKING:
     from .flight import FlightRecorder
 
-__all__ = ["Owner", "Request", "TaskRequest", "awaiting", "defer_cancellation", "settle",
+__all__ = ["Owner", "Request", "TaskRequest", "Wakes", "awaiting", "defer_cancellation", "settle",
            "wait_all", "wait_any"]
 
 SEND: Final = Kind.SEND
@@ -58,6 +58,15 @@ class OpStream(Protocol):
     def _withdraw_queued(self, req: Request) -> None: ...
 
     def statistics(self) -> Any: ...
+
+
+@final
+class Wakes:
+    """How many waiting tasks the Python steps have woken (a request's waiter future set):
+    a poll that sees the count move has made a task ready, which runs once it yields.  (The
+    C lane keeps its own count: ``_lane.woken()``.)"""
+
+    n: int = 0
 
 
 @final
@@ -261,6 +270,7 @@ class Request(Message):
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+                    Wakes.n += 1
 
 
 class _Awaiting:

@@ -32,6 +32,7 @@ from .._deadlines import end
 from .._types import Status
 from .fast import THREAD_COPY_MIN, TIMED_COPY_MIN, byte_view, bytes_of, new_status, status_of
 from .flight import DONE_C, KIND_CODE
+from .request import Wakes
 
 if TYPE_CHECKING:
     from .engine import DeviceEngine
@@ -148,6 +149,7 @@ def complete(engine: DeviceEngine, recv: Request, source: int, tag: int, nbytes:
         for fut in waiters:
             if not fut.done():
                 fut.set_result(None)
+                Wakes.n += 1
     if recv._timer is not None:
         end(recv)
     if recv._tracked:

@@ -716,6 +716,14 @@ lane_perf_counter(PyObject *self, PyObject *unused)
     return perf_clock(&t) < 0 ? NULL : PyFloat_FromDouble(t);
 }
 
+/* woken() -> int: how many waiting tasks the lane has woken so far (``lane_woken``): a
+ * poll that sees it move has made a task ready (``Progress.wait_here``). */
+static PyObject *
+lane_woken_count(PyObject *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLong(lane_woken);
+}
+
 static PyMethodDef methods[] = {
     {"send", (PyCFunction)(void (*)(void))lane_send, METH_FASTCALL,
      "send(comm, buf, dst, tag, handle, stream, timeout) -> bool | Request"},
@@ -735,6 +743,8 @@ static PyMethodDef methods[] = {
      "directly"},
     {"perf_counter", lane_perf_counter, METH_NOARGS,
      "perf_counter() -> float: the lane's reading of time.perf_counter"},
+    {"woken", lane_woken_count, METH_NOARGS,
+     "woken() -> int: how many waiting tasks the lane has woken so far"},
     {NULL, NULL, 0, NULL},
 };
 

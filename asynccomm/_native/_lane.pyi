@@ -5,7 +5,7 @@ from typing import Any
 
 __all__ = ["Path", "PendingBuffers", "Ring", "ShmNode", "ShmPath", "Tally", "Words", "address",
            "charge", "configure", "copy", "inspect", "perf_counter", "readv", "recv", "send",
-           "set_dtype_names", "share"]
+           "set_dtype_names", "share", "woken"]
 
 # -- the entry points (configured by asynccomm._comm.native) ------------------------------
 
@@ -114,6 +114,10 @@ def charge(nbytes: int, /) -> int:
 
 def perf_counter() -> float:
     """The lane's reading of ``time.perf_counter()``."""
+
+def woken() -> int:
+    """How many waiting tasks the lane has woken so far (a request's waiter future set): a
+    poll that sees the count move has made a task ready (``Progress.wait_here``)."""
 
 # -- the flight recorder's ring and tallies ------------------------------------------------
 

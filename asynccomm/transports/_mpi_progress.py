@@ -12,7 +12,11 @@ peer rings it: ``_doorbell``); while data moves it keeps polling.  While it is a
 polls the loop's parked progress tasks itself each millisecond, before it spins
 (``Ticker.poll_parked``).  A send of
 the engine's fast lane also hands over the eager messages that already landed (``deliver``),
-so a ``sendrecv`` whose answer is here completes without a turn of the loop.
+so a ``sendrecv`` whose answer is here completes without a turn of the loop.  And a task
+about to wait for its own op (a ``send``, ``recv`` or ``sendrecv`` not done) polls for it
+itself first, as the task would (``wait_here``): a wait that ends there, as a reply or the
+copy of a large message often does, costs no wake-up (no future set, no turn of the loop
+before the task runs on); the polls stop once another task has been woken.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -24,8 +28,9 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .._core.states import DONE
 from .._core.wire import EAGER, HEADER, INLINE_MAX
 from . import _mpi_lib as lib
 from ._doorbell import Bell
@@ -56,6 +61,16 @@ DATA_BURST = 200e-6
 SPIN_BURST = 10e-6
 #: Spinning this long without an answer, a poller yields its core after each burst.
 SHARE_AFTER = 100e-6
+#: A task about to wait for its op polls for it itself first (``Progress.wait_here``), for
+#: up to this long while nothing but control messages is in flight ...
+WAIT_SPIN = 20e-6
+#: ... and up to this long in all while data moves (a progress task's turn, ``DATA_BURST``).
+WAIT_DATA = DATA_BURST
+
+
+def _uncounted() -> int:
+    """``Progress.woken`` until the world gives the engine's count."""
+    return 0
 
 
 class Slot:
@@ -120,6 +135,9 @@ class Progress(Mover):
         self._restart = 0
         #: The link has begun to close: from now on, ask ``finished`` when idle.
         self.closing = False
+        #: How many waiting tasks the engine has woken so far (``wait_here`` polls on only
+        #: while it stays the same): the world gives its lane's count (``Lane.woken``).
+        self.woken: Callable[[], int] = _uncounted
 
     def start(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
         """Post the control recvs and start polling."""
@@ -203,6 +221,40 @@ class Progress(Mover):
         if parked is not None and not parked.done():
             self._woke = True
             parked.set_result(None)
+
+    def wait_here(self, req: Any = None) -> None:
+        """What a task does before it waits on the loop for its op ``req`` (``Link.before_wait``,
+        ``None``: a ``wait_all``, for one burst): poll for it itself, the bursts of
+        ``_spin`` back to back, until it is done, for up to ``WAIT_SPIN`` while only control
+        messages are in flight and ``WAIT_DATA`` in all while data moves.  What lands
+        meanwhile is handed on as in the task; a burst that woke another task ends the
+        wait (that task runs once this returns, as after the task's turn).  A wait
+        that ends here costs no wake-up: no future set, no turn of the loop before the task
+        runs on (a one-way 8 B message over 2 ranks, and the completion of a large send or
+        recv, each took a turn of the loop or two).  It gives its core away between polls
+        where the ranks outnumber the cores, as the task does.  Anything it took counts as
+        activity: the progress task spins on (``sent``).  An MPI error fails the link, as
+        in the task (the op then fails with it)."""
+        if self.stopped or self._dispatching:
+            return
+        clock = time.perf_counter
+        share = sched_yield if self.crowded else None
+        start = clock()
+        end, spin_end = start + WAIT_DATA, start + WAIT_SPIN
+        woken = self.woken
+        seen = woken()
+        took = False
+        try:
+            while self._spin(end if self._reqs else spin_end, share):
+                took = True
+                if req is None or req._state >= DONE or woken() != seen:
+                    break
+        except Exception as exc:  # an MPI error fails the link, as in the task
+            self._failed(exc)
+            return
+        if took:
+            self.sent = True  # (activity: see above)
+            self._wake()
 
     # -- polling --------------------------------------------------------------------------
 

@@ -137,6 +137,8 @@ class MPITransport(Link):
         self.offer_bytes: OfferBytes = deliver
         self.progress = Progress(comm, on_control=self._on_control,
                                  finished=lambda: self.wire.finished, failed=self._failed)
+        #: ``Link.before_wait``: the task polls for its op itself a while first.
+        self.before_wait = self.progress.wait_here
         self._sends: dict[int, Message] = {}  # announced sends, until CTS or WITHDRAWN
         #: The data sends of the early ones among them, by id: tracked once answered.
         self._early: dict[int, MPI.Request] = {}

@@ -123,11 +123,13 @@ class Link(abc.ABC):
 
     #: The ranks are in other processes: their pending ops cannot be seen from here.
     remote = False
-    #: Called by a ``recv`` or ``sendrecv`` whose message has not come, or a ``wait_all``
-    #: on such a recv, once, just before it waits on the loop: a link whose messages are
-    #: looked for by polling may look once more and take what came, so that the wait ends
-    #: without a turn of the loop (``transports.shm``); None: nothing to do.
-    before_wait: Callable[[], None] | None = None
+    #: Called once, just before a task waits on the loop, with the op it waits for: by a
+    #: ``recv`` or ``sendrecv`` whose message has not come (the recv), and by a ``send``
+    #: that has not finished; with no op by a ``wait_all`` on such a recv.  A link whose
+    #: messages are looked for by polling may look once more, or poll a while, and take
+    #: what came, so that the wait ends without a turn of the loop (``transports.shm``,
+    #: for recvs; the MPI link, ``Progress.wait_here``); None: nothing to do.
+    before_wait: Callable[..., None] | None = None
 
     @abc.abstractmethod
     def send(self, msg: Message, dest: int) -> None:

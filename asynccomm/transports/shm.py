@@ -48,7 +48,7 @@ from typing import Any, ClassVar, cast
 
 from .._core import wire as w
 from .._core.descriptors import INLINE, Message
-from .._core.states import ACTIVE
+from .._core.states import ACTIVE, Kind
 from .._core.wire import CLOSE, CTS, FIN, FT, HEADER, RTS, WITHDRAW, Wire
 from .._exceptions import CommBrokenError, TransportError
 from ._mpi_lib import sched_yield, yield_now
@@ -791,7 +791,7 @@ class ShmTransport(MPITransport):
         return self.progress  # type: ignore[return-value]
 
     @property
-    def before_wait(self) -> Callable[[], None]:  # type: ignore[override]
+    def before_wait(self) -> Callable[..., None]:  # type: ignore[override]
         """``Link.before_wait``: the node's (``Node.before_wait``), read once per
         communicator."""
         return self.node.before_wait
@@ -1299,10 +1299,11 @@ class Node:
         except (BlockingIOError, ConnectionRefusedError, FileNotFoundError):
             return  # a datagram waits there already, or it is gone
 
-    def before_wait(self) -> None:
+    def before_wait(self, req: Any = None) -> None:
         """A recv of this process (``recv``, ``sendrecv``, or one that ``wait_all`` waits
         for) found its message not come and is about to wait on its loop
-        (``Link.before_wait``): look at the rings a few times more first, as the spin of
+        (``Link.before_wait``; a send, ``req``, waits as it is: its answer comes from a
+        peer that copies): look at the rings a few times more first, as the spin of
         ``_run`` does (``BURST`` looks, the core given away after each that found nothing,
         where crowded; else ``SPIN_BURST``, the core kept), and take what came now.  The
         wait then often ends where it began, without the turns of the loop that the poll
@@ -1317,7 +1318,7 @@ class Node:
         ``benchmarks.shm_p2p`` took 92-105 us a hop at 4 processes against 132-140 without
         it (5 of 5 alternating pairs), 32-34 us at 3 against 43-46."""
         native = self._native
-        if native is None or self._rang:
+        if native is None or self._rang or (req is not None and req.kind is not Kind.RECV):
             return
         crowded = self.crowded
         if native.spin(BURST if crowded else SPIN_BURST, crowded):

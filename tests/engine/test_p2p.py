@@ -15,6 +15,7 @@ import pytest
 import uvloop
 
 import asynccomm as ac
+from asynccomm._core.states import Kind
 from asynccomm._core.wire import MESSAGE_OVERHEAD
 from asynccomm._engine import engine as engine_module
 from asynccomm._engine.fast import LOOP_COPY_MAX, THREAD_COPY_MIN
@@ -311,11 +312,13 @@ def test_run_returns_results_in_rank_order(loop: str) -> None:
     assert ac.run(main, 3, loop=loop) == [0, 10, 20]
 
 
-def _looker(c0: ac.Communicator, buf: np.ndarray, looks: list[str]) -> Callable[[], None]:
-    """A ``Link.before_wait`` that notes each call in ``looks`` and has rank 0 send ``buf``
-    to rank 1 with tag 7 meanwhile (the message a waiting recv of rank 1 wants)."""
-    def look() -> None:
-        looks.append("look")
+def _looker(c0: ac.Communicator, buf: np.ndarray,
+            looks: list[str]) -> Callable[..., None]:
+    """A ``Link.before_wait`` that notes each call in ``looks`` (the kind of op it was given,
+    or "look") and has rank 0 send ``buf`` to rank 1 with tag 7 meanwhile (the message a
+    waiting recv of rank 1 wants)."""
+    def look(op: Any = None) -> None:
+        looks.append("look" if op is None else op.kind.value)
         c0.isend(buf, 1, 7)
 
     return look
@@ -335,11 +338,63 @@ async def test_a_recv_that_must_wait_lets_its_link_look_once_before(native: bool
         await c1.recv(out, 0, 6)  # there already
         assert looks == []
         status = await c1.recv(out, 0, 7)
-        assert looks == ["look"] and status.tag == 7
+        assert looks == ["recv"] and status.tag == 7
         status = await c1.sendrecv(buf, 0, out, 0, sendtag=8, recvtag=7)
-        assert looks == ["look", "look"] and status.tag == 7
+        assert looks == ["recv", "recv"] and status.tag == 7
         await c0.recv(out, 1, 8)
     np.testing.assert_array_equal(out, buf)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
+@pytest.mark.parametrize("nbytes", [16, 1 << 20])
+async def test_the_lane_counts_each_waiting_task_its_steps_wake(native: bool,
+                                                                nbytes: int) -> None:
+    """``Lane.woken`` (what the MPI link's own waits read) moves by one for a task woken
+    by a message it waited for, eager or rendezvous, and not for a recv whose message was
+    there already."""
+    buf = np.arange(nbytes // 4, dtype="<f4")
+    out = np.zeros_like(buf)
+    async with ac.open_world(2, native=native) as world:
+        c0, c1 = world.comms
+        woken = c1._engine.lane.woken
+        assert woken is world.comms[0]._engine.lane.woken
+        before = woken()
+        waiting = asyncio.ensure_future(c1.recv(out, 0, 5))
+        await asyncio.sleep(0)  # (one turn: it posts its recv and waits)
+        assert not waiting.done() and woken() == before
+        await c0.send(buf, 1, 5)
+        assert woken() == before + 1
+        await waiting
+        c0.isend(buf, 1, 6)
+        await c1.recv(out, 0, 6)  # there already
+        assert woken() == before + 1
+    np.testing.assert_array_equal(out, buf)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
+async def test_a_send_that_must_wait_lets_its_link_look_once_before(native: bool) -> None:
+    """``Link.before_wait`` is called once, with the send, by a ``send`` not finished when
+    posted (a rendezvous one whose recv is not posted), just before it waits; a recv the
+    link lets match then ends the wait at once.  A send finished at once calls nothing."""
+    big = np.arange(1 << 18, dtype="<f4")  # 1 MiB: above any eager limit
+    into = np.zeros_like(big)
+    async with ac.open_world(2, native=native) as world:
+        c0, c1 = world.comms
+        looks: list[Any] = []
+        took: list[Any] = []
+
+        def look(op: Any = None) -> None:
+            looks.append(op)
+            took.append(c0.irecv(into, 1, 9))  # the recv the send waits for
+
+        c1._before_wait = look
+        await c1.send(arange(4), 0, 8)  # eager: done as posted
+        assert looks == []
+        await c1.send(big, 0, 9)
+        assert len(looks) == 1 and looks[0].kind is Kind.SEND and looks[0].tag == 9
+        assert took[0].done()
+        await c0.recv(np.zeros(4, "<f4"), 1, 8)
+    np.testing.assert_array_equal(into, big)
 
 
 @pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])

@@ -1,0 +1,182 @@
+"""``Progress.wait_here``: a task about to wait for its op on the MPI link polls for it itself
+first (``Link.before_wait``), so that a wait the next poll ends costs no wake-up.
+
+The progress runs here on the fake communicator of ``test_mpi_path`` (no MPI); the clock
+the budget is read from is frozen, so the deadlines each poll burst is given are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from typing import Any
+
+import pytest
+
+from asynccomm._core import wire as w
+from asynccomm._core.states import DONE, QUEUED
+from asynccomm.transports import _mpi_progress
+from asynccomm.transports._mpi_lib import sched_yield
+from asynccomm.transports._mpi_progress import WAIT_DATA, WAIT_SPIN, Progress
+
+from .test_mpi_path import STATES, Comm, Endpoint, fake_mpi, world  # noqa: F401  (a fixture)
+
+NOW = 100.0
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clock ``wait_here`` reads stands still at ``NOW``."""
+    monkeypatch.setattr(_mpi_progress, "time", types.SimpleNamespace(perf_counter=lambda: NOW))
+
+
+class Op:
+    """What ``wait_here`` reads of the op it waits for: its state."""
+
+    def __init__(self) -> None:
+        self._state = QUEUED
+
+
+def progress_with(bursts: list[bool], op: Op | None = None, *,
+                  done_at: int = -1) -> tuple[Progress, list[tuple[float, Any]]]:
+    """A progress whose poll bursts (``_spin``) answer ``bursts`` in turn (False once they
+    run out), recording the deadline and the ``share`` each was given; the burst numbered
+    ``done_at`` finishes ``op``."""
+    progress = Progress(Comm(completes=True, fails=""), on_control=lambda slot: None,  # type: ignore[arg-type]
+                        finished=lambda: False, failed=lambda exc: None)
+    calls: list[tuple[float, Any]] = []
+
+    def spin(until: float, share: Any) -> bool:
+        calls.append((until, share))
+        if len(calls) - 1 == done_at and op is not None:
+            op._state = DONE
+        return bursts.pop(0) if bursts else False
+
+    progress._spin = spin  # type: ignore[method-assign]
+    return progress, calls
+
+
+@pytest.mark.usefixtures("frozen")
+async def test_a_wait_polls_until_its_op_is_done_and_counts_as_activity() -> None:
+    """Bursts that took something not the op's (a ``CTS``, another task's message) are
+    followed by more; the one that finishes the op ends the wait, which counts as activity
+    (the progress task spins on) and wakes a parked progress task."""
+    op = Op()
+    progress, calls = progress_with([True, True, True, True], op, done_at=2)
+    progress._parked = asyncio.get_running_loop().create_future()
+    progress.wait_here(op)
+    assert len(calls) == 3 and op._state is DONE
+    assert progress.sent and progress._woke and progress._parked.done()
+
+
+@pytest.mark.usefixtures("frozen")
+async def test_a_wait_that_finds_nothing_gives_up_after_one_burst_and_wakes_nobody() -> None:
+    progress, calls = progress_with([])
+    progress._parked = asyncio.get_running_loop().create_future()
+    op = Op()
+    progress.wait_here(op)
+    assert len(calls) == 1 and op._state is QUEUED
+    assert not progress.sent and not progress._parked.done()
+
+
+@pytest.mark.usefixtures("frozen")
+def test_a_burst_that_woke_another_task_ends_the_wait() -> None:
+    """The count of woken tasks (``woken``, the engine's) moved in the second burst: a task
+    is ready, and the wait gives way to it, its own op not done."""
+    op = Op()
+    progress, calls = progress_with([True, True, True, True], op)
+    progress.woken = lambda: 7 if len(calls) >= 2 else 6
+    progress.wait_here(op)
+    assert len(calls) == 2 and op._state is QUEUED and progress.sent
+
+
+@pytest.mark.usefixtures("frozen")
+def test_the_budget_is_short_while_only_control_messages_fly_and_a_turn_while_data_moves(
+        ) -> None:
+    """The deadline is ``WAIT_SPIN`` from the start while no data request is in flight, and
+    ``WAIT_DATA`` from the start (never more) once one is: a burst that posts a data recv
+    (an ``RTS`` matched) lengthens the wait; one that ends the last shortens it again."""
+    op = Op()
+    progress, calls = progress_with([True, True, True], op)
+    moving: list[list[object]] = [[], [object()], [], [], []]  # after burst 1, 2, ...
+
+    def spin(until: float, share: Any) -> bool:
+        calls.append((until, share))
+        progress._reqs = moving[len(calls)]  # what the burst left in flight
+        return len(calls) < 4
+
+    progress._spin = spin  # type: ignore[method-assign]
+    progress.wait_here(op)
+    assert [u for u, _ in calls] == [NOW + WAIT_SPIN, NOW + WAIT_DATA, NOW + WAIT_SPIN,
+                                     NOW + WAIT_SPIN]
+    assert WAIT_SPIN < WAIT_DATA
+
+
+@pytest.mark.usefixtures("frozen")
+@pytest.mark.parametrize("crowded", [False, True])
+def test_a_crowded_rank_gives_its_core_away_between_polls(crowded: bool) -> None:
+    progress, calls = progress_with([])
+    progress.crowded = crowded
+    progress.wait_here(Op())
+    assert calls == [(NOW + WAIT_SPIN, sched_yield if crowded else None)]
+
+
+@pytest.mark.usefixtures("frozen")
+def test_a_wait_with_no_op_polls_one_burst() -> None:
+    """``wait_all`` gives no op: one burst, whatever it took."""
+    progress, calls = progress_with([True, True])
+    progress.wait_here()
+    assert len(calls) == 1 and progress.sent
+
+
+@pytest.mark.parametrize("why", ["stopped", "dispatching"])
+def test_no_poll_where_mpi_failed_or_a_control_message_is_being_handed_on(why: str) -> None:
+    progress, calls = progress_with([True])
+    setattr(progress, "stopped" if why == "stopped" else "_dispatching", True)
+    progress.wait_here(Op())
+    assert calls == [] and not progress.sent
+
+
+def test_an_mpi_error_while_polling_fails_the_link_and_is_not_raised() -> None:
+    """As in the task: the error goes to ``failed`` (the link breaks, failing every pending
+    op, the one waited for too), not to the task that happened to poll."""
+    failures: list[Exception] = []
+    progress = Progress(Comm(completes=True, fails=""), on_control=lambda slot: None,  # type: ignore[arg-type]
+                        finished=lambda: False, failed=failures.append)
+    error = RuntimeError("MPI_Test failed")
+
+    def spin(until: float, share: Any) -> bool:
+        raise error
+
+    progress._spin = spin  # type: ignore[method-assign]
+    progress.wait_here(Op())
+    assert failures == [error] and not progress.sent
+
+
+class Taking(Endpoint):
+    """An engine whose fast lane takes every eager message into a posted recv: ``op``."""
+
+    op = Op()
+
+    def offer_bytes(self, source: int, tag: int, view: memoryview, nbytes: int, count: int,
+                    dtype: str) -> bool:
+        Taking.op._state = DONE
+        return super().offer_bytes(source, tag, view, nbytes, count, dtype)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
+async def test_a_message_that_lands_meanwhile_ends_the_wait_on_either_lane(
+        native: bool) -> None:
+    """On the link's own poll bursts (the Python ``_spin``, or the C lane's): an eager
+    message landed in the head control recv is handed to the engine during the wait, which
+    ends there, the recv taken."""
+    state = {"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+             "broken": False, "bell": None, "ctrl": 0, "parked": None, "landed": [w.EAGER],
+             "nbytes": 8, "dtype": "<f8"}
+    link = world(state, native, asyncio.get_running_loop())
+    link.endpoint = Taking()  # type: ignore[assignment]
+    link.offer_bytes = Taking.offer_bytes
+    Taking.op = op = Op()
+    link.before_wait(op)
+    assert op._state is DONE and link.endpoint.offered  # type: ignore[attr-defined]
+    assert link.progress.sent
