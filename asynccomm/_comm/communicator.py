@@ -226,12 +226,8 @@ class Communicator:
             return  # the C lane did it all (the commonest case)
         if req is False:  # (else the C lane posted it: a send to another process)
             req = self._send_op(buf, dst, tag, stream, timeout, count, dtype, False)
-        if req is not None and req._state is not DONE:
-            if (look := self._before_wait) is not None:
-                look(req)  # (the link may poll for it a while: ``Link.before_wait``)
-            await req
-        elif req is not None and req._exc is not None:
-            await req
+        if req is not None and (req._state is not DONE or req._exc is not None):
+            await req  # (the link may poll for it a while first: ``Link.before_wait``)
 
     async def recv(self, buf: Any, src: int = ANY_SOURCE, tag: int = ANY_TAG, *,
                    stream: Stream | None = None, timeout: float | None = None,

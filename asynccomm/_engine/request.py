@@ -205,6 +205,10 @@ class Request(Message):
         return self._exc
 
     def __await__(self) -> Generator[Any, None, Any]:
+        if self._state < DONE:  # (``_look``, for one op)
+            look = getattr(getattr(self._owner, "link", None), "before_wait", None)
+            if look is not None:
+                look(self)
         while self._state < DONE:
             fut = self._owner.loop.create_future()
             self._add_waiter(fut)
@@ -486,22 +490,30 @@ async def wait_all(reqs: Sequence[Request]) -> list[Any]:
         items = _check_requests(reqs)
     pending = [r for r in items if not r.done()]
     if pending:
-        look = _before_wait(pending)
-        if look is not None:
-            look()  # (the link looks once more: a message may have come meanwhile)
-        await _wait(pending, all_done=True)
+        _look(pending)
+        pending = [r for r in pending if not r.done()]
+        if pending:
+            await _wait(pending, all_done=True)
     return [r._outcome() for r in items]
 
 
-def _before_wait(pending: list[Request]) -> Callable[[], None] | None:
-    """What the link of the first pending recv of ``pending`` calls before a recv waits
-    (``Link.before_wait``, as ``Communicator.recv`` calls it), or None: ``wait_all`` calls
-    it once before it waits, so that a message come meanwhile is taken without the turns of
-    the loop a wake-up costs."""
+def _look(pending: list[Any]) -> None:
+    """Before a task waits on the loop for ``pending`` (``wait_all``, ``wait_any``, or
+    awaiting one request): the link of its first recv, else of its first op, looks for that
+    op once more, or polls for it a while (``Link.before_wait``, as ``Communicator.recv``
+    and ``send`` call it), so that a wait the link ends meanwhile costs no wake-up."""
+    first = None
     for r in pending:
-        if type(r) is Request and r.kind is RECV:
-            return getattr(getattr(r._owner, "link", None), "before_wait", None)
-    return None
+        if type(r) is Request:
+            if r.kind is RECV:
+                first = r
+                break
+            if first is None:
+                first = r
+    if first is not None and first._state < DONE:
+        look = getattr(getattr(first._owner, "link", None), "before_wait", None)
+        if look is not None:
+            look(first)
 
 
 async def wait_any(reqs: Sequence[Request]) -> tuple[int, Any]:
@@ -516,7 +528,9 @@ async def wait_any(reqs: Sequence[Request]) -> tuple[int, Any]:
     if not items:
         raise ValueError("wait_any needs at least one request")
     if not any(r.done() for r in items):
-        await _wait(items, all_done=False)
+        _look(items)
+        if not any(r.done() for r in items):
+            await _wait(items, all_done=False)
     index = next(i for i, r in enumerate(items) if r.done())
     return index, items[index]._outcome()
 

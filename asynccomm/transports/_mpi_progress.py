@@ -13,10 +13,11 @@ polls the loop's parked progress tasks itself each millisecond, before it spins
 (``Ticker.poll_parked``).  A send of
 the engine's fast lane also hands over the eager messages that already landed (``deliver``),
 so a ``sendrecv`` whose answer is here completes without a turn of the loop.  And a task
-about to wait for its own op (a ``send``, ``recv`` or ``sendrecv`` not done) polls for it
-itself first, as the task would (``wait_here``): a wait that ends there, as a reply or the
-copy of a large message often does, costs no wake-up (no future set, no turn of the loop
-before the task runs on); the polls stop once another task has been woken.
+about to wait for an op not done (a ``send``, ``recv`` or ``sendrecv``, an awaited op,
+``wait_all``, ``wait_any``) polls for it itself first, as the task would (``wait_here``):
+a wait that ends there, as a reply or the copy of a large message often does, costs no
+wake-up (no future set, no turn of the loop before the task runs on); the polls stop once
+another task has been woken.
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -222,19 +223,20 @@ class Progress(Mover):
             self._woke = True
             parked.set_result(None)
 
-    def wait_here(self, req: Any = None) -> None:
-        """What a task does before it waits on the loop for its op ``req`` (``Link.before_wait``,
-        ``None``: a ``wait_all``, for one burst): poll for it itself, the bursts of
-        ``_spin`` back to back, until it is done, for up to ``WAIT_SPIN`` while only control
-        messages are in flight and ``WAIT_DATA`` in all while data moves.  What lands
-        meanwhile is handed on as in the task; a burst that woke another task ends the
-        wait (that task runs once this returns, as after the task's turn).  A wait
-        that ends here costs no wake-up: no future set, no turn of the loop before the task
-        runs on (a one-way 8 B message over 2 ranks, and the completion of a large send or
-        recv, each took a turn of the loop or two).  It gives its core away between polls
-        where the ranks outnumber the cores, as the task does.  Anything it took counts as
-        activity: the progress task spins on (``sent``).  An MPI error fails the link, as
-        in the task (the op then fails with it)."""
+    def wait_here(self, req: Any) -> None:
+        """What a task does before it waits on the loop for its op ``req``, one not done
+        (``Link.before_wait``: a ``send``, ``recv`` or ``sendrecv``, awaiting an op,
+        ``wait_all`` or ``wait_any``, so the collectives too): poll for it itself, the
+        bursts of ``_spin`` back to back, until it is done, for up to ``WAIT_SPIN`` while
+        only control messages are in flight and ``WAIT_DATA`` in all while data moves.
+        What lands meanwhile is handed on as in the task; a burst that woke another task
+        ends the wait (that task runs once this returns, as after the task's turn).  A
+        wait that ends here costs no wake-up: no future set, no turn of the loop before the
+        task runs on (a one-way 8 B message over 2 ranks, and the completion of a large
+        send or recv, each took a turn of the loop or two).  It gives its core away
+        between polls where the ranks outnumber the cores, as the task does.  Anything it
+        took counts as activity: the progress task spins on (``sent``).  An MPI error
+        fails the link, as in the task (the op then fails with it)."""
         if self.stopped or self._dispatching:
             return
         clock = time.perf_counter
@@ -247,7 +249,7 @@ class Progress(Mover):
         try:
             while self._spin(end if self._reqs else spin_end, share):
                 took = True
-                if req is None or req._state >= DONE or woken() != seen:
+                if req._state >= DONE or woken() != seen:
                     break
         except Exception as exc:  # an MPI error fails the link, as in the task
             self._failed(exc)

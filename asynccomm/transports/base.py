@@ -123,12 +123,13 @@ class Link(abc.ABC):
 
     #: The ranks are in other processes: their pending ops cannot be seen from here.
     remote = False
-    #: Called once, just before a task waits on the loop, with the op it waits for: by a
-    #: ``recv`` or ``sendrecv`` whose message has not come (the recv), and by a ``send``
-    #: that has not finished; with no op by a ``wait_all`` on such a recv.  A link whose
-    #: messages are looked for by polling may look once more, or poll a while, and take
-    #: what came, so that the wait ends without a turn of the loop (``transports.shm``,
-    #: for recvs; the MPI link, ``Progress.wait_here``); None: nothing to do.
+    #: Called once, just before a task waits on the loop, with the op it waits for (one not
+    #: done): by a ``recv`` or ``sendrecv`` whose message has not come (the recv), by
+    #: awaiting an op (a ``send`` that has not finished), and by ``wait_all`` and
+    #: ``wait_any`` (their first recv, else their first op).  A link whose messages are
+    #: looked for by polling may look once more, or poll a while, and take what came, so
+    #: that the wait ends without a turn of the loop (``transports.shm``, for recvs; the
+    #: MPI link, ``Progress.wait_here``); None: nothing to do.
     before_wait: Callable[..., None] | None = None
 
     @abc.abstractmethod

@@ -374,8 +374,9 @@ async def test_the_lane_counts_each_waiting_task_its_steps_wake(native: bool,
 @pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
 async def test_a_send_that_must_wait_lets_its_link_look_once_before(native: bool) -> None:
     """``Link.before_wait`` is called once, with the send, by a ``send`` not finished when
-    posted (a rendezvous one whose recv is not posted), just before it waits; a recv the
-    link lets match then ends the wait at once.  A send finished at once calls nothing."""
+    posted (a rendezvous one whose recv is not posted), just before it waits (as it is
+    by awaiting any op not done); a recv the link lets match then ends the wait at once.
+    A send finished at once calls nothing."""
     big = np.arange(1 << 18, dtype="<f4")  # 1 MiB: above any eager limit
     into = np.zeros_like(big)
     async with ac.open_world(2, native=native) as world:
@@ -387,10 +388,10 @@ async def test_a_send_that_must_wait_lets_its_link_look_once_before(native: bool
             looks.append(op)
             took.append(c0.irecv(into, 1, 9))  # the recv the send waits for
 
-        c1._before_wait = look
+        c1._engine.link.before_wait = look
         await c1.send(arange(4), 0, 8)  # eager: done as posted
         assert looks == []
-        await c1.send(big, 0, 9)
+        await asyncio.wait_for(c1.send(big, 0, 9), 10)  # (bounded: nothing else recvs it)
         assert len(looks) == 1 and looks[0].kind is Kind.SEND and looks[0].tag == 9
         assert took[0].done()
         await c0.recv(np.zeros(4, "<f4"), 1, 8)
@@ -415,9 +416,39 @@ async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
         sent = c1.isend(buf, 0, 8)
         # (Bounded: without the look nothing would send tag 7.)
         results = await asyncio.wait_for(ac.wait_all([sent, c1.irecv(out, 0, 7)]), 10)
-        assert looks == ["look"] and results[1].tag == 7
+        assert looks == ["recv"] and results[1].tag == 7
         await c0.recv(out, 1, 8)
     np.testing.assert_array_equal(out, buf)
+
+
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
+@pytest.mark.parametrize("how", ["wait_any", "await"])
+async def test_awaiting_an_op_or_wait_any_lets_its_link_look_once_before(native: bool,
+                                                                         how: str) -> None:
+    """As ``wait_all``: ``wait_any`` on ops none of which is done, and awaiting one op not
+    done, call the link's ``before_wait`` once, with the (first) recv, before they wait; a
+    message the link delivers then ends the wait at once.  Done ops call nothing."""
+    buf, out = arange(4), np.zeros(4, "<f4")
+    async with ac.open_world(2, native=native) as world:
+        c0, c1 = world.comms
+        looks: list[str] = []
+        c1._engine.link.before_wait = _looker(c0, buf, looks)
+        await c0.send(buf, 1, 6)
+        done = c1.irecv(out, 0, 6)
+        assert (await ac.wait_any([done]) if how == "wait_any" else await done)
+        assert looks == []
+        recv = c1.irecv(out, 0, 7)
+        if how == "wait_any":  # (bounded: without the look nothing would send tag 7)
+            index, status = await asyncio.wait_for(ac.wait_any([recv]), 10)
+            assert index == 0
+        else:
+            status = await asyncio.wait_for(_awaited(recv), 10)
+        assert looks == ["recv"] and status.tag == 7
+    np.testing.assert_array_equal(out, buf)
+
+
+async def _awaited(req: Any) -> Any:
+    return await req
 
 
 

@@ -121,14 +121,6 @@ def test_a_crowded_rank_gives_its_core_away_between_polls(crowded: bool) -> None
     assert calls == [(NOW + WAIT_SPIN, sched_yield if crowded else None)]
 
 
-@pytest.mark.usefixtures("frozen")
-def test_a_wait_with_no_op_polls_one_burst() -> None:
-    """``wait_all`` gives no op: one burst, whatever it took."""
-    progress, calls = progress_with([True, True])
-    progress.wait_here()
-    assert len(calls) == 1 and progress.sent
-
-
 @pytest.mark.parametrize("why", ["stopped", "dispatching"])
 def test_no_poll_where_mpi_failed_or_a_control_message_is_being_handed_on(why: str) -> None:
     progress, calls = progress_with([True])
