@@ -5,7 +5,8 @@ run: the same ranks doing the same numpy work with nothing exchanged (``--no-exc
 Run: ``python -m benchmarks.ps_ceiling [--quick] [--repeats R] [--out DIR]``
 
 Each repeat runs, one after the other, the example in-process, with ``--processes`` (one
-process per rank, shared memory), under ``mpiexec -n 5``, the same training as a plain
+process per rank, shared memory), under ``mpiexec -n 5`` (each of the three in sync mode,
+then in async mode: ``ASYNC``), the same training as a plain
 program of 5 blocking processes with no library (``benchmarks.ps_blocking``: socket pairs,
 each rank waiting in the kernel), and the two ceilings: in-process and 5 processes
 (``--processes --no-exchange``; under ``mpiexec``, and for the plain program, the
@@ -45,14 +46,23 @@ TARGET_OVER_MPI = 2.0
 #: How a run is launched: the example, the example under ``mpiexec``, or the plain program.
 EXAMPLE, MPIEXEC, PLAIN = "example", "mpiexec", "plain"
 #: (key, what it is, its arguments, how it is launched, ceiling of).
+#: The example's async mode (``--mode async``: the server answers each worker as its
+#: gradient lands, probing for whichever comes first) runs beside its sync mode on each
+#: transport, against the same ceiling (the same numpy work).
+ASYNC = ("--mode", "async")
 RUNS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
     ("in_process", "in-process", (), EXAMPLE, ""),
     ("processes", "processes (shared memory)", ("--processes",), EXAMPLE, ""),
     ("mpi", "mpiexec -n 5", (), MPIEXEC, ""),
     ("plain", "plain blocking processes", (), PLAIN, ""),
-    ("ceiling_in_process", "ceiling, in-process", ("--no-exchange",), EXAMPLE, "in_process"),
+    ("in_process_async", "in-process, async", ASYNC, EXAMPLE, ""),
+    ("processes_async", "processes (shared memory), async", ("--processes", *ASYNC), EXAMPLE,
+     ""),
+    ("mpi_async", "mpiexec -n 5, async", ASYNC, MPIEXEC, ""),
+    ("ceiling_in_process", "ceiling, in-process", ("--no-exchange",), EXAMPLE,
+     "in_process in_process_async"),
     ("ceiling_processes", "ceiling, 5 processes", ("--processes", "--no-exchange"), EXAMPLE,
-     "processes mpi plain"),
+     "processes mpi plain processes_async mpi_async"),
 )
 
 
@@ -110,7 +120,8 @@ def rows(samples: dict[str, list[float]]) -> list[dict[str, Any]]:
 
 def print_report(samples: dict[str, list[float]], env: dict[str, Any], repeats: int,
                  epochs: int, quick: bool) -> None:
-    print(f"parameter server, {WORKERS} workers + 1 server, sync, the MLP trained for real "
+    print(f"parameter server, {WORKERS} workers + 1 server, sync (and async where the row "
+          f"says so), the MLP trained for real "
           f"({epochs} epochs; median over {repeats} repeats{', --quick' if quick else ''}); "
           f"{env['cpus_usable'] or env['cpu_count']} cores; load average "
           f"{env['loadavg_1min']}")

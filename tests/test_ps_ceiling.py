@@ -12,18 +12,23 @@ ENV = {"cpus_usable": 2, "cpu_count": 2, "loadavg_1min": 0.5}
 
 def _samples(mpi: float, ceiling: float) -> dict[str, list[float]]:
     return {"in_process": [60_000, 70_000, 65_000], "processes": [50_000] * 3,
-            "mpi": [mpi] * 3, "plain": [55_000] * 3, "ceiling_in_process": [100_000] * 3,
+            "mpi": [mpi] * 3, "plain": [55_000] * 3, "in_process_async": [45_000] * 3,
+            "processes_async": [42_000] * 3, "mpi_async": [30_000] * 3,
+            "ceiling_in_process": [100_000] * 3,
             "ceiling_processes": [ceiling, ceiling + 5_000, ceiling - 5_000]}
 
 
 def test_each_transport_is_set_beside_its_own_ceiling() -> None:
     rows = {r["key"]: r for r in ps_ceiling.rows(_samples(40_000, 80_000))}
-    assert set(rows) == {"in_process", "processes", "mpi", "plain"}
+    assert set(rows) == {"in_process", "processes", "mpi", "plain", "in_process_async",
+                         "processes_async", "mpi_async"}
     assert (rows["in_process"]["samples_per_s"], rows["in_process"]["ceiling"]) == (65_000,
                                                                                      100_000)
     assert rows["processes"]["of_ceiling"] == pytest.approx(50_000 / 80_000)
     assert rows["mpi"]["of_ceiling"] == pytest.approx(0.5)
     assert rows["plain"]["ceiling"] == 80_000
+    assert rows["in_process_async"]["ceiling"] == 100_000  # (the same work: one ceiling)
+    assert rows["mpi_async"]["of_ceiling"] == pytest.approx(30_000 / 80_000)
 
 
 @pytest.mark.parametrize(("mpi", "reachable"), [(40_000, False), (30_000, True)])
@@ -51,6 +56,8 @@ def test_the_ceiling_runs_the_example_without_the_exchange() -> None:
     runs = {key: (args, launcher) for key, _what, args, launcher, _of in ps_ceiling.RUNS}
     for key in ("ceiling_in_process", "ceiling_processes"):
         assert "--no-exchange" in runs[key][0]
+    for key in ("in_process", "processes", "mpi"):  # each mode on each transport
+        assert runs[f"{key}_async"] == ((*runs[key][0], "--mode", "async"), runs[key][1])
     cmd = ps_ceiling.command(*runs["mpi"])
     assert cmd[1:3] == ["-n", "5"] and cmd[0].endswith("mpiexec")
     assert ps_ceiling.command(*runs["plain"])[1:] == ["-m", "benchmarks.ps_blocking",
