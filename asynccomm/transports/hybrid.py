@@ -144,6 +144,21 @@ class HybridTransport(ShmTransport):
         self.name = ""  # the world's name in the node's group (set by open_hybrid)
 
     @property
+    def before_wait(self) -> Callable[..., None]:  # type: ignore[override]
+        """``Link.before_wait``: ``wait_for``, read once per communicator."""
+        return self.wait_for
+
+    def wait_for(self, req: Any = None) -> None:
+        """Before a task waits for ``req``: an op with a peer on another host has the MPI
+        side poll for it (``Progress.wait_here``), any other the node look at the rings
+        (``Node.before_wait``: a recv from this host, or from any source)."""
+        peer = -1 if req is None else req.peer
+        if peer >= 0 and peer not in self.progress.local:  # type: ignore[attr-defined]
+            self.mpi.wait_here(req)
+        else:
+            self.node.before_wait(req)
+
+    @property
     def channels(self) -> HostChannels:
         return self.progress.channels  # type: ignore[attr-defined, no-any-return]
 

@@ -18,6 +18,7 @@ from asynccomm._core.states import DONE, QUEUED
 from asynccomm.transports import _mpi_progress
 from asynccomm.transports._mpi_lib import sched_yield
 from asynccomm.transports._mpi_progress import WAIT_DATA, WAIT_SPIN, Progress
+from asynccomm.transports.hybrid import HybridTransport
 
 from .test_mpi_path import STATES, Comm, Endpoint, fake_mpi, world  # noqa: F401  (a fixture)
 
@@ -172,3 +173,23 @@ async def test_a_message_that_lands_meanwhile_ends_the_wait_on_either_lane(
     link.before_wait(op)
     assert op._state is DONE and link.endpoint.offered  # type: ignore[attr-defined]
     assert link.progress.sent
+
+
+@pytest.mark.parametrize(("peer", "side"), [(1, "mpi"), (3, "mpi"), (0, "rings"), (2, "rings"),
+                                            (-1, "rings"), (None, "rings")])
+def test_a_world_on_several_hosts_polls_mpi_for_an_op_with_a_peer_elsewhere(
+        peer: int | None, side: str) -> None:
+    """The link of a world on several hosts (ranks 0 and 2 on this one): a task about to wait
+    for an op with a peer on another host has the MPI side poll for it; for one with a
+    peer on this host, from any source (-1), or for no op (``wait_all``), the node looks
+    at the rings."""
+    calls: list[tuple[str, Any]] = []
+    link = object.__new__(HybridTransport)
+    link.progress = types.SimpleNamespace(  # type: ignore[assignment]
+        local={0: 0, 2: 1},
+        mpi=types.SimpleNamespace(wait_here=lambda op: calls.append(("mpi", op))))
+    link.node = types.SimpleNamespace(  # type: ignore[assignment]
+        before_wait=lambda op=None: calls.append(("rings", op)))
+    op = None if peer is None else types.SimpleNamespace(peer=peer)
+    link.before_wait(op)
+    assert calls == [(side, op)]
