@@ -398,12 +398,22 @@ async def test_a_send_that_must_wait_lets_its_link_look_once_before(native: bool
     np.testing.assert_array_equal(into, big)
 
 
+async def _waited(how: str, reqs: list[Any]) -> Any:
+    """The last op's outcome, waited for by ``how``: ``wait_all``, ``wait_any`` or ``await``."""
+    if how == "wait_all":
+        return (await ac.wait_all(reqs))[-1]
+    if how == "wait_any":
+        return (await ac.wait_any(reqs))[1]
+    return await reqs[-1]
+
+
 @pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
-async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
-        native: bool) -> None:
-    """``wait_all`` of requests with a recv not done calls that recv's ``Link.before_wait``
-    once before it waits (as ``recv`` does); a message the link delivers then is taken, and
-    requests all done already call nothing."""
+@pytest.mark.parametrize("how", ["wait_all", "wait_any", "await"])
+async def test_waiting_on_ops_lets_their_link_look_once_before(native: bool, how: str) -> None:
+    """``wait_all`` of ops with a recv not done, ``wait_any`` of ops none of which is done,
+    and awaiting one op not done call the link's ``before_wait`` once, with their (first)
+    recv, before they wait (as ``recv`` does); a message the link delivers then ends the
+    wait at once.  Ops done already call nothing."""
     buf, out = arange(4), np.zeros(4, "<f4")
     async with ac.open_world(2, native=native) as world:
         c0, c1 = world.comms
@@ -411,44 +421,16 @@ async def test_wait_all_on_a_recv_that_must_wait_lets_its_link_look_once_before(
         c1._engine.link.before_wait = _looker(c0, buf, looks)
         await c0.send(buf, 1, 6)
         done = c1.irecv(out, 0, 6)
-        await done
-        assert await ac.wait_all([done]) == [done.status] and looks == []
-        sent = c1.isend(buf, 0, 8)
+        assert (await _waited(how, [done])).tag == 6 and looks == []
+        # (an eager send, done as posted, first: the recv is the one looked for)
+        ops = [c1.isend(buf, 0, 8)] if how == "wait_all" else []
+        ops.append(c1.irecv(out, 0, 7))
         # (Bounded: without the look nothing would send tag 7.)
-        results = await asyncio.wait_for(ac.wait_all([sent, c1.irecv(out, 0, 7)]), 10)
-        assert looks == ["recv"] and results[1].tag == 7
-        await c0.recv(out, 1, 8)
-    np.testing.assert_array_equal(out, buf)
-
-
-@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False])
-@pytest.mark.parametrize("how", ["wait_any", "await"])
-async def test_awaiting_an_op_or_wait_any_lets_its_link_look_once_before(native: bool,
-                                                                         how: str) -> None:
-    """As ``wait_all``: ``wait_any`` on ops none of which is done, and awaiting one op not
-    done, call the link's ``before_wait`` once, with the (first) recv, before they wait; a
-    message the link delivers then ends the wait at once.  Done ops call nothing."""
-    buf, out = arange(4), np.zeros(4, "<f4")
-    async with ac.open_world(2, native=native) as world:
-        c0, c1 = world.comms
-        looks: list[str] = []
-        c1._engine.link.before_wait = _looker(c0, buf, looks)
-        await c0.send(buf, 1, 6)
-        done = c1.irecv(out, 0, 6)
-        assert (await ac.wait_any([done]) if how == "wait_any" else await done)
-        assert looks == []
-        recv = c1.irecv(out, 0, 7)
-        if how == "wait_any":  # (bounded: without the look nothing would send tag 7)
-            index, status = await asyncio.wait_for(ac.wait_any([recv]), 10)
-            assert index == 0
-        else:
-            status = await asyncio.wait_for(_awaited(recv), 10)
+        status = await asyncio.wait_for(_waited(how, ops), 10)
         assert looks == ["recv"] and status.tag == 7
+        if ops[0] is not ops[-1]:
+            await c0.recv(out, 1, 8)
     np.testing.assert_array_equal(out, buf)
-
-
-async def _awaited(req: Any) -> Any:
-    return await req
 
 
 
