@@ -247,9 +247,9 @@ class Progress(Mover):
         seen = woken()
         took = False
         try:
-            while self._spin(end if self._reqs else spin_end, share):
+            while self._spin(until := end if self._reqs else spin_end, share):
                 took = True
-                if req._state >= DONE or woken() != seen:
+                if req._state >= DONE or woken() != seen or clock() >= until:
                     break
         except Exception as exc:  # an MPI error fails the link, as in the task
             self._failed(exc)

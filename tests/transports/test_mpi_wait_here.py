@@ -113,6 +113,24 @@ def test_the_budget_is_short_while_only_control_messages_fly_and_a_turn_while_da
     assert WAIT_SPIN < WAIT_DATA
 
 
+@pytest.mark.parametrize("moving", [False, True])
+def test_a_wait_ends_at_its_budget_while_messages_for_others_keep_landing(
+        monkeypatch: pytest.MonkeyPatch, moving: bool) -> None:
+    """Every burst takes something (messages for no waiting task, staged), never the op:
+    the wait still ends once the clock passes its budget."""
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(_mpi_progress, "time", types.SimpleNamespace(
+        perf_counter=lambda: NOW + next(ticks) * 1e-6))  # a microsecond a reading
+    op = Op()
+    progress, calls = progress_with([True] * 1000, op)
+    progress._reqs = [object()] if moving else []
+    progress.wait_here(op)
+    budget = WAIT_DATA if moving else WAIT_SPIN
+    assert op._state is QUEUED and progress.sent
+    assert len(calls) == pytest.approx(budget * 1e6, abs=2)
+    assert all(until == pytest.approx(NOW + budget) for until, _ in calls)
+
+
 @pytest.mark.usefixtures("frozen")
 @pytest.mark.parametrize("crowded", [False, True])
 def test_a_crowded_rank_gives_its_core_away_between_polls(crowded: bool) -> None:
