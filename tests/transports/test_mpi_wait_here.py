@@ -2,7 +2,8 @@
 first (``Link.before_wait``), so that a wait the next poll ends costs no wake-up.
 
 The progress runs here on the fake communicator of ``test_mpi_path`` (no MPI); the clock
-the budget is read from is frozen, so the deadlines each poll burst is given are exact.
+the budget is read from is frozen (or steps a microsecond a reading), so the deadlines each
+poll burst is given are exact.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from asynccomm.transports._mpi_lib import sched_yield
 from asynccomm.transports._mpi_progress import WAIT_DATA, WAIT_SPIN, Progress
 from asynccomm.transports.hybrid import HybridTransport
 
-from .test_mpi_path import STATES, Comm, Endpoint, fake_mpi, world  # noqa: F401  (a fixture)
+from .test_mpi_path import Comm, Endpoint, fake_mpi, world  # noqa: F401  (a fixture)
 
 NOW = 100.0
 
