@@ -205,10 +205,8 @@ class Request(Message):
         return self._exc
 
     def __await__(self) -> Generator[Any, None, Any]:
-        if self._state < DONE:  # (``_look``, for one op)
-            look = getattr(getattr(self._owner, "link", None), "before_wait", None)
-            if look is not None:
-                look(self)
+        if self._state < DONE:
+            _look_for(self)
         while self._state < DONE:
             fut = self._owner.loop.create_future()
             self._add_waiter(fut)
@@ -511,9 +509,14 @@ def _look(pending: list[Any]) -> None:
             if first is None:
                 first = r
     if first is not None and first._state < DONE:
-        look = getattr(getattr(first._owner, "link", None), "before_wait", None)
-        if look is not None:
-            look(first)
+        _look_for(first)
+
+
+def _look_for(op: Request) -> None:
+    """``_look`` for one op not done: its link's ``before_wait``, if it has one."""
+    look = getattr(getattr(op._owner, "link", None), "before_wait", None)
+    if look is not None:
+        look(op)
 
 
 async def wait_any(reqs: Sequence[Request]) -> tuple[int, Any]:
