@@ -402,7 +402,7 @@ class _MPIFamily:
         self.registry.append(engine)
         registry, ranks = self.registry, self.ranks
         transport.offer_bytes = offer_bytes  # the fast lane's, for what lands
-        if self.lane.module is not None and link is None:  # the per-message steps in C
+        if self.lane.module is not None:  # the per-message steps in C (hybrid: MPI's)
             transport.accelerate(self.lane.module)
         transport.dump_request = lambda: _hang.dump(registry)  # asked by a peer's watchdog
         transport.on_dump = lambda peer, text: _hang.peer_report(

@@ -46,6 +46,9 @@ typedef struct {
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
     PyObject *py_send;  /* the link's Python send */
+    /* the peers the link reaches another way (a dict by rank: the hybrid link's rings),
+     * whose sends and fetches take the link's Python steps; NULL: none */
+    PyObject *ring_peers;
     /* direct calls (``direct``): the communicator they are for, its handle, and
      * ``MPI.Request.fromhandle`` for a control send that is not complete at once */
     PyObject *comm, *from_handle;
@@ -204,7 +207,7 @@ slot_start(Path *p, PyObject *slot)
 static int rendezvous(Path *p, PyObject *endpoint, const char *b, long kind);
 /* Names only this file looks up (interned by ``path_new``). */
 static PyObject *s_early, *s_early_tags, *s_early_in, *s_link_early, *s_early_min,
-    *s_early_max, *s_next_early_tag, *s_data_tag_ub, *s_early_failed;
+    *s_early_max, *s_next_early_tag, *s_data_tag_ub, *s_early_failed, *s_ring_peers;
 static int fetch_into(Path *p, PyObject *endpoint, PyObject *msg, PyObject *into,
                       PyObject *ready_cb, PyObject *recv, long long fresh);
 
@@ -796,6 +799,14 @@ judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_ma
     return 1;
 }
 
+/* Whether ``peer`` is one the link reaches another way (``ring_peers``): 1 yes (the
+ * link's Python steps), 0 no, -1 error. */
+static int
+by_ring(Path *p, PyObject *peer)
+{
+    return p->ring_peers == NULL ? 0 : PyDict_Contains(p->ring_peers, peer);
+}
+
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``MPITransport.send_now``. */
 static PyObject *
 path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
@@ -803,6 +814,10 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "send_now(dest, tag, array, nbytes, count, dtype)");
         return NULL;
+    }
+    int ring = by_ring(p, args[0]);
+    if (ring != 0) {
+        return ring < 0 ? NULL : PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
     }
     PyObject *dest = args[0], *field;
     long d, t;
@@ -932,10 +947,11 @@ path_send(Path *p, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *msg = args[0], *dest = args[1];
     long d = PyLong_AsLong(dest);
-    if (d == -1 && PyErr_Occurred()) {
+    int ring = d == -1 && PyErr_Occurred() ? -1 : by_ring(p, dest);
+    if (ring < 0) {
         return NULL;
     }
-    if (!ready || !PyObject_TypeCheck(msg, MessageType) || d < 0
+    if (ring || !ready || !PyObject_TypeCheck(msg, MessageType) || d < 0
         || d >= PyList_GET_SIZE(p->credit) || SLOT(msg, M.shape) != Py_None
         || SLOT(msg, M.view) == NULL || SLOT(msg, M.view) == Py_None) {
         goto python;
@@ -1719,6 +1735,11 @@ path_fetch(Path *p, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *msg = args[0], *into = args[2];
+    int ring = Py_TYPE(msg) == MessageType && SLOT(msg, M.source) != NULL
+        ? by_ring(p, SLOT(msg, M.source)) : 0;
+    if (ring != 0) {
+        return ring < 0 ? NULL : PyObject_Vectorcall(p->py_fetch, args, nargs, NULL);
+    }
     PyObject *endpoint = PyObject_GetAttr(p->link, a_endpoint);
     if (endpoint == NULL) {
         return NULL;
@@ -2072,7 +2093,8 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             {&s_early, "early"}, {&s_early_tags, "early_tags"}, {&s_early_in, "early_in"},
             {&s_link_early, "_early"}, {&s_early_min, "early_min"},
             {&s_early_max, "early_max"}, {&s_next_early_tag, "_next_early_tag"},
-            {&s_data_tag_ub, "data_tag_ub"}, {&s_early_failed, "_early_failed"}};
+            {&s_data_tag_ub, "data_tag_ub"}, {&s_early_failed, "_early_failed"},
+            {&s_ring_peers, "ring_peers"}};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
             if (*names[i].at == NULL
                 && (*names[i].at = PyUnicode_InternFromString(names[i].name)) == NULL) {
@@ -2112,6 +2134,19 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     p->early_tags = PyObject_GetAttr(wire, s_early_tags);
     p->early_in = PyObject_GetAttr(wire, s_early_in);
     p->link_early = PyObject_GetAttr(link, s_link_early);
+    p->ring_peers = PyObject_GetAttr(link, s_ring_peers);
+    if (p->ring_peers == Py_None) {
+        Py_CLEAR(p->ring_peers);
+    }
+    else if (p->ring_peers != NULL && !PyDict_Check(p->ring_peers)) {
+        PyErr_SetString(PyExc_TypeError, "Path: the link's ring_peers is a dict or None");
+        Py_DECREF(p);
+        return NULL;
+    }
+    if (p->ring_peers == NULL && PyErr_Occurred()) {
+        Py_DECREF(p);
+        return NULL;
+    }
     if (p->early == NULL || p->early_tags == NULL || p->early_in == NULL
         || p->link_early == NULL || long_attr(link, s_early_min, &p->early_min) < 0
         || long_attr(link, s_early_max, &p->early_max) < 0) {
@@ -2164,6 +2199,7 @@ path_traverse(Path *p, visitproc visit, void *arg)
     Py_VISIT(p->announced_msgs);
     Py_VISIT(p->py_fetch);
     Py_VISIT(p->py_send);
+    Py_VISIT(p->ring_peers);
     Py_VISIT(p->remote_where);
     Py_VISIT(p->active);
     Py_VISIT(p->early);
@@ -2197,6 +2233,7 @@ path_clear(Path *p)
     Py_CLEAR(p->announced_msgs);
     Py_CLEAR(p->py_fetch);
     Py_CLEAR(p->py_send);
+    Py_CLEAR(p->ring_peers);
     Py_CLEAR(p->remote_where);
     Py_CLEAR(p->active);
     Py_CLEAR(p->early);

@@ -117,6 +117,10 @@ class MPITransport(Link):
     early_max = EARLY_MAX
     #: The C lane calls MPI itself for the control messages (``accelerate``).
     direct = False
+    #: The peers this link reaches another way, by rank (the hybrid link's: this host's
+    #: rings); their sends and fetches keep the Python steps where the C lane runs the
+    #: rest (``accelerate``).  None: every peer is on MPI.
+    ring_peers: dict[int, int] | None = None
 
     def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm
@@ -174,17 +178,22 @@ class MPITransport(Link):
         library itself, not mpi4py
         (``direct``: no arguments parsed, no request object made but for a request still
         in flight, the GIL kept)."""
-        path = lane.Path(self, self.progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
+        self._run_in_c(lane, self.progress)
+
+    def _run_in_c(self, lane: Any, progress: Progress) -> None:
+        """``accelerate`` with the MPI side's progress ``progress`` (the hybrid link's is
+        not its ``progress``)."""
+        path = lane.Path(self, progress, self.wire, DTYPE_FIELDS, DTYPE_NAMES,
                          lib.MPI.Exception, INLINE, CTRL_SLOTS, REMOTE, CHUNK_BYTES, ACTIVE,
                          MAX_INFLIGHT)
         self.send_now = path.send_now  # type: ignore[method-assign]
         self.send = path.send  # type: ignore[method-assign]
         self.fetch = path.fetch  # type: ignore[method-assign]
-        self.progress._land = path.land  # type: ignore[method-assign]
-        self.progress.deliver = path.deliver  # type: ignore[method-assign]
-        self.progress._repost = path.repost  # type: ignore[method-assign]
-        self.progress._test_requests = path.test  # type: ignore[method-assign]
-        self.progress._spin = path.spin  # type: ignore[method-assign]
+        progress._land = path.land  # type: ignore[method-assign]
+        progress.deliver = path.deliver  # type: ignore[method-assign]
+        progress._repost = path.repost  # type: ignore[method-assign]
+        progress._test_requests = path.test  # type: ignore[method-assign]
+        progress._spin = path.spin  # type: ignore[method-assign]
         if _direct_calls(lane) and isinstance(self.comm, lib.MPI.Comm):
             self.direct = path.direct(self.comm, lib.MPI._handleof(self.comm),
                                       lib.MPI.Request.fromhandle, DIRECT_MAX)

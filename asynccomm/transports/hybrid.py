@@ -134,6 +134,7 @@ class HybridTransport(ShmTransport):
         mpi = Progress(comm, on_control=self._on_control, finished=self.check_finished,
                        failed=self._failed)
         self.progress = Route(channels, mpi)  # type: ignore[assignment]
+        self.ring_peers = channels.local  # (the C lane's MPI side leaves them to the rings)
         self._sends = {}
         self._early = {}  # (none: ShmTransport.early_max)
         self._announced = {}
@@ -166,6 +167,13 @@ class HybridTransport(ShmTransport):
     def mpi(self) -> Progress:
         """The MPI side's progress (its ``crowded`` is set by the world)."""
         return self.progress.mpi  # type: ignore[attr-defined, no-any-return]
+
+    def accelerate(self, lane: Any) -> None:
+        """Run the MPI side's per-message steps in C, as the MPI link's
+        (``MPITransport.accelerate``): a send to, a fetch from and what lands from a peer
+        on another host; a peer on this host (``ring_peers``) keeps the Python steps of
+        the rings."""
+        self._run_in_c(lane, self.mpi)
 
     def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
         """Join the node's poll and start the MPI progress task.

@@ -390,6 +390,53 @@ async def lane(comm: ac.Communicator) -> str:
     return f"rank {comm.rank}: {' '.join(got)}; sent {stats[peer].n}"
 
 
+async def hybrid_lane(comm: ac.Communicator) -> str:
+    """On two fake hosts (ranks 0 and 2 on one, 1 and 3 on the other): messages to and
+    from a peer on the other host, eager and rendezvous, take the C lane's MPI steps (the
+    Python steps of the MPI side refuse to run), and a peer on this host is still
+    reached on the rings."""
+    from mpi4py import MPI
+
+    from asynccomm._comm import communicator as _communicator
+
+    if _communicator._lane_send is None:
+        return "no C lane"
+    remote, local = comm.rank ^ 1, comm.rank ^ 2
+    await comm.sendrecv(np.zeros(2), remote, np.zeros(2), remote, sendtag=1, recvtag=1)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the Python steps ran")
+
+    link = comm._engine.link
+    mpi = link.mpi  # type: ignore[attr-defined]
+    saved = (ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes,  # type: ignore[attr-defined]
+             mpi.send, mpi.push, mpi.pull, mpi._dispatch)
+    ac.Communicator._send_op = ac.Communicator._recv_op = refuse  # type: ignore[method-assign]
+    link.offer_bytes = refuse  # type: ignore[attr-defined]
+    mpi.send = mpi.push = mpi.pull = mpi._dispatch = refuse
+    got = []
+    try:
+        for n in (2, 1 << 17):  # 16 B, eager; 1 MiB, rendezvous
+            out = np.zeros(n)
+            if comm.rank < remote:
+                await comm.send(np.arange(n, dtype=float) + comm.rank, remote, 30)
+                await comm.recv(out, remote, 31)
+            else:
+                await comm.recv(out, remote, 30)
+                await comm.send(np.arange(n, dtype=float) + comm.rank, remote, 31)
+            got.append("intact" if (out == np.arange(n) + remote).all() else "wrong")
+        MPI.COMM_WORLD.Barrier()  # (before a peer of this host sends on the rings)
+    finally:
+        (ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes,  # type: ignore[attr-defined]
+         mpi.send, mpi.push, mpi.pull, mpi._dispatch) = saved
+    for n in (2, 1 << 17):
+        out = np.zeros(n)
+        await comm.sendrecv(np.arange(n, dtype=float) + comm.rank, local, out, local,
+                            sendtag=32, recvtag=32)
+        got.append("ring " + ("intact" if (out == np.arange(n) + local).all() else "wrong"))
+    return f"rank {comm.rank}: {' '.join(got)}"
+
+
 #: ``direct``'s burst: more small messages than MPI takes while their receiver is away.
 BURST = 400
 
@@ -515,6 +562,8 @@ def main(argv: Sequence[str]) -> int:
             sys.stdout.write(f"{traced_shm()}\n")
     elif case == "lane":
         sys.stdout.write(f"{ac.run(lane)}\n")
+    elif case == "hybrid-lane":
+        sys.stdout.write(f"{ac.run(hybrid_lane)}\n")
     elif case == "direct":
         sys.stdout.write(f"{ac.run(direct)}\n")
     elif case == "unmatched-at-close":

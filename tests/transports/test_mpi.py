@@ -79,7 +79,8 @@ TOGETHER = {"mpi": (2, MPI, (*cases("send-error", "lane", "direct", "answer-land
                               CONSERVATION)),
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
-            "hybrid": (4, TWO_HOSTS, (*cases("links", "unmatched-at-close"), CONSERVATION))}
+            "hybrid": (4, TWO_HOSTS, (*cases("links", "hybrid-lane", "unmatched-at-close"),
+                                      CONSERVATION))}
 #: A run's part of a job of several (``together``): ``(place, spec or case name)``.
 Case = Callable[[str, str], subprocess.CompletedProcess[str]]
 
@@ -145,10 +146,17 @@ def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
         "rank 1: 11/0/11 13/0/13 landed 7 owed +charge; sent 3"]
 
 
-def _c_lane_lines(together: Case, name: str) -> list[str]:
-    """The lines the ranks of MPI case ``name`` printed, sorted (skipped where the C lane
-    is not built)."""
-    proc = together("mpi", name)
+def test_messages_between_hosts_take_the_c_lane(together: Case) -> None:
+    """On two hosts, a message to a peer on the other host, eager or rendezvous, runs the
+    MPI side's steps in C, as on MPI alone; one to a peer on this host the rings'."""
+    assert _c_lane_lines(together, "hybrid-lane", "hybrid") == [
+        f"rank {r}: intact intact ring intact ring intact" for r in range(4)]
+
+
+def _c_lane_lines(together: Case, name: str, place: str = "mpi") -> list[str]:
+    """The lines the ranks of case ``name`` printed in ``place``, sorted (skipped where the
+    C lane is not built)."""
+    proc = together(place, name)
     assert proc.returncode == 0, _output(proc)
     if "no C lane" in proc.stdout:
         pytest.skip("the C lane is not built here")

@@ -257,6 +257,50 @@ def test_the_c_steps_send_through_the_communicator_progress_holds_now() -> None:
         loop.close()
 
 
+@pytest.mark.native
+@pytest.mark.parametrize("ring", [False, True], ids=["mpi-peer", "ring-peer"])
+def test_a_peer_the_link_reaches_on_rings_keeps_the_python_steps(ring: bool) -> None:
+    """The hybrid link's MPI side in C (``ring_peers``): a send to, or a fetch from, a
+    peer of this host goes to the link's Python steps (its rings), one to a peer on
+    another host is the C lane's."""
+    from asynccomm._core.descriptors import Message
+
+    state = {"completes": True, "fails": "", "credit": 1 << 15, "closed": False,
+             "broken": False, "bell": None, "ctrl": 0, "parked": None, "landed": []}
+    loop = asyncio.new_event_loop()
+    try:
+        w.encode_dtype("<f8")
+        link = world(state, False, loop)
+        link.ring_peers = {0: 0} if ring else {}
+        python: list[str] = []
+        link.send_now = lambda *args: python.append("send_now") or True  # type: ignore[method-assign]
+        link.send = lambda *args: python.append("send")  # type: ignore[method-assign]
+        link.fetch = lambda *args: python.append("fetch")  # type: ignore[method-assign]
+        link.accelerate(LANE)
+        assert link.send_now(0, 5, np.ones(1), 8, 1, "<f8") is True
+        big = np.ones(8192)
+        link.send(Message(1, 5, big.nbytes, big.size, "<f8", 0, memoryview(big).cast("B")), 0)
+        link.fetch(Message(0, 5, big.nbytes, big.size, "<f8", 0, ident=7), 0,
+                   memoryview(bytearray(big.nbytes)), lambda *args: None)
+        if ring:
+            assert python == ["send_now", "send", "fetch"]
+            assert link.comm.sent == []  # type: ignore[attr-defined]
+        else:  # (the fetch goes the Python way here too: the endpoint is not an engine)
+            assert python == ["fetch"]
+            assert len(link.comm.sent) == 2  # the eager message and the RTS  # type: ignore[attr-defined]
+    finally:
+        loop.close()
+
+
+@pytest.mark.native
+def test_ring_peers_other_than_a_dict_are_refused() -> None:
+    link = MPITransport(Comm(completes=True, fails=""), eager_limit=4096,  # type: ignore[arg-type]
+                        pools=[POOL, POOL])
+    link.ring_peers = [0]  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="ring_peers"):
+        link.accelerate(LANE)
+
+
 def _open_rank(comm_: Comm, native: bool) -> tuple[MPITransport, Any]:
     """Rank 1 of 2 of an MPI world opened on the fake communicator ``comm_`` with
     ``native=``, its control recvs posted (none landed): its link and communicator."""
