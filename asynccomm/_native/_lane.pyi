@@ -178,7 +178,9 @@ class Path:
 # -- the shared-memory link's per-message steps --------------------------------------------
 
 class ShmPath:
-    """``ShmTransport``'s per-message steps in C (the lane must be configured)."""
+    """``ShmTransport``'s per-message steps in C (the lane must be configured); a rank
+    with no ring on the segment (``outs`` None and ``bells`` -1: the hybrid link's peer
+    on another host) is left to the link's Python ``send_now``."""
 
     def __init__(self, link: Any, channels: Any, wire: Any, fields: dict[str, bytes],
                  names: dict[bytes, str], inline: Any, words: Words, view: memoryview,

@@ -191,6 +191,9 @@ put_record(ShmPath *p, long d, long t, PyObject *const *args, Py_ssize_t nbytes,
            Py_ssize_t count, PyObject *field)
 {
     PyObject *dest = args[0];
+    if (p->out[d].ring == NULL) {
+        return 0;  /* a rank on no ring here (another host's): the Python steps */
+    }
     long long cost = charge(nbytes);
     long long have = PyLong_AsLongLong(PyList_GET_ITEM(p->credit, d));
     if (have == -1 && PyErr_Occurred()) {
@@ -272,8 +275,8 @@ shm_put(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     if (d == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (d < 0 || d >= p->size || d == p->rank) {
-        PyErr_SetString(PyExc_ValueError, "put: dest is another rank of the world");
+    if (d < 0 || d >= p->size || d == p->rank || p->out[d].ring == NULL) {
+        PyErr_SetString(PyExc_ValueError, "put: dest is another rank on the rings");
         return NULL;
     }
     Py_ssize_t len;
@@ -307,9 +310,10 @@ shm_fragments(ShmPath *p, PyObject *const *args, Py_ssize_t nargs)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (d < 0 || d >= p->size || d == p->rank || off < 0 || p->data_kind < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "fragments: dest is another rank, off >= 0, fragmenting() called");
+    if (d < 0 || d >= p->size || d == p->rank || p->out[d].ring == NULL || off < 0
+        || p->data_kind < 0) {
+        PyErr_SetString(PyExc_ValueError, "fragments: dest is another rank on the rings, "
+                        "off >= 0, fragmenting() called");
         return NULL;
     }
     Py_ssize_t len;
@@ -1180,16 +1184,20 @@ shmpath_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     for (Py_ssize_t i = 0; i < size; i++) {
         PyObject *o = PyList_GET_ITEM(outs, i);
         p->bells[i] = PyLong_AsSsize_t(PyList_GET_ITEM(bells, i));
+        /* a rank on no ring of this segment (the hybrid link's peers on other hosts): no
+         * ring, and no doorbell (-1) */
+        int none = o == Py_None && i != p->rank && p->bells[i] == -1;
         if ((p->bells[i] == -1 && PyErr_Occurred())
-            || (o == Py_None) != (i == p->rank)
+            || (o == Py_None) != (i == p->rank || none)
             || (o != Py_None && offsets(o, &p->out[i], 0, len, rb) < 0)) {
             if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_ValueError, "ShmPath: a ring to every other rank");
+                PyErr_SetString(PyExc_ValueError,
+                                "ShmPath: a ring to every other rank with a doorbell");
             }
             Py_DECREF(p);
             return NULL;
         }
-        if (p->bells[i] < 0 || (p->bells[i] & 7) != 0 || p->bells[i] > len - 8) {
+        if (!none && (p->bells[i] < 0 || (p->bells[i] & 7) != 0 || p->bells[i] > len - 8)) {
             PyErr_SetString(PyExc_ValueError, "ShmPath: a doorbell is not in the mapping");
             Py_DECREF(p);
             return NULL;

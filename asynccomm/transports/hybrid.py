@@ -5,8 +5,8 @@ The shared-memory link and the MPI link speak the same wire protocol (``_core/wi
 with the same shell (``ShmTransport`` is an ``MPITransport``), so one ``Wire`` keeps the
 protocol's state for every peer and only the way out differs: a ``Route`` stands where the
 MPI link has its ``Progress`` and sends each control message and each rendezvous payload
-on this host's rings (``shm.Channels``, whose ranks are the world's ranks on this host, in
-order) or on MPI (the world's communicator, whose ranks are the world's).  What arrives on
+on this host's rings (``shm.Channels``, numbered by world rank: a rank of another host has
+no ring there) or on MPI (the world's communicator, whose ranks are the world's).  What arrives on
 either comes to the same handler, hence to the one endpoint.  The host's ``Node`` polls
 the rings (and sees a peer of this host die at once); the MPI progress task polls MPI.  The
 world is finished when the wire is (``FIN`` both ways with every rank): then the rings are
@@ -31,24 +31,14 @@ from .shm import Channels, Node, ShmTransport
 __all__ = ["HybridTransport", "Route", "open_hybrid"]
 
 
-class HostChannels(Channels):
-    """This host's rings of a world, told of a dead peer by its world rank."""
-
-    members: list[int]  # the world rank of each rank of the rings
-    local: dict[int, int]  # the rank in the rings of each world rank on this host
-
-    def peer_died(self, rank: int) -> bool:
-        return super().peer_died(self.local[rank])
-
-
 class Route:
     """Where each message goes: on this host's rings or on MPI (see module docs).  The
     link calls it as the MPI link calls its ``Progress``, with world ranks."""
 
-    def __init__(self, channels: HostChannels, mpi: Progress) -> None:
+    def __init__(self, channels: Channels, mpi: Progress, local: dict[int, int]) -> None:
         self.channels = channels
         self.mpi = mpi
-        self.local = channels.local
+        self.local = local  # the world ranks of this host (each its own key and value)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -71,25 +61,22 @@ class Route:
         self.channels.stopped = self.mpi.stopped = value
 
     def send(self, dest: int, msg: bytes | bytearray) -> None:
-        local = self.local.get(dest)
-        if local is None:
-            self.mpi.send(dest, msg)
+        if dest in self.local:
+            self.channels.send(dest, msg)
         else:
-            self.channels.send(local, msg)
+            self.mpi.send(dest, msg)
 
     def push(self, view: memoryview, dest: int, tag: int, done: Callable[[], None]) -> None:
-        local = self.local.get(dest)
-        if local is None:
-            self.mpi.push(view, dest, tag, done)
+        if dest in self.local:
+            self.channels.push(view, dest, tag, done)
         else:
-            self.channels.push(view, local, tag, done)
+            self.mpi.push(view, dest, tag, done)
 
     def pull(self, view: memoryview, source: int, tag: int, done: Callable[[], None]) -> None:
-        local = self.local.get(source)
-        if local is None:
-            self.mpi.pull(view, source, tag, done)
+        if source in self.local:
+            self.channels.pull(view, source, tag, done)
         else:
-            self.channels.pull(view, local, tag, done)
+            self.mpi.pull(view, source, tag, done)
 
     def deliver(self) -> None:
         self.mpi.deliver()
@@ -128,13 +115,19 @@ class HybridTransport(ShmTransport):
         self._foreign = lib.MPI.Exception  # type: ignore[assignment]
         self.offer_bytes: OfferBytes = deliver  # the world gives the fast lane's
         self.endpoint: Endpoint
-        channels = HostChannels(node, segment, members.index(rank), procs, self._on_control)
-        channels.members = list(members)
-        channels.local = {w: i for i, w in enumerate(members)}
+        # The rings by world rank: each rank of this host where the segment has it, and
+        # its process; -1 for a rank of another host.
+        places, world_procs = [-1] * size, [-1] * size
+        for i, (member, proc) in enumerate(zip(members, procs, strict=True)):
+            places[member], world_procs[member] = i, proc
+        channels = Channels(node, segment, rank, world_procs, self._on_control,
+                            places=places)
         mpi = Progress(comm, on_control=self._on_control, finished=self.check_finished,
                        failed=self._failed)
-        self.progress = Route(channels, mpi)  # type: ignore[assignment]
-        self.ring_peers = channels.local  # (the C lane's MPI side leaves them to the rings)
+        #: The world ranks of this host (the rings' peers, which the C lane's MPI side
+        #: leaves to them).
+        self.ring_peers = {member: member for member in members}
+        self.progress = Route(channels, mpi, self.ring_peers)  # type: ignore[assignment]
         self._sends = {}
         self._early = {}  # (none: ShmTransport.early_max)
         self._announced = {}
@@ -160,7 +153,7 @@ class HybridTransport(ShmTransport):
             self.node.before_wait(req)
 
     @property
-    def channels(self) -> HostChannels:
+    def channels(self) -> Channels:
         return self.progress.channels  # type: ignore[attr-defined, no-any-return]
 
     @property
@@ -169,10 +162,12 @@ class HybridTransport(ShmTransport):
         return self.progress.mpi  # type: ignore[attr-defined, no-any-return]
 
     def accelerate(self, lane: Any) -> None:
-        """Run the MPI side's per-message steps in C, as the MPI link's
-        (``MPITransport.accelerate``): a send to, a fetch from and what lands from a peer
-        on another host; a peer on this host (``ring_peers``) keeps the Python steps of
-        the rings."""
+        """Run the per-message steps in C on both sides: the rings' as the shared-memory
+        link's (``ShmTransport.accelerate``: a send to, and what lands from, a peer of this
+        host; its rendezvous goes as the MPI link's, announced and fetched), then MPI's as
+        the MPI link's (``MPITransport.accelerate``) for a peer on another host, whose
+        C steps hand a peer of this host (``ring_peers``) to the rings'."""
+        ShmTransport.accelerate(self, lane)
         self._run_in_c(lane, self.mpi)
 
     def start(self, endpoint: Endpoint, loop: asyncio.AbstractEventLoop) -> None:
@@ -216,10 +211,6 @@ class HybridTransport(ShmTransport):
             super().close(rank, reason)
         except lib.MPI.Exception as exc:
             self._break(translate(exc, "close", self.rank))
-
-    def peer_died(self, rank: int) -> None:
-        """The process of ``rank`` of this host's rings died (the node says so)."""
-        super().peer_died(self.channels.members[rank])
 
 
 async def open_hybrid(node: Node, name: str, comm: Any, members: list[int],

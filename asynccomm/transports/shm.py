@@ -261,19 +261,28 @@ class Channels:
 
     def __init__(self, node: Node, segment: Segment, rank: int, procs: list[int],
                  on_control: Callable[[Any], None],
-                 on_answer: Callable[[int, int, int], None] | None = None) -> None:
+                 on_answer: Callable[[int, int, int], None] | None = None,
+                 places: list[int] | None = None) -> None:
         self.node = node
         self.segment = segment
         self.rank = rank
         self.size = size = len(procs)
-        self.procs = procs  # the group rank (process) of each rank of this world
+        #: The group rank (process) of each rank of this world; -1: a rank on no ring of
+        #: this segment (the hybrid link's peers on other hosts).
+        self.procs = procs
+        #: Where each rank's rings are in the segment (-1: none); each rank's own number
+        #: where every rank of the world is on it.
+        self.places = places = list(range(size)) if places is None else places
+        here = places[rank]
         self._on_control = on_control
         #: ``on_answer(dest, ident, tag)``: the receiver of this rank's offer ``ident``
         #: copied it (``tag`` 0), or asks for it on the ring on data tag ``tag``.
         self._on_answer = on_answer
-        self.out: list[Ring | None] = [None if d == rank else segment.ring(rank, d, True)
-                                       for d in range(size)]
-        self.incoming = [(s, segment.ring(s, rank, False)) for s in range(size) if s != rank]
+        self.out: list[Ring | None] = [
+            None if d == rank or places[d] < 0 else segment.ring(here, places[d], True)
+            for d in range(size)]
+        self.incoming = [(s, segment.ring(places[s], here, False)) for s in range(size)
+                         if s != rank and places[s] >= 0]
         self._ctrl: list[deque[bytes]] = [deque() for _ in range(size)]
         self._data: list[deque[_Push | bytes]] = [deque() for _ in range(size)]
         self._blocked: set[int] = set()  # ranks with something waiting to go
@@ -295,9 +304,9 @@ class Channels:
         #: id): the generation, the recv buffer's address, the send buffer's, the bytes
         #: and the piece size; and this rank's board, with the last generation started.
         self._helping: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
-        self._board = segment.board(rank)
+        self._board = segment.board(here)
         self._gen = 0
-        self._bell = segment.bell(rank)
+        self._bell = segment.bell(here)
         self.words = segment.words
         self.closing = False  # set by the link when it closes (its last messages queue)
         self.stopped = False  # the link broke: poll it no more
@@ -372,7 +381,7 @@ class Channels:
             return
         if (self.node.share_copies and len(pull.view) >= SHARE_MIN
                 and (len(pull.view) > READ_CHUNK
-                     or not self.words.load(self.segment.bell(source)) & ARMED)):
+                     or not self.words.load(self.segment.bell(self.places[source])) & ARMED)):
             pull.share = True  # (``DATA_SHARE`` once it is the first copy under way)
         elif len(pull.view) > READ_CHUNK and not self.node.crowded:
             self._answer(source, HEADER.pack(DATA_COPYING, 0, self.rank, 0, len(pull.view),
@@ -413,7 +422,7 @@ class Channels:
     def ring(self, dest: int) -> None:
         """Wake ``dest`` if it sleeps (after publishing to it)."""
         segment = self.segment
-        bell = segment.bell(dest)
+        bell = segment.bell(self.places[dest])
         words = self.words
         if words.load(bell) & ARMED and words.cas(bell, ARMED, 0):
             self.node.wake(self.procs[dest])
@@ -523,7 +532,7 @@ class Channels:
             if key in self.copying and dest not in self.dead:
                 try:
                     finished = single_copy.share(
-                        self.words, self.segment.board(dest), gen,
+                        self.words, self.segment.board(self.places[dest]), gen,
                         self.node.pids[self.procs[dest]], at, into, nbytes, piece,
                         READ_CHUNK, 0, True)
                 except OSError as exc:  # (the piece is given back: the receiver copies it)
@@ -819,7 +828,7 @@ class ShmTransport(MPITransport):
         path = lane.ShmPath(
             self, channels, self.wire, w.DTYPE_FIELDS, w.DTYPE_NAMES, INLINE,
             segment.words, segment.view, channels.procs, self.node, channels.dead,
-            channels._ctrl, [segment.bell(r) for r in range(self.size)],
+            channels._ctrl, [-1 if at < 0 else segment.bell(at) for at in channels.places],
             [None if ring is None else offsets(ring) for ring in channels.out],
             [(source, *offsets(ring)) for source, ring in channels.incoming],
             RING_BYTES, WRAP, ARMED)

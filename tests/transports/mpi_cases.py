@@ -392,48 +392,52 @@ async def lane(comm: ac.Communicator) -> str:
 
 async def hybrid_lane(comm: ac.Communicator) -> str:
     """On two fake hosts (ranks 0 and 2 on one, 1 and 3 on the other): messages to and
-    from a peer on the other host, eager and rendezvous, take the C lane's MPI steps (the
-    Python steps of the MPI side refuse to run), and a peer on this host is still
-    reached on the rings."""
+    from a peer on the other host, eager and rendezvous, take the C lane's MPI steps, and
+    small ones to and from a peer on this host the rings' (the Python steps of either
+    side refuse to run); a large one to a peer of this host goes as before."""
     from mpi4py import MPI
 
     from asynccomm._comm import communicator as _communicator
+    from asynccomm.transports.shm import Channels
 
     if _communicator._lane_send is None:
         return "no C lane"
     remote, local = comm.rank ^ 1, comm.rank ^ 2
     await comm.sendrecv(np.zeros(2), remote, np.zeros(2), remote, sendtag=1, recvtag=1)
+    await comm.sendrecv(np.zeros(2), local, np.zeros(2), local, sendtag=1, recvtag=1)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the Python steps ran")
 
     link = comm._engine.link
-    mpi = link.mpi  # type: ignore[attr-defined]
+    mpi, route = link.mpi, link.progress  # type: ignore[attr-defined]
     saved = (ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes,  # type: ignore[attr-defined]
-             mpi.send, mpi.push, mpi.pull, mpi._dispatch)
+             mpi.send, mpi.push, mpi.pull, mpi._dispatch, route.send, Channels._handle)
     ac.Communicator._send_op = ac.Communicator._recv_op = refuse  # type: ignore[method-assign]
     link.offer_bytes = refuse  # type: ignore[attr-defined]
-    mpi.send = mpi.push = mpi.pull = mpi._dispatch = refuse
+    mpi.send = mpi.push = mpi.pull = mpi._dispatch = route.send = refuse
+    Channels._handle = refuse  # type: ignore[method-assign]
     got = []
     try:
-        for n in (2, 1 << 17):  # 16 B, eager; 1 MiB, rendezvous
+        # 16 B (eager) and 1 MiB (rendezvous) to the other host, 16 B on this one
+        for peer, n in ((remote, 2), (remote, 1 << 17), (local, 2)):
             out = np.zeros(n)
-            if comm.rank < remote:
-                await comm.send(np.arange(n, dtype=float) + comm.rank, remote, 30)
-                await comm.recv(out, remote, 31)
+            if comm.rank < peer:
+                await comm.send(np.arange(n, dtype=float) + comm.rank, peer, 30)
+                await comm.recv(out, peer, 31)
             else:
-                await comm.recv(out, remote, 30)
-                await comm.send(np.arange(n, dtype=float) + comm.rank, remote, 31)
-            got.append("intact" if (out == np.arange(n) + remote).all() else "wrong")
-        MPI.COMM_WORLD.Barrier()  # (before a peer of this host sends on the rings)
+                await comm.recv(out, peer, 30)
+                await comm.send(np.arange(n, dtype=float) + comm.rank, peer, 31)
+            got.append(("ring " if peer == local else "")
+                       + ("intact" if (out == np.arange(n) + peer).all() else "wrong"))
+        MPI.COMM_WORLD.Barrier()  # (before a peer sends what takes the Python steps)
     finally:
         (ac.Communicator._send_op, ac.Communicator._recv_op, link.offer_bytes,  # type: ignore[attr-defined]
-         mpi.send, mpi.push, mpi.pull, mpi._dispatch) = saved
-    for n in (2, 1 << 17):
-        out = np.zeros(n)
-        await comm.sendrecv(np.arange(n, dtype=float) + comm.rank, local, out, local,
-                            sendtag=32, recvtag=32)
-        got.append("ring " + ("intact" if (out == np.arange(n) + local).all() else "wrong"))
+         mpi.send, mpi.push, mpi.pull, mpi._dispatch, route.send, Channels._handle) = saved
+    out = np.zeros(1 << 17)
+    await comm.sendrecv(np.arange(1 << 17, dtype=float) + comm.rank, local, out, local,
+                        sendtag=32, recvtag=32)
+    got.append("ring " + ("intact" if (out == np.arange(1 << 17) + local).all() else "wrong"))
     return f"rank {comm.rank}: {' '.join(got)}"
 
 

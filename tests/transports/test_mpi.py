@@ -148,7 +148,8 @@ def test_small_messages_on_mpi_take_the_c_lane(together: Case) -> None:
 
 def test_messages_between_hosts_take_the_c_lane(together: Case) -> None:
     """On two hosts, a message to a peer on the other host, eager or rendezvous, runs the
-    MPI side's steps in C, as on MPI alone; one to a peer on this host the rings'."""
+    MPI side's steps in C, as on MPI alone, and a small one to a peer on this host the
+    rings' steps in C, as on shared memory alone."""
     assert _c_lane_lines(together, "hybrid-lane", "hybrid") == [
         f"rank {r}: intact intact ring intact ring intact" for r in range(4)]
 

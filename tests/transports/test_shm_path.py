@@ -339,6 +339,48 @@ def test_the_c_steps_run_where_the_lane_is_built() -> None:
             link.channels.close()
 
 
+def test_a_rank_on_no_ring_here_is_left_to_the_python_steps() -> None:
+    """A world of 3 ranks whose rank 2 has no ring on this segment (the hybrid link's
+    peer on another host: ``Channels(places=)``): the C steps put a message to rank 1 on
+    its ring, where it lands in C, hand one to rank 2 to the link's Python ``send_now``,
+    and refuse to put a record or fragments on rank 2's ring."""
+    w.encode_dtype("<f8")
+    fd = os.memfd_create("asynccomm-test", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, segment_bytes(2))
+        segment = Segment(fd, 2)
+    finally:
+        os.close(fd)
+    node = FakeNode()
+    python: list[int] = []
+    links = []
+    for r in range(2):
+        link = ShmTransport(node, segment, r, [0, 1, -1], eager_limit=4096,  # type: ignore[arg-type]
+                            pools=[POOL] * 3)
+        link.progress = Channels(node, segment, r, [0, 1, -1],  # type: ignore[arg-type]
+                                 link._on_control, link._answered, places=[0, 1, -1])
+        link.endpoint = Endpoint()  # type: ignore[assignment]
+        link.offer_bytes = offer_bytes
+        link.send_now = lambda dest, *args: python.append(dest) or True  # type: ignore[method-assign]
+        link.accelerate(LANE)
+        links.append(link)
+    try:
+        sender, receiver = links
+        assert sender.channels.out[2] is None and [s for s, _ in sender.channels.incoming] == [1]
+        assert sender.send_now(1, 5, np.ones(2), 16, 2, "<f8") is True
+        assert sender.send_now(2, 5, np.ones(2), 16, 2, "<f8") is True
+        assert python == [2]  # the message to rank 2 only
+        assert receiver.channels.poll() is True
+        assert [a[:3] for a in receiver.endpoint.arrived_] == [("offered", 0, 5)]  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="rings"):
+            sender.channels._put(2, w.HEADER.pack(w.CREDIT, 0, 0, 0, 640, 0, 0, b""))
+        with pytest.raises(ValueError, match="rings"):
+            sender.channels._fragments(2, memoryview(bytes(64)), 0, 9)
+    finally:
+        for link in links:
+            link.channels.close()
+
+
 @pytest.mark.parametrize("armed", [False, True])
 def test_an_armed_doorbell_is_cleared_and_rung_once_after_the_record_is_published(
         armed: bool) -> None:
