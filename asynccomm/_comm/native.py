@@ -164,7 +164,6 @@ NAMES: Final[Mapping[str, Name]] = {
     "sent": _a("sent", Progress),
     "parked": _a("_parked", Progress),
     "woke": _a("_woke", Progress),
-    "dispatching": _a("_dispatching", Progress),
     "stopped": _a("stopped", Progress),
     "failed": _a("_failed", Progress),
     "endpoint": _a("endpoint", MPITransport),

@@ -84,7 +84,7 @@ extern PyObject *a_untrack, *a_drain, *a_index_add, *a_fire_probes, *a_unindex,
     *a_send_now, *a_received;
 extern PyObject *a_Isend, *a_comm, *a_Test, *a_Start, *a_rotate, *a_req, *a_buf, *a_payload,
     *a_link_broken, *a_ctrl, *a_reap, *a_bells, *a_flag, *a_ring, *a_sent, *a_parked,
-    *a_woke, *a_dispatching, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
+    *a_woke, *a_stopped, *a_failed, *a_endpoint, *a_closed, *a_arrived,
     *a_consumed, *a_send_ctl, *a_slots, *a_credit, *a_owed, *a_closed_by, *a_on_control,
     *a_rank, *a_inline_max, *a_return_at;
 extern PyObject *a_Irecv, *a_announced, *a_unmatched, *a_close_sent, *a_next_data_tag,

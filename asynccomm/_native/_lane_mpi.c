@@ -2,8 +2,8 @@
  * where the C lane is built (``MPITransport.accelerate``).
  *
  * ``send_now`` is ``MPITransport.send_now`` (the wire's ``eager_header``, then
- * ``Progress.send`` and ``Progress.deliver``) with no Python frame; ``land`` and
- * ``deliver`` are ``Progress``'s loop over the control recvs that landed, where an eager
+ * ``Progress.send``) with no Python frame; ``land`` is ``Progress``'s loop over the
+ * control recvs that landed, where an eager
  * message is handed to the receiving engine as ``MPITransport._on_control`` hands it: the
  * lane's ``offer`` copies it into a posted recv, or it arrives as a ``Message``.
  *
@@ -63,7 +63,7 @@ typedef struct {
     Py_ssize_t chunk_bytes;
     long max_inflight;  /* a transfer's chunks in flight at most */
     /* ``Progress._dispatching`` and ``_restart`` of the C steps, which alone hand control
-     * messages on where the lane runs (``land``, ``deliver``, ``spin``) */
+     * messages on where the lane runs (``land``, ``spin``) */
     int dispatching;
     Py_ssize_t restart;
     /* the last ``land`` of the task ended its turn at a message that woke a task: the
@@ -452,24 +452,22 @@ repost(Path *p)
 }
 
 /* Hand the control messages that landed to the link, head first, reposting each slot at
- * the back (``Progress._dispatch``); with ``eager_only``, stop at the first that is not
- * eager; with ``known``, only that slot, the head, whose recv is known to be complete (not
+ * the back (``Progress._dispatch``); with ``known``, only that slot, the head, whose recv is known to be complete (not
  * tested again), and it is posted again at the next poll (``_dispatch`` with ``later``:
  * the caller reposted the waiting ones first); else the slots waiting for that are posted
  * first, and a message that woke a task (``lane_woken``) ends the turn as ``known``'s
  * does: its slot is posted again at the next poll, and the messages behind it land then,
- * so the task runs an MPI ``Start`` and ``Test`` sooner (not with ``eager_only``, whose
- * caller is a task already; nor right after such an end, if more landed meanwhile: a
- * burst, in which a turn per message would cost more than it saves).  1 if any landed, 0
- * if none, -1 error. */
+ * so the task runs an MPI ``Start`` and ``Test`` sooner (not right after such an end, if
+ * more landed meanwhile: a burst, in which a turn per message would cost more than it
+ * saves).  1 if any landed, 0 if none, -1 error. */
 static int
-land(Path *p, int eager_only, PyObject *known)
+land(Path *p, PyObject *known)
 {
     int hit = 0, only = known != NULL, burst = 0;
     if (!only && repost(p) < 0) {
         return -1;
     }
-    if (!only && !eager_only) {
+    if (!only) {
         burst = p->ended_early;
         p->ended_early = 0;
     }
@@ -484,9 +482,6 @@ land(Path *p, int eager_only, PyObject *known)
             }
             done = -1;
         }
-        if (done > 0 && eager_only && PyByteArray_AS_STRING(buf)[H_KIND] != EAGER) {
-            done = 0;  /* left for the task */
-        }
         int rc = done;
         unsigned long woken = lane_woken;
         if (done > 0) {
@@ -500,7 +495,7 @@ land(Path *p, int eager_only, PyObject *known)
             }
             p->dispatching = 0;
             if (rc > 0) {
-                if (!only && !eager_only && !burst && lane_woken != woken) {
+                if (!only && !burst && lane_woken != woken) {
                     only = p->ended_early = 1;
                 }
                 int s = only ? 0 : slot_start(p, head);
@@ -539,31 +534,6 @@ hand_on(PyObject *to, PyObject *name, PyObject *arg, PyObject *more)
     return r == NULL ? -1 : 0;
 }
 
-/* ``Progress.deliver``: the eager messages that already landed, now; an error fails the
- * link (``Progress._failed``). */
-static int
-deliver(Path *p)
-{
-    if (p->dispatching) {
-        return 0;
-    }
-    PyObject *v = PyObject_GetAttr(p->progress, a_dispatching);
-    int busy = v == NULL ? -1 : PyObject_IsTrue(v);
-    Py_XDECREF(v);
-    if (busy == 0) {
-        v = PyObject_GetAttr(p->progress, a_stopped);
-        busy = v == NULL ? -1 : PyObject_IsTrue(v);
-        Py_XDECREF(v);
-    }
-    if (busy != 0) {
-        return busy < 0 ? -1 : 0;
-    }
-    if (land(p, 1, NULL) >= 0) {
-        return 0;
-    }
-    return pass_failure(p->progress);
-}
-
 /* The error set, if an ``Exception``, handed to ``to._failed(exc)`` (its traceback kept):
  * 0; -1 (the error set) if it is not an ``Exception``, or the call failed. */
 int
@@ -578,7 +548,7 @@ pass_failure(PyObject *to)
 static PyObject *
 path_land(Path *p, PyObject *unused)
 {
-    int r = land(p, 0, NULL);
+    int r = land(p, NULL);
     return r < 0 ? NULL : PyBool_FromLong(r);
 }
 
@@ -591,14 +561,6 @@ path_repost(Path *p, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-path_deliver(Path *p, PyObject *unused)
-{
-    if (deliver(p) < 0) {
-        return NULL;
-    }
-    Py_RETURN_NONE;
-}
 
 /* -- sending --------------------------------------------------------------------------- */
 
@@ -876,9 +838,7 @@ path_send_now(Path *p, PyObject *const *args, Py_ssize_t nargs)
         }
         Py_RETURN_FALSE;
     }
-    if (deliver(p) < 0) {  /* the answer may be here: a recv waiting for it completes now */
-        return NULL;
-    }
+    /* (an answer that landed meanwhile is taken by its recv's own look: ``wait_here``) */
     Py_RETURN_TRUE;
 python:
     return PyObject_Vectorcall(p->py_send_now, args, nargs, NULL);
@@ -1984,7 +1944,7 @@ path_spin(Path *p, PyObject *const *args, Py_ssize_t nargs)
             goto out;
         }
         if (landed || moving) {
-            if (landed && land(p, 0, head) < 0) {
+            if (landed && land(p, head) < 0) {
                 goto out;
             }
             /* the data requests, if any (a landing may have added some) */
@@ -2260,8 +2220,6 @@ static PyMethodDef path_methods[] = {
      "land() -> bool: hand the control messages that landed to the link (Progress._land)"},
     {"repost", (PyCFunction)path_repost, METH_NOARGS,
      "repost(): post again the slots spin handed on (Progress._repost)"},
-    {"deliver", (PyCFunction)path_deliver, METH_NOARGS,
-     "deliver(): the eager messages that landed, now (Progress.deliver)"},
     {"send", (PyCFunction)(void (*)(void))path_send, METH_FASTCALL,
      "send(msg, dest): MPITransport.send"},
     {"fetch", (PyCFunction)(void (*)(void))path_fetch, METH_FASTCALL,

@@ -10,14 +10,14 @@ polls back to back for a moment (``Backoff``), then parks on the loop's shared i
 polls each and wakes only those with work, or dozes on the process's doorbell where every
 peer rings it: ``_doorbell``); while data moves it keeps polling.  While it is at work it
 polls the loop's parked progress tasks itself each millisecond, before it spins
-(``Ticker.poll_parked``).  A send of
-the engine's fast lane also hands over the eager messages that already landed (``deliver``),
-so a ``sendrecv`` whose answer is here completes without a turn of the loop.  And a task
-about to wait for an op not done (a ``send``, ``recv`` or ``sendrecv``, an awaited op,
-``wait_all``, ``wait_any``) polls for it itself first, as the task would (``wait_here``):
-a wait that ends there, as a reply or the copy of a large message often does, costs no
-wake-up (no future set, no turn of the loop before the task runs on); the polls stop once
-another task has been woken.
+(``Ticker.poll_parked``).  A task about to wait for an op not done (a ``send``, ``recv``
+or ``sendrecv``, an awaited op, ``wait_all``, ``wait_any``) polls for it itself first, as
+the task would (``wait_here``): a wait that ends there, as a reply, a ``sendrecv`` whose
+answer is here or the copy of a large message often does, costs no wake-up (no future
+set, no turn of the loop before the task runs on); the polls stop once another task has
+been woken.  (A send does not look for what landed meanwhile: the task that waits for it
+does, and after a large message's copy, whose caches it finds cold, such a look took
+about 2 us of the answer's way out.)
 
 When the link says the world is finished (``FIN`` both ways with every rank), it cancels
 the control recvs, lets its last sends complete and frees the communicator.
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._core.states import DONE
-from .._core.wire import EAGER, HEADER, INLINE_MAX
+from .._core.wire import HEADER, INLINE_MAX
 from . import _mpi_lib as lib
 from ._doorbell import Bell
 from ._mpi_chunks import Mover
@@ -166,24 +166,6 @@ class Progress(Mover):
         if parked is not None and not parked.done():
             self._woke = True
             parked.set_result(None)
-
-    def deliver(self) -> None:
-        """Hand the ``EAGER`` messages that already landed to the link now, in order (the
-        first of another kind is left to the task).  Called after a send of the fast lane:
-        its answer (a ring's next hop, a reply) is often here already, and the recv
-        waiting for it then completes without a turn of the loop.  An MPI error fails the
-        link, as in the task.  (The MPI link may put the C lane's ``Path.deliver`` here,
-        which does the same.)"""
-        if self._dispatching or self.stopped:
-            return
-        slots = self._slots
-        try:
-            if self._restart:
-                self._repost()
-            while (head := slots[0]).req.Test() and head.buf[0] == EAGER:
-                self._dispatch(head)
-        except Exception as exc:
-            self._failed(exc)
 
     def _dispatch(self, slot: Slot, *, later: bool = False) -> None:
         """Hand the control message that landed in ``slot`` (the head) to the link, and

@@ -162,8 +162,8 @@ class MPITransport(Link):
     def accelerate(self, lane: Any) -> None:
         """Run the per-message steps in C, with the C lane ``lane`` (call it before
         ``start``): ``send_now`` and the progress task's landing of control messages run
-        with no Python frame (``lane.Path``, which does what ``send_now``,
-        ``Progress._land`` and ``Progress.deliver`` do: an eager message that lands goes
+        with no Python frame (``lane.Path``, which does what ``send_now`` and
+        ``Progress._land`` do: an eager message that lands goes
         straight into the recv posted for it; a traced engine's take the Python steps).
         So do a rendezvous message's steps: its announcement (``send``: the ``RTS``), its
         ``RTS`` landing, ``fetch`` (the data recv and the ``CTS``), the ``CTS`` landing and
@@ -190,7 +190,6 @@ class MPITransport(Link):
         self.send = path.send  # type: ignore[method-assign]
         self.fetch = path.fetch  # type: ignore[method-assign]
         progress._land = path.land  # type: ignore[method-assign]
-        progress.deliver = path.deliver  # type: ignore[method-assign]
         progress._repost = path.repost  # type: ignore[method-assign]
         progress._test_requests = path.test  # type: ignore[method-assign]
         progress._spin = path.spin  # type: ignore[method-assign]
@@ -430,7 +429,6 @@ class MPITransport(Link):
         except self._foreign:
             wire.refund(dest, nbytes)
             return False  # the usual way reports the error on a request
-        progress.deliver()  # the answer may be here: a recv waiting for it completes now
         return True
 
     def fetch(self, msg: Message, rank: int, into: memoryview, ready: Ready) -> None:

@@ -78,9 +78,6 @@ class Route:
         else:
             self.mpi.pull(view, source, tag, done)
 
-    def deliver(self) -> None:
-        self.mpi.deliver()
-
 
 class HybridTransport(ShmTransport):
     """One rank's side of the wire protocol, to each peer on the rings of this host or on

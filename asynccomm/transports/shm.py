@@ -416,9 +416,6 @@ class Channels:
         self.ring(dest)
         return True
 
-    def deliver(self) -> None:
-        """(The MPI link calls this after a fast send: the node's poll does it here.)"""
-
     def ring(self, dest: int) -> None:
         """Wake ``dest`` if it sleeps (after publishing to it)."""
         segment = self.segment

@@ -351,7 +351,7 @@ async def _mpi_world(native: bool) -> tuple[Any, ...]:
          np.array([1.5, 2.5]).tobytes())
     land(slots[1], w.HEADER.pack(w.EAGER, 3, 0, 4, 16, 2, 0, b"<f8"),
          np.array([3.5, 4.5]).tobytes())  # no recv for it yet: staged
-    link.progress.deliver()
+    link.progress._land()
     status = await comm.recv(second, 0, 4)
     await comm.send(np.arange(3.0), 0, 7)
     engine = comm._engine
@@ -1249,7 +1249,7 @@ def _spin_then(state: dict[str, Any], native: bool,
                 else:
                     land(slot, w.HEADER.pack(w.CREDIT, 0, 0, 0, 640, 0, 0, b""))
         call = {"spin": lambda: progress._spin(0.0, None), "land": progress._land,
-                "deliver": progress.deliver, "repost": progress._repost}[step]
+                "repost": progress._repost}[step]
         result = call()
         seen.append((step, result, [where[id(s)] for s in slots],
                      [s.req.done for s in slots]))  # type: ignore[attr-defined]
@@ -1260,12 +1260,12 @@ def _spin_then(state: dict[str, Any], native: bool,
 @given(state=st.fixed_dictionaries({
     "landed": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), min_size=1, max_size=3),
     "landed_after": st.lists(st.sampled_from([w.EAGER, w.CREDIT]), max_size=2),
-    "next": st.sampled_from(["land", "deliver", "spin", "repost"]),
+    "next": st.sampled_from(["land", "spin", "repost"]),
 }))
 def test_the_slot_a_poll_burst_hands_on_is_posted_again_at_the_next_poll(
         state: dict[str, Any]) -> None:
     """A poll burst leaves the slot of the message it handed on unposted at the back; the
-    next poll (``_land``, ``deliver``, ``_spin``, or ``_repost`` at the teardown) posts the
+    next poll (``_land``, ``_spin``, or ``_repost`` at the teardown) posts the
     waiting ones again first, in their order, before it tests the head; alike on both
     lanes."""
     loop = asyncio.new_event_loop()
