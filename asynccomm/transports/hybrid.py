@@ -93,11 +93,19 @@ class HybridTransport(ShmTransport):
         eager_limit, pools: as ``MPITransport``'s.
     """
 
-    # The MPI link's ways, not the rings': every message goes by the route.
+    # The MPI link's ways, not the rings': every message goes by the route (but a large
+    # one to a peer of this host, which goes as an offer: ``_send``, and the rings'
+    # ``fetch``, which fetches any other as the MPI link does).
     send = MPITransport.send
     send_now = MPITransport.send_now
-    _send = MPITransport._send
-    fetch = MPITransport.fetch  # (no offers: its ``RTS``s are the MPI link's)
+
+    def _send(self, dest: int, msg: bytes | bytearray) -> None:
+        """A control message to ``dest``: on the rings as the shared-memory link sends it
+        (an ``RTS`` as an offer, its payload copied by the receiver), or on MPI."""
+        if dest in (self.ring_peers or ()):
+            ShmTransport._send(self, dest, msg)
+        else:
+            MPITransport._send(self, dest, msg)
 
     def __init__(self, node: Node, segment: Segment, comm: Any,
                  members: list[int], procs: list[int], *, eager_limit: int,
@@ -118,7 +126,7 @@ class HybridTransport(ShmTransport):
         for i, (member, proc) in enumerate(zip(members, procs, strict=True)):
             places[member], world_procs[member] = i, proc
         channels = Channels(node, segment, rank, world_procs, self._on_control,
-                            places=places)
+                            self._answered, places=places)
         mpi = Progress(comm, on_control=self._on_control, finished=self.check_finished,
                        failed=self._failed)
         #: The world ranks of this host (the rings' peers, which the C lane's MPI side
