@@ -133,6 +133,7 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 3 $(PY) -m benchmarks.shm_p2p || status=1; \
 	$(PY) -m benchmarks.cpu_state shm_p2p_n4 || status=1; \
 	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.shm_p2p || status=1; \
+	$(VENV)/bin/mpiexec -n 4 $(PY) -m benchmarks.hybrid || status=1; \
 	$(PY) -m benchmarks.ps_ceiling || status=1; \
 	$(PY) -m benchmarks.report || status=1; \
 	if [ $$status -ne 0 ]; then echo "make bench: some targets were missed (see FAIL above and docs/performance.md)"; fi; \

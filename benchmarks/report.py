@@ -85,6 +85,14 @@ SUITES: tuple[Suite, ...] = (
             "ring (its target set for more ranks than cores), idle ranks' CPU and wake-up "
             "time.")
       for n in (2, 3, 4)),
+    Suite("hybrid", "hybrid.json", "Several hosts: the hybrid link, 4 processes as 2 hosts",
+          f"{MPIEXEC} -n 4 python -m benchmarks.hybrid",
+          "the link of a world on several hosts (`ASYNCCOMM_TEST_HOSTS=a,a,b,b`: shared "
+          "memory to the peer of a rank's host, MPI to the others), two pairs ping-ponging "
+          "at once within each host and across, beside raw mpi4py between the same ranks, "
+          "alternating repeat by repeat. On one machine the messages between hosts travel "
+          "through MPICH's shared memory too: the link's own steps, not a network. No "
+          "target."),
     Suite("ps_ceiling", "ps_ceiling.json", "Parameter server beside its compute ceiling",
           "python -m benchmarks.ps_ceiling",
           "the parameter-server example (4 workers and a server, the MLP trained for real) "
@@ -146,6 +154,7 @@ VERDICTS: dict[str, Callable[[dict[str, Any]], list[Verdict]]] = {
     "mpi_ring": _formatted(mpi_ring._value),
     "shm_p2p": _formatted(shm_p2p._value),
     "ps_ceiling": _shown_already,
+    "hybrid": _shown_already,
 }
 
 

@@ -153,14 +153,19 @@ class _Hosts:
             rank = world.Get_rank()
             names = _fake_hosts(world.Get_size())
             with mpi_errors("grouping the ranks by host"):
+                machine = world.Split_type(_mpi_lib.MPI.COMM_TYPE_SHARED, key=rank)
                 if names is None:
-                    local = world.Split_type(_mpi_lib.MPI.COMM_TYPE_SHARED, key=rank)
-                else:
+                    local = machine
+                else:  # (fake hosts: the machine's processes share its cores all the same)
+                    sharing = machine.Get_size()
+                    machine.Free()
                     local = world.Split(sorted(set(names)).index(names[rank]), rank)
                 try:
                     host, token = local.bcast((rank, secrets.token_hex(8))
                                               if local.Get_rank() == 0 else None)
                     node = Node.join(f"mpi-{token}", local.Get_rank(), local.Get_size())
+                    if names is not None:
+                        node.share_cores_with(sharing)
                     local.Barrier()  # every socket of the host is bound
                     node.watch(local.allgather(os.getpid()))
                 finally:

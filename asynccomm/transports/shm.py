@@ -1045,6 +1045,14 @@ class Node:
         #: another process is refused.
         self.share_copies = self.single_copy and not self.crowded
 
+    def share_cores_with(self, processes: int) -> None:
+        """The cores this process runs on are shared by ``processes`` processes in all, not
+        only by this group's (several groups on one machine: ``ASYNCCOMM_TEST_HOSTS``'s
+        fake hosts): crowded, and no copy shared, where they outnumber the cores."""
+        if processes > _usable_cores():
+            self.crowded = True
+            self.share_copies = False
+
     @staticmethod
     def allow_readers() -> None:
         """Let this process's peers read its send buffers where the kernel asks a process to

@@ -449,6 +449,19 @@ async def hybrid_lane(comm: ac.Communicator) -> str:
     return f"rank {comm.rank}: {' '.join(got)}"
 
 
+async def crowding(comm: ac.Communicator) -> str:
+    """Whether this rank's node and MPI side take the cores for crowded: as this machine's
+    processes (all of the job's here) outnumber its cores, whatever the fake hosts say."""
+    from asynccomm.transports.shm import Node
+
+    node = Node.current()
+    assert node is not None
+    crowded = comm.size > len(os.sched_getaffinity(0))
+    link = comm._engine.link  # type: ignore[attr-defined]
+    as_machine = node.crowded == crowded and link.mpi.crowded == crowded
+    return f"rank {comm.rank}: crowded as the machine {as_machine}"
+
+
 #: ``direct``'s burst: more small messages than MPI takes while their receiver is away.
 BURST = 400
 
@@ -576,6 +589,8 @@ def main(argv: Sequence[str]) -> int:
         sys.stdout.write(f"{ac.run(lane)}\n")
     elif case == "hybrid-lane":
         sys.stdout.write(f"{ac.run(hybrid_lane)}\n")
+    elif case == "crowding":
+        sys.stdout.write(f"{ac.run(crowding)}\n")
     elif case == "direct":
         sys.stdout.write(f"{ac.run(direct)}\n")
     elif case == "unmatched-at-close":

@@ -79,8 +79,8 @@ TOGETHER = {"mpi": (2, MPI, (*cases("send-error", "lane", "direct", "answer-land
                               CONSERVATION)),
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
-            "hybrid": (4, TWO_HOSTS, (*cases("links", "hybrid-lane", "unmatched-at-close"),
-                                      CONSERVATION))}
+            "hybrid": (4, TWO_HOSTS, (*cases("links", "hybrid-lane", "crowding",
+                                             "unmatched-at-close"), CONSERVATION))}
 #: A run's part of a job of several (``together``): ``(place, spec or case name)``.
 Case = Callable[[str, str], subprocess.CompletedProcess[str]]
 
@@ -152,6 +152,17 @@ def test_messages_between_hosts_take_the_c_lane(together: Case) -> None:
     rings' steps in C, as on shared memory alone."""
     assert _c_lane_lines(together, "hybrid-lane", "hybrid") == [
         f"rank {r}: intact intact ring intact ring intact" for r in range(4)]
+
+
+def test_fake_hosts_on_one_machine_are_crowded_as_the_machine_is(together: Case) -> None:
+    """Two fake hosts of two ranks on one machine: each node (the rings) and each MPI side
+    takes the cores for crowded as the machine's 4 processes crowd them, not as its own
+    host's 2 would (a node that spun as if it had cores of its own made a ping-pong on
+    the rings several times slower)."""
+    proc = together("hybrid", "crowding")
+    assert proc.returncode == 0, _output(proc)
+    assert sorted(proc.stdout.strip().splitlines()) == [
+        f"rank {r}: crowded as the machine True" for r in range(4)]
 
 
 def _c_lane_lines(together: Case, name: str, place: str = "mpi") -> list[str]:
@@ -360,6 +371,18 @@ def test_the_mpi_benchmark_runs_and_writes_json(tmp_path: Path) -> None:
     for row in doc["rows"]:
         assert row["nbytes"] > 0 and min(row["raw"] + row["asynccomm"]) > 0, row
     assert doc["checks"] and doc["responsiveness"]["max_gap_ms"] >= 0
+
+
+def test_the_hybrid_benchmark_runs_on_two_fake_hosts_and_writes_json(tmp_path: Path) -> None:
+    """A smoke run of ``benchmarks.hybrid``: the hybrid link measured both ways."""
+    proc = mpiexec(4, "-m", "benchmarks.hybrid", "--quick", "--out", str(tmp_path))
+    assert proc.returncode == 0, _output(proc)
+    doc = json.loads((tmp_path / "hybrid.json").read_text(encoding="utf-8"))
+    assert doc["link"] == "HybridTransport"
+    assert {(row["way"], row["nbytes"]) for row in doc["rows"]} == {
+        (way, n) for way in ("same host", "across hosts") for n in (8, 1 << 20)}
+    for row in doc["rows"]:
+        assert min(row["raw"] + row["asynccomm"]) > 0, row
 
 
 def test_the_mpi_ring_benchmark_reports_cpu_time_per_hop(tmp_path: Path) -> None:
