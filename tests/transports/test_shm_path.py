@@ -107,14 +107,19 @@ def offer_bytes(endpoint: Any, source: int, tag: int, view: memoryview, nbytes: 
     return True
 
 
-def pair(state: dict[str, Any], native: bool) -> tuple[Segment, list[ShmTransport], FakeNode]:
-    """Two links (ranks 0 and 1) on one new segment, set up as ``state`` says."""
+def new_segment(size: int) -> Segment:
+    """A new segment of the rings of ``size`` ranks."""
     fd = os.memfd_create("asynccomm-test", os.MFD_CLOEXEC)
     try:
-        os.ftruncate(fd, segment_bytes(2))
-        segment = Segment(fd, 2)
+        os.ftruncate(fd, segment_bytes(size))
+        return Segment(fd, size)
     finally:
         os.close(fd)
+
+
+def pair(state: dict[str, Any], native: bool) -> tuple[Segment, list[ShmTransport], FakeNode]:
+    """Two links (ranks 0 and 1) on one new segment, set up as ``state`` says."""
+    segment = new_segment(2)
     node = FakeNode()
     links = [ShmTransport(node, segment, r, [0, 1], eager_limit=4096,  # type: ignore[arg-type]
                           pools=[POOL, POOL]) for r in range(2)]
@@ -345,12 +350,7 @@ def test_a_rank_on_no_ring_here_is_left_to_the_python_steps() -> None:
     its ring, where it lands in C, hand one to rank 2 to the link's Python ``send_now``,
     and refuse to put a record or fragments on rank 2's ring."""
     w.encode_dtype("<f8")
-    fd = os.memfd_create("asynccomm-test", os.MFD_CLOEXEC)
-    try:
-        os.ftruncate(fd, segment_bytes(2))
-        segment = Segment(fd, 2)
-    finally:
-        os.close(fd)
+    segment = new_segment(2)
     node = FakeNode()
     python: list[int] = []
     links = []
