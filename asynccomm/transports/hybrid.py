@@ -6,8 +6,8 @@ with the same shell (``ShmTransport`` is an ``MPITransport``), so one ``Wire`` k
 protocol's state for every peer and only the way out differs: a ``Route`` stands where the
 MPI link has its ``Progress`` and sends each control message and each rendezvous payload
 on this host's rings (``shm.Channels``, numbered by world rank: a rank of another host has
-no ring there) or on MPI (the world's communicator, whose ranks are the world's).  What arrives on
-either comes to the same handler, hence to the one endpoint.  The host's ``Node`` polls
+no ring there) or on MPI (the world's communicator, whose ranks are the world's).  What
+arrives on either comes to the same handler, hence to the one endpoint.  The host's ``Node`` polls
 the rings (and sees a peer of this host die at once); the MPI progress task polls MPI.  The
 world is finished when the wire is (``FIN`` both ways with every rank): then the rings are
 released and the MPI communicator freed.
@@ -93,9 +93,9 @@ class HybridTransport(ShmTransport):
         eager_limit, pools: as ``MPITransport``'s.
     """
 
-    # The MPI link's ways, not the rings': every message goes by the route (but a large
-    # one to a peer of this host, which goes as an offer: ``_send``, and the rings'
-    # ``fetch``, which fetches any other as the MPI link does).
+    # The MPI link's ways, not the rings': every message goes by the route.  A large one
+    # to a peer of this host is offered as on the rings alone (``_send``), and taken by the
+    # rings' ``fetch``, which fetches any other as the MPI link does.
     send = MPITransport.send
     send_now = MPITransport.send_now
 
@@ -169,9 +169,9 @@ class HybridTransport(ShmTransport):
     def accelerate(self, lane: Any) -> None:
         """Run the per-message steps in C on both sides: the rings' as the shared-memory
         link's (``ShmTransport.accelerate``: a send to, and what lands from, a peer of this
-        host; its rendezvous goes as the MPI link's, announced and fetched), then MPI's as
-        the MPI link's (``MPITransport.accelerate``) for a peer on another host, whose
-        C steps hand a peer of this host (``ring_peers``) to the rings'."""
+        host, an offer's copy included), then MPI's as the MPI link's
+        (``MPITransport.accelerate``) for a peer on another host, whose C steps hand a peer
+        of this host (``ring_peers``) to the rings'."""
         ShmTransport.accelerate(self, lane)
         self._run_in_c(lane, self.mpi)
 
