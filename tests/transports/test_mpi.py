@@ -44,6 +44,9 @@ _env = mpi_env
 #: one, 1 and 3 on the other (each failure case then has a peer on each side).
 MPI = {"ASYNCCOMM_TRANSPORT": "mpi"}
 TWO_HOSTS = {"ASYNCCOMM_TEST_HOSTS": "a,b,a,b"}
+#: Two fake hosts whose ranks 0 and 1 share one: the programs of ranks 0 and 1 (the
+#: conservation's) go on the hybrid link's rings.
+HOST_PAIRS = {"ASYNCCOMM_TEST_HOSTS": "a,a,b,b"}
 #: Where a failure case runs: the ranks, and the environment.
 PLACES = {"shm": (2, {}), "mpi": (2, MPI), "hybrid": (4, TWO_HOSTS)}
 
@@ -80,7 +83,9 @@ TOGETHER = {"mpi": (2, MPI, (*cases("send-error", "lane", "direct", "answer-land
             "shm": (2, {}, (*cases("links", "size-mismatch", "run-rules", "two-worlds",
                                    "unmatched-at-close"), CONTRACT, CONSERVATION)),
             "hybrid": (4, TWO_HOSTS, (*cases("links", "hybrid-lane", "crowding",
-                                             "unmatched-at-close"), CONSERVATION))}
+                                             "unmatched-at-close"), CONSERVATION)),
+            "hybrid-rings": (4, HOST_PAIRS, ("tests.transports.mpi_contract_runner "
+                                             "--loops uvloop", CONSERVATION))}
 #: A run's part of a job of several (``together``): ``(place, spec or case name)``.
 Case = Callable[[str, str], subprocess.CompletedProcess[str]]
 
@@ -111,10 +116,12 @@ def together() -> Case:
 #: Each link's contract on both loops; on two hosts, whose links are those two, on one.
 @pytest.mark.parametrize(("n", "env", "loops"), [
     (2, {}, "uvloop,asyncio"), (3, MPI, "uvloop,asyncio"),
-    (4, {"ASYNCCOMM_TEST_HOSTS": "a,a,b,b"}, "uvloop")], ids=["shm", "mpi", "hybrid"])
+    (4, HOST_PAIRS, "uvloop")], ids=["shm", "mpi", "hybrid"])
 def test_contract_on_mpi(n: int, env: dict[str, str], loops: str, together: Case) -> None:
     if n == 2:  # within a host, in the job of several runs
         proc = together("shm", CONTRACT)
+    elif env is HOST_PAIRS:  # (in the job of the conservation on the hybrid link's rings)
+        proc = together("hybrid-rings", TOGETHER["hybrid-rings"][2][0])
     else:
         proc = mpiexec(n, "-m", "tests.transports.mpi_contract_runner", "--loops", loops,
                        **env)
@@ -175,10 +182,12 @@ def _c_lane_lines(together: Case, name: str, place: str = "mpi") -> list[str]:
     return sorted(proc.stdout.strip().splitlines())
 
 
-@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid"])
+@pytest.mark.parametrize("place", ["shm", "mpi", "hybrid", "hybrid-rings"])
 def test_no_message_is_lost_or_duplicated_by_cancellations_on_mpi(
         place: str, together: Case) -> None:
-    n, _ = PLACES[place]
+    """Ranks 0 and 1 on shared memory, on MPI, and on the hybrid link across hosts and on
+    its rings."""
+    n = TOGETHER[place][0]
     proc = together(place, CONSERVATION)
     assert proc.returncode == 0, _output(proc)
     assert f"conservation on MPI, {n} ranks:" in proc.stdout and " 0 failed" in proc.stdout
