@@ -152,7 +152,7 @@ def mpi_calls(library: str, byte: int, /) -> bool:
 
 class Path:
     """``MPITransport``'s per-message steps in C (the lane must be configured); a peer in
-    ``link.ring_peers`` (a dict, or None) keeps the link's Python ``send_now``, ``send``
+    ``link.ring_peers`` (a set, or None) keeps the link's Python ``send_now``, ``send``
     and ``fetch``."""
 
     def __init__(self, link: Any, progress: Any, wire: Any, fields: dict[str, bytes],

@@ -46,7 +46,7 @@ typedef struct {
      * link's sends and announcements by id, the Python fetch, where REMOTE payloads are */
     PyObject *announced, *unmatched, *sends, *announced_msgs, *py_fetch, *remote_where;
     PyObject *py_send;  /* the link's Python send */
-    /* the peers the link reaches another way (a dict by rank: the hybrid link's rings),
+    /* the peers the link reaches another way (a set of ranks: the hybrid link's rings),
      * whose sends and fetches take the link's Python steps; NULL: none */
     PyObject *ring_peers;
     /* direct calls (``direct``): the communicator they are for, its handle, and
@@ -766,7 +766,7 @@ judge_send(PyObject *link, PyObject *closed_by, PyObject *fields, long inline_ma
 static int
 by_ring(Path *p, PyObject *peer)
 {
-    return p->ring_peers == NULL ? 0 : PyDict_Contains(p->ring_peers, peer);
+    return p->ring_peers == NULL ? 0 : PySet_Contains(p->ring_peers, peer);
 }
 
 /* send_now(dest, tag, array, nbytes, count, dtype) -> bool: ``MPITransport.send_now``. */
@@ -2098,8 +2098,8 @@ path_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (p->ring_peers == Py_None) {
         Py_CLEAR(p->ring_peers);
     }
-    else if (p->ring_peers != NULL && !PyDict_Check(p->ring_peers)) {
-        PyErr_SetString(PyExc_TypeError, "Path: the link's ring_peers is a dict or None");
+    else if (p->ring_peers != NULL && !PyAnySet_Check(p->ring_peers)) {
+        PyErr_SetString(PyExc_TypeError, "Path: the link's ring_peers is a set or None");
         Py_DECREF(p);
         return NULL;
     }

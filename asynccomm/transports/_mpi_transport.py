@@ -117,10 +117,10 @@ class MPITransport(Link):
     early_max = EARLY_MAX
     #: The C lane calls MPI itself for the control messages (``accelerate``).
     direct = False
-    #: The peers this link reaches another way, by rank (the hybrid link's: this host's
-    #: rings); their sends and fetches keep the Python steps where the C lane runs the
-    #: rest (``accelerate``).  None: every peer is on MPI.
-    ring_peers: dict[int, int] | None = None
+    #: The ranks this link reaches another way (the hybrid link's: this host's rings);
+    #: their sends and fetches keep the Python steps where the C lane runs the rest
+    #: (``accelerate``).  None: every peer is on MPI.
+    ring_peers: frozenset[int] | None = None
 
     def __init__(self, comm: MPI.Intracomm, *, eager_limit: int, pools: list[int]) -> None:
         self.comm = comm

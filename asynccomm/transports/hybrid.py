@@ -35,10 +35,10 @@ class Route:
     """Where each message goes: on this host's rings or on MPI (see module docs).  The
     link calls it as the MPI link calls its ``Progress``, with world ranks."""
 
-    def __init__(self, channels: Channels, mpi: Progress, local: dict[int, int]) -> None:
+    def __init__(self, channels: Channels, mpi: Progress, local: frozenset[int]) -> None:
         self.channels = channels
         self.mpi = mpi
-        self.local = local  # the world ranks of this host (each its own key and value)
+        self.local = local  # the world ranks of this host
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -98,11 +98,14 @@ class HybridTransport(ShmTransport):
     # rings' ``fetch``, which fetches any other as the MPI link does.
     send = MPITransport.send
     send_now = MPITransport.send_now
+    #: The world ranks of this host (the rings' peers, which the C lane's MPI side leaves
+    #: to them).
+    ring_peers: frozenset[int]
 
     def _send(self, dest: int, msg: bytes | bytearray) -> None:
         """A control message to ``dest``: on the rings as the shared-memory link sends it
         (an ``RTS`` as an offer, its payload copied by the receiver), or on MPI."""
-        if dest in (self.ring_peers or ()):
+        if dest in self.ring_peers:
             ShmTransport._send(self, dest, msg)
         else:
             MPITransport._send(self, dest, msg)
@@ -129,9 +132,7 @@ class HybridTransport(ShmTransport):
                             self._answered, places=places)
         mpi = Progress(comm, on_control=self._on_control, finished=self.check_finished,
                        failed=self._failed)
-        #: The world ranks of this host (the rings' peers, which the C lane's MPI side
-        #: leaves to them).
-        self.ring_peers = {member: member for member in members}
+        self.ring_peers = frozenset(members)
         self.progress = Route(channels, mpi, self.ring_peers)  # type: ignore[assignment]
         self._sends = {}
         self._early = {}  # (none: ShmTransport.early_max)
@@ -152,7 +153,7 @@ class HybridTransport(ShmTransport):
         side poll for it (``Progress.wait_here``), any other the node look at the rings
         (``Node.before_wait``: a recv from this host, or from any source)."""
         peer = -1 if req is None else req.peer
-        if peer >= 0 and peer not in self.progress.local:  # type: ignore[attr-defined]
+        if peer >= 0 and peer not in self.ring_peers:
             self.mpi.wait_here(req)
         else:
             self.node.before_wait(req)

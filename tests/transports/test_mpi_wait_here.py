@@ -205,8 +205,8 @@ def test_a_world_on_several_hosts_polls_mpi_for_an_op_with_a_peer_elsewhere(
     calls: list[tuple[str, Any]] = []
     link = object.__new__(HybridTransport)
     link.progress = types.SimpleNamespace(  # type: ignore[assignment]
-        local={0: 0, 2: 1},
         mpi=types.SimpleNamespace(wait_here=lambda op: calls.append(("mpi", op))))
+    link.ring_peers = frozenset({0, 2})
     link.node = types.SimpleNamespace(  # type: ignore[assignment]
         before_wait=lambda op=None: calls.append(("rings", op)))
     op = None if peer is None else types.SimpleNamespace(peer=peer)
